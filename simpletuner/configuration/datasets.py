@@ -1,0 +1,33 @@
+"""multidatabackend.json: one object per dataset, with SimpleTuner's keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from simpletuner.configuration.fields import option
+
+
+@dataclass
+class DatasetConfig:
+    id: str = option(required=True, help="unique, safe for file names")
+    type: str = option("local", help="storage backend; only 'local' is supported")
+    dataset_type: Literal["image", "eval"] = option("image")
+    disabled: bool = option(False)
+    instance_data_dir: str = option(required=True)
+    # None = inherit from config.json
+    resolution: float | None = option(None, minimum=0.0001)
+    resolution_type: Literal["pixel", "area"] | None = option(None)
+    minimum_image_size: float | None = option(None, minimum=0.0)
+    maximum_image_size: float | None = option(None, minimum=0.0)
+    minimum_aspect_ratio: float | None = option(None, minimum=0.0)
+    maximum_aspect_ratio: float | None = option(None, minimum=0.0)
+    crop: bool = option(False)
+    crop_style: Literal["center", "random"] = option("center")
+    crop_aspect: Literal["preserve", "square"] = option("preserve")
+    caption_strategy: Literal["textfile", "filename", "instanceprompt"] = option("textfile")
+    instance_prompt: str | None = option(None)
+    repeats: int = option(0, minimum=0, help="0 = each sample once per epoch")
+    train_batch_size: int | None = option(None, minimum=1, help="overrides config.json")
+    cache_dir_vae: str | None = option(None)
+    cache_dir: str | None = option(None)

@@ -1,0 +1,143 @@
+"""Generic checking of a JSON object against a dataclass whose annotations describe each option.
+
+An option is one dataclass field: its annotation gives the accepted type (``int``, ``float``,
+``bool``, ``str``, ``Literal[...]``, ``X | None``, ``list[str]``, unions of these), and
+``option(...)`` adds range limits and whether it is required. Adding an option is one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Literal
+
+_RANGE = "range"
+_REQUIRED = "required"
+
+
+def option(default: Any = None, *, minimum: float | None = None, maximum: float | None = None,
+           required: bool = False, help: str = "") -> Any:
+    """A dataclass field carrying the option's limits; ``help`` documents it in one place."""
+    return dataclasses.field(
+        default=default,
+        metadata={_RANGE: (minimum, maximum), _REQUIRED: required, "help": help},
+    )
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return f"a list of {_type_name(inner)}"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            type(None): "null"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Return (accepted, value converted to the option's type)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, converted = _coerce(value, arg)
+            if ok:
+                return True, converted
+        return False, None
+    if origin is Literal:
+        accepted = any(value == a and type(value) is type(a) for a in typing.get_args(tp))
+        return accepted, value
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            return False, None
+        converted = []
+        for item in value:
+            ok, item_value = _coerce(item, inner)
+            if not ok:
+                return False, None
+            converted.append(item_value)
+        return True, converted
+    if tp is type(None):
+        return value is None, None
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        if isinstance(value, bool):
+            return False, None
+        if isinstance(value, int):
+            return True, value
+        if isinstance(value, float) and value.is_integer():
+            return True, int(value)
+        return False, None
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False, None
+        return True, float(value)
+    if tp is str:
+        return isinstance(value, str), value
+    raise TypeError(f"unsupported option type {tp!r}")
+
+
+def _literal_choices(tp: Any) -> list[str]:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return [str(v) for v in typing.get_args(tp)]
+    if origin in (typing.Union, types.UnionType):
+        return [c for arg in typing.get_args(tp) for c in _literal_choices(arg)]
+    return []
+
+
+def did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def normalise_key(key: str) -> str:
+    """SimpleTuner's config.json accepts '--train_batch_size' and 'train_batch_size' alike."""
+    return key[2:] if key.startswith("--") else key
+
+
+def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
+    """Check ``raw`` against ``cls``'s options; append a message per problem to ``problems``.
+
+    Returns the accepted values (unknown or invalid keys are left out) ready for ``cls(**values)``.
+    ``where`` prefixes each message, e.g. ``"config/config.json"``.
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    values: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    for raw_key, value in raw.items():
+        key = normalise_key(raw_key)
+        if key in seen:
+            problems.append(f"{where}: key '{key}' is given twice ('{seen[key]}' and '{raw_key}')")
+            continue
+        seen[key] = raw_key
+        if key not in fields:
+            problems.append(f"{where}: unknown key '{raw_key}'{did_you_mean(key, fields)}")
+            continue
+        tp = hints[key]
+        ok, converted = _coerce(value, tp)
+        if not ok:
+            choices = _literal_choices(tp)
+            hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
+            problems.append(f"{where}: key '{key}' is {value!r}; expected {_type_name(tp)}{hint}")
+            continue
+        low, high = fields[key].metadata.get(_RANGE, (None, None))
+        if isinstance(converted, (int, float)) and not isinstance(converted, bool):
+            if low is not None and converted < low:
+                problems.append(f"{where}: key '{key}' is {value!r}; expected a value >= {low}")
+                continue
+            if high is not None and converted > high:
+                problems.append(f"{where}: key '{key}' is {value!r}; expected a value <= {high}")
+                continue
+        values[key] = converted
+    for name, f in fields.items():
+        if f.metadata.get(_REQUIRED) and values.get(name) is None and name not in seen:
+            problems.append(f"{where}: missing required key '{name}'")
+    return values

@@ -1,0 +1,68 @@
+"""config/config.json: the flat training options. One field per option; see fields.option."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from simpletuner.configuration.fields import option
+
+ModelFamily = Literal["sd1x", "sd2x", "sdxl", "sd3", "flux"]
+LrScheduler = Literal[
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
+]
+
+
+@dataclass
+class TrainingConfig:
+    # Model
+    model_family: ModelFamily = option(required=True, help="sd1x, sd2x, sdxl, sd3 or flux")
+    pretrained_model_name_or_path: str = option(
+        required=True, help="a local diffusers folder, or builtin:tiny-<family>")
+    model_type: Literal["full", "lora"] = option("full")
+    output_dir: str = option(required=True)
+    data_backend_config: str = option(required=True, help="path to multidatabackend.json")
+
+    # Data
+    train_batch_size: int = option(1, minimum=1)
+    gradient_accumulation_steps: int = option(1, minimum=1)
+    seed: int | None = option(None, minimum=0, help="shared shuffle seed; none = broadcast")
+    resolution: float = option(1024, minimum=0.0001)
+    resolution_type: Literal["pixel", "area"] = option("pixel")
+    aspect_bucket_alignment: int = option(64, minimum=8)
+    allow_dataset_oversubscription: bool = option(False)
+    num_processes: int = option(1, minimum=1, help="processes train.sh launches")
+
+    # Length
+    max_train_steps: int | None = option(None, minimum=1)
+    num_train_epochs: int | None = option(None, minimum=1)
+
+    # Optimisation
+    optimizer: Literal["adamw"] = option("adamw")
+    learning_rate: float = option(1e-5, minimum=0.0)
+    adam_beta1: float = option(0.9, minimum=0.0, maximum=1.0)
+    adam_beta2: float = option(0.999, minimum=0.0, maximum=1.0)
+    adam_weight_decay: float = option(1e-2, minimum=0.0)
+    adam_epsilon: float = option(1e-8, minimum=0.0)
+    lr_scheduler: LrScheduler = option("constant")
+    lr_warmup_steps: int = option(0, minimum=0)
+    max_grad_norm: float = option(1.0, minimum=0.0)
+    mixed_precision: Literal["no", "bf16", "fp16"] = option("no")
+    gradient_checkpointing: bool = option(False)
+    use_ema: bool = option(False)
+    ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
+    snr_gamma: float | None = option(None, minimum=0.0)
+    noise_offset: float = option(0.0, minimum=0.0)
+
+    # Logging, checkpoints, validation
+    report_to: Literal["none", "tensorboard"] = option("none")
+    trace_samples: bool = option(False)
+    checkpointing_steps: int = option(0, minimum=0)
+    checkpoints_total_limit: int | None = option(None, minimum=1)
+    resume_from_checkpoint: str | None = option(None, help="'latest' or a checkpoint path")
+    validation_prompt: str | list[str] | None = option(None)
+    validation_steps: int = option(0, minimum=0)
+    validation_num_inference_steps: int = option(20, minimum=1)
+    validation_resolution: int = option(1024, minimum=8)
+    validation_guidance_scale: float = option(7.5, minimum=0.0)
+    validation_seed: int = option(0, minimum=0)
