@@ -1,0 +1,3 @@
+from simpletuner.cli import main
+
+raise SystemExit(main())
