@@ -1,0 +1,44 @@
+"""The bucket index of one dataset: plain data every later stage reads, never mutates."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    path: str    # sample id (path relative to the dataset root, '/' separators)
+    reason: str  # human-readable, e.g. "truncated or unreadable header"
+
+
+@dataclass
+class DatasetIndex:
+    dataset_id: str
+    buckets: dict[str, list[str]]              # "WxH" -> sorted sample ids
+    original_sizes: dict[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+    @property
+    def sample_count(self) -> int:
+        return sum(len(ids) for ids in self.buckets.values())
+
+    def digest(self) -> str:
+        """Stable across processes and machines: ranks compare it to agree on the index."""
+        canonical = {key: sorted(ids) for key, ids in sorted(self.buckets.items())}
+        payload = json.dumps([self.dataset_id, canonical], separators=(",", ":"))
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+    def without(self, removed: dict[str, str]) -> "DatasetIndex":
+        """A copy without ``removed`` (sample id -> reason), which are reported as skipped."""
+        if not removed:
+            return self
+        buckets = {}
+        for key, ids in self.buckets.items():
+            kept = [s for s in ids if s not in removed]
+            if kept:
+                buckets[key] = kept
+        sizes = {s: wh for s, wh in self.original_sizes.items() if s not in removed}
+        skipped = self.skipped + [SkippedFile(s, r) for s, r in sorted(removed.items())]
+        return DatasetIndex(self.dataset_id, buckets, sizes, skipped)

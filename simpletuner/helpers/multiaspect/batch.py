@@ -1,0 +1,25 @@
+"""What the sampler hands to the dataset: one micro-batch of sample references."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchSample:
+    dataset_id: str
+    sample_id: str                 # path relative to the dataset root, '/' separators
+    bucket: str                    # "WxH"
+    target_size: tuple[int, int]   # (width, height) in pixels, parsed from the bucket key
+    caption: str
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Micro-batch ``step`` of ``epoch``; every rank draws step i from the same bucket."""
+
+    epoch: int
+    step: int
+    dataset_id: str
+    bucket: str
+    samples: tuple[BatchSample, ...]
