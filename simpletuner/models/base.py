@@ -21,6 +21,10 @@ class TrainingBatch:
     target_sizes: list[tuple[int, int]]
 
 
+class ModelFolderError(ValueError):
+    """A model path that cannot be loaded as the configured family: says what was expected."""
+
+
 @dataclass
 class LossSettings:
     """Objective options from config.json that every family honours where they apply."""
@@ -38,13 +42,28 @@ class ModelAdapter(ABC):
     @abstractmethod
     def load(cls, folder: Path, *, device: torch.device, weight_dtype: torch.dtype,
              loss_settings: LossSettings) -> "ModelAdapter":
-        """Load every component with from_pretrained from ``folder``; raise a clear error
-        naming the expected layout when the folder is not this family's."""
+        """Load every component with from_pretrained from ``folder``; raise ModelFolderError
+        naming the expected layout when the folder is not this family's. The trainable network
+        stays float32 (mixed precision comes from autocast); frozen components (VAE, text
+        encoders) are cast to ``weight_dtype``. Everything is moved to ``device``."""
 
     @property
     @abstractmethod
     def trainable(self) -> torch.nn.Module:
         """The network being fine-tuned (UNet or transformer)."""
+
+    @property
+    @abstractmethod
+    def resolution_alignment(self) -> int:
+        """Image sides must be multiples of this many pixels (VAE factor times the network's
+        own downsampling); validation resolutions and buckets are checked against it."""
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Trade compute for memory in the trainable network's backward pass."""
+        if enabled:
+            self.trainable.enable_gradient_checkpointing()
+        else:
+            self.trainable.disable_gradient_checkpointing()
 
     @abstractmethod
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -55,10 +74,13 @@ class ModelAdapter(ABC):
         """Prompts -> named embedding tensors, batch dimension first (one row per prompt)."""
 
     @abstractmethod
-    def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None
-                     ) -> torch.Tensor:
-        """Sample noise and timesteps, run the trainable network, return the scalar loss."""
+    def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
+                     network: torch.nn.Module | None = None) -> torch.Tensor:
+        """Sample noise and timesteps (from ``generator`` when given, so a fixed generator gives
+        a fixed loss), run the network, return the scalar loss. ``network`` is what to call
+        instead of ``trainable``, e.g. the module accelerate.prepare returned (DDP wrapper)."""
 
     @abstractmethod
-    def build_pipeline(self):
-        """A diffusers pipeline holding the current weights, for validation and export."""
+    def build_pipeline(self, trainable: torch.nn.Module | None = None):
+        """A diffusers pipeline sharing the loaded components, for validation and export;
+        ``trainable`` replaces the live network (e.g. an EMA copy)."""

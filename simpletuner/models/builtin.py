@@ -1,0 +1,178 @@
+"""Built-in tiny models (`builtin:tiny-sd1x` and friends): built locally from configs with a
+fixed seed on first use, saved as complete diffusers folders in the cache, then loaded like any
+local model. Nothing is ever downloaded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from simpletuner.models.base import ModelFolderError
+from simpletuner.models.tiny_tokenizer import write_tiny_tokenizer_files
+
+BUILTIN_PREFIX = "builtin:"
+BUILD_SEED = 0
+TOKEN_LENGTH = 77
+_BETAS = {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
+          "beta_schedule": "scaled_linear"}
+
+
+class UnknownBuiltinError(ModelFolderError):
+    pass
+
+
+def cache_root() -> Path:
+    """$SIMPLETUNER_CACHE, else the user's cache directory (XDG) / simpletuner."""
+    configured = os.environ.get("SIMPLETUNER_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "simpletuner"
+
+
+def _tokenizer_and_text_config(staging: Path, subfolder: str):
+    from transformers import CLIPTextConfig, CLIPTokenizer
+
+    ids = write_tiny_tokenizer_files(staging / subfolder, TOKEN_LENGTH)
+    tokenizer = CLIPTokenizer.from_pretrained(staging / subfolder)
+    config = CLIPTextConfig(hidden_size=32, intermediate_size=37, num_attention_heads=4,
+                            num_hidden_layers=2, max_position_embeddings=TOKEN_LENGTH,
+                            projection_dim=32, hidden_act="gelu", layer_norm_eps=1e-5, **ids)
+    return tokenizer, config
+
+
+def _tiny_vae(scaling_factor: float):
+    from diffusers import AutoencoderKL
+
+    # Four blocks give the real 8x downsampling, so buckets and latents keep real proportions.
+    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1,
+                         block_out_channels=(8, 16, 32, 32), norm_num_groups=8, sample_size=64,
+                         down_block_types=("DownEncoderBlock2D",) * 4,
+                         up_block_types=("UpDecoderBlock2D",) * 4, scaling_factor=scaling_factor)
+
+
+def _tiny_unet(**overrides):
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), **overrides)
+
+
+def _build_sd(staging: Path, *, v_prediction: bool):
+    from diffusers import DDIMScheduler, PNDMScheduler, StableDiffusionPipeline
+    from transformers import CLIPTextModel
+
+    tokenizer, text_config = _tokenizer_and_text_config(staging, "tokenizer")
+    if v_prediction:  # like stable-diffusion-2-1: DDIM, v-prediction, linear attention projection
+        unet = _tiny_unet(cross_attention_dim=32, attention_head_dim=(2, 4),
+                          use_linear_projection=True)
+        scheduler = DDIMScheduler(**_BETAS, prediction_type="v_prediction", clip_sample=False,
+                                  set_alpha_to_one=False, steps_offset=1)
+    else:  # like stable-diffusion-v1-5
+        unet = _tiny_unet(cross_attention_dim=32)
+        scheduler = PNDMScheduler(**_BETAS, skip_prk_steps=True, set_alpha_to_one=False,
+                                  steps_offset=1)
+    return StableDiffusionPipeline(
+        vae=_tiny_vae(0.18215), text_encoder=CLIPTextModel(text_config), tokenizer=tokenizer,
+        unet=unet, scheduler=scheduler, safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False)
+
+
+def _build_sdxl(staging: Path):
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    tokenizer, text_config = _tokenizer_and_text_config(staging, "tokenizer")
+    tokenizer_2, text_config_2 = _tokenizer_and_text_config(staging, "tokenizer_2")
+    time_embed_dim = 8
+    unet = _tiny_unet(
+        cross_attention_dim=text_config.hidden_size + text_config_2.hidden_size,
+        attention_head_dim=(2, 4), use_linear_projection=True,
+        addition_embed_type="text_time", addition_time_embed_dim=time_embed_dim,
+        # six micro-conditioning numbers, each embedded, plus the pooled text embedding
+        projection_class_embeddings_input_dim=6 * time_embed_dim + text_config_2.projection_dim)
+    scheduler = EulerDiscreteScheduler(**_BETAS, timestep_spacing="leading", steps_offset=1)
+    return StableDiffusionXLPipeline(
+        vae=_tiny_vae(0.13025), text_encoder=CLIPTextModel(text_config),
+        text_encoder_2=CLIPTextModelWithProjection(text_config_2), tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler, add_watermarker=False)
+
+
+BUILTIN_RECIPES: dict[str, Callable[[Path], object]] = {
+    "tiny-sd1x": lambda staging: _build_sd(staging, v_prediction=False),
+    "tiny-sd2x": lambda staging: _build_sd(staging, v_prediction=True),
+    "tiny-sdxl": _build_sdxl,
+}
+
+
+def _unknown(name: str) -> UnknownBuiltinError:
+    known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_RECIPES)
+    return UnknownBuiltinError(f"unknown built-in model '{BUILTIN_PREFIX}{name}'; known: {known}")
+
+
+def ensure_builtin_model(name: str) -> Path:
+    """The folder of built-in model ``name`` (e.g. "tiny-sd1x"), building it on first use.
+
+    Built in a private temporary folder next to the target and renamed into place, so readers
+    never see a partial model; when several processes build at once, the first rename wins and
+    the others discard their identical copies."""
+    recipe = BUILTIN_RECIPES.get(name)
+    if recipe is None:
+        raise _unknown(name)
+    root = cache_root() / "builtin"
+    final = root / name
+    if (final / "model_index.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        # A private RNG stream: the same weights every time, the caller's RNG state untouched.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(BUILD_SEED)
+            pipeline = recipe(staging)
+        pipeline.save_pretrained(staging, safe_serialization=True)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not (final / "model_index.json").is_file():
+                raise ModelFolderError(
+                    f"{final} exists but is not a complete built-in model; delete it and retry")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """Map ``builtin:NAME`` to its built folder, or check that a local folder exists."""
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        return ensure_builtin_model(name_or_path[len(BUILTIN_PREFIX):])
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists():
+        raise ModelFolderError(f"pretrained_model_name_or_path {name_or_path!r} is a file; it "
+                               "must be a diffusers model folder (with model_index.json)")
+    known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_RECIPES)
+    raise ModelFolderError(
+        f"pretrained_model_name_or_path {name_or_path!r} is not a local folder. Models load "
+        "from local folders only; nothing is downloaded. Download it yourself (for example "
+        "`huggingface-cli download ID --local-dir DIR`) and give that folder, or use a "
+        f"built-in model: {known}")
+
+
+def run_builtin_command(name: str) -> int:
+    """`python -m simpletuner builtin NAME`: build if needed, print the folder last."""
+    name = name.removeprefix(BUILTIN_PREFIX)
+    if name not in BUILTIN_RECIPES:
+        print(_unknown(name), file=sys.stderr)
+        return 2
+    print(ensure_builtin_model(name))
+    return 0

@@ -1,0 +1,46 @@
+"""A byte-level CLIP tokenizer written locally, so built-in tiny models never download one.
+
+The vocabulary is every byte (as CLIP's printable byte alphabet), each byte again with the
+end-of-word suffix, and the two special tokens; no merges. Any text tokenizes, one token per
+byte, which is all a tiny test model needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+START_TOKEN = "<|startoftext|>"
+END_TOKEN = "<|endoftext|>"
+
+
+def _byte_alphabet() -> list[str]:
+    """The 256 printable characters GPT-2/CLIP byte-level BPE uses for the 256 byte values."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    codes = dict(zip(printable, printable))
+    shifted = 0
+    for byte in range(256):
+        if byte not in codes:
+            codes[byte] = 256 + shifted
+            shifted += 1
+    return [chr(codes[byte]) for byte in range(256)]
+
+
+def tiny_vocab() -> dict[str, int]:
+    alphabet = _byte_alphabet()
+    tokens = alphabet + [c + "</w>" for c in alphabet] + [START_TOKEN, END_TOKEN]
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def write_tiny_tokenizer_files(folder: Path, max_length: int) -> dict[str, int]:
+    """Write vocab.json, merges.txt and tokenizer_config.json that CLIPTokenizer.from_pretrained
+    reads; return the special token ids the matching text encoder config needs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = tiny_vocab()
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    config = {"model_max_length": max_length, "bos_token": START_TOKEN, "eos_token": END_TOKEN,
+              "pad_token": END_TOKEN, "unk_token": END_TOKEN}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return {"vocab_size": len(vocab), "bos_token_id": vocab[START_TOKEN],
+            "eos_token_id": vocab[END_TOKEN], "pad_token_id": vocab[END_TOKEN]}
