@@ -1,0 +1,187 @@
+"""MultiAspectSampler: this rank's micro-batches, in lockstep with every other rank.
+
+An epoch is a schedule of *groups*: ``accumulation`` consecutive micro-batches from one
+(dataset, bucket), so an optimizer step never mixes resolutions. The schedule lists each bucket
+once per group it can fill (the same number on every rank, see split.py) and is shuffled by an RNG
+seeded from ``(seed, epoch)`` only, so all ranks draw micro-batch ``i`` from the same bucket.
+Position is ``(epoch, step)``; the plan is recomputed from the data, never stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.split import (BucketSlice, DatasetSpec, bucket_counts,
+                                                check_bucket_sizes, split_bucket,
+                                                stable_permutation)
+from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplerDataset:
+    """One dataset as the sampler sees it: its index and the settings that shape the split."""
+
+    index: DatasetIndex
+    caption_for: Callable[[str], str]
+    batch_size: int                 # the dataset's train_batch_size override, else the global one
+    repeats: int = 0
+    evaluation: bool = False
+    allow_oversubscription: bool = False
+
+    @property
+    def spec(self) -> DatasetSpec:
+        return DatasetSpec(self.index.dataset_id, self.index.buckets, self.repeats,
+                           self.batch_size, self.evaluation, self.allow_oversubscription)
+
+
+def _target_size(bucket: str) -> tuple[int, int]:
+    width, height = bucket.split("x")
+    return int(width), int(height)
+
+
+def _changes(old: Any, new: Any, path: str = "") -> list[str]:
+    """Human-readable differences between two fingerprints, e.g. 'processes: 4 -> 2'."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = []
+        for key in sorted(set(old) | set(new), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in new:
+                found.append(f"{where} removed")
+            elif key not in old:
+                found.append(f"{where} added")
+            else:
+                found.extend(_changes(old[key], new[key], where))
+        return found
+    return [] if old == new else [f"{path}: {old} -> {new}"]
+
+
+class MultiAspectSampler:
+    """Iterate this rank's micro-batches; ``len()`` is the same on every rank and every epoch."""
+
+    def __init__(self, datasets: Sequence[SamplerDataset], *, seed: int, processes: int,
+                 rank: int, accumulation: int, evaluation: bool = False):
+        chosen = [d for d in datasets if d.evaluation == evaluation]
+        if not chosen:
+            kind = "evaluation" if evaluation else "training"
+            raise ValueError(f"no {kind} dataset to sample from")
+        self.datasets = sorted(chosen, key=lambda d: d.index.dataset_id)
+        self.seed = seed
+        self.processes = processes
+        self.rank = rank
+        # Evaluation steps one sample per rank, without accumulation (see EffectiveBatch).
+        self.accumulation = 1 if evaluation else accumulation
+        self.evaluation = evaluation
+        # Same data on every rank, so an undersized bucket raises the same error everywhere.
+        self.notes = check_bucket_sizes([d.spec for d in self.datasets], processes, accumulation)
+        self.buckets = [(d, key) for d in self.datasets for key in sorted(d.index.buckets)]
+        self._micro_batches = [
+            bucket_counts(len(d.index.buckets[key]), d.repeats,
+                          d.spec.effective_batch(processes, self.accumulation),
+                          d.allow_oversubscription).micro_batches
+            for d, key in self.buckets]
+        self.epoch = 0
+        self.step = 0
+        self._cache_epoch: int | None = None
+        self._cache: dict[int, BucketSlice] = {}
+        self._schedule: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return sum(self._micro_batches)
+
+    def fingerprint(self) -> dict:
+        """Everything that decides the plan; plain JSON so a mismatch can name what changed."""
+        return {
+            "processes": self.processes,
+            "accumulation": self.accumulation,
+            "seed": self.seed,
+            "evaluation": self.evaluation,
+            "datasets": {
+                d.index.dataset_id: {
+                    "batch_size": d.batch_size,
+                    "repeats": d.repeats,
+                    "allow_oversubscription": d.allow_oversubscription,
+                    "index": d.index.digest(),
+                }
+                for d in self.datasets
+            },
+        }
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "step": self.step, "fingerprint": self.fingerprint()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at the saved position. A different plan is warned about, never adapted to."""
+        changed = _changes(state.get("fingerprint"), self.fingerprint())
+        if changed:
+            logger.warning(
+                "Resuming with different data settings (%s). Resume across changes of topology "
+                "or dataloader settings is not supported (see AGENTS.md); the position is kept "
+                "as saved and the sample sequence will differ from the original run.",
+                "; ".join(changed))
+        self.epoch = int(state["epoch"])
+        self.step = int(state["step"])
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        """The rest of the current epoch; ``step`` counts micro-batches already handed out."""
+        epoch = self.epoch
+        total = len(self)
+        while self.step < total:
+            batch = self.micro_batch(epoch, self.step)
+            self.step += 1
+            yield batch
+        self.epoch, self.step = epoch + 1, 0
+
+    def micro_batch(self, epoch: int, step: int) -> MicroBatch:
+        groups, ordinals = self._epoch_schedule(epoch)
+        group, offset = divmod(step, self.accumulation)
+        which = int(groups[group])
+        piece = self._slice(epoch, which)
+        dataset, key = self.buckets[which]
+        ids = piece.micro_batch(int(ordinals[group]) * self.accumulation + offset)
+        size = _target_size(key)
+        samples = tuple(BatchSample(dataset.index.dataset_id, sample_id, key, size,
+                                    dataset.caption_for(sample_id)) for sample_id in ids)
+        return MicroBatch(epoch, step, dataset.index.dataset_id, key, samples)
+
+    def slices(self, epoch: int) -> list[BucketSlice]:
+        """This rank's slice of every bucket in ``epoch`` (each carries the bucket's trim)."""
+        return [self._slice(epoch, i) for i in range(len(self.buckets))]
+
+    def _split(self, dataset: SamplerDataset, key: str, epoch: int) -> BucketSlice:
+        spec = dataset.spec
+        return split_bucket(spec.buckets[key], dataset_id=spec.dataset_id, bucket=key,
+                            epoch=epoch, seed=self.seed, repeats=spec.repeats,
+                            effective=spec.effective_batch(self.processes, self.accumulation),
+                            rank=self.rank, allow_oversubscription=spec.allow_oversubscription)
+
+    def _use_epoch(self, epoch: int) -> None:
+        if self._cache_epoch != epoch:
+            self._cache_epoch, self._cache, self._schedule = epoch, {}, None
+
+    def _slice(self, epoch: int, which: int) -> BucketSlice:
+        self._use_epoch(epoch)
+        if which not in self._cache:
+            dataset, key = self.buckets[which]
+            self._cache[which] = self._split(dataset, key, epoch)
+        return self._cache[which]
+
+    def _epoch_schedule(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per group: which bucket, and how many earlier groups of the epoch used that bucket."""
+        self._use_epoch(epoch)
+        if self._schedule is None:
+            per_bucket = np.array(self._micro_batches, dtype=np.int64) // self.accumulation
+            canonical = np.repeat(np.arange(len(self.buckets)), per_bucket)
+            groups = canonical[stable_permutation(len(canonical), "schedule", self.seed, epoch)]
+            by_bucket = np.argsort(groups, kind="stable")
+            first = np.cumsum(per_bucket) - per_bucket
+            ordinals = np.empty_like(groups)
+            ordinals[by_bucket] = np.arange(len(groups)) - first[groups[by_bucket]]
+            self._schedule = (groups, ordinals)
+        return self._schedule

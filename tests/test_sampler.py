@@ -1,0 +1,186 @@
+"""MultiAspectSampler: lockstep schedule, per-sample fields, resume and the fingerprint warning."""
+
+from __future__ import annotations
+
+import json
+import unittest
+from collections import Counter
+
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.split import UndersizedBucketsError
+from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
+
+
+def ids(n: int, prefix: str) -> list[str]:
+    return [f"{prefix}/{i:04d}.png" for i in range(n)]
+
+
+def two_datasets(batch_a: int = 2, batch_b: int = 1, repeats_b: int = 1):
+    a = DatasetIndex("alpha", {"64x64": ids(41, "sq"), "64x128": ids(23, "tall"),
+                               "128x64": ids(17, "wide")}, {})
+    b = DatasetIndex("beta", {"64x64": ids(13, "b")}, {})
+    return [SamplerDataset(a, lambda s: f"caption of {s}", batch_a),
+            SamplerDataset(b, lambda s: "beta", batch_b, repeats=repeats_b)]
+
+
+def sampler(datasets, rank=0, processes=3, accumulation=2, seed=99):
+    return MultiAspectSampler(datasets, seed=seed, processes=processes, rank=rank,
+                              accumulation=accumulation)
+
+
+def as_plain(batches):
+    return [(m.epoch, m.step, m.dataset_id, m.bucket, [s.sample_id for s in m.samples])
+            for m in batches]
+
+
+class LockstepTest(unittest.TestCase):
+    def test_all_ranks_same_bucket_per_step_and_same_count(self):
+        datasets = two_datasets()
+        runs = [list(sampler(datasets, rank=r)) for r in range(3)]
+        self.assertEqual(len({len(run) for run in runs}), 1)
+        self.assertGreater(len(runs[0]), 0)
+        self.assertEqual(len(runs[0]) % 2, 0)
+        for step, batches in enumerate(zip(*runs)):
+            self.assertEqual(len({(m.dataset_id, m.bucket) for m in batches}), 1, step)
+            self.assertEqual({m.step for m in batches}, {step})
+        # A shared schedule interleaves buckets rather than running them one after another.
+        keys = [(m.dataset_id, m.bucket) for m in runs[0]]
+        changes = sum(1 for x, y in zip(keys, keys[1:]) if x != y)
+        self.assertGreater(changes, len(set(keys)))
+
+    def test_exactly_once_per_epoch_across_ranks_with_repeats(self):
+        datasets = two_datasets()
+        samplers = [sampler(datasets, rank=r) for r in range(3)]
+        for epoch in range(3):
+            got = Counter((m.dataset_id, s.sample_id) for sm in samplers for m in sm
+                          for s in m.samples)
+            trimmed = Counter((p.dataset_id, x) for p in samplers[0].slices(epoch)
+                              for x in p.trimmed)
+            expected = Counter({("alpha", x): 1 for d in datasets[:1]
+                                for v in d.index.buckets.values() for x in v})
+            expected.update({("beta", x): 2 for x in ids(13, "b")})
+            self.assertEqual(got + trimmed, expected, f"epoch {epoch}")
+
+    def test_per_dataset_batch_size_and_sample_fields(self):
+        s = sampler(two_datasets(batch_a=3, batch_b=1), processes=2, accumulation=1)
+        seen = set()
+        for m in s:
+            want = 3 if m.dataset_id == "alpha" else 1
+            self.assertEqual(len(m.samples), want)
+            for sample in m.samples:
+                self.assertEqual(sample.dataset_id, m.dataset_id)
+                self.assertEqual(sample.bucket, m.bucket)
+                w, h = (int(v) for v in m.bucket.split("x"))
+                self.assertEqual(sample.target_size, (w, h))
+                want_caption = "beta" if m.dataset_id == "beta" else f"caption of {sample.sample_id}"
+                self.assertEqual(sample.caption, want_caption)
+                self.assertTrue(sample.sample_id.startswith(
+                    {"64x64": ("sq", "b"), "64x128": ("tall",), "128x64": ("wide",)}[m.bucket]))
+            seen.add(m.dataset_id)
+        self.assertEqual(seen, {"alpha", "beta"})
+
+    def test_each_epoch_has_its_own_order(self):
+        s = sampler(two_datasets())
+        epoch0, epoch1 = as_plain(s), as_plain(s)
+        self.assertEqual({e for e, *_ in epoch0}, {0})
+        self.assertEqual({e for e, *_ in epoch1}, {1})
+        self.assertEqual(len(epoch0), len(epoch1))
+        self.assertNotEqual([x[2:] for x in epoch0], [x[2:] for x in epoch1])
+
+    def test_undersized_bucket_raises_at_construction(self):
+        small = DatasetIndex("small", {"64x64": ids(3, "s")}, {})
+        with self.assertRaises(UndersizedBucketsError):
+            sampler([SamplerDataset(small, str, 2)], processes=2, accumulation=1)
+
+    def test_evaluation_sampler_uses_only_eval_datasets_one_sample_per_rank(self):
+        datasets = two_datasets() + [SamplerDataset(
+            DatasetIndex("held-out", {"64x64": ids(7, "e")}, {}), str, 4, evaluation=True)]
+        runs = [list(MultiAspectSampler(datasets, seed=1, processes=3, rank=r, accumulation=4,
+                                        evaluation=True)) for r in range(3)]
+        self.assertEqual([len(run) for run in runs], [2, 2, 2])
+        got = [s.sample_id for run in runs for m in run for s in m.samples]
+        self.assertEqual(len(got), 6)
+        self.assertEqual(len(set(got)), 6)
+        self.assertTrue(all(x.startswith("e/") for x in got))
+
+
+class ResumeTest(unittest.TestCase):
+    def test_restored_sampler_yields_the_rest_of_the_uninterrupted_sequence(self):
+        datasets = two_datasets()
+        full = sampler(datasets, rank=1)
+        uninterrupted = as_plain(full) + as_plain(full) + as_plain(full)
+        per_epoch = len(uninterrupted) // 3
+        for stop in (0, 1, 5, per_epoch - 1, per_epoch, per_epoch + 3, 2 * per_epoch + 1):
+            first = sampler(datasets, rank=1)
+            consumed = []
+            while len(consumed) < stop:
+                for m in first:
+                    consumed.append(m)
+                    if len(consumed) == stop:
+                        break
+            state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
+            resumed = sampler(datasets, rank=1)
+            with self.assertNoLogs("simpletuner.helpers.multiaspect.sampler", "WARNING"):
+                resumed.load_state_dict(state)
+            rest = []
+            while resumed.epoch < 3:
+                rest.extend(as_plain(resumed))
+            with self.subTest(stop=stop):
+                self.assertEqual(as_plain(consumed) + rest, uninterrupted)
+
+    def test_state_dict_counts_handed_out_micro_batches(self):
+        s = sampler(two_datasets())
+        iterator = iter(s)
+        next(iterator)
+        next(iterator)
+        self.assertEqual((s.state_dict()["epoch"], s.state_dict()["step"]), (0, 2))
+        for _ in iterator:
+            pass
+        self.assertEqual((s.state_dict()["epoch"], s.state_dict()["step"]), (1, 0))
+
+
+class FingerprintTest(unittest.TestCase):
+    def saved_state(self):
+        return sampler(two_datasets()).state_dict()
+
+    def warnings_on_load(self, other):
+        with self.assertLogs("simpletuner.helpers.multiaspect.sampler", "WARNING") as logs:
+            other.load_state_dict(self.saved_state())
+        self.assertEqual(len(logs.records), 1, "expected exactly one warning")
+        return logs.records[0].getMessage()
+
+    def test_world_size_change_is_named(self):
+        message = self.warnings_on_load(sampler(two_datasets(), processes=2))
+        self.assertIn("processes: 3 -> 2", message)
+        self.assertIn("not supported", message)
+        self.assertNotIn("seed", message)
+
+    def test_batch_size_repeats_accumulation_seed_and_index_are_named(self):
+        cases = [
+            (sampler(two_datasets(batch_a=1)), "datasets.alpha.batch_size: 2 -> 1"),
+            (sampler(two_datasets(repeats_b=2)), "datasets.beta.repeats: 1 -> 2"),
+            (sampler(two_datasets(), accumulation=1), "accumulation: 2 -> 1"),
+            (sampler(two_datasets(), seed=5), "seed: 99 -> 5"),
+        ]
+        changed = two_datasets()
+        changed[1] = SamplerDataset(DatasetIndex("beta", {"64x64": ids(14, "b")}, {}),
+                                    str, 1, repeats=1)
+        cases.append((sampler(changed), "datasets.beta.index:"))
+        renamed = two_datasets()[:1] + [SamplerDataset(
+            DatasetIndex("gamma", {"64x64": ids(13, "b")}, {}), str, 1, repeats=1)]
+        cases.append((sampler(renamed), "datasets.beta removed; datasets.gamma added"))
+        for other, needle in cases:
+            with self.subTest(needle=needle):
+                self.assertIn(needle, self.warnings_on_load(other))
+
+    def test_mismatch_keeps_the_saved_position(self):
+        other = sampler(two_datasets(), processes=2)
+        state = self.saved_state()
+        state["step"] = 4
+        with self.assertLogs("simpletuner.helpers.multiaspect.sampler", "WARNING"):
+            other.load_state_dict(state)
+        self.assertEqual(next(iter(other)).step, 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
