@@ -1,0 +1,184 @@
+"""VAE latent cache: one safetensors file per sample, named by a digest of everything that
+changes its contents, so a warm start encodes nothing and a changed setting never reuses a
+stale entry.
+
+Every rank plans the whole cache (file stats, no decoding), then encodes only its static share
+(``rank_share`` of the sorted sample ids). Images that fail to decode are returned as
+(sample id -> reason); merging them over ranks is ``failures.gather_failures``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from simpletuner.helpers.caching.storage import (
+    CACHE_FORMAT, digest, entry_path, rank_share, save_entry,
+)
+from simpletuner.helpers.metadata.buckets import parse_bucket_key
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.multiaspect.image import PreparedImage, prepare_image
+
+EncodeImages = Callable[[torch.Tensor], torch.Tensor]  # ModelAdapter.encode_images
+
+
+@dataclass(frozen=True)
+class LatentSettings:
+    """Everything besides the image file itself that decides a sample's latent."""
+
+    dataset_id: str
+    root: Path                 # the dataset's instance_data_dir
+    folder: Path               # where entries are written
+    model_identity: str        # storage.model_identity of the VAE (and family)
+    crop: bool = False
+    crop_style: str = "center"
+    seed: int = 0              # the resolved shared seed; only random crops depend on it
+
+    @classmethod
+    def for_dataset(cls, dataset, *, output_dir: str | Path, model_identity: str,
+                    seed: int) -> "LatentSettings":
+        """From a configuration.DatasetConfig; the folder is ``cache_dir_vae`` if set, else
+        ``<output_dir>/cache/vae/<dataset id>``."""
+        folder = dataset.cache_dir_vae or Path(output_dir) / "cache" / "vae" / dataset.id
+        return cls(dataset.id, Path(dataset.instance_data_dir), Path(folder), model_identity,
+                   dataset.crop, dataset.crop_style, seed)
+
+    def key(self, sample_id: str, target: tuple[int, int], file_size: int,
+            file_mtime_ns: int) -> str:
+        random_crop = self.crop and self.crop_style == "random"
+        return digest({
+            "format": CACHE_FORMAT, "kind": "latent", "model": self.model_identity,
+            "file": [str((self.root / sample_id).resolve()), file_size, file_mtime_ns],
+            "target": list(target), "crop": self.crop,
+            "crop_style": self.crop_style if self.crop else None,
+            # A random crop depends on these; a center crop or a resize does not.
+            "crop_seed": [self.seed, self.dataset_id, sample_id] if random_crop else None,
+        })
+
+
+@dataclass(frozen=True)
+class CachedLatents:
+    latents: torch.Tensor                      # [B, C, h, w]
+    original_sizes: list[tuple[int, int]]      # (height, width)
+    crop_top_lefts: list[tuple[int, int]]      # (top, left)
+    target_sizes: list[tuple[int, int]]        # (height, width)
+
+
+@dataclass
+class LatentCache:
+    """Where each sample's entry lives; read-only once built."""
+
+    folder: Path
+    paths: dict[str, Path] = field(default_factory=dict)  # sample id -> entry file
+
+    def missing(self, sample_ids: Sequence[str]) -> list[str]:
+        """Samples whose entry is absent: after caching on every rank this is empty unless the
+        cache folder is not shared by all ranks."""
+        return [s for s in sample_ids if s not in self.paths or not self.paths[s].exists()]
+
+    def load(self, sample_ids: Sequence[str]) -> CachedLatents:
+        entries = []
+        for sample_id in sample_ids:
+            try:
+                entries.append(load_file(self.paths[sample_id]))
+            except (KeyError, FileNotFoundError) as error:
+                raise FileNotFoundError(
+                    f"no cached latent for sample {sample_id!r} in {self.folder}; the cache "
+                    "folder must be on storage every rank can read") from error
+        geometry = [e["geometry"].tolist() for e in entries]
+        return CachedLatents(
+            latents=torch.stack([e["latent"] for e in entries]),
+            original_sizes=[(g[0], g[1]) for g in geometry],
+            crop_top_lefts=[(g[2], g[3]) for g in geometry],
+            target_sizes=[(g[4], g[5]) for g in geometry],
+        )
+
+
+@dataclass
+class LatentCacheResult:
+    cache: LatentCache
+    failures: dict[str, str]   # sample id -> reason, found on this rank (merge before use)
+    encoded: int               # entries this rank wrote
+
+
+def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: EncodeImages,
+                  *, rank: int = 0, world_size: int = 1, batch_size: int = 8,
+                  decode_workers: int = 2, progress: bool = True) -> LatentCacheResult:
+    """Plan every sample's entry, encode the missing ones of this rank's share in batches of
+    one bucket, and return the cache plus the samples that could not be read."""
+    cache = LatentCache(settings.folder)
+    failures: dict[str, str] = {}
+    targets: dict[str, tuple[int, int]] = {}
+    for bucket, sample_ids in index.buckets.items():
+        target = parse_bucket_key(bucket)
+        for sample_id in sample_ids:
+            try:
+                stat = (settings.root / sample_id).stat()
+            except OSError as error:
+                failures[sample_id] = f"cannot read image file: {error.strerror or error}"
+                continue
+            key = settings.key(sample_id, target, stat.st_size, stat.st_mtime_ns)
+            cache.paths[sample_id] = entry_path(settings.folder, key)
+            targets[sample_id] = target
+
+    todo = [s for s in rank_share(list(cache.paths), rank, world_size)
+            if not cache.paths[s].exists()]
+    by_target: dict[tuple[int, int], list[str]] = {}
+    for sample_id in todo:
+        by_target.setdefault(targets[sample_id], []).append(sample_id)
+    chunks = [ids[i:i + batch_size] for _, ids in sorted(by_target.items())
+              for i in range(0, len(ids), batch_size)]
+
+    encoded = 0
+    bar = tqdm(total=len(todo), desc=f"caching latents [{settings.dataset_id}]", unit="img",
+               disable=not progress or not todo)
+    with ThreadPoolExecutor(max_workers=max(1, decode_workers)) as pool, bar:
+        for chunk, prepared in _prefetched(pool, chunks, settings, targets):
+            ready = []
+            for sample_id, outcome in zip(chunk, prepared):
+                if isinstance(outcome, PreparedImage):
+                    ready.append((sample_id, outcome))
+                else:
+                    failures[sample_id] = outcome
+            if ready:
+                with torch.no_grad():
+                    latents = encode_images(torch.stack([p.pixels for _, p in ready]))
+                latents = latents.detach().to("cpu", torch.float32)
+                for (sample_id, image), latent in zip(ready, latents):
+                    geometry = torch.tensor(
+                        [*image.original_size, *image.crop_top_left, *image.target_size],
+                        dtype=torch.int64)
+                    save_entry(cache.paths[sample_id], {"latent": latent, "geometry": geometry})
+                encoded += len(ready)
+            bar.update(len(chunk))
+    return LatentCacheResult(cache, failures, encoded)
+
+
+def _prefetched(pool: ThreadPoolExecutor, chunks: list[list[str]], settings: LatentSettings,
+                targets: dict[str, tuple[int, int]]) -> Iterator[tuple[list[str], list]]:
+    """Decode chunk i+1 on worker threads while chunk i is being encoded."""
+    def submit(chunk):
+        return [pool.submit(_prepare, settings, s, targets[s]) for s in chunk]
+
+    pending = submit(chunks[0]) if chunks else []
+    for position, chunk in enumerate(chunks):
+        current = pending
+        pending = submit(chunks[position + 1]) if position + 1 < len(chunks) else []
+        yield chunk, [future.result() for future in current]
+
+
+def _prepare(settings: LatentSettings, sample_id: str,
+             target: tuple[int, int]) -> PreparedImage | str:
+    """The prepared image, or why it could not be decoded (reported, never raised)."""
+    try:
+        return prepare_image(settings.root / sample_id, target, crop=settings.crop,
+                             crop_style=settings.crop_style, seed=settings.seed,
+                             dataset_id=settings.dataset_id, sample_id=sample_id)
+    except Exception as error:  # noqa: BLE001 - any decoder error means "unusable image"
+        return f"failed to decode while caching latents: {type(error).__name__}: {error}"

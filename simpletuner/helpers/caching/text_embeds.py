@@ -1,0 +1,82 @@
+"""Text-embedding cache: one safetensors file per unique caption, named by a digest of the text
+encoders' identity and the caption, holding every named tensor ``encode_prompts`` returns (one
+row, batch dimension removed). Same static partition, atomic writes and warm start as latents."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from simpletuner.helpers.caching.storage import (
+    CACHE_FORMAT, digest, entry_path, rank_share, save_entry,
+)
+
+EncodePrompts = Callable[[list[str]], dict[str, torch.Tensor]]  # ModelAdapter.encode_prompts
+
+
+def default_text_dir(dataset, output_dir: str | Path) -> Path:
+    """``cache_dir`` of a configuration.DatasetConfig if set, else ``<output_dir>/cache/text``:
+    entries are keyed by caption, so datasets can share one folder."""
+    return Path(dataset.cache_dir or Path(output_dir) / "cache" / "text")
+
+
+@dataclass
+class TextEmbedCache:
+    folder: Path
+    model_identity: str            # storage.model_identity of the text encoders (and family)
+    keep_in_memory: int = 256      # captions repeat across batches; small rows stay loaded
+    _recent: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
+
+    def path_for(self, caption: str) -> Path:
+        key = digest({"format": CACHE_FORMAT, "kind": "text", "model": self.model_identity,
+                      "caption": caption})
+        return entry_path(self.folder, key)
+
+    def load(self, captions: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Named tensors stacked over ``captions``: each [len(captions), ...]."""
+        rows = [self._row(caption) for caption in captions]
+        return {name: torch.stack([row[name] for row in rows]) for name in rows[0]}
+
+    def _row(self, caption: str) -> dict[str, torch.Tensor]:
+        row = self._recent.get(caption)
+        if row is not None:
+            self._recent.move_to_end(caption)
+            return row
+        path = self.path_for(caption)
+        try:
+            row = load_file(path)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(
+                f"no cached text embedding for caption {caption!r} in {self.folder}; the cache "
+                "folder must be on storage every rank can read") from error
+        self._recent[caption] = row
+        if len(self._recent) > self.keep_in_memory:
+            self._recent.popitem(last=False)
+        return row
+
+
+def cache_text_embeds(captions: Iterable[str], cache: TextEmbedCache,
+                      encode_prompts: EncodePrompts, *, rank: int = 0, world_size: int = 1,
+                      batch_size: int = 16, progress: bool = True) -> int:
+    """Encode the missing captions of this rank's share of the unique captions; returns how
+    many entries this rank wrote. Call on every rank, then synchronise before reading."""
+    share = rank_share(sorted(set(captions)), rank, world_size)
+    todo = [c for c in share if not cache.path_for(c).exists()]
+    with tqdm(total=len(todo), desc=f"caching text embeddings [{cache.folder.name}]",
+              unit="caption", disable=not progress or not todo) as bar:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start:start + batch_size]
+            with torch.no_grad():
+                embeds = encode_prompts(batch)
+            embeds = {name: t.detach().to("cpu", torch.float32) for name, t in embeds.items()}
+            for row, caption in enumerate(batch):
+                save_entry(cache.path_for(caption),
+                           {name: t[row] for name, t in embeds.items()})
+            bar.update(len(batch))
+    return len(todo)
