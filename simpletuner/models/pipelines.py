@@ -1,0 +1,117 @@
+"""Validation images and the exported pipeline, for any adapter's build_pipeline() result.
+
+Images come from a fixed-seed generator per prompt, so the same weights give the same images
+and a prompt's image does not depend on which prompts come before it. Files are written under
+a temporary name and renamed, so a crash never leaves a half-written PNG or pipeline folder."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
+from tqdm.auto import tqdm
+
+
+@contextmanager
+def _eval_mode(pipeline):
+    """Switch every network of the pipeline to eval() for sampling, then restore train flags."""
+    modules = [m for m in pipeline.components.values() if isinstance(m, torch.nn.Module)]
+    flags = [m.training for m in modules]
+    for module in modules:
+        module.eval()
+    try:
+        yield
+    finally:
+        for module, flag in zip(modules, flags):
+            module.train(flag)
+
+
+def generate_validation_images(pipeline, prompts: list[str], *, resolution: int | tuple[int, int],
+                               num_inference_steps: int, guidance_scale: float = 7.5,
+                               seed: int = 0, autocast_dtype: torch.dtype | None = None
+                               ) -> list[Image.Image]:
+    """One image per prompt at ``resolution`` (a side, or (width, height)). Each prompt gets its
+    own CPU generator seeded with ``seed``: identical on every device and run. Pass the frozen
+    components' dtype as ``autocast_dtype`` when it differs from the trainable network's."""
+    width, height = (resolution, resolution) if isinstance(resolution, int) else resolution
+    device = pipeline._execution_device
+    autocast = (torch.autocast(device.type, dtype=autocast_dtype)
+                if autocast_dtype not in (None, torch.float32) else nullcontext())
+    pipeline.set_progress_bar_config(disable=True)
+    images = []
+    with _eval_mode(pipeline), torch.no_grad(), autocast:
+        for prompt in tqdm(prompts, desc="validation images", leave=False):
+            generator = torch.Generator(device="cpu").manual_seed(seed)
+            result = pipeline(prompt=prompt, height=height, width=width,
+                              num_inference_steps=num_inference_steps,
+                              guidance_scale=guidance_scale, generator=generator)
+            images.append(result.images[0])
+    return images
+
+
+def make_grid(images: list[Image.Image], columns: int | None = None) -> Image.Image:
+    """Images side by side in rows of ``columns`` (default: a near-square grid)."""
+    columns = columns or math.ceil(math.sqrt(len(images)))
+    rows = math.ceil(len(images) / columns)
+    cell_w = max(image.width for image in images)
+    cell_h = max(image.height for image in images)
+    grid = Image.new("RGB", (columns * cell_w, rows * cell_h), "white")
+    for index, image in enumerate(images):
+        grid.paste(image, ((index % columns) * cell_w, (index // columns) * cell_h))
+    return grid
+
+
+def _save_png_atomically(image: Image.Image, path: Path, prompt: str | None = None) -> None:
+    info = PngInfo()
+    if prompt is not None:
+        info.add_text("prompt", prompt)  # the caption travels with the file
+    temporary = path.with_name(f".{path.name}.tmp")
+    image.save(temporary, format="PNG", pnginfo=info)
+    os.replace(temporary, path)
+
+
+def save_validation_images(images: list[Image.Image], prompts: list[str], folder: Path
+                           ) -> list[Path]:
+    """Write image-00.png, image-01.png, ... (prompt in the PNG text) and grid.png into
+    ``folder``; return the paths, grid last."""
+    if len(images) != len(prompts) or not images:
+        raise ValueError(f"need one prompt per image, got {len(images)} images and "
+                         f"{len(prompts)} prompts")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, (image, prompt) in enumerate(zip(images, prompts)):
+        paths.append(folder / f"image-{index:02d}.png")
+        _save_png_atomically(image, paths[-1], prompt)
+    paths.append(folder / "grid.png")
+    _save_png_atomically(make_grid(images), paths[-1])
+    return paths
+
+
+def export_pipeline(pipeline, output_dir: Path, name: str = "pipeline") -> Path:
+    """Save a complete diffusers pipeline to ``output_dir/name`` (safetensors) that
+    DiffusionPipeline.from_pretrained loads. Written to a temporary folder first; an earlier
+    export is only replaced once the new one is complete."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    final = output_dir / name
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=output_dir))
+    try:
+        pipeline.save_pretrained(staging, safe_serialization=True)
+        if final.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=output_dir))
+            os.replace(final, retired / name)
+            os.replace(staging, final)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
