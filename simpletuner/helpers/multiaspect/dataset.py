@@ -1,0 +1,37 @@
+"""Turn the sampler's micro-batch references into the tensors the model trains on, from the
+latent and text-embedding caches. On the training hot path: reads small safetensors files only,
+no decoding and no model calls."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from simpletuner.helpers.caching.latents import LatentCache
+from simpletuner.helpers.caching.text_embeds import TextEmbedCache
+from simpletuner.helpers.multiaspect.batch import MicroBatch
+from simpletuner.models.base import TrainingBatch
+
+
+class BatchAssembler:
+    """``assembler(micro_batch) -> TrainingBatch``; holds only paths, so it can also run in
+    DataLoader worker processes."""
+
+    def __init__(self, latents: Mapping[str, LatentCache],
+                 text_embeds: Mapping[str, TextEmbedCache]):
+        self.latents = dict(latents)          # dataset id -> its latent cache
+        self.text_embeds = dict(text_embeds)  # dataset id -> its text-embedding cache
+
+    def __call__(self, micro_batch: MicroBatch) -> TrainingBatch:
+        dataset_id = micro_batch.dataset_id
+        if dataset_id not in self.latents or dataset_id not in self.text_embeds:
+            raise KeyError(f"no caches for dataset {dataset_id!r}; caches exist for "
+                           f"{sorted(self.latents)}")
+        cached = self.latents[dataset_id].load([s.sample_id for s in micro_batch.samples])
+        prompts = self.text_embeds[dataset_id].load([s.caption for s in micro_batch.samples])
+        return TrainingBatch(
+            latents=cached.latents,
+            prompt_embeds=prompts,
+            original_sizes=cached.original_sizes,
+            crop_top_lefts=cached.crop_top_lefts,
+            target_sizes=cached.target_sizes,
+        )
