@@ -1,0 +1,64 @@
+"""Per-rank sample traces: one JSON line per micro-batch, written by the audit and by training.
+
+``<folder>/rank-<k>.jsonl`` holds ``{"epoch", "step", "dataset", "bucket", "samples"}`` per line.
+Lines are flushed as they are written, so a crashed run still shows how far each rank got.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO
+
+from simpletuner.helpers.multiaspect.batch import MicroBatch
+
+
+def trace_path(folder: str | os.PathLike, rank: int) -> Path:
+    return Path(folder) / f"rank-{rank}.jsonl"
+
+
+def trace_record(batch: MicroBatch) -> dict:
+    return {"epoch": batch.epoch, "step": batch.step, "dataset": batch.dataset_id,
+            "bucket": batch.bucket, "samples": [s.sample_id for s in batch.samples]}
+
+
+class TraceWriter:
+    """Writes this rank's trace; ``append=True`` continues a trace after a resume."""
+
+    def __init__(self, folder: str | os.PathLike, rank: int, *, append: bool = False):
+        self.path = trace_path(folder, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
+
+    def write(self, batch: MicroBatch) -> None:
+        self._file.write(json.dumps(trace_record(batch), separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_trace(folder: str | os.PathLike, rank: int) -> list[dict]:
+    """One rank's records; a missing or damaged file raises ValueError naming file and line."""
+    path = trace_path(folder, rank)
+    if not path.is_file():
+        raise ValueError(f"{path}: trace of rank {rank} not found (did that rank finish?)")
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                record = json.loads(line)
+                records.append({"epoch": int(record["epoch"]), "step": int(record["step"]),
+                                "dataset": str(record["dataset"]),
+                                "bucket": str(record["bucket"]),
+                                "samples": [str(s) for s in record["samples"]]})
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path} line {number}: not a trace record ({exc})") from None
+    return records

@@ -1,0 +1,134 @@
+"""The audit's plan (what should happen) and its check of the rank traces (what did happen).
+
+Counting is per occurrence: a sample with ``repeats: r`` is expected ``r+1`` times per epoch,
+less its trimmed occurrences. With ``x`` expected and ``y`` assigned occurrences of a (dataset,
+bucket, sample): ``unique`` adds ``min(x, y)``, ``missing`` adds ``x - y`` when short and
+``duplicated`` adds ``y - x`` when over (a sample in the wrong bucket is both).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler
+
+
+def build_plan(sampler: MultiAspectSampler, epochs: int) -> dict:
+    """plan.json: datasets, buckets and each epoch's trimmed occurrences (same on every rank)."""
+    datasets = {}
+    for d in sampler.datasets:
+        eff = d.spec.effective_batch(sampler.processes, sampler.accumulation)
+        extended = {piece.bucket: piece.counts.occurrences for piece in sampler.slices(0)
+                    if piece.dataset_id == d.index.dataset_id and piece.counts.extended}
+        datasets[d.index.dataset_id] = {
+            "repeats": d.repeats,
+            "batch_size": d.batch_size,
+            "effective_batch": eff.total,
+            "buckets": {key: sorted(ids) for key, ids in sorted(d.index.buckets.items())},
+            # Undersized buckets that allow_dataset_oversubscription cycled up to E occurrences.
+            "extended": extended,
+        }
+    plan_epochs = {}
+    for epoch in range(epochs):
+        trimmed: dict[str, dict[str, list[str]]] = {d: {} for d in datasets}
+        for piece in sampler.slices(epoch):
+            trimmed[piece.dataset_id][piece.bucket] = list(piece.trimmed)
+        plan_epochs[str(epoch)] = trimmed
+    return {"seed": sampler.seed, "world_size": sampler.processes,
+            "accumulation": sampler.accumulation, "datasets": datasets, "epochs": plan_epochs}
+
+
+def expected_occurrences(plan: dict, epoch: int) -> Counter:
+    """(dataset, bucket, sample) -> occurrences the epoch should assign."""
+    expected: Counter = Counter()
+    for dataset_id, d in plan["datasets"].items():
+        for key, ids in d["buckets"].items():
+            if key in d.get("extended", {}):
+                # Cyclic extension of the sorted ids to E occurrences (see split.py).
+                total = d["extended"][key]
+                for i, sample in enumerate(sorted(ids)):
+                    expected[(dataset_id, key, sample)] += total // len(ids) + (
+                        1 if i < total % len(ids) else 0)
+            else:
+                for sample in ids:
+                    expected[(dataset_id, key, sample)] += d["repeats"] + 1
+        for key, trimmed in plan["epochs"][str(epoch)].get(dataset_id, {}).items():
+            expected.subtract((dataset_id, key, sample) for sample in trimmed)
+    return expected
+
+
+@dataclass(frozen=True)
+class EpochSummary:
+    epoch: int
+    assigned: int
+    unique: int
+    missing: int
+    duplicated: int
+    trimmed: int
+
+    def line(self) -> str:
+        return (f"epoch {self.epoch}: {self.assigned} assigned, {self.unique} unique, "
+                f"{self.missing} missing, {self.duplicated} duplicated, {self.trimmed} trimmed")
+
+
+@dataclass
+class AuditReport:
+    epochs: list[EpochSummary]
+    problems: list[str] = field(default_factory=list)   # lockstep and step-count violations
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(e.missing == 0 and e.duplicated == 0 for e in self.epochs)
+
+    def lines(self) -> list[str]:
+        verdict = "OK: every kept occurrence assigned exactly once" if self.ok else "FAILED"
+        return [e.line() for e in self.epochs] + [f"problem: {p}" for p in self.problems] + [verdict]
+
+
+def _lockstep_problems(epoch: int, per_rank: dict[int, list[dict]]) -> list[str]:
+    problems = []
+    counts = {rank: len(records) for rank, records in per_rank.items()}
+    if len(set(counts.values())) > 1:
+        problems.append(f"epoch {epoch}: ranks have different micro-batch counts {counts}")
+    for rank, records in per_rank.items():
+        steps = [r["step"] for r in records]
+        if steps != list(range(len(steps))):
+            problems.append(f"epoch {epoch}: rank {rank} steps are not 0..{len(steps) - 1}")
+    for step in range(min(counts.values(), default=0)):
+        where = {rank: (records[step]["dataset"], records[step]["bucket"])
+                 for rank, records in per_rank.items()}
+        if len(set(where.values())) > 1:
+            problems.append(f"epoch {epoch} step {step}: ranks draw from different buckets {where}")
+            break
+    return problems
+
+
+def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
+    """Compare every rank's trace with the plan, epoch by epoch."""
+    problems = []
+    world = plan["world_size"]
+    if sorted(traces) != list(range(world)):
+        problems.append(f"expected traces of ranks 0..{world - 1}, got {sorted(traces)}")
+    planned = sorted(int(e) for e in plan["epochs"])
+    extra = sorted({r["epoch"] for records in traces.values() for r in records} - set(planned))
+    if extra:
+        problems.append(f"traces contain epochs {extra} that the plan does not cover")
+    summaries = []
+    for epoch in planned:
+        per_rank = {rank: [r for r in records if r["epoch"] == epoch]
+                    for rank, records in sorted(traces.items())}
+        problems.extend(_lockstep_problems(epoch, per_rank))
+        got = Counter((r["dataset"], r["bucket"], s)
+                      for records in per_rank.values() for r in records for s in r["samples"])
+        expected = expected_occurrences(plan, epoch)
+        keys = set(got) | set(expected)
+        summaries.append(EpochSummary(
+            epoch=epoch,
+            assigned=sum(got.values()),
+            unique=sum(min(got[k], expected[k]) for k in keys),
+            missing=sum(max(0, expected[k] - got[k]) for k in keys),
+            duplicated=sum(max(0, got[k] - expected[k]) for k in keys),
+            trimmed=sum(len(t) for d in plan["epochs"][str(epoch)].values() for t in d.values()),
+        ))
+    return AuditReport(summaries, problems)
