@@ -1,0 +1,121 @@
+"""Pure bucket math: an image size -> the training size it is resized to -> its bucket key "WxH".
+
+``pixel``: the short edge becomes ``resolution`` (rounded to the alignment) and the long edge
+keeps the aspect ratio, rounded to the alignment. ``area``: ``resolution`` is megapixels
+(1.0 = 1,000,000 pixels); the short edge is chosen among the aligned values next to the ideal one
+so W*H is as close to the target as alignment allows, and the long edge again keeps the aspect
+ratio rounded to the alignment. Either way the long edge is off by at most alignment/2 from the
+exact aspect, so the relative aspect error is at most alignment / (2 * short edge).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simpletuner.configuration import DatasetConfig, TrainingConfig
+
+MEGAPIXEL = 1_000_000
+
+
+@dataclass(frozen=True)
+class BucketSettings:
+    resolution: float
+    resolution_type: str   # "pixel" | "area"
+    alignment: int
+    square: bool           # crop with crop_aspect 'square': every image goes to one square bucket
+
+    @classmethod
+    def for_dataset(cls, dataset: DatasetConfig, training: TrainingConfig) -> "BucketSettings":
+        return cls(
+            resolution=float(dataset.resolution if dataset.resolution is not None else training.resolution),
+            resolution_type=dataset.resolution_type or training.resolution_type,
+            alignment=training.aspect_bucket_alignment,
+            square=dataset.crop and dataset.crop_aspect == "square",
+        )
+
+
+def align(value: float, alignment: int) -> int:
+    """Nearest multiple of ``alignment`` (halves round up), never below ``alignment``."""
+    return max(alignment, int(math.floor(value / alignment + 0.5)) * alignment)
+
+
+def _long_edge(short: int, ratio: float, alignment: int) -> int:
+    # ratio = long / short >= 1
+    return align(short * ratio, alignment)
+
+
+def target_size(width: int, height: int, settings: BucketSettings) -> tuple[int, int]:
+    """(W, H) in pixels the image is trained at; both multiples of the alignment."""
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    al = settings.alignment
+    ratio = max(width, height) / min(width, height)
+    if settings.square:
+        ratio = 1.0
+    if settings.resolution_type == "pixel":
+        short = align(settings.resolution, al)
+        long = _long_edge(short, ratio, al)
+    else:
+        area = settings.resolution * MEGAPIXEL
+        ideal_short = math.sqrt(area / ratio)
+        lower = max(al, int(ideal_short // al) * al)
+        candidates = [(s, _long_edge(s, ratio, al)) for s in (lower, lower + al)]
+        short, long = min(candidates, key=lambda sl: (abs(sl[0] * sl[1] - area), sl[0]))
+    return (long, short) if width >= height else (short, long)
+
+
+def bucket_key(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+def parse_bucket_key(key: str) -> tuple[int, int]:
+    """"768x512" -> (768, 512)."""
+    width, sep, height = key.partition("x")
+    if not sep or not width.isdigit() or not height.isdigit():
+        raise ValueError(f"not a bucket key 'WxH': {key!r}")
+    return int(width), int(height)
+
+
+def bucket_for(width: int, height: int, settings: BucketSettings) -> str:
+    return bucket_key(target_size(width, height, settings))
+
+
+@dataclass(frozen=True)
+class SizeFilters:
+    """Which images a dataset keeps. Sizes are in the dataset's resolution units, as SimpleTuner:
+    ``pixel`` compares the short edge in pixels, ``area`` compares megapixels. Aspect is W/H.
+    Each reason is a fixed text per dataset so a report can count skips by reason."""
+
+    resolution_type: str
+    minimum_image_size: float | None = None
+    maximum_image_size: float | None = None
+    minimum_aspect_ratio: float | None = None
+    maximum_aspect_ratio: float | None = None
+
+    @classmethod
+    def for_dataset(cls, dataset: DatasetConfig, training: TrainingConfig) -> "SizeFilters":
+        return cls(
+            resolution_type=dataset.resolution_type or training.resolution_type,
+            minimum_image_size=dataset.minimum_image_size,
+            maximum_image_size=dataset.maximum_image_size,
+            minimum_aspect_ratio=dataset.minimum_aspect_ratio,
+            maximum_aspect_ratio=dataset.maximum_aspect_ratio,
+        )
+
+    def reason_to_skip(self, width: int, height: int) -> str | None:
+        if self.resolution_type == "pixel":
+            size, subject, unit = float(min(width, height)), "short edge", "px"
+        else:
+            size, subject, unit = width * height / MEGAPIXEL, "area", "megapixels"
+        low, high = self.minimum_image_size, self.maximum_image_size
+        if low is not None and size < low:
+            return f"too small: {subject} below minimum_image_size {low:g} {unit}"
+        if high is not None and size > high:
+            return f"too large: {subject} above maximum_image_size {high:g} {unit}"
+        aspect = width / height
+        low, high = self.minimum_aspect_ratio, self.maximum_aspect_ratio
+        if (low is not None and aspect < low) or (high is not None and aspect > high):
+            bounds = f"[{'-' if low is None else f'{low:g}'}, {'-' if high is None else f'{high:g}'}]"
+            return f"aspect ratio (W/H) outside {bounds}"
+        return None
