@@ -1,0 +1,209 @@
+"""MetadataBackend: one dataset's discovery -> sizes -> buckets -> filters -> cached index.
+
+The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
+
+* ``files``: what each file's header said, keyed by sample id and valid while the file's byte
+  size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb limit),
+  so a change of bucket settings re-buckets from it without reading a single image.
+* ``index``: the buckets and skips for ``settings``, everything that affects bucketing. Ranks
+  other than the main one read it with ``load_index`` and refuse it if the settings differ.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from simpletuner.configuration import DatasetConfig, TrainingConfig
+from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.helpers.data_backend.local import LocalDataBackend, Listing
+from simpletuner.helpers.metadata.backends import discovery
+from simpletuner.helpers.metadata.buckets import BucketSettings, SizeFilters, bucket_for
+from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+
+logger = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+MISSING_CAPTION = "missing caption: no <name>.txt beside the image (caption_strategy 'textfile')"
+
+
+class MetadataCacheError(RuntimeError):
+    """The cached index is missing or was written for other settings."""
+
+
+@dataclass(frozen=True)
+class RefreshReport:
+    """What the last ``refresh_index`` did; the plan log prints it."""
+
+    listed: int       # image files found
+    reused: int       # sizes taken from the cache (file unchanged)
+    read: int         # headers read (new or changed files)
+    forgotten: int    # cache entries of files that are gone
+    cache_written: bool
+
+
+def caption_file_for(sample_id: str) -> str:
+    """'a/b/img.jpg' -> 'a/b/img.txt'."""
+    return posixpath.splitext(sample_id)[0] + ".txt"
+
+
+class MetadataBackend:
+    def __init__(self, dataset: DatasetConfig, training: TrainingConfig,
+                 data_backend: LocalDataBackend, cache_dir: Path):
+        """``cache_dir`` is the run's cache folder, normally ``<output_dir>/cache``."""
+        self.dataset = dataset
+        self.training = training
+        self.data_backend = data_backend
+        self.cache_path = Path(cache_dir) / "metadata" / f"{dataset.id}.json"
+        self.bucket_settings = BucketSettings.for_dataset(dataset, training)
+        self.filters = SizeFilters.for_dataset(dataset, training)
+        self.last_refresh: RefreshReport | None = None
+
+    @classmethod
+    def from_config(cls, dataset: DatasetConfig, training: TrainingConfig) -> "MetadataBackend":
+        """The usual wiring: a local folder, the cache under ``output_dir``."""
+        return cls(dataset, training, LocalDataBackend(dataset.instance_data_dir),
+                   Path(training.output_dir) / "cache")
+
+    # -- what the cache is keyed by -------------------------------------------------------
+
+    def _file_entries_key(self) -> dict[str, Any]:
+        """What a cached header reading depends on besides the file itself."""
+        return {"instance_data_dir": str(self.data_backend.root),
+                "max_image_pixels": Image.MAX_IMAGE_PIXELS}
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that affects which bucket a file lands in, or whether it is skipped."""
+        ds, s = self.dataset, self.bucket_settings
+        return {
+            **self._file_entries_key(),
+            "resolution": s.resolution, "resolution_type": s.resolution_type,
+            "aspect_bucket_alignment": s.alignment, "crop": ds.crop, "crop_aspect": ds.crop_aspect,
+            "minimum_image_size": ds.minimum_image_size, "maximum_image_size": ds.maximum_image_size,
+            "minimum_aspect_ratio": ds.minimum_aspect_ratio,
+            "maximum_aspect_ratio": ds.maximum_aspect_ratio,
+            "caption_strategy": ds.caption_strategy,
+        }
+
+    # -- discovery -----------------------------------------------------------------------
+
+    def refresh_index(self, show_progress: bool = True) -> DatasetIndex:
+        """List the folder, read headers of new or changed files only, bucket, write the cache."""
+        listing = self.data_backend.list_files()
+        cache = self._read_cache()
+        known: dict[str, list] = {}
+        if cache is not None and cache.get("files_key") == self._file_entries_key():
+            known = cache.get("files", {})
+        files: dict[str, list] = {}
+        to_read = []
+        for listed in listing.images:
+            entry = known.get(listed.sample_id)
+            if entry is not None and entry[:2] == [listed.size, listed.mtime_ns]:
+                files[listed.sample_id] = entry
+            else:
+                to_read.append(listed)
+        probes = discovery.probe_images(
+            [str(self.data_backend.path(f.sample_id)) for f in to_read],
+            max_pixels=Image.MAX_IMAGE_PIXELS, show_progress=show_progress and bool(to_read),
+            description=f"{self.dataset.id}: reading image headers",
+        )
+        for listed, probe in zip(to_read, probes):
+            result = [probe.error] if probe.error else [probe.width, probe.height]
+            files[listed.sample_id] = [listed.size, listed.mtime_ns, *result]
+        files = dict(sorted(files.items()))
+        index = self._build_index(files, listing)
+        new_cache = {
+            "version": CACHE_VERSION, "dataset_id": self.dataset.id,
+            "files_key": self._file_entries_key(), "files": files,
+            "settings": self.settings(), "index": _index_to_json(index),
+        }
+        changed = new_cache != cache
+        if changed:
+            atomic_write_json(self.cache_path, new_cache)
+        self.last_refresh = RefreshReport(
+            listed=len(listing.images), reused=len(listing.images) - len(to_read),
+            read=len(to_read), forgotten=len(set(known) - set(files)), cache_written=changed)
+        return index
+
+    def load_index(self) -> DatasetIndex:
+        """The index the main process wrote; reads no image and lists no folder."""
+        cache = self._read_cache()
+        if cache is None:
+            raise MetadataCacheError(
+                f"dataset '{self.dataset.id}': no usable metadata cache at {self.cache_path}; "
+                "the main process writes it with refresh_index() (or run "
+                "`python -m simpletuner plan`)")
+        if cache.get("settings") != self.settings():
+            raise MetadataCacheError(
+                f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} was "
+                "written with other bucket settings; refresh it on the main process first")
+        return _index_from_json(self.dataset.id, cache["index"])
+
+    def caption_for(self, sample_id: str) -> str:
+        strategy = self.dataset.caption_strategy
+        if strategy == "textfile":
+            return self.data_backend.read_bytes(caption_file_for(sample_id)).decode("utf-8").strip()
+        if strategy == "filename":
+            stem = posixpath.splitext(posixpath.basename(sample_id))[0]
+            return stem.replace("_", " ").strip()
+        return self.dataset.instance_prompt or ""
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _build_index(self, files: dict[str, list], listing: Listing) -> DatasetIndex:
+        buckets: dict[str, list[str]] = {}
+        sizes: dict[str, tuple[int, int]] = {}
+        skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
+        needs_caption = self.dataset.caption_strategy == "textfile"
+        for sample_id, entry in files.items():
+            if len(entry) == 3:  # [size, mtime_ns, reason]: the header could not be used
+                skipped.append(SkippedFile(sample_id, entry[2]))
+                continue
+            width, height = entry[2], entry[3]
+            reason = self.filters.reason_to_skip(width, height)
+            if reason is None and needs_caption and caption_file_for(sample_id) not in listing.captions:
+                reason = MISSING_CAPTION
+            if reason is not None:
+                skipped.append(SkippedFile(sample_id, reason))
+                continue
+            buckets.setdefault(bucket_for(width, height, self.bucket_settings), []).append(sample_id)
+            sizes[sample_id] = (width, height)
+        buckets = {key: sorted(ids) for key, ids in sorted(buckets.items())}
+        skipped.sort(key=lambda s: (s.path, s.reason))
+        return DatasetIndex(self.dataset.id, buckets, dict(sorted(sizes.items())), skipped)
+
+    def _read_cache(self) -> dict[str, Any] | None:
+        try:
+            cache = json.loads(self.cache_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            logger.warning("dataset '%s': ignoring unreadable metadata cache %s (%s); rebuilding",
+                           self.dataset.id, self.cache_path, exc)
+            return None
+        if not isinstance(cache, dict) or cache.get("version") != CACHE_VERSION:
+            return None
+        return cache
+
+
+def _index_to_json(index: DatasetIndex) -> dict[str, Any]:
+    return {
+        "buckets": index.buckets,
+        "original_sizes": {k: list(v) for k, v in index.original_sizes.items()},
+        "skipped": [[s.path, s.reason] for s in index.skipped],
+    }
+
+
+def _index_from_json(dataset_id: str, data: dict[str, Any]) -> DatasetIndex:
+    return DatasetIndex(
+        dataset_id,
+        {key: list(ids) for key, ids in data["buckets"].items()},
+        {k: (int(v[0]), int(v[1])) for k, v in data["original_sizes"].items()},
+        [SkippedFile(path, reason) for path, reason in data["skipped"]],
+    )

@@ -1,0 +1,148 @@
+"""Image sizes from file headers, never a full decode, read in parallel.
+
+Pillow's ``Image.open`` parses only the header; the pixel data is decoded by ``load()``, which is
+never called here except to confirm a file whose end marker is missing (see ``_complete``).
+EXIF orientations 5-8 rotate the picture by 90 degrees, so width and height are swapped: a
+portrait photo stored landscape is bucketed as portrait.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+from PIL import Image
+from tqdm import tqdm
+
+ORIENTATION_TAG = 0x0112
+_ROTATED_ORIENTATIONS = frozenset({5, 6, 7, 8})
+_IMAGE_SIGNATURES = (
+    b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+",
+)
+_TAIL_BYTES = 4096
+_CHUNK = 64  # paths per pool task: few futures even for millions of files
+
+ZERO_BYTE = "zero-byte file"
+NOT_AN_IMAGE = "not an image"
+BAD_HEADER = "truncated or unreadable header"
+TRUNCATED_DATA = "truncated image data"
+
+
+def over_bomb_limit(max_pixels: int) -> str:
+    return f"over Pillow's decompression-bomb limit (Image.MAX_IMAGE_PIXELS = {max_pixels})"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a header says: the EXIF-oriented size, or why the file cannot be used."""
+
+    width: int = 0
+    height: int = 0
+    error: str | None = None
+
+
+def _looks_like_image(head: bytes) -> bool:
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return True
+    return any(head.startswith(sig) for sig in _IMAGE_SIGNATURES)
+
+
+def _orientation(im: Image.Image) -> int:
+    # Image.Image.getexif reads only what the header parse stored; PNG's own override would
+    # decode the whole image to look for an eXIf chunk after the pixel data.
+    try:
+        value = Image.Image.getexif(im).get(ORIENTATION_TAG, 1)
+        return int(value)
+    except Exception:  # a malformed EXIF block: the trainer's exif_transpose ignores it too
+        return 1
+
+
+def _end_marker_present(handle, image_format: str | None, file_size: int, head: bytes) -> bool:
+    """Cheap truncation check from the file's tail; True where the format has no check."""
+    if image_format == "WEBP":  # the RIFF header states the file length
+        return int.from_bytes(head[4:8], "little") + 8 <= file_size
+    if image_format == "BMP":  # so does the BMP header (0 when the writer left it out)
+        return int.from_bytes(head[2:6], "little") <= file_size
+    if image_format in ("JPEG", "MPO"):
+        marker = b"\xff\xd9"
+    elif image_format == "PNG":
+        marker = b"IEND"
+    else:
+        return True
+    handle.seek(max(0, file_size - _TAIL_BYTES))
+    return marker in handle.read(_TAIL_BYTES)
+
+
+def _decodes(path: str) -> bool:
+    try:
+        with Image.open(path) as im:
+            im.load()
+        return True
+    except Exception:
+        return False
+
+
+def probe_image(path: str, max_pixels: int | None) -> Probe:
+    """Size of one image from its header, or the reason it is skipped."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+            if not head:
+                return Probe(error=ZERO_BYTE)
+            file_size = os.fstat(handle.fileno()).st_size
+            handle.seek(0)
+            try:
+                with Image.open(handle) as im:
+                    width, height = im.size
+                    orientation = _orientation(im)
+                    image_format = im.format
+            except Image.DecompressionBombError:
+                return Probe(error=over_bomb_limit(max_pixels or Image.MAX_IMAGE_PIXELS or 0))
+            except Exception:  # Pillow's plugins raise many kinds on malformed headers
+                return Probe(error=BAD_HEADER if _looks_like_image(head) else NOT_AN_IMAGE)
+            if width <= 0 or height <= 0:
+                return Probe(error=BAD_HEADER)
+            if max_pixels is not None and width * height > max_pixels:
+                return Probe(error=over_bomb_limit(max_pixels))
+            # A missing end marker is only a suspicion (some writers append data after it),
+            # so such a file is decoded once to be sure. Complete files never are.
+            if not _end_marker_present(handle, image_format, file_size, head) and not _decodes(path):
+                return Probe(error=TRUNCATED_DATA)
+    except OSError as exc:
+        return Probe(error=f"cannot be read ({exc.strerror or exc})")
+    if orientation in _ROTATED_ORIENTATIONS:
+        width, height = height, width
+    return Probe(width, height)
+
+
+def _probe_chunk(paths: Sequence[str], max_pixels: int | None) -> list[Probe]:
+    return [probe_image(p, max_pixels) for p in paths]
+
+
+def default_workers() -> int:
+    # Threads, not processes: header parsing is cheap (about 0.2 ms an image here) and the
+    # rest is waiting on storage, which threads overlap; measured in benchmarks/discovery_speed.py.
+    return min(16, 4 * (os.cpu_count() or 1))
+
+
+def probe_images(paths: Sequence[str], *, max_pixels: int | None, workers: int | None = None,
+                 show_progress: bool = True, description: str = "reading image headers") -> list[Probe]:
+    """Probe every path in a thread pool; results are in the order of ``paths``.
+
+    ``max_pixels`` is the decompression-bomb limit (pass ``Image.MAX_IMAGE_PIXELS``; None = none).
+    """
+    chunks = [paths[i:i + _CHUNK] for i in range(0, len(paths), _CHUNK)]
+    results: list[Probe] = []
+    with warnings.catch_warnings():  # broken files are reported as skips instead of warnings
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
+        with ThreadPoolExecutor(workers or default_workers()) as pool, tqdm(
+            total=len(paths), desc=description, unit="img", disable=not show_progress
+        ) as bar:
+            for probes in pool.map(_probe_chunk, chunks, [max_pixels] * len(chunks)):
+                results.extend(probes)
+                bar.update(len(probes))
+    return results

@@ -1,0 +1,312 @@
+"""Discovery: sizes from headers, skip reasons, the cache (order independence, invalidation,
+incremental updates), listing rules and captions, on images generated in a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import unittest
+from dataclasses import replace
+from pathlib import Path
+from unittest import mock
+
+from PIL import Image, ImageFile
+
+from discovery_fixtures import (
+    dataset_config, encode, image, rotated_jpeg, touch_later, training_config, write,
+)
+from simpletuner.helpers.data_backend.local import LocalDataBackend
+from simpletuner.helpers.metadata.backends import discovery
+from simpletuner.helpers.metadata.backends.base import (
+    MISSING_CAPTION, MetadataBackend, MetadataCacheError,
+)
+
+
+class TempDirTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self._tmp.cleanup)
+        self.root = Path(self._tmp.name)
+        self.data = self.root / "data"
+        self.data.mkdir()
+        self.output = self.root / "output"
+        self.reads: list[str] = []
+
+    def backend(self, dataset_overrides=None, training_overrides=None, output=None) -> MetadataBackend:
+        training = training_config(output or self.output, **(training_overrides or {}))
+        dataset = dataset_config(self.data, **(dataset_overrides or {}))
+        return MetadataBackend.from_config(dataset, training)
+
+    def refresh(self, backend: MetadataBackend):
+        """Run refresh_index while recording every path whose header is read."""
+        real = discovery.probe_images
+
+        def counting(paths, **kwargs):
+            self.reads.extend(Path(p).relative_to(self.data).as_posix() for p in paths)
+            return real(paths, **kwargs)
+
+        with mock.patch.object(discovery, "probe_images", counting):
+            return backend.refresh_index(show_progress=False)
+
+
+class HeaderSizeTest(TempDirTest):
+    def test_colour_modes_and_formats_give_their_size(self):
+        files = {
+            "cmyk.jpg": encode(image(120, 80, "CMYK"), "JPEG"),
+            "palette.png": encode(image(80, 120, "P"), "PNG", transparency=0),
+            "sixteen.png": encode(Image.new("I;16", (96, 64), 4000), "PNG"),
+            "gray.jpg": encode(image(64, 64, "L"), "JPEG"),
+            "rgba.webp": encode(image(100, 50, "RGBA"), "WEBP"),
+            "plain.bmp": encode(image(50, 100), "BMP"),
+            "plain.tiff": encode(image(70, 70), "TIFF"),
+        }
+        expected = {"cmyk.jpg": (120, 80), "palette.png": (80, 120), "sixteen.png": (96, 64),
+                    "gray.jpg": (64, 64), "rgba.webp": (100, 50), "plain.bmp": (50, 100),
+                    "plain.tiff": (70, 70)}
+        for name, data in files.items():
+            write(self.data, name, data)
+        self.assertEqual(Image.open(self.data / "sixteen.png").mode, "I;16")
+        index = self.refresh(self.backend())
+        self.assertEqual(index.skipped, [])
+        self.assertEqual(index.original_sizes, expected)
+
+    def test_exif_rotation_swaps_width_and_height(self):
+        # Stored landscape 96x64; orientations 5-8 turn it portrait, 1-4 keep it landscape.
+        for orientation in range(1, 9):
+            write(self.data, f"o{orientation}.jpg", rotated_jpeg(96, 64, orientation))
+        index = self.refresh(self.backend())
+        for orientation in range(1, 9):
+            portrait = orientation >= 5
+            self.assertEqual(index.original_sizes[f"o{orientation}.jpg"],
+                             (64, 96) if portrait else (96, 64))
+        # resolution 64, alignment 16: 96x64 -> 96x64, its portrait twin -> 64x96
+        self.assertEqual(index.buckets["64x96"], ["o5.jpg", "o6.jpg", "o7.jpg", "o8.jpg"])
+        self.assertEqual(index.buckets["96x64"], ["o1.jpg", "o2.jpg", "o3.jpg", "o4.jpg"])
+
+    def test_header_only(self):
+        # A JPEG whose pixel data is replaced by garbage keeps its header and its end marker:
+        # only a full decode could tell, and discovery must not decode.
+        data = bytearray(encode(image(200, 100), "JPEG"))
+        start = len(data) // 2
+        data[start:-2] = bytes(len(data) - start - 2)
+        write(self.data, "garbled.jpg", bytes(data))
+        write(self.data, "plain.png", encode(image(64, 128), "PNG"))
+        decoded = []
+        real_load = ImageFile.ImageFile.load
+
+        def recording_load(im):
+            decoded.append(im.format)
+            return real_load(im)
+
+        with mock.patch.object(ImageFile.ImageFile, "load", recording_load):
+            index = self.refresh(self.backend())
+        self.assertEqual(decoded, [])
+        self.assertEqual(index.original_sizes, {"garbled.jpg": (200, 100), "plain.png": (64, 128)})
+
+
+class SkipReasonTest(TempDirTest):
+    def test_every_broken_kind_is_reported_with_its_reason(self):
+        good = encode(image(96, 64), "JPEG")
+        png = encode(image(96, 64), "PNG")
+        write(self.data, "good.jpg", good)
+        write(self.data, "empty.jpg", b"")
+        write(self.data, "text.jpg", b"this is a text file, not a picture\n" * 10)
+        write(self.data, "header_cut.png", png[:20])
+        write(self.data, "data_cut.jpg", good[: len(good) // 2])
+        write(self.data, "data_cut.png", png[: len(png) // 2])
+        write(self.data, "bomb.png", encode(image(300, 300), "PNG"))
+        write(self.data, "tiny.png", encode(image(40, 20), "PNG"))
+        write(self.data, "panorama.jpg", encode(image(400, 64), "JPEG"))
+        write(self.data, "uncaptioned.jpg", good, caption=None)
+        backend = self.backend({"minimum_image_size": 32, "maximum_aspect_ratio": 3.0})
+        limit = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = 200 * 200
+        try:
+            index = self.refresh(backend)
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
+        reasons = {s.path: s.reason for s in index.skipped}
+        self.assertEqual(index.buckets, {"96x64": ["good.jpg"]})
+        self.assertEqual(len(index.skipped), len(reasons))  # each once
+        self.assertEqual(reasons["empty.jpg"], discovery.ZERO_BYTE)
+        self.assertEqual(reasons["text.jpg"], discovery.NOT_AN_IMAGE)
+        self.assertEqual(reasons["header_cut.png"], discovery.BAD_HEADER)
+        self.assertEqual(reasons["data_cut.jpg"], discovery.TRUNCATED_DATA)
+        self.assertEqual(reasons["data_cut.png"], discovery.TRUNCATED_DATA)
+        self.assertIn("decompression-bomb", reasons["bomb.png"])
+        self.assertIn("40000", reasons["bomb.png"])
+        self.assertTrue(reasons["tiny.png"].startswith("too small"))
+        self.assertTrue(reasons["panorama.jpg"].startswith("aspect ratio"))
+        self.assertEqual(reasons["uncaptioned.jpg"], MISSING_CAPTION)
+        self.assertEqual(len(reasons), 9)
+
+    def test_far_over_the_limit_is_a_skip_too(self):
+        # Over twice the limit Pillow raises instead of warning.
+        write(self.data, "huge.png", encode(image(300, 300), "PNG"))
+        limit = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = 1000
+        try:
+            index = self.refresh(self.backend())
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
+        self.assertEqual(index.buckets, {})
+        self.assertIn("decompression-bomb", index.skipped[0].reason)
+
+    def test_data_after_the_end_marker_is_not_truncation(self):
+        good = encode(image(96, 64), "JPEG") + b"\x00appended by some camera" * 400
+        write(self.data, "trailer.jpg", good)
+        index = self.refresh(self.backend())
+        self.assertEqual(index.buckets, {"96x64": ["trailer.jpg"]})
+
+    def test_caption_is_only_required_by_textfile(self):
+        write(self.data, "a_red_fox.jpg", encode(image(64, 64), "JPEG"), caption=None)
+        self.assertEqual(self.refresh(self.backend()).sample_count, 0)
+        backend = self.backend({"caption_strategy": "filename"})
+        self.assertEqual(self.refresh(backend).buckets, {"64x64": ["a_red_fox.jpg"]})
+        self.assertEqual(backend.caption_for("a_red_fox.jpg"), "a red fox")
+
+
+class ListingTest(TempDirTest):
+    def test_rules_for_names_folders_and_links(self):
+        data = encode(image(64, 64), "PNG")
+        for name in ["a.png", "UPPER.JPG", "sub/b.jpeg", "sub/deeper/c.webp", ".hidden.png",
+                     ".secret/d.png", "notes.gif", "sub/readme.md"]:
+            write(self.data, name, data, caption=None)
+        (self.data / "sub" / "loop").symlink_to(self.data, target_is_directory=True)
+        (self.data / "link.png").symlink_to(self.data / "a.png")
+        (self.data / "dangling.png").symlink_to(self.data / "missing.png")
+        listing = LocalDataBackend(self.data).list_files()
+        self.assertEqual([f.sample_id for f in listing.images],
+                         ["UPPER.JPG", "a.png", "link.png", "sub/b.jpeg", "sub/deeper/c.webp"])
+        self.assertEqual([path for path, _ in listing.unreadable], ["dangling.png"])
+        self.assertEqual(listing.images[1].size, len(data))
+        self.assertEqual(listing.images[1].mtime_ns, (self.data / "a.png").stat().st_mtime_ns)
+
+    def test_read_and_exists(self):
+        write(self.data, "x/y.png", b"bytes!", caption=None)
+        backend = LocalDataBackend(self.data)
+        self.assertTrue(backend.exists("x/y.png"))
+        self.assertFalse(backend.exists("x/z.png"))
+        self.assertEqual(backend.read_bytes("x/y.png"), b"bytes!")
+        with backend.open("x/y.png") as handle:
+            self.assertEqual(handle.read(), b"bytes!")
+
+
+class CacheTest(TempDirTest):
+    def populate(self, count=12):
+        rng = random.Random(3)
+        for i in range(count):
+            w, h = rng.choice([(96, 64), (64, 96), (64, 64), (128, 64)])
+            write(self.data, f"dir{i % 3}/img{i:02d}.png", encode(image(w, h, seed=i), "PNG"),
+                  caption=f"caption {i}")
+        write(self.data, "broken.jpg", b"nope")
+
+    def test_index_does_not_depend_on_listing_order(self):
+        self.populate()
+        first = self.backend(output=self.root / "out1")
+        self.refresh(first)
+        real_scandir = os.scandir
+        shuffler = random.Random(11)
+
+        def shuffled_scandir(path):
+            entries = list(real_scandir(path))
+            shuffler.shuffle(entries)
+            return iter(entries)
+
+        second = self.backend(output=self.root / "out2")
+        with mock.patch("simpletuner.helpers.data_backend.local.os.scandir", shuffled_scandir):
+            self.refresh(second)
+        self.assertEqual(first.cache_path.read_bytes(), second.cache_path.read_bytes())
+        self.assertEqual(first.load_index().digest(), second.load_index().digest())
+
+    def test_unchanged_folder_reads_nothing_and_keeps_the_cache_file(self):
+        self.populate()
+        backend = self.backend()
+        index = self.refresh(backend)
+        self.assertEqual(len(self.reads), 13)
+        before = backend.cache_path.stat().st_mtime_ns
+        self.reads.clear()
+        again = self.refresh(self.backend())
+        self.assertEqual(self.reads, [])
+        self.assertEqual(again, index)
+        self.assertEqual(backend.cache_path.stat().st_mtime_ns, before)
+
+    def test_added_deleted_and_modified_files(self):
+        self.populate()
+        self.refresh(self.backend())
+        self.reads.clear()
+        write(self.data, "new.png", encode(image(64, 96), "PNG"))
+        (self.data / "dir0" / "img00.png").unlink()
+        changed = self.data / "dir1" / "img01.png"
+        changed.write_bytes(encode(image(128, 64, seed=99), "PNG"))
+        touch_later(changed)
+        backend = self.backend()
+        index = self.refresh(backend)
+        self.assertEqual(sorted(self.reads), ["dir1/img01.png", "new.png"])
+        self.assertEqual(backend.last_refresh.read, 2)
+        self.assertEqual(backend.last_refresh.forgotten, 1)
+        self.assertNotIn("dir0/img00.png", index.original_sizes)
+        self.assertIn("new.png", index.buckets["64x96"])
+        self.assertEqual(index.original_sizes["dir1/img01.png"], (128, 64))
+
+    def test_settings_change_rebuckets_without_reading(self):
+        self.populate()
+        backend = self.backend()
+        index = self.refresh(backend)
+        self.reads.clear()
+        bigger = self.backend(training_overrides={"resolution": 128})
+        with self.assertRaises(MetadataCacheError):
+            bigger.load_index()  # written for resolution 64
+        rebucketed = self.refresh(bigger)
+        self.assertEqual(self.reads, [])
+        self.assertNotEqual(sorted(rebucketed.buckets), sorted(index.buckets))
+        self.assertEqual(sorted(rebucketed.buckets), ["128x128", "128x192", "192x128", "256x128"])
+        self.assertEqual(bigger.load_index(), rebucketed)
+
+    def test_bomb_limit_change_rereads(self):
+        self.populate(3)
+        self.refresh(self.backend())
+        self.reads.clear()
+        limit = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = 5000
+        try:
+            index = self.refresh(self.backend())
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
+        self.assertEqual(len(self.reads), 4)
+        self.assertGreater(len(index.skipped), 1)
+
+    def test_corrupt_or_missing_cache(self):
+        self.populate(3)
+        backend = self.backend()
+        with self.assertRaises(MetadataCacheError):
+            backend.load_index()
+        index = self.refresh(backend)
+        backend.cache_path.write_text("{ not json")
+        self.reads.clear()
+        with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING"):
+            self.assertEqual(self.refresh(self.backend()), index)
+        self.assertEqual(len(self.reads), 4)
+        self.assertEqual(json.loads(backend.cache_path.read_text())["dataset_id"], "photos")
+
+
+class CaptionTest(TempDirTest):
+    def test_strategies(self):
+        write(self.data, "sub/my_cat.png", encode(image(64, 64), "PNG"), caption="  a cat\n")
+        self.assertEqual(self.backend().caption_for("sub/my_cat.png"), "a cat")
+        self.assertEqual(self.backend({"caption_strategy": "filename"}).caption_for("sub/my_cat.png"),
+                         "my cat")
+        backend = self.backend({"caption_strategy": "instanceprompt", "instance_prompt": "sks cat"})
+        self.assertEqual(backend.caption_for("sub/my_cat.png"), "sks cat")
+
+    def test_square_crop_dataset_uses_one_bucket(self):
+        write(self.data, "wide.png", encode(image(128, 64), "PNG"))
+        write(self.data, "tall.png", encode(image(64, 128), "PNG"))
+        index = self.refresh(self.backend({"crop": True, "crop_aspect": "square"}))
+        self.assertEqual(index.buckets, {"64x64": ["tall.png", "wide.png"]})
+
+
+if __name__ == "__main__":
+    unittest.main()
