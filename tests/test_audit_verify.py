@@ -8,6 +8,7 @@ import unittest
 from pathlib import Path
 
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.split import split_dataset
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 from simpletuner.helpers.multiaspect.trace import TraceWriter, read_trace
 from simpletuner.helpers.multiaspect.verify import build_plan, verify
@@ -32,8 +33,12 @@ def run_all_ranks(folder: Path, datasets=DATASETS) -> dict:
             for _ in range(EPOCHS):
                 for batch in sampler:
                     writer.write(batch)
-    return build_plan(MultiAspectSampler(datasets, seed=4, processes=WORLD, rank=0,
-                                         accumulation=1), EPOCHS)
+    # The plan's trim comes from the pure split, independently of the sampler's iteration.
+    specs = [d.spec for d in datasets]
+    trimmed = {epoch: {spec.dataset_id: {key: piece.trimmed for key, piece in split_dataset(
+        spec, seed=4, epoch=epoch, processes=WORLD, rank=0, accumulation=1).items()}
+        for spec in specs} for epoch in range(EPOCHS)}
+    return build_plan(seed=4, world_size=WORLD, accumulation=1, datasets=specs, trimmed=trimmed)
 
 
 class VerifyTest(unittest.TestCase):

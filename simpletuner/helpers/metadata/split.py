@@ -236,3 +236,13 @@ def split_bucket(sample_ids: Sequence[str], *, dataset_id: str, bucket: str, epo
         trimmed=_ids_of(ids, order[counts.kept:], counts, repeats),
         counts=counts,
     )
+
+
+def split_dataset(spec: DatasetSpec, *, seed: int, epoch: int, processes: int, rank: int,
+                  accumulation: int) -> dict[str, BucketSlice]:
+    """This rank's slice of every bucket of one dataset, by bucket key in sorted order."""
+    effective = spec.effective_batch(processes, accumulation)
+    return {key: split_bucket(spec.buckets[key], dataset_id=spec.dataset_id, bucket=key,
+                              epoch=epoch, seed=seed, repeats=spec.repeats, effective=effective,
+                              rank=rank, allow_oversubscription=spec.allow_oversubscription)
+            for key in sorted(spec.buckets)}

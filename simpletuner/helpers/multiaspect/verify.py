@@ -11,32 +11,29 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler
+from simpletuner.helpers.metadata.split import DatasetSpec, bucket_counts
 
 
-def build_plan(sampler: MultiAspectSampler, epochs: int) -> dict:
-    """plan.json: datasets, buckets and each epoch's trimmed occurrences (same on every rank)."""
-    datasets = {}
-    for d in sampler.datasets:
-        eff = d.spec.effective_batch(sampler.processes, sampler.accumulation)
-        extended = {piece.bucket: piece.counts.occurrences for piece in sampler.slices(0)
-                    if piece.dataset_id == d.index.dataset_id and piece.counts.extended}
-        datasets[d.index.dataset_id] = {
-            "repeats": d.repeats,
-            "batch_size": d.batch_size,
+def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[DatasetSpec],
+               trimmed: dict[int, dict[str, dict[str, list[str]]]]) -> dict:
+    """plan.json's content. ``trimmed``: epoch -> dataset id -> bucket -> trimmed occurrences."""
+    planned = {}
+    for spec in sorted(datasets, key=lambda s: s.dataset_id):
+        eff = spec.effective_batch(world_size, accumulation)
+        counts = {key: bucket_counts(len(ids), spec.repeats, eff, spec.allow_oversubscription)
+                  for key, ids in sorted(spec.buckets.items())}
+        planned[spec.dataset_id] = {
+            "repeats": spec.repeats,
+            "batch_size": spec.batch_size,
             "effective_batch": eff.total,
-            "buckets": {key: sorted(ids) for key, ids in sorted(d.index.buckets.items())},
+            "buckets": {key: sorted(ids) for key, ids in sorted(spec.buckets.items())},
             # Undersized buckets that allow_dataset_oversubscription cycled up to E occurrences.
-            "extended": extended,
+            "extended": {key: c.occurrences for key, c in counts.items() if c.extended},
         }
-    plan_epochs = {}
-    for epoch in range(epochs):
-        trimmed: dict[str, dict[str, list[str]]] = {d: {} for d in datasets}
-        for piece in sampler.slices(epoch):
-            trimmed[piece.dataset_id][piece.bucket] = list(piece.trimmed)
-        plan_epochs[str(epoch)] = trimmed
-    return {"seed": sampler.seed, "world_size": sampler.processes,
-            "accumulation": sampler.accumulation, "datasets": datasets, "epochs": plan_epochs}
+    epochs = {str(epoch): {d: dict(sorted(trimmed[epoch].get(d, {}).items())) for d in planned}
+              for epoch in sorted(trimmed)}
+    return {"seed": seed, "world_size": world_size, "accumulation": accumulation,
+            "datasets": planned, "epochs": epochs}
 
 
 def expected_occurrences(plan: dict, epoch: int) -> Counter:
