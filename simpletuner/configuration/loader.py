@@ -82,7 +82,9 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
     if low is not None and high is not None and low > high:
         problems.append(f"{where}: key 'minimum_image_size' ({low}) is larger than "
                         f"'maximum_image_size' ({high})")
-    if ds.resolution_type == "pixel" and ds.resolution is not None and not ds.resolution.is_integer():
+    # float(): an inherited default may be an int, which has no is_integer() before Python 3.12
+    if (ds.resolution_type == "pixel" and ds.resolution is not None
+            and not float(ds.resolution).is_integer()):
         problems.append(f"{where}: key 'resolution' is {ds.resolution}; with resolution_type "
                         "'pixel' it must be a whole number of pixels")
     if ds.disabled:

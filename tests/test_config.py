@@ -1,0 +1,109 @@
+"""Configuration loading: every problem reported at once, each naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+from simpletuner.configuration import ConfigError, load_configuration
+
+
+class ConfigTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self._tmp.cleanup)
+        self.root = Path(self._tmp.name)
+        (self.root / "images").mkdir()
+        self.config_path = self.root / "config.json"
+        self.backend_path = self.root / "multidatabackend.json"
+
+    def write(self, options: dict, datasets) -> None:
+        base = {"model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
+                "output_dir": "out", "data_backend_config": str(self.backend_path)}
+        self.config_path.write_text(json.dumps({**base, **options}))
+        self.backend_path.write_text(json.dumps(datasets))
+
+    def dataset(self, **overrides) -> dict:
+        return {"id": "photos", "instance_data_dir": str(self.root / "images"), **overrides}
+
+    def problems(self, options: dict, datasets) -> list[str]:
+        self.write(options, datasets)
+        with self.assertRaises(ConfigError) as caught:
+            load_configuration(self.config_path, cwd=self.root)
+        return caught.exception.problems
+
+    def test_valid_config_with_dashed_keys_and_inheritance(self):
+        self.write({"--train_batch_size": 3, "resolution": 512, "resolution_type": "pixel"},
+                   [self.dataset(), self.dataset(id="small", resolution=256),
+                    self.dataset(id="off", disabled=True, instance_data_dir="/does/not/matter")])
+        config = load_configuration(self.config_path, cwd=self.root)
+        self.assertEqual(config.training.train_batch_size, 3)
+        self.assertEqual(config.training.output_dir, str((self.root / "out").resolve()))
+        self.assertEqual([d.id for d in config.datasets], ["photos", "small"])
+        self.assertEqual([d.resolution for d in config.datasets], [512, 256])
+        self.assertEqual(config.datasets[0].resolution_type, "pixel")
+
+    def test_typo_gets_a_suggestion(self):
+        problems = self.problems({"train_batch_sise": 2}, [self.dataset(caption_stratgy="textfile")])
+        self.assertEqual(len(problems), 2)
+        self.assertIn("train_batch_sise", problems[0])
+        self.assertIn("did you mean 'train_batch_size'", problems[0])
+        self.assertIn(str(self.config_path), problems[0])
+        self.assertIn("did you mean 'caption_strategy'", problems[1])
+        self.assertIn(str(self.backend_path), problems[1])
+
+    def test_bad_type_and_range_name_the_expected_form(self):
+        problems = self.problems({"train_batch_size": "two", "gradient_accumulation_steps": 0,
+                                  "resolution_type": "pixels"}, [self.dataset()])
+        text = "\n".join(problems)
+        self.assertEqual(len(problems), 3)
+        self.assertIn("'train_batch_size' is 'two'; expected an integer", text)
+        self.assertIn("'gradient_accumulation_steps' is 0; expected a value >= 1", text)
+        self.assertIn("did you mean 'pixel'", text)
+
+    def test_missing_folder(self):
+        problems = self.problems({}, [self.dataset(instance_data_dir=str(self.root / "nope"))])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("instance_data_dir", problems[0])
+        self.assertIn("does not exist", problems[0])
+
+    def test_several_problems_in_both_files_are_reported_together(self):
+        problems = self.problems(
+            {"learning_rate": "fast"},
+            [self.dataset(), self.dataset(),                       # duplicate id
+             {"instance_data_dir": str(self.root / "images")},     # no id
+             self.dataset(id="bad id!", type="s3", minimum_aspect_ratio=2, maximum_aspect_ratio=1)],
+        )
+        text = "\n".join(problems)
+        self.assertIn("learning_rate", text)
+        self.assertIn("duplicate id 'photos'", text)
+        self.assertIn("missing required key 'id'", text)
+        self.assertIn("not supported yet", text)
+        self.assertIn("'minimum_aspect_ratio' (2.0) is larger", text)
+        self.assertIn("use letters, digits", text)
+        self.assertGreaterEqual(len(problems), 6)
+
+    def test_same_key_with_and_without_dashes_is_a_problem(self):
+        problems = self.problems({"seed": 1, "--seed": 2}, [self.dataset()])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("given twice", problems[0])
+
+    def test_missing_required_options(self):
+        self.config_path.write_text(json.dumps({"data_backend_config": str(self.backend_path)}))
+        self.backend_path.write_text(json.dumps([self.dataset()]))
+        with self.assertRaises(ConfigError) as caught:
+            load_configuration(self.config_path, cwd=self.root)
+        missing = [p for p in caught.exception.problems if "missing required key" in p]
+        self.assertEqual(len(missing), 3)  # model_family, pretrained_model_name_or_path, output_dir
+
+    def test_unreadable_json_names_line_and_column(self):
+        self.config_path.write_text('{"model_family": "sd1x",\n "seed": }')
+        with self.assertRaises(ConfigError) as caught:
+            load_configuration(self.config_path, cwd=self.root)
+        self.assertIn("line 2", str(caught.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
