@@ -1,0 +1,74 @@
+"""How `plan` shows an index: a text table per dataset and a bucket histogram PNG."""
+
+from __future__ import annotations
+
+from collections import Counter
+from io import BytesIO
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageFont
+
+from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
+from simpletuner.helpers.metadata.buckets import parse_bucket_key
+from simpletuner.helpers.metadata.index import DatasetIndex
+
+
+def _bucket_order(index: DatasetIndex) -> list[str]:
+    # Landscape-most first, so the table reads like the aspect range it covers.
+    def aspect(key: str) -> tuple[float, str]:
+        width, height = parse_bucket_key(key)
+        return (-width / height, key)
+
+    return sorted(index.buckets, key=aspect)
+
+
+def bucket_table(index: DatasetIndex) -> str:
+    total = index.sample_count
+    rows = [("bucket", "images", "share")]
+    for key in _bucket_order(index):
+        count = len(index.buckets[key])
+        rows.append((key, str(count), f"{100 * count / total:.1f}%"))
+    rows.append(("total", str(total), "100.0%" if total else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}" for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def skip_summary(index: DatasetIndex) -> str:
+    if not index.skipped:
+        return "skipped: none"
+    counts = Counter(s.reason for s in index.skipped)
+    lines = [f"skipped: {len(index.skipped)}"]
+    lines += [f"  {count:>6}  {reason}" for reason, count in sorted(counts.items(), key=lambda rc: (-rc[1], rc[0]))]
+    return "\n".join(lines)
+
+
+def write_histogram(indexes: list[DatasetIndex], path: Path) -> None:
+    """One horizontal bar per bucket, one section per dataset, drawn with Pillow."""
+    row, label_w, bar_w, margin = 16, 90, 520, 10
+    sections = [(index, _bucket_order(index)) for index in indexes]
+    height = margin + sum(2 * row + max(1, len(keys)) * row for _, keys in sections) + margin
+    image = Image.new("RGB", (label_w + bar_w + 80 + 2 * margin, height), "white")
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default()
+    y = margin
+    for index, keys in sections:
+        draw.text((margin, y), f"dataset {index.dataset_id}: {index.sample_count} images, "
+                  f"{len(index.skipped)} skipped", fill="black", font=font)
+        y += 2 * row
+        largest = max((len(ids) for ids in index.buckets.values()), default=1)
+        for key in keys:
+            count = len(index.buckets[key])
+            length = max(1, round(bar_w * count / largest))
+            draw.text((margin, y + 2), key, fill="black", font=font)
+            draw.rectangle([margin + label_w, y + 2, margin + label_w + length, y + row - 3],
+                           fill=(70, 110, 200))
+            draw.text((margin + label_w + length + 6, y + 2), str(count), fill="black", font=font)
+            y += row
+        if not keys:
+            draw.text((margin, y + 2), "(no images)", fill="gray", font=font)
+            y += row
+    buffer = BytesIO()
+    image.save(buffer, format="PNG")
+    atomic_write_bytes(path, buffer.getvalue())

@@ -1,0 +1,70 @@
+"""`python -m simpletuner plan`: validate the config, discover every dataset, show the buckets."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.plan_report import bucket_table, skip_summary, write_histogram
+
+logger = logging.getLogger("simpletuner.plan")
+
+HISTOGRAM_NAME = "bucket_histogram.png"
+
+
+def _plan_json(indexes: list[DatasetIndex]) -> dict:
+    return {"datasets": {
+        index.dataset_id: {
+            "buckets": index.buckets,
+            "skipped": [{"path": s.path, "reason": s.reason} for s in index.skipped],
+        }
+        for index in indexes
+    }}
+
+
+def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | None = None) -> int:
+    """Exit code: 0 fine, 1 a dataset cannot be used or discovery failed, 2 bad configuration.
+
+    Logs and progress bars go to stderr; stdout holds the tables, or only JSON with ``as_json``.
+    """
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    try:
+        config = load_configuration(config_path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    indexes: list[DatasetIndex] = []
+    for dataset in config.datasets:
+        backend = MetadataBackend.from_config(dataset, config.training)
+        try:
+            index = backend.refresh_index(show_progress=True)
+        except OSError as exc:
+            print(f"dataset '{dataset.id}': discovery failed: {exc}", file=sys.stderr)
+            return 1
+        report = backend.last_refresh
+        logger.info("dataset '%s': %d image files, %d headers read, %d reused from cache, "
+                    "%d images in %d buckets, %d skipped", dataset.id, report.listed, report.read,
+                    report.reused, index.sample_count, len(index.buckets), len(index.skipped))
+        indexes.append(index)
+
+    histogram = Path(config.training.output_dir) / HISTOGRAM_NAME
+    write_histogram(indexes, histogram)
+    logger.info("bucket histogram: %s", histogram)
+
+    if as_json:
+        print(json.dumps(_plan_json(indexes), indent=2, ensure_ascii=False))
+    else:
+        for index in indexes:
+            print(f"\ndataset '{index.dataset_id}'")
+            print(bucket_table(index))
+            print(skip_summary(index))
+    empty = [index.dataset_id for index in indexes if index.sample_count == 0]
+    for dataset_id in empty:
+        print(f"dataset '{dataset_id}' has no usable image; see the skipped files above "
+              "or fix instance_data_dir", file=sys.stderr)
+    return 1 if empty else 0
