@@ -289,34 +289,50 @@ class TextEmbedCacheTest(unittest.TestCase):
 WORKER = r"""
 import json, sys
 from pathlib import Path
+import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from simpletuner.helpers.caching.failures import gather_failures
-from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
+from simpletuner.configuration import DatasetConfig
+from simpletuner.helpers.caching.prepare import prepare_caches
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 accelerator = Accelerator(cpu=True)
 index = DatasetIndex(**json.loads((root / "index.json").read_text()))
-settings = LatentSettings("shapes", root / "data", root / "vae", "m")
-result = cache_latents(index, settings, lambda px: F.avg_pool2d(px, 8), progress=False,
-                       rank=accelerator.process_index, world_size=accelerator.num_processes)
-merged = gather_failures(result.failures)
-kept = index.without(merged)
+dataset = DatasetConfig(id="shapes", instance_data_dir=str(root / "data"))
+caption = lambda sample_id: f"caption {int(sample_id[3:5]) % 4}"
+encode_prompts = lambda prompts: {"prompt_embeds": torch.tensor(
+    [[float(p[-1])] * 3 for p in prompts])}
+prepared = prepare_caches(
+    [dataset], {"shapes": index}, {"shapes": caption}, lambda px: F.avg_pool2d(px, 8),
+    encode_prompts, model_folder=root / "model", family="sd1x", output_dir=root / "output",
+    seed=0, rank=accelerator.process_index, world_size=accelerator.num_processes,
+    progress=False)
+kept = prepared.indexes["shapes"]
+means, texts = {}, {}
+for bucket, ids in kept.buckets.items():
+    size = tuple(int(v) for v in bucket.split("x"))
+    batch = prepared.assembler(MicroBatch(0, 0, "shapes", bucket, tuple(
+        BatchSample("shapes", s, bucket, size, caption(s)) for s in ids)))
+    means.update({s: round(float(m), 6) for s, m in zip(ids, batch.latents.mean((1, 2, 3)))})
+    texts.update({s: float(t[0]) for s, t in zip(ids, batch.prompt_embeds["prompt_embeds"])})
 (out / f"rank-{accelerator.process_index}.json").write_text(json.dumps({
-    "local": sorted(result.failures), "merged": merged, "digest": kept.digest(),
-    "encoded": result.encoded, "world": accelerator.num_processes,
-    "missing": result.cache.missing([s for ids in kept.buckets.values() for s in ids])}))
+    "merged": prepared.failures["shapes"], "digest": kept.digest(),
+    "world": accelerator.num_processes, "means": means, "texts": texts}))
 accelerator.end_training()
 """
 
 
-class MultiProcessFailureMergeTest(unittest.TestCase):
-    def test_two_ranks_remove_the_same_broken_image(self):
+class MultiProcessPrepareCachesTest(unittest.TestCase):
+    def test_two_ranks_share_the_work_and_remove_the_same_broken_image(self):
         tmp = Path(tempfile.mkdtemp())
         write_dataset(tmp / "data", SIZES)
         broken = tmp / "data" / "img01.png"  # sorted position 1: rank 1's share of two
         broken.write_bytes(broken.read_bytes()[:50])
+        for component in ("vae", "text_encoder", "tokenizer"):
+            (tmp / "model" / component).mkdir(parents=True)
+            (tmp / "model" / component / "config.json").write_text("{}")
         index = make_index(SIZES, BUCKETS)
         (tmp / "index.json").write_text(json.dumps(
             {"dataset_id": index.dataset_id, "buckets": index.buckets,
@@ -331,11 +347,16 @@ class MultiProcessFailureMergeTest(unittest.TestCase):
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         ranks = [json.loads((tmp / "out" / f"rank-{r}.json").read_text()) for r in range(2)]
         self.assertEqual([r["world"] for r in ranks], [2, 2])
-        self.assertEqual([r["local"] for r in ranks], [[], ["img01.png"]])
         self.assertEqual([list(r["merged"]) for r in ranks], [["img01.png"]] * 2)
         self.assertEqual(ranks[0]["digest"], ranks[1]["digest"])
-        self.assertEqual(sum(r["encoded"] for r in ranks), 11)
-        self.assertEqual([r["missing"] for r in ranks], [[], []])
+        # Every kept sample is readable on both ranks, with the same values, whoever wrote it.
+        self.assertEqual(sorted(ranks[0]["means"]), sorted(set(SIZES) - {"img01.png"}))
+        self.assertEqual(ranks[0]["means"], ranks[1]["means"])
+        self.assertEqual(ranks[0]["texts"], ranks[1]["texts"])
+        self.assertEqual(ranks[0]["texts"]["img06.png"], 2.0)  # "caption 2"
+        latent_files = list((tmp / "output" / "cache" / "vae" / "shapes").rglob("*.safetensors"))
+        text_files = list((tmp / "output" / "cache" / "text").rglob("*.safetensors"))
+        self.assertEqual((len(latent_files), len(text_files)), (11, 4))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""Start-up step between discovery and the split: fill both caches for every dataset, drop the
+images that could not be cached from the index on every rank alike, and return what the
+training loop reads batches from. The only collectives of caching are here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelerate.utils import wait_for_everyone
+
+from simpletuner.helpers.caching.failures import describe_failures, gather_failures
+from simpletuner.helpers.caching.latents import EncodeImages, LatentSettings, cache_latents
+from simpletuner.helpers.caching.storage import model_identity, rank_share
+from simpletuner.helpers.caching.text_embeds import (
+    EncodePrompts, TextEmbedCache, cache_text_embeds, default_text_dir,
+)
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.multiaspect.dataset import BatchAssembler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedCaches:
+    indexes: dict[str, DatasetIndex]          # without failed samples; identical on every rank
+    failures: dict[str, dict[str, str]]       # dataset id -> sample id -> reason
+    assembler: BatchAssembler
+
+
+def text_components(model_folder: str | Path) -> list[str]:
+    """Sub-folders that shape text embeddings (text_encoder*, tokenizer*), for any family."""
+    return sorted(p.name for p in Path(model_folder).iterdir()
+                  if p.is_dir() and p.name.startswith(("text_encoder", "tokenizer")))
+
+
+def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
+                   caption_for: Mapping[str, Callable[[str], str]],
+                   encode_images: EncodeImages, encode_prompts: EncodePrompts, *,
+                   model_folder: str | Path, family: str, output_dir: str | Path, seed: int,
+                   rank: int, world_size: int, progress: bool = True) -> PreparedCaches:
+    """Call on every rank, after the Accelerator is built and every rank holds the same
+    ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
+    maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed."""
+    vae_identity = model_identity(model_folder, ["vae"], family)
+    text_identity = model_identity(model_folder, text_components(model_folder), family)
+    latent_caches, text_caches, kept, failures = {}, {}, {}, {}
+    for dataset in datasets:
+        settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
+                                              model_identity=vae_identity, seed=seed)
+        result = cache_latents(indexes[dataset.id], settings, encode_images, rank=rank,
+                               world_size=world_size, progress=progress)
+        # Collective: every rank gets every rank's failures, so all remove the same samples.
+        merged = gather_failures(result.failures)
+        if merged and rank == 0:
+            logger.warning(describe_failures(dataset.id, merged))
+        kept[dataset.id] = indexes[dataset.id].without(merged)
+        failures[dataset.id] = merged
+        latent_caches[dataset.id] = result.cache
+
+        # Captions are read for this rank's samples only (caption files are per sample); a
+        # caption shared by samples of several ranks may be encoded by each, harmlessly.
+        text = TextEmbedCache(default_text_dir(dataset, output_dir), text_identity)
+        sample_ids = [s for ids in kept[dataset.id].buckets.values() for s in ids]
+        mine = rank_share(sample_ids, rank, world_size)
+        cache_text_embeds([caption_for[dataset.id](s) for s in mine], text, encode_prompts,
+                          progress=progress)
+        text_caches[dataset.id] = text
+    wait_for_everyone()  # text entries written by other ranks are complete from here on
+    return PreparedCaches(kept, failures, BatchAssembler(latent_caches, text_caches))
