@@ -50,7 +50,8 @@ def main() -> None:
                                   output_dir=str(Path(tmp) / "out"), data_backend_config="none",
                                   resolution=1024)
         backend = MetadataBackend.from_config(
-            DatasetConfig(id="bench", instance_data_dir=str(folder), caption_strategy="filename"), training)
+            DatasetConfig(id="bench", instance_data_dir=str(folder), caption_strategy="filename"),
+            training)
 
         started = time.perf_counter()
         index = backend.refresh_index(show_progress=False)
@@ -70,9 +71,11 @@ def main() -> None:
 
         print(f"{count} images, {index.sample_count} indexed in {len(index.buckets)} buckets")
         print(f"discovery, cold cache : {cold:7.2f} s  ({cold / count * 1e6:7.0f} us/image)")
-        print(f"discovery, warm cache : {warm:7.2f} s  ({warm / count * 1e6:7.0f} us/image, 0 headers read)")
-        print(f"full decode (single thread, {len(sample)} sampled): {decode_each * 1e6:7.0f} us/image "
-              f"-> {decode_each * count:.1f} s for all; headers are {decode_each * count / cold:.0f}x faster")
+        print(f"discovery, warm cache : {warm:7.2f} s  ({warm / count * 1e6:7.0f} us/image, "
+              "0 headers read)")
+        decode_all = decode_each * count
+        print(f"full decode (single thread, {len(sample)} sampled): {decode_each * 1e6:7.0f} "
+              f"us/image -> {decode_all:.1f} s for all; headers are {decode_all / cold:.0f}x faster")
 
 
 if __name__ == "__main__":

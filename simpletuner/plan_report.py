@@ -40,7 +40,8 @@ def skip_summary(index: DatasetIndex) -> str:
         return "skipped: none"
     counts = Counter(s.reason for s in index.skipped)
     lines = [f"skipped: {len(index.skipped)}"]
-    lines += [f"  {count:>6}  {reason}" for reason, count in sorted(counts.items(), key=lambda rc: (-rc[1], rc[0]))]
+    by_count = sorted(counts.items(), key=lambda rc: (-rc[1], rc[0]))
+    lines += [f"  {count:>6}  {reason}" for reason, count in by_count]
     return "\n".join(lines)
 
 

@@ -56,7 +56,8 @@ class LocalDataBackend:
             try:
                 entries = list(os.scandir(folder))
             except OSError as exc:
-                unreadable.append((prefix.rstrip("/") or ".", f"folder cannot be listed ({exc.strerror})"))
+                reason = f"folder cannot be listed ({exc.strerror})"
+                unreadable.append((prefix.rstrip("/") or ".", reason))
                 continue
             for entry in entries:
                 if _is_hidden(entry.name):

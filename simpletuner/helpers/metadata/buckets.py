@@ -27,8 +27,9 @@ class BucketSettings:
 
     @classmethod
     def for_dataset(cls, dataset: DatasetConfig, training: TrainingConfig) -> "BucketSettings":
+        resolution = dataset.resolution if dataset.resolution is not None else training.resolution
         return cls(
-            resolution=float(dataset.resolution if dataset.resolution is not None else training.resolution),
+            resolution=float(resolution),
             resolution_type=dataset.resolution_type or training.resolution_type,
             alignment=training.aspect_bucket_alignment,
             square=dataset.crop and dataset.crop_aspect == "square",
@@ -116,6 +117,7 @@ class SizeFilters:
         aspect = width / height
         low, high = self.minimum_aspect_ratio, self.maximum_aspect_ratio
         if (low is not None and aspect < low) or (high is not None and aspect > high):
-            bounds = f"[{'-' if low is None else f'{low:g}'}, {'-' if high is None else f'{high:g}'}]"
-            return f"aspect ratio (W/H) outside {bounds}"
+            lower = "-" if low is None else f"{low:g}"
+            upper = "-" if high is None else f"{high:g}"
+            return f"aspect ratio (W/H) outside [{lower}, {upper}]"
         return None

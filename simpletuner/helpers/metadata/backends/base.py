@@ -85,7 +85,8 @@ class MetadataBackend:
             **self._file_entries_key(),
             "resolution": s.resolution, "resolution_type": s.resolution_type,
             "aspect_bucket_alignment": s.alignment, "crop": ds.crop, "crop_aspect": ds.crop_aspect,
-            "minimum_image_size": ds.minimum_image_size, "maximum_image_size": ds.maximum_image_size,
+            "minimum_image_size": ds.minimum_image_size,
+            "maximum_image_size": ds.maximum_image_size,
             "minimum_aspect_ratio": ds.minimum_aspect_ratio,
             "maximum_aspect_ratio": ds.maximum_aspect_ratio,
             "caption_strategy": ds.caption_strategy,
@@ -167,12 +168,14 @@ class MetadataBackend:
                 continue
             width, height = entry[2], entry[3]
             reason = self.filters.reason_to_skip(width, height)
-            if reason is None and needs_caption and caption_file_for(sample_id) not in listing.captions:
+            if (reason is None and needs_caption
+                    and caption_file_for(sample_id) not in listing.captions):
                 reason = MISSING_CAPTION
             if reason is not None:
                 skipped.append(SkippedFile(sample_id, reason))
                 continue
-            buckets.setdefault(bucket_for(width, height, self.bucket_settings), []).append(sample_id)
+            key = bucket_for(width, height, self.bucket_settings)
+            buckets.setdefault(key, []).append(sample_id)
             sizes[sample_id] = (width, height)
         buckets = {key: sorted(ids) for key, ids in sorted(buckets.items())}
         skipped.sort(key=lambda s: (s.path, s.reason))

@@ -109,7 +109,8 @@ def probe_image(path: str, max_pixels: int | None) -> Probe:
                 return Probe(error=over_bomb_limit(max_pixels))
             # A missing end marker is only a suspicion (some writers append data after it),
             # so such a file is decoded once to be sure. Complete files never are.
-            if not _end_marker_present(handle, image_format, file_size, head) and not _decodes(path):
+            complete = _end_marker_present(handle, image_format, file_size, head)
+            if not complete and not _decodes(path):
                 return Probe(error=TRUNCATED_DATA)
     except OSError as exc:
         return Probe(error=f"cannot be read ({exc.strerror or exc})")
@@ -129,7 +130,8 @@ def default_workers() -> int:
 
 
 def probe_images(paths: Sequence[str], *, max_pixels: int | None, workers: int | None = None,
-                 show_progress: bool = True, description: str = "reading image headers") -> list[Probe]:
+                 show_progress: bool = True,
+                 description: str = "reading image headers") -> list[Probe]:
     """Probe every path in a thread pool; results are in the order of ``paths``.
 
     ``max_pixels`` is the decompression-bomb limit (pass ``Image.MAX_IMAGE_PIXELS``; None = none).
