@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import (BucketSlice, DatasetSpec, bucket_counts,
                                                 check_bucket_sizes, split_bucket,
@@ -39,11 +40,6 @@ class SamplerDataset:
     def spec(self) -> DatasetSpec:
         return DatasetSpec(self.index.dataset_id, self.index.buckets, self.repeats,
                            self.batch_size, self.evaluation, self.allow_oversubscription)
-
-
-def _target_size(bucket: str) -> tuple[int, int]:
-    width, height = bucket.split("x")
-    return int(width), int(height)
 
 
 def _changes(old: Any, new: Any, path: str = "") -> list[str]:
@@ -145,7 +141,7 @@ class MultiAspectSampler:
         piece = self._slice(epoch, which)
         dataset, key = self.buckets[which]
         ids = piece.micro_batch(int(ordinals[group]) * self.accumulation + offset)
-        size = _target_size(key)
+        size = parse_bucket_key(key)
         samples = tuple(BatchSample(dataset.index.dataset_id, sample_id, key, size,
                                     dataset.caption_for(sample_id)) for sample_id in ids)
         return MicroBatch(epoch, step, dataset.index.dataset_id, key, samples)
