@@ -40,7 +40,7 @@ def build(folder: Path, latent_shape, embed_shapes, keep_in_memory: int) -> Batc
 
 def main() -> None:
     for name, (latent_shape, embed_shapes, batch) in CASES.items():
-        for keep in (0, 256):
+        for keep in (0, 64):
             with tempfile.TemporaryDirectory() as tmp:
                 assembler = build(Path(tmp), latent_shape, embed_shapes, keep)
                 batches = [MicroBatch(0, s, "d", "64x64", tuple(

@@ -30,7 +30,7 @@ def default_text_dir(dataset, output_dir: str | Path) -> Path:
 class TextEmbedCache:
     folder: Path
     model_identity: str            # storage.model_identity of the text encoders (and family)
-    keep_in_memory: int = 256      # captions repeat across batches; small rows stay loaded
+    keep_in_memory: int = 64       # captions repeat across batches (SDXL row: ~0.6 MB)
     _recent: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
 
     def path_for(self, caption: str) -> Path:
