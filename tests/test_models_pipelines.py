@@ -1,0 +1,136 @@
+"""Validation images and exported pipelines, for every family."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline
+from PIL import Image
+
+from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.pipelines import (
+    export_pipeline, generate_validation_images, save_validation_images)
+from simpletuner.models.registry import get_adapter_class
+
+CPU = torch.device("cpu")
+
+
+class PipelineCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cache = Path(cls.enterClassContext(tempfile.TemporaryDirectory()))
+        cls.enterClassContext(mock.patch.dict(os.environ, {"SIMPLETUNER_CACHE": str(cls.cache)}))
+
+    def setUp(self):
+        self.output = Path(self.enterContext(tempfile.TemporaryDirectory()))
+
+    def load(self, family: str):
+        return get_adapter_class(family).load(
+            ensure_builtin_model(f"tiny-{family}"), device=CPU, weight_dtype=torch.float32,
+            loss_settings=LossSettings())
+
+    def train_one_step(self, adapter):
+        """Change the weights so an export of the original model would be caught."""
+        pixels = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
+        batch = TrainingBatch(adapter.encode_images(pixels), adapter.encode_prompts(["a", "b"]),
+                              [(64, 64)] * 2, [(0, 0)] * 2, [(64, 64)] * 2)
+        optimizer = torch.optim.AdamW(adapter.trainable.parameters(), lr=1e-2)
+        adapter.compute_loss(batch, torch.Generator().manual_seed(0)).backward()
+        optimizer.step()
+
+
+class ExportTest(PipelineCase):
+    def test_export_loads_in_diffusers_with_the_trained_weights_and_generates(self):
+        expected_class = {"sd1x": "StableDiffusionPipeline", "sd2x": "StableDiffusionPipeline",
+                          "sdxl": "StableDiffusionXLPipeline"}
+        for family, class_name in expected_class.items():
+            with self.subTest(family=family):
+                adapter = self.load(family)
+                self.train_one_step(adapter)
+                folder = export_pipeline(adapter.build_pipeline(), self.output / family)
+                self.assertEqual(folder, self.output / family / "pipeline")
+                loaded = DiffusionPipeline.from_pretrained(folder)
+                self.assertEqual(type(loaded).__name__, class_name)
+                trained = adapter.trainable.state_dict()
+                for key, value in loaded.unet.state_dict().items():
+                    self.assertTrue(torch.equal(value, trained[key]), key)
+                loaded.set_progress_bar_config(disable=True)
+                image = loaded(prompt="a red circle", width=80, height=48, num_inference_steps=2,
+                               generator=torch.Generator().manual_seed(0)).images[0]
+                self.assertEqual(image.size, (80, 48))
+
+    def test_second_export_replaces_the_first_and_leaves_no_temporary_folders(self):
+        adapter = self.load("sd1x")
+        export_pipeline(adapter.build_pipeline(), self.output)
+        self.train_one_step(adapter)
+        folder = export_pipeline(adapter.build_pipeline(), self.output)
+        self.assertEqual([p.name for p in self.output.iterdir()], ["pipeline"])
+        loaded = DiffusionPipeline.from_pretrained(folder)
+        name, weight = next(iter(adapter.trainable.state_dict().items()))
+        self.assertTrue(torch.equal(loaded.unet.state_dict()[name], weight))
+
+    def test_replacement_network_goes_into_the_pipeline(self):
+        """What the trainer does with EMA weights: the pipeline holds the copy it was given."""
+        adapter = self.load("sd1x")
+        ema = copy.deepcopy(adapter.trainable)
+        with torch.no_grad():
+            for parameter in ema.parameters():
+                parameter.add_(1.0)
+        pipeline = adapter.build_pipeline(trainable=ema)
+        self.assertIs(pipeline.unet, ema)
+        self.assertIs(adapter.build_pipeline().unet, adapter.trainable)
+
+
+class ValidationImagesTest(PipelineCase):
+    def generate(self, adapter, prompts, seed=0):
+        return generate_validation_images(adapter.build_pipeline(), prompts, resolution=(64, 32),
+                                          num_inference_steps=2, seed=seed)
+
+    def test_fixed_seed_images_are_reproducible_and_independent_of_prompt_order(self):
+        adapter = self.load("sdxl")
+        images = self.generate(adapter, ["a red circle", "a blue square"])
+        self.assertEqual([image.size for image in images], [(64, 32), (64, 32)])
+        again = self.generate(adapter, ["a blue square"])
+        self.assertTrue(np.array_equal(np.asarray(images[1]), np.asarray(again[0])))
+        other_seed = self.generate(adapter, ["a blue square"], seed=1)
+        self.assertFalse(np.array_equal(np.asarray(images[1]), np.asarray(other_seed[0])))
+
+    def test_generation_restores_training_mode(self):
+        adapter = self.load("sd1x")
+        self.assertTrue(adapter.trainable.training)
+        self.generate(adapter, ["x"])
+        self.assertTrue(adapter.trainable.training)
+        self.assertFalse(adapter.vae.training)
+
+    def test_saved_pngs_carry_their_prompts_and_a_grid(self):
+        adapter = self.load("sd2x")
+        prompts = ["a red circle", "a blue square", "a green star"]
+        images = self.generate(adapter, prompts)
+        paths = save_validation_images(images, prompts, self.output / "step-10")
+        names = sorted(p.name for p in (self.output / "step-10").iterdir())
+        self.assertEqual(names, ["grid.png", "image-00.png", "image-01.png", "image-02.png"])
+        self.assertEqual(paths[-1].name, "grid.png")
+        for path, prompt, image in zip(paths, prompts, images):
+            with Image.open(path) as saved:
+                self.assertEqual(saved.text["prompt"], prompt)
+                self.assertTrue(np.array_equal(np.asarray(saved), np.asarray(image)))
+        with Image.open(paths[-1]) as grid:  # three images: two columns, two rows
+            self.assertEqual(grid.size, (2 * 64, 2 * 32))
+
+    def test_prompt_count_must_match(self):
+        adapter = self.load("sd1x")
+        images = self.generate(adapter, ["a"])
+        with self.assertRaisesRegex(ValueError, "one prompt per image"):
+            save_validation_images(images, ["a", "b"], self.output)
+
+
+if __name__ == "__main__":
+    unittest.main()
