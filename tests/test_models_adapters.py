@@ -57,13 +57,13 @@ class LossFallsTest(AdapterCase):
 
                 before = evaluation_loss()
                 optimizer = torch.optim.AdamW(adapter.trainable.parameters(), lr=1e-3)
-                for step in range(25):
+                for step in range(20):
                     loss = adapter.compute_loss(batch, torch.Generator().manual_seed(100 + step))
                     loss.backward()
                     optimizer.step()
                     optimizer.zero_grad()
                 after = evaluation_loss()
-                self.assertLess(after, 0.7 * before, f"{family}: {before} -> {after}")
+                self.assertLess(after, 0.6 * before, f"{family}: {before} -> {after}")
 
 
 class ObjectiveTest(AdapterCase):

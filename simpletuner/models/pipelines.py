@@ -41,7 +41,7 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
     own CPU generator seeded with ``seed``: identical on every device and run. Pass the frozen
     components' dtype as ``autocast_dtype`` when it differs from the trainable network's."""
     width, height = (resolution, resolution) if isinstance(resolution, int) else resolution
-    device = pipeline._execution_device
+    device = pipeline.device
     autocast = (torch.autocast(device.type, dtype=autocast_dtype)
                 if autocast_dtype not in (None, torch.float32) else nullcontext())
     pipeline.set_progress_bar_config(disable=True)

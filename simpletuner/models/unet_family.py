@@ -34,7 +34,8 @@ def _load_inference_scheduler(folder: Path):
     try:
         class_name = json.loads(config_path.read_text(encoding="utf-8"))["_class_name"]
     except (OSError, ValueError, KeyError) as error:
-        raise ModelFolderError(f"cannot read the scheduler class from {config_path}: {error}")
+        raise ModelFolderError(
+            f"cannot read the scheduler class from {config_path}: {error}") from error
     scheduler_class = getattr(diffusers, class_name, None)
     if scheduler_class is None:
         raise ModelFolderError(f"{config_path} names scheduler {class_name!r}, which this "
