@@ -8,7 +8,8 @@ from collections import Counter
 
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
-from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
+from simpletuner.helpers.multiaspect.sampler import (MultiAspectSampler, NoDatasetError,
+                                                    SamplerDataset)
 
 
 def ids(n: int, prefix: str) -> list[str]:
@@ -91,6 +92,12 @@ class LockstepTest(unittest.TestCase):
         small = DatasetIndex("small", {"64x64": ids(3, "s")}, {})
         with self.assertRaises(UndersizedBucketsError):
             sampler([SamplerDataset(small, str, 2)], processes=2, accumulation=1)
+
+    def test_no_training_dataset_is_a_clear_error(self):
+        only_eval = [SamplerDataset(DatasetIndex("held-out", {"64x64": ids(7, "e")}, {}), str, 1,
+                                    evaluation=True)]
+        with self.assertRaisesRegex(NoDatasetError, "no training dataset"):
+            sampler(only_eval)
 
     def test_evaluation_sampler_uses_only_eval_datasets_one_sample_per_rank(self):
         datasets = two_datasets() + [SamplerDataset(

@@ -25,6 +25,10 @@ from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 logger = logging.getLogger(__name__)
 
 
+class NoDatasetError(ValueError):
+    """The configuration has no dataset of the kind a sampler was asked for."""
+
+
 @dataclass(frozen=True)
 class SamplerDataset:
     """One dataset as the sampler sees it: its index and the settings that shape the split."""
@@ -66,7 +70,8 @@ class MultiAspectSampler:
         chosen = [d for d in datasets if d.evaluation == evaluation]
         if not chosen:
             kind = "evaluation" if evaluation else "training"
-            raise ValueError(f"no {kind} dataset to sample from")
+            raise NoDatasetError(f"no {kind} dataset to sample from: add one to the dataset "
+                                 "file (multidatabackend.json) or set 'disabled': false")
         self.datasets = sorted(chosen, key=lambda d: d.index.dataset_id)
         self.seed = seed
         self.processes = processes
