@@ -53,6 +53,18 @@ class TrainingConfig:
     ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
     snr_gamma: float | None = option(None, minimum=0.0)
     noise_offset: float = option(0.0, minimum=0.0)
+    # Flow matching (sd3, flux): noise level sigma in (0, 1) per sample, then the shift
+    flow_timestep_sampling: Literal["uniform", "logit_normal"] = option(
+        "logit_normal", help="uniform, or logit_normal: sigmoid(N(flow_logit_mean, "
+        "flow_logit_std)), median sigmoid(flow_logit_mean), the SD3 paper's choice")
+    flow_logit_mean: float = option(0.0, help="logit_normal centre; > 0 favours more noise")
+    flow_logit_std: float = option(1.0, minimum=0.0001, help="logit_normal spread")
+    flow_shift: float | None = option(
+        None, minimum=0.0001, help="sigma -> shift*sigma / (1 + (shift-1)*sigma); > 1 moves "
+        "samples toward noise; 1 = off; none = the model scheduler's shift (SD3: 3.0, Flux: "
+        "its resolution-dependent shift)")
+    flux_guidance_value: float = option(
+        1.0, minimum=0.0, help="guidance input while training guidance-distilled Flux models")
 
     # Logging, checkpoints, validation
     report_to: Literal["none", "tensorboard"] = option("none")

@@ -29,14 +29,33 @@ class ModelFolderError(ValueError):
 class LossSettings:
     """Objective options from config.json that every family honours where they apply."""
 
-    snr_gamma: float | None = None
+    snr_gamma: float | None = None          # DDPM families only
     noise_offset: float = 0.0
+    # Flow-matching families (sd3, flux): where noise levels are drawn, see flow_objective.py.
+    flow_timestep_sampling: str = "logit_normal"
+    flow_logit_mean: float = 0.0
+    flow_logit_std: float = 1.0
+    flow_shift: float | None = None         # None: the model scheduler's own shift
+    flux_guidance_value: float = 1.0        # guidance input of guidance-distilled Flux models
+
+    @classmethod
+    def from_config(cls, training) -> "LossSettings":
+        """The fields of this class read from a TrainingConfig (same names)."""
+        return cls(**{name: getattr(training, name) for name in cls.__dataclass_fields__})
 
 
 class ModelAdapter(ABC):
     """A model family: loads its components from a local folder and knows its objective."""
 
     family: str
+    # Subfolders that mark another family (SDXL's text_encoder_2/ for sd1x, unet/ for sd3...).
+    forbidden_subfolders: tuple[str, ...] = ()
+
+    @classmethod
+    @abstractmethod
+    def required_subfolders(cls) -> tuple[str, ...]:
+        """Subfolders a diffusers folder of this family must have; preflight checks them (and
+        ``forbidden_subfolders``) with layout.check_model_folder before anything loads."""
 
     @classmethod
     @abstractmethod

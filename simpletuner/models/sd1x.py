@@ -13,7 +13,7 @@ class SD1xAdapter(UNetFamilyAdapter):
     family = "sd1x"
     text_encoder_specs = (("text_encoder", "tokenizer", CLIPTextModel),)
     pipeline_class = StableDiffusionPipeline
-    forbidden_subfolders = ("text_encoder_2",)  # an SDXL folder
+    forbidden_subfolders = ("text_encoder_2", "transformer")  # SDXL, SD3 or Flux
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:

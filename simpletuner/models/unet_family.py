@@ -47,7 +47,7 @@ class UNetFamilyAdapter(ModelAdapter):
     # (text encoder subfolder, its tokenizer subfolder, transformers class), in pipeline order.
     text_encoder_specs: tuple[tuple[str, str, type], ...]
     pipeline_class: type
-    forbidden_subfolders: tuple[str, ...] = ()
+    forbidden_subfolders: tuple[str, ...] = ("transformer",)  # an SD3 or Flux folder
     # SDXL's VAE overflows in float16; it stays float32 then (bfloat16 is fine).
     vae_float32_under_fp16 = False
 
