@@ -11,6 +11,8 @@ ADAPTERS = {
     "sd1x": ("simpletuner.models.sd1x", "SD1xAdapter"),
     "sd2x": ("simpletuner.models.sd2x", "SD2xAdapter"),
     "sdxl": ("simpletuner.models.sdxl", "SDXLAdapter"),
+    "sd3": ("simpletuner.models.sd3", "SD3Adapter"),
+    "flux": ("simpletuner.models.flux", "FluxAdapter"),
 }
 
 

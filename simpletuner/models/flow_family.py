@@ -1,0 +1,147 @@
+"""What SD3 and Flux share: a transformer trained with the rectified-flow objective on shifted
+and scaled VAE latents, CLIP and T5 text encoders, FlowMatchEulerDiscreteScheduler and a
+diffusers pipeline. Each family file says how prompts are encoded and how its transformer is
+called; the objective (flow_objective.py) and everything else is here."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from functools import partial
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+
+from simpletuner.models.base import LossSettings, ModelAdapter, TrainingBatch
+from simpletuner.models.flow_objective import (
+    flow_noisy_and_target, resolution_shift, sample_sigmas)
+from simpletuner.models.layout import check_model_folder
+from simpletuner.models.noise_objective import draw_noise, weighted_mse
+from simpletuner.models.unet_family import _load_component
+
+
+class FlowFamilyAdapter(ModelAdapter):
+    # (text encoder subfolder, tokenizer subfolder, encoder class, tokenizer class), in order.
+    text_encoder_specs: tuple[tuple[str, str, type, type], ...]
+    transformer_class: type
+    pipeline_class: type
+    forbidden_subfolders: tuple[str, ...] = ("unet",)  # a UNet (SD 1.x/2.x/XL) folder
+    t5_max_length: int  # tokens of T5 context, as the family's pipeline uses by default
+
+    def __init__(self, *, folder: Path, transformer, vae, text_encoders: list, tokenizers: list,
+                 scheduler, device: torch.device, loss_settings: LossSettings):
+        self.folder = folder
+        self.transformer = transformer
+        self.vae = vae
+        self.text_encoders = text_encoders
+        self.tokenizers = tokenizers
+        self.scheduler = scheduler
+        self.device = device
+        self.loss_settings = loss_settings
+
+    @classmethod
+    def required_subfolders(cls) -> tuple[str, ...]:
+        text = tuple(name for spec in cls.text_encoder_specs for name in spec[:2])
+        return ("transformer", "vae", "scheduler") + text
+
+    @classmethod
+    def load(cls, folder: Path, *, device: torch.device, weight_dtype: torch.dtype,
+             loss_settings: LossSettings) -> "FlowFamilyAdapter":
+        folder = Path(folder)
+        check_model_folder(folder, cls.family, cls.required_subfolders(),
+                           cls.forbidden_subfolders)
+        scheduler = _load_component(FlowMatchEulerDiscreteScheduler.from_pretrained, folder,
+                                    "scheduler")
+        transformer = _load_component(cls.transformer_class.from_pretrained, folder,
+                                      "transformer")
+        vae = _load_component(partial(AutoencoderKL.from_pretrained, torch_dtype=weight_dtype),
+                              folder, "vae")
+        text_encoders, tokenizers = [], []
+        for encoder_folder, tokenizer_folder, encoder_class, tokenizer_class in (
+                cls.text_encoder_specs):
+            text_encoders.append(_load_component(encoder_class.from_pretrained, folder,
+                                                 encoder_folder))
+            tokenizers.append(_load_component(tokenizer_class.from_pretrained, folder,
+                                              tokenizer_folder))
+        vae.to(device).requires_grad_(False).eval()
+        for encoder in text_encoders:
+            encoder.to(device, dtype=weight_dtype).requires_grad_(False).eval()
+        transformer.to(device).requires_grad_(True).train()
+        return cls(folder=folder, transformer=transformer, vae=vae, text_encoders=text_encoders,
+                   tokenizers=tokenizers, scheduler=scheduler, device=device,
+                   loss_settings=loss_settings)
+
+    @property
+    def trainable(self) -> torch.nn.Module:
+        return self.transformer
+
+    @property
+    def latent_patch(self) -> int:
+        """Latent pixels per transformer token along each side."""
+        return self.transformer.config.patch_size
+
+    @property
+    def resolution_alignment(self) -> int:
+        vae_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        return vae_factor * self.latent_patch
+
+    @torch.no_grad()
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(mode - shift_factor) * scaling_factor, as the pipelines decode it back."""
+        pixels = pixels.to(self.device, dtype=self.vae.dtype)
+        latents = self.vae.encode(pixels).latent_dist.mode()
+        shift = self.vae.config.shift_factor or 0.0
+        return (latents - shift) * self.vae.config.scaling_factor
+
+    def _token_ids(self, tokenizer, prompts: list[str], max_length: int) -> torch.Tensor:
+        tokens = tokenizer(prompts, padding="max_length", max_length=max_length,
+                           truncation=True, return_tensors="pt")
+        return tokens.input_ids.to(self.device)
+
+    def _t5_ids(self, tokenizer, prompts: list[str]) -> torch.Tensor:
+        return self._token_ids(tokenizer, prompts,
+                               min(self.t5_max_length, tokenizer.model_max_length))
+
+    def sigma_shift(self, latent_height: int, latent_width: int) -> float:
+        """flow_shift when set; else the scheduler's: resolution-dependent when it shifts
+        dynamically (Flux), its fixed ``shift`` otherwise (SD3)."""
+        if self.loss_settings.flow_shift is not None:
+            return self.loss_settings.flow_shift
+        config = self.scheduler.config
+        if config.get("use_dynamic_shifting", False):
+            tokens = (latent_height // self.latent_patch) * (latent_width // self.latent_patch)
+            return resolution_shift(tokens, config)
+        return float(config.get("shift", 1.0))
+
+    @abstractmethod
+    def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
+                 batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
+        """The network's velocity prediction, shaped like ``noisy``."""
+
+    def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
+                     network: torch.nn.Module | None = None) -> torch.Tensor:
+        settings = self.loss_settings
+        latents = batch.latents.to(self.device, dtype=torch.float32)
+        noise = draw_noise(latents.shape, device=self.device, generator=generator,
+                           noise_offset=settings.noise_offset)
+        sigmas = sample_sigmas(latents.shape[0], sampling=settings.flow_timestep_sampling,
+                               logit_mean=settings.flow_logit_mean,
+                               logit_std=settings.flow_logit_std,
+                               shift=self.sigma_shift(*latents.shape[-2:]),
+                               device=self.device, generator=generator)
+        noisy, target = flow_noisy_and_target(latents, noise, sigmas)
+        network = network if network is not None else self.transformer
+        prediction = self._predict(network, noisy.to(self.transformer.dtype), sigmas, batch,
+                                   self.transformer.dtype)
+        return weighted_mse(prediction, target)
+
+    def build_pipeline(self, trainable: torch.nn.Module | None = None):
+        components = {"transformer": trainable if trainable is not None else self.transformer,
+                      "vae": self.vae,
+                      # A copy: validation's set_timesteps must not touch the loaded one.
+                      "scheduler": type(self.scheduler).from_config(self.scheduler.config)}
+        for (encoder_folder, tokenizer_folder, *_), encoder, tokenizer in zip(
+                self.text_encoder_specs, self.text_encoders, self.tokenizers):
+            components[encoder_folder] = encoder
+            components[tokenizer_folder] = tokenizer
+        return self.pipeline_class(**components)
