@@ -14,11 +14,12 @@ from typing import Callable
 import torch
 
 from simpletuner.models.base import ModelFolderError
-from simpletuner.models.tiny_tokenizer import write_tiny_tokenizer_files
+from simpletuner.models.tiny_tokenizer import write_tiny_t5_tokenizer, write_tiny_tokenizer_files
 
 BUILTIN_PREFIX = "builtin:"
 BUILD_SEED = 0
 TOKEN_LENGTH = 77
+T5_TOKEN_LENGTH = 32  # short T5 context keeps the tiny flow models fast
 _BETAS = {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
           "beta_schedule": "scaled_linear"}
 
@@ -47,14 +48,30 @@ def _tokenizer_and_text_config(staging: Path, subfolder: str):
     return tokenizer, config
 
 
-def _tiny_vae(scaling_factor: float):
+def _tiny_vae(scaling_factor: float, **overrides):
     from diffusers import AutoencoderKL
 
     # Four blocks give the real 8x downsampling, so buckets and latents keep real proportions.
-    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1,
+    settings = dict(latent_channels=4, scaling_factor=scaling_factor) | overrides
+    return AutoencoderKL(in_channels=3, out_channels=3, layers_per_block=1,
                          block_out_channels=(8, 16, 32, 32), norm_num_groups=8, sample_size=64,
                          down_block_types=("DownEncoderBlock2D",) * 4,
-                         up_block_types=("UpDecoderBlock2D",) * 4, scaling_factor=scaling_factor)
+                         up_block_types=("UpDecoderBlock2D",) * 4, **settings)
+
+
+def _flow_vae(scaling_factor: float, shift_factor: float):
+    """Like the SD3 and Flux VAEs: 16 latent channels, shifted and scaled, no quant convs."""
+    return _tiny_vae(scaling_factor, latent_channels=16, shift_factor=shift_factor,
+                     use_quant_conv=False, use_post_quant_conv=False)
+
+
+def _tiny_t5(staging: Path, subfolder: str, width: int):
+    from transformers import T5Config, T5EncoderModel, T5Tokenizer
+
+    ids = write_tiny_t5_tokenizer(staging / subfolder, T5_TOKEN_LENGTH)
+    config = T5Config(d_model=width, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                      relative_attention_num_buckets=8, dropout_rate=0.0, **ids)
+    return T5Tokenizer.from_pretrained(staging / subfolder), T5EncoderModel(config)
 
 
 def _tiny_unet(**overrides):
@@ -106,10 +123,55 @@ def _build_sdxl(staging: Path):
         tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler, add_watermarker=False)
 
 
+def _build_sd3(staging: Path):
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline)
+    from transformers import CLIPTextModelWithProjection
+
+    tokenizer, text_config = _tokenizer_and_text_config(staging, "tokenizer")
+    tokenizer_2, text_config_2 = _tokenizer_and_text_config(staging, "tokenizer_2")
+    # T5 as wide as both CLIP hidden states side by side, as in SD3 (the pipeline pads to it).
+    t5_width = text_config.hidden_size + text_config_2.hidden_size
+    tokenizer_3, text_encoder_3 = _tiny_t5(staging, "tokenizer_3", t5_width)
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2,
+        attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32,
+        joint_attention_dim=t5_width, pos_embed_max_size=32,
+        pooled_projection_dim=text_config.projection_dim + text_config_2.projection_dim)
+    return StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=_flow_vae(1.5305, 0.0609), text_encoder=CLIPTextModelWithProjection(text_config),
+        tokenizer=tokenizer, text_encoder_2=CLIPTextModelWithProjection(text_config_2),
+        tokenizer_2=tokenizer_2, text_encoder_3=text_encoder_3, tokenizer_3=tokenizer_3)
+
+
+def _build_flux(staging: Path):
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    tokenizer, text_config = _tokenizer_and_text_config(staging, "tokenizer")
+    tokenizer_2, text_encoder_2 = _tiny_t5(staging, "tokenizer_2", 32)
+    # Like FLUX.1-dev: guidance-distilled, resolution-dependent shift.
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=text_encoder_2.config.d_model,
+        pooled_projection_dim=text_config.hidden_size, guidance_embeds=True,
+        axes_dims_rope=(4, 6, 6))
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+        base_image_seq_len=256, max_image_seq_len=4096)
+    return FluxPipeline(
+        transformer=transformer, scheduler=scheduler, vae=_flow_vae(0.3611, 0.1159),
+        text_encoder=CLIPTextModel(text_config), tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2)
+
+
 BUILTIN_RECIPES: dict[str, Callable[[Path], object]] = {
     "tiny-sd1x": lambda staging: _build_sd(staging, v_prediction=False),
     "tiny-sd2x": lambda staging: _build_sd(staging, v_prediction=True),
     "tiny-sdxl": _build_sdxl,
+    "tiny-sd3": _build_sd3,
+    "tiny-flux": _build_flux,
 }
 
 

@@ -44,3 +44,22 @@ def write_tiny_tokenizer_files(folder: Path, max_length: int) -> dict[str, int]:
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     return {"vocab_size": len(vocab), "bos_token_id": vocab[START_TOKEN],
             "eos_token_id": vocab[END_TOKEN], "pad_token_id": vocab[END_TOKEN]}
+
+
+def write_tiny_t5_tokenizer(folder: Path, max_length: int) -> dict[str, int]:
+    """Save a T5Tokenizer (tokenizer.json, loads offline with from_pretrained) whose unigram
+    vocabulary is every printable ASCII character, alone and word-initial ("▁a"); any text
+    tokenizes (unknown characters become <unk>). Return the ids a T5 config needs."""
+    import string
+
+    from transformers import T5Tokenizer
+
+    characters = [c for c in string.printable if not c.isspace()]
+    # T5's layout: <pad> 0, </s> 1, <unk> 2; word-initial pieces score higher, so a word
+    # starts with one of them.
+    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+             + [("▁" + c, -3.0) for c in characters] + [(c, -3.5) for c in characters])
+    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=max_length)
+    tokenizer.save_pretrained(folder)
+    return {"vocab_size": len(vocab), "pad_token_id": 0, "eos_token_id": 1,
+            "decoder_start_token_id": 0}
