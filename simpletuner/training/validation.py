@@ -1,0 +1,49 @@
+"""Validation images during training: main rank only, fixed seed, PNGs plus a grid, and the
+same images in tensorboard when it is enabled."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from simpletuner.configuration import TrainingConfig
+from simpletuner.models.pipelines import generate_validation_images, save_validation_images
+
+logger = logging.getLogger(__name__)
+
+
+def validation_prompts(training: TrainingConfig) -> list[str]:
+    prompt = training.validation_prompt
+    if prompt is None:
+        return []
+    return [prompt] if isinstance(prompt, str) else list(prompt)
+
+
+def is_validation_step(training: TrainingConfig, step: int, last_step: int) -> bool:
+    """Every validation_steps steps (0 = only at the end), and always at the end."""
+    if not validation_prompts(training):
+        return False
+    if step == last_step:
+        return True
+    return bool(training.validation_steps) and step % training.validation_steps == 0
+
+
+def run_validation(adapter, training: TrainingConfig, step: int, *, trainable=None,
+                   tracker=None, autocast_dtype=None) -> list[Path]:
+    """Generate and save one image per prompt into output_dir/validation/step-<n>/."""
+    prompts = validation_prompts(training)
+    pipeline = adapter.build_pipeline(trainable)
+    images = generate_validation_images(
+        pipeline, prompts, resolution=training.validation_resolution,
+        num_inference_steps=training.validation_num_inference_steps,
+        guidance_scale=training.validation_guidance_scale, seed=training.validation_seed,
+        autocast_dtype=autocast_dtype)
+    folder = Path(training.output_dir) / "validation" / f"step-{step}"
+    paths = save_validation_images(images, prompts, folder)
+    if tracker is not None:
+        tracker.log_images({f"validation/{i:02d}": np.asarray(image)
+                            for i, image in enumerate(images)}, step=step, dataformats="HWC")
+    logger.info("validation images for step %d in %s", step, folder)
+    return paths
