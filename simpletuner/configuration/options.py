@@ -19,7 +19,15 @@ class TrainingConfig:
     model_family: ModelFamily = option(required=True, help="sd1x, sd2x, sdxl, sd3 or flux")
     pretrained_model_name_or_path: str = option(
         required=True, help="a local diffusers folder, or builtin:tiny-<family>")
-    model_type: Literal["full", "lora"] = option("full")
+    model_type: Literal["full", "lora"] = option("full", help="lora: train a peft adapter only")
+    lora_rank: int = option(16, minimum=1, help="rank of each LoRA update")
+    lora_alpha: float | None = option(None, minimum=0.0001,
+                                      help="LoRA scale numerator (update * alpha / rank); "
+                                      "none = lora_rank")
+    lora_dropout: float = option(0.0, minimum=0.0, maximum=0.99)
+    lora_target_modules: list[str] | None = option(
+        None, help="module name suffixes to adapt, e.g. ['to_q', 'to_v']; none = the family's "
+        "attention projections")
     output_dir: str = option(required=True)
     data_backend_config: str = option(required=True, help="path to multidatabackend.json")
 

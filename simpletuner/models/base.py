@@ -50,6 +50,9 @@ class ModelAdapter(ABC):
     family: str
     # Subfolders that mark another family (SDXL's text_encoder_2/ for sd1x, unet/ for sd3...).
     forbidden_subfolders: tuple[str, ...] = ()
+    pipeline_class: type          # what build_pipeline returns; its save_lora_weights too
+    trainable_component: str      # the trainable network's pipeline component: unet, transformer
+    lora_target_modules: tuple[str, ...]  # default LoRA targets (module name suffixes)
 
     @classmethod
     @abstractmethod

@@ -26,6 +26,10 @@ class FlowFamilyAdapter(ModelAdapter):
     transformer_class: type
     pipeline_class: type
     forbidden_subfolders: tuple[str, ...] = ("unet",)  # a UNet (SD 1.x/2.x/XL) folder
+    trainable_component = "transformer"
+    # Image and text stream projections of the joint attention (single blocks: image only).
+    lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0",
+                           "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     t5_max_length: int  # tokens of T5 context, as the family's pipeline uses by default
 
     def __init__(self, *, folder: Path, transformer, vae, text_encoders: list, tokenizers: list,

@@ -48,6 +48,8 @@ class UNetFamilyAdapter(ModelAdapter):
     text_encoder_specs: tuple[tuple[str, str, type], ...]
     pipeline_class: type
     forbidden_subfolders: tuple[str, ...] = ("transformer",)  # an SD3 or Flux folder
+    trainable_component = "unet"
+    lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")  # every attention projection
     # SDXL's VAE overflows in float16; it stays float32 then (bfloat16 is fine).
     vae_float32_under_fp16 = False
 

@@ -1,0 +1,137 @@
+"""LoRA training through peft, for every family: inject an adapter into the trainable network
+(only its weights then require grad), checkpoint adapter weights only, and export them where
+diffusers' ``load_lora_weights`` reads them: output_dir/lora/pytorch_lora_weights.safetensors.
+
+Default target modules come from the adapter class (``lora_target_modules``); the pipeline
+class's own ``save_lora_weights`` writes the export, as diffusers' LoRA training examples do."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from peft import LoraConfig
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+LORA_DIR = "lora"
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
+CHECKPOINT_WEIGHTS = "lora_adapter.safetensors"  # inside checkpoint-<step>/, peft key names
+# Module types peft can wrap with a LoRA layer.
+_ADAPTABLE = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Embedding)
+
+
+class LoraTargetError(ValueError):
+    """lora_target_modules names something the network does not have."""
+
+
+def _matches(module_name: str, target: str) -> bool:
+    """peft's rule for a list of targets: the full name, or a suffix after a dot."""
+    return module_name == target or module_name.endswith("." + target)
+
+
+def _short_name(module_name: str) -> str:
+    """The part of a module name a target is usually written as: "to_q", "to_out.0"."""
+    parts = module_name.split(".")
+    return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+
+
+def check_target_modules(network: torch.nn.Module, targets: list[str], family: str) -> None:
+    """Raise LoraTargetError naming each target that matches no adaptable module, with a
+    sample of the names this family's network has."""
+    names = [name for name, module in network.named_modules() if isinstance(module, _ADAPTABLE)]
+    unmatched = [t for t in targets if not any(_matches(name, t) for name in names)]
+    if not unmatched:
+        return
+    available = sorted({_short_name(name) for name in names})
+    sample = ", ".join(available[:40]) + (", ..." if len(available) > 40 else "")
+    raise LoraTargetError(
+        f"lora_target_modules {unmatched} match no Linear/Conv/Embedding module of the "
+        f"{family} {type(network).__name__}. Its module names end in: {sample}. Use some of "
+        "those, or leave lora_target_modules unset for the family's attention projections")
+
+
+def add_lora(network: torch.nn.Module, adapter_class, *, rank: int, alpha: float | None = None,
+             dropout: float = 0.0, target_modules: list[str] | None = None) -> LoraConfig:
+    """Freeze ``network`` and inject a LoRA adapter ("default") into it; afterwards only the
+    adapter's parameters require grad. ``adapter_class`` is the family's ModelAdapter class,
+    which gives the default targets. B starts at zero: the adapted network starts unchanged."""
+    targets = list(target_modules or adapter_class.lora_target_modules)
+    check_target_modules(network, targets, adapter_class.family)
+    config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank,
+                        lora_dropout=dropout, init_lora_weights="gaussian",
+                        target_modules=targets)
+    network.requires_grad_(False)
+    network.add_adapter(config)
+    return config
+
+
+def adapter_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's weights only, peft key names, detached contiguous copies."""
+    return {name: tensor.detach().contiguous().clone()
+            for name, tensor in get_peft_model_state_dict(network).items()}
+
+
+def save_adapter_weights(network: torch.nn.Module, path: Path) -> None:
+    """Adapter weights as safetensors, written under a temporary name then renamed."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    save_file(adapter_state_dict(network), str(temporary))
+    os.replace(temporary, path)
+
+
+def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
+    """Load what save_adapter_weights wrote into a network that has the same adapter."""
+    loaded = load_file(str(path))
+    expected = set(get_peft_model_state_dict(network))
+    if set(loaded) != expected:
+        missing, extra = sorted(expected - set(loaded)), sorted(set(loaded) - expected)
+        raise ValueError(f"{path} does not fit this run's LoRA adapter ({len(missing)} weights "
+                         f"missing, e.g. {missing[:1]}; {len(extra)} unexpected, e.g. "
+                         f"{extra[:1]}); was it saved with other lora_rank or "
+                         "lora_target_modules?")
+    set_peft_model_state_dict(network, loaded)
+
+
+def register_checkpoint_hooks(accelerator) -> None:
+    """Make accelerator.save_state/load_state store the prepared network's adapter weights
+    only (CHECKPOINT_WEIGHTS) instead of its full state dict; optimizer, RNG and the rest are
+    saved as usual. The pattern of diffusers' LoRA training examples."""
+
+    def save_hook(models, weights, output_dir):
+        if accelerator.is_main_process:
+            for model in models:
+                save_adapter_weights(accelerator.unwrap_model(model),
+                                     Path(output_dir) / CHECKPOINT_WEIGHTS)
+        weights.clear()  # nothing else is written for the model
+
+    def load_hook(models, input_dir):
+        while models:
+            load_adapter_weights(accelerator.unwrap_model(models.pop()),
+                                 Path(input_dir) / CHECKPOINT_WEIGHTS)
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path) -> Path:
+    """Write output_dir/lora/pytorch_lora_weights.safetensors with the pipeline class's
+    save_lora_weights (adapter config recorded as metadata, so lora_alpha survives), so that
+    ``pipeline.load_lora_weights(output_dir / "lora")`` puts the adapter on the base model.
+    The file appears complete or not at all; returns its path."""
+    component = adapter_class.trainable_component
+    final_dir = Path(output_dir) / LORA_DIR
+    final_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".lora-", dir=final_dir))
+    try:
+        adapter_class.pipeline_class.save_lora_weights(
+            staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
+            **{f"{component}_lora_layers": adapter_state_dict(network),
+               f"{component}_lora_adapter_metadata": network.peft_config["default"].to_dict()})
+        os.replace(staging / LORA_WEIGHTS, final_dir / LORA_WEIGHTS)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final_dir / LORA_WEIGHTS

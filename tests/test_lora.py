@@ -1,0 +1,156 @@
+"""LoRA through peft: only the adapter trains, bad targets are named, adapter-only checkpoints
+round-trip, and the export is what diffusers' load_lora_weights puts on the base pipeline."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from diffusers import DiffusionPipeline
+from safetensors.torch import load_file
+
+from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.lora import (
+    CHECKPOINT_WEIGHTS, LoraTargetError, add_lora, adapter_state_dict, export_lora,
+    load_adapter_weights, register_checkpoint_hooks, save_adapter_weights)
+
+CPU = torch.device("cpu")
+
+
+class LoraCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cache = Path(cls.enterClassContext(tempfile.TemporaryDirectory()))
+        cls.enterClassContext(mock.patch.dict(os.environ, {"SIMPLETUNER_CACHE": str(cls.cache)}))
+
+    def setUp(self):
+        self.output = Path(self.enterContext(tempfile.TemporaryDirectory()))
+
+    def load(self, family: str):
+        return get_adapter_class(family).load(
+            ensure_builtin_model(f"tiny-{family}"), device=CPU, weight_dtype=torch.float32,
+            loss_settings=LossSettings())
+
+    def train(self, adapter, steps: int = 3):
+        pixels = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
+        batch = TrainingBatch(adapter.encode_images(pixels), adapter.encode_prompts(["a", "b"]),
+                              [(64, 64)] * 2, [(0, 0)] * 2, [(64, 64)] * 2)
+        optimizer = torch.optim.AdamW(
+            [p for p in adapter.trainable.parameters() if p.requires_grad], lr=1e-2)
+        for step in range(steps):
+            adapter.compute_loss(batch, torch.Generator().manual_seed(step)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+class InjectionTest(LoraCase):
+    def test_only_adapter_weights_train_and_every_default_target_is_wrapped(self):
+        for family in ("sd1x", "sdxl", "sd3", "flux"):
+            with self.subTest(family=family):
+                adapter = self.load(family)
+                network = adapter.trainable
+                base = {n: p.detach().clone() for n, p in network.named_parameters()}
+                add_lora(network, type(adapter), rank=4)
+                trainable = [n for n, p in network.named_parameters() if p.requires_grad]
+                self.assertTrue(trainable)
+                self.assertTrue(all(".lora_A." in n or ".lora_B." in n for n in trainable))
+                for target in type(adapter).lora_target_modules:
+                    wrapped = [n for n, m in network.named_modules()
+                               if n.endswith("." + target) and hasattr(m, "lora_A")]
+                    self.assertTrue(wrapped, f"{family}: {target} not adapted")
+                self.train(adapter)
+                for name, parameter in network.named_parameters():
+                    original = name.replace(".base_layer.", ".")
+                    if original in base:
+                        self.assertTrue(torch.equal(parameter, base[original]), name)
+
+    def test_unknown_target_names_the_family_modules(self):
+        adapter = self.load("sd1x")
+        with self.assertRaises(LoraTargetError) as caught:
+            add_lora(adapter.trainable, type(adapter), rank=4, target_modules=["to_q", "to_qq"])
+        message = str(caught.exception)
+        for fragment in ("['to_qq']", "sd1x", "UNet2DConditionModel", "to_q, to_v", "to_out.0"):
+            self.assertIn(fragment, message)
+        self.assertFalse(any(hasattr(m, "lora_A") for m in adapter.trainable.modules()))
+
+
+class AdapterWeightsTest(LoraCase):
+    def test_save_and_load_round_trip_and_refuse_another_shape(self):
+        trained = self.load("sd1x")
+        add_lora(trained.trainable, type(trained), rank=4)
+        self.train(trained)
+        path = self.output / "adapter.safetensors"
+        save_adapter_weights(trained.trainable, path)
+        fresh = self.load("sd1x")
+        add_lora(fresh.trainable, type(fresh), rank=4)
+        load_adapter_weights(fresh.trainable, path)
+        expected = adapter_state_dict(trained.trainable)
+        self.assertEqual(set(expected), set(adapter_state_dict(fresh.trainable)))
+        for name, value in adapter_state_dict(fresh.trainable).items():
+            self.assertTrue(torch.equal(value, expected[name]), name)
+        other = self.load("sd1x")
+        add_lora(other.trainable, type(other), rank=4, target_modules=["to_q"])
+        with self.assertRaisesRegex(ValueError, "lora_rank or lora_target_modules"):
+            load_adapter_weights(other.trainable, path)
+
+    def test_accelerate_checkpoints_hold_only_the_adapter(self):
+        accelerator = Accelerator(cpu=True)
+        register_checkpoint_hooks(accelerator)
+        adapter = self.load("sd1x")
+        add_lora(adapter.trainable, type(adapter), rank=4)
+        network = accelerator.prepare(adapter.trainable)
+        self.train(adapter)
+        saved = adapter_state_dict(adapter.trainable)
+        accelerator.save_state(str(self.output / "checkpoint"))
+        files = {p.name for p in (self.output / "checkpoint").iterdir()}
+        self.assertIn(CHECKPOINT_WEIGHTS, files)
+        self.assertFalse({"model.safetensors", "pytorch_model.bin"} & files, files)
+        self.assertEqual(set(load_file(self.output / "checkpoint" / CHECKPOINT_WEIGHTS)),
+                         set(saved))
+        self.train(adapter)  # move away, then come back
+        moved = adapter_state_dict(adapter.trainable)
+        self.assertFalse(all(torch.equal(moved[n], saved[n]) for n in saved))
+        accelerator.load_state(str(self.output / "checkpoint"))
+        for name, value in adapter_state_dict(accelerator.unwrap_model(network)).items():
+            self.assertTrue(torch.equal(value, saved[name]), name)
+        accelerator.end_training()
+
+
+class ExportTest(LoraCase):
+    def test_load_lora_weights_puts_the_trained_adapter_on_the_base_pipeline(self):
+        for family in ("sd1x", "flux"):
+            with self.subTest(family=family):
+                adapter = self.load(family)
+                # alpha != rank: the scale must travel with the file.
+                add_lora(adapter.trainable, type(adapter), rank=4, alpha=8)
+                self.train(adapter)
+                path = export_lora(type(adapter), adapter.trainable, self.output / family)
+                self.assertEqual(path, self.output / family / "lora" /
+                                 "pytorch_lora_weights.safetensors")
+                self.assertEqual(sorted(p.name for p in path.parent.iterdir()), [path.name])
+
+                def image(pipeline):
+                    pipeline.set_progress_bar_config(disable=True)
+                    result = pipeline(prompt="a red circle", height=64, width=64,
+                                      num_inference_steps=2,
+                                      generator=torch.Generator().manual_seed(0))
+                    return np.asarray(result.images[0]).astype(np.float64)
+
+                pipeline = DiffusionPipeline.from_pretrained(ensure_builtin_model(f"tiny-{family}"))
+                before = image(pipeline)
+                pipeline.load_lora_weights(path.parent)
+                after = image(pipeline)
+                self.assertGreater(np.abs(after - before).mean(), 0.5)
+                self.assertLess(np.abs(after - image(adapter.build_pipeline())).max(), 1.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
