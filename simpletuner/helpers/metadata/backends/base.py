@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accelerate.utils import broadcast_object_list, gather_object
 from PIL import Image
 
 from simpletuner.configuration import DatasetConfig, TrainingConfig
@@ -26,6 +28,7 @@ from simpletuner.helpers.data_backend.local import LocalDataBackend, Listing
 from simpletuner.helpers.metadata.backends import discovery
 from simpletuner.helpers.metadata.buckets import BucketSettings, SizeFilters, bucket_for
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,10 @@ MISSING_CAPTION = "missing caption: no <name>.txt beside the image (caption_stra
 
 class MetadataCacheError(RuntimeError):
     """The cached index is missing or was written for other settings."""
+
+
+class IndexAgreementError(RuntimeError):
+    """Ranks loaded different bucket indexes; raised with the same message on every rank."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,59 @@ class MetadataBackend:
             stem = posixpath.splitext(posixpath.basename(sample_id))[0]
             return stem.replace("_", " ").strip()
         return self.dataset.instance_prompt or ""
+
+    # -- the split, and the ranks' agreement: the only collectives of the data path ----------
+
+    def split_spec(self, index: DatasetIndex) -> DatasetSpec:
+        """This dataset's split settings: its batch override, repeats, kind, oversubscription."""
+        ds = self.dataset
+        return DatasetSpec(index.dataset_id, index.buckets, ds.repeats,
+                           ds.train_batch_size or self.training.train_batch_size,
+                           ds.dataset_type == "eval", self.training.allow_dataset_oversubscription)
+
+    def split_buckets_between_processes(self, index: DatasetIndex, *, seed: int, epoch: int,
+                                        processes: int, rank: int,
+                                        accumulation: int) -> dict[str, BucketSlice]:
+        """This rank's slice of each bucket in ``epoch`` (pure; see split.py)."""
+        return split_dataset(self.split_spec(index), seed=seed, epoch=epoch, processes=processes,
+                             rank=rank, accumulation=accumulation)
+
+    @staticmethod
+    def resolve_shared_seed(configured: int | None, accelerator) -> int:
+        """The configured seed, else one drawn on the main process and broadcast to all ranks."""
+        drawn = secrets.randbits(64) if configured is None and accelerator.is_main_process else None
+        seed = configured if configured is not None else broadcast_object_list([drawn])[0]
+        if accelerator.is_main_process:
+            source = "from config.json" if configured is not None else (
+                "generated; set \"seed\": %d in config.json to reproduce this run" % seed)
+            logger.info("shared shuffle seed: %d (%s)", seed, source)
+        return seed
+
+    @staticmethod
+    def check_index_agreement(indexes: dict[str, DatasetIndex], load_error: str | None,
+                              accelerator) -> None:
+        """One gather of every rank's index digests; any difference fails every rank alike."""
+        mine = {"error": load_error,
+                "digests": {dataset_id: index.digest() for dataset_id, index in indexes.items()}}
+        everyone = gather_object([mine])
+        errors = [f"  rank {rank}: {seen['error']}" for rank, seen in enumerate(everyone)
+                  if seen["error"]]
+        if errors:
+            raise IndexAgreementError("some ranks could not load the bucket index written by the "
+                                      "main process:\n" + "\n".join(errors))
+        groups: dict[str, list[int]] = {}
+        for rank, seen in enumerate(everyone):
+            key = json.dumps(seen["digests"], sort_keys=True)
+            groups.setdefault(key, []).append(rank)
+        if len(groups) > 1:
+            lines = []
+            for key, ranks in groups.items():
+                short = {d: digest[:12] for d, digest in json.loads(key).items()}
+                lines.append(f"  ranks {', '.join(map(str, ranks))}: {short}")
+            raise IndexAgreementError(
+                "the ranks see different bucket indexes, so they would split different data:\n"
+                + "\n".join(lines) + "\nPut instance_data_dir and output_dir on storage every "
+                "node sees identically, and do not change the datasets while a run starts.")
 
     # -- internals -----------------------------------------------------------------------
 

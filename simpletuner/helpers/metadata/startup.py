@@ -1,0 +1,100 @@
+"""Data start-up shared by training and the audit: index every dataset, agree, resolve the seed.
+
+Every rank makes the same calls in the same order, so none waits alone in a collective:
+
+1. the main rank refreshes each dataset's index (discovery, cache write) and broadcasts the
+   outcome, success or the error text, so a failure stops every rank with the same message;
+2. the other ranks load the cached index;
+3. the ranks compare index digests in one gather (a rank's load error travels with it);
+4. bucket sizes are checked against ``E`` (pure: same data everywhere, same error everywhere);
+5. the shared seed is resolved: the configured one, else drawn on the main rank and broadcast.
+
+The trainer then caches (which may drop undecodable samples from the index on every rank with
+``DatasetIndex.without``) and calls ``build_sampler`` with the final indexes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from accelerate.utils import broadcast_object_list
+
+from simpletuner.configuration import Configuration, TrainingConfig
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.split import check_bucket_sizes
+from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
+
+logger = logging.getLogger(__name__)
+
+
+class DataStartupError(RuntimeError):
+    """Raised with the same message on every rank."""
+
+
+@dataclass
+class DataStartup:
+    backends: dict[str, MetadataBackend]   # dataset id -> backend, in config order
+    indexes: dict[str, DatasetIndex]       # identical on every rank (checked)
+    seed: int                              # the shared shuffle seed; record it to reproduce
+    seed_generated: bool                   # True when drawn because config.json has no seed
+    notes: list[str]                       # e.g. buckets extended by oversubscription
+
+
+def _refresh_on_main(backends: dict[str, MetadataBackend], accelerator) -> dict[str, DatasetIndex]:
+    indexes: dict[str, DatasetIndex] = {}
+    error = None
+    if accelerator.is_main_process:
+        try:
+            for dataset_id, backend in backends.items():
+                indexes[dataset_id] = backend.refresh_index(show_progress=True)
+        except Exception as exc:  # any failure must reach the other ranks, not strand them
+            logger.exception("discovery failed on the main process")
+            error = f"discovery failed on the main process: {type(exc).__name__}: {exc}"
+    (error,) = broadcast_object_list([error])
+    if error is not None:
+        raise DataStartupError(error)
+    return indexes
+
+
+def _load_elsewhere(backends: dict[str, MetadataBackend], accelerator,
+                    indexes: dict[str, DatasetIndex]) -> tuple[dict[str, DatasetIndex], str | None]:
+    if accelerator.is_main_process:
+        return indexes, None
+    try:
+        return {dataset_id: b.load_index() for dataset_id, b in backends.items()}, None
+    except Exception as exc:  # reported by every rank after the agreement gather
+        return {}, f"{type(exc).__name__}: {exc}"
+
+
+def start_data(config: Configuration, accelerator) -> DataStartup:
+    """Index, agree, check and seed; ``accelerator`` is an accelerate Accelerator (or state)."""
+    backends = {ds.id: MetadataBackend.from_config(ds, config.training) for ds in config.datasets}
+    indexes = _refresh_on_main(backends, accelerator)
+    indexes, load_error = _load_elsewhere(backends, accelerator, indexes)
+    MetadataBackend.check_index_agreement(indexes, load_error, accelerator)
+    notes = check_bucket_sizes(
+        [backends[i].split_spec(index) for i, index in indexes.items()],
+        accelerator.num_processes, config.training.gradient_accumulation_steps)
+    seed = MetadataBackend.resolve_shared_seed(config.training.seed, accelerator)
+    if accelerator.is_main_process:
+        for note in notes:
+            logger.info(note)
+    return DataStartup(backends, indexes, seed, config.training.seed is None, notes)
+
+
+def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *,
+                  indexes: dict[str, DatasetIndex] | None = None,
+                  evaluation: bool = False) -> MultiAspectSampler:
+    """This rank's sampler over ``indexes`` (default: the start-up ones; pass the post-cache ones)."""
+    final = startup.indexes if indexes is None else indexes
+    datasets = []
+    for dataset_id, index in final.items():
+        backend = startup.backends[dataset_id]
+        spec = backend.split_spec(index)
+        datasets.append(SamplerDataset(index, backend.caption_for, spec.batch_size, spec.repeats,
+                                       spec.evaluation, spec.allow_oversubscription))
+    return MultiAspectSampler(
+        datasets, seed=startup.seed, processes=accelerator.num_processes, rank=accelerator.process_index,
+        accumulation=training.gradient_accumulation_steps, evaluation=evaluation)
