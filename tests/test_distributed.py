@@ -1,0 +1,183 @@
+"""Real processes (gloo on CPU, 4 ranks): the audit through the real MetadataBackend and sampler.
+
+Ranks are started the way torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), one
+subprocess each, so every rank's exit status and output can be checked on its own. Each launch
+is bounded by a timeout and runs with a private TMPDIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from collections import Counter
+from pathlib import Path
+
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+WORLD = 4
+TIMEOUT_S = 120
+# dataset id -> (images, sizes cycled, repeats, per-dataset batch)
+DATASETS = {"photos": (61, [(64, 64), (64, 96), (96, 64)], 0, 2),
+            "art": (11, [(64, 64), (48, 96)], 2, 1)}
+
+
+def make_datasets(root: Path) -> dict[str, list[str]]:
+    """Tiny PNGs in nested folders; returns the sample ids of each dataset."""
+    made = {}
+    for dataset_id, (count, sizes, repeats, batch) in DATASETS.items():
+        made[dataset_id] = []
+        for i in range(count):
+            sample_id = f"part{i % 2}/{dataset_id}_{i:03d}.png"
+            path = root / dataset_id / sample_id
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", sizes[i % len(sizes)], (i * 40 % 256, 90, 160)).save(path)
+            made[dataset_id].append(sample_id)
+    backends = [{"id": d, "instance_data_dir": str(root / d), "caption_strategy": "filename",
+                 "repeats": repeats, "train_batch_size": batch}
+                for d, (_, _, repeats, batch) in DATASETS.items()]
+    (root / "multidatabackend.json").write_text(json.dumps(backends))
+    return made
+
+
+def write_config(root: Path, name: str, **options) -> Path:
+    config = {"model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
+              "output_dir": str(root / "out"),
+              "data_backend_config": str(root / "multidatabackend.json"),
+              "resolution": 64, "aspect_bucket_alignment": 16, "train_batch_size": 2,
+              "gradient_accumulation_steps": 2, **options}
+    path = root / name
+    path.write_text(json.dumps(config))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: list[str], world: int, tmpdir: str,
+           per_rank: dict[int, list[str]] | None = None) -> list[tuple[int, str, str]]:
+    """(exit status, stdout, stderr) per rank; every rank is killed if the run outlives the limit.
+
+    ``per_rank`` replaces the arguments of some ranks (to make one rank see other data).
+    """
+    port = str(free_port())
+    procs = []
+    for rank in range(world):
+        rank_args = (per_rank or {}).get(rank, args)
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(world), "TMPDIR": tmpdir, "OMP_NUM_THREADS": "1",
+               "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "simpletuner.audit", *rank_args],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    deadline = time.monotonic() + TIMEOUT_S
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append((proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.communicate()
+        raise AssertionError(f"the {world}-rank audit did not finish within {TIMEOUT_S}s (hang)")
+    return results
+
+
+class DistributedAuditTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.root = Path(cls._tmp.name)
+        cls.private_tmp = cls.root / "tmp"
+        cls.private_tmp.mkdir()
+        cls.samples = make_datasets(cls.root)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def test_no_seed_run_assigns_every_occurrence_once_with_one_broadcast_seed(self):
+        config = write_config(self.root, "noseed.json")
+        output = self.root / "audit-noseed"
+        epochs = 2
+        results = launch(["--config", str(config), "--output", str(output),
+                          "--epochs", str(epochs)], WORLD, str(self.private_tmp))
+        for rank, (code, out, err) in enumerate(results):
+            self.assertEqual(code, 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}")
+        seeds = set()
+        for rank, (_, _, err) in enumerate(results):
+            found = re.findall(rf"\[rank {rank}\] seed (\d+),", err)
+            self.assertEqual(len(found), 1, err[-2000:])
+            seeds.add(int(found[0]))
+        self.assertEqual(len(seeds), 1, f"ranks disagree on the seed: {seeds}")
+        plan = json.loads((output / "plan.json").read_text())
+        self.assertEqual(plan["seed"], seeds.pop())
+        self.assertEqual(plan["world_size"], WORLD)
+        self.assertIn("epoch 1: ", results[0][1])
+        self.assertIn(" 0 missing, 0 duplicated", results[0][1])
+
+        traces = [[json.loads(line) for line in (output / f"rank-{r}.jsonl").open()]
+                  for r in range(WORLD)]
+        self.assertEqual(len({len(t) for t in traces}), 1, "unequal micro-batch counts")
+        for epoch in range(epochs):
+            per_rank = [[m for m in t if m["epoch"] == epoch] for t in traces]
+            self.assertGreater(len(per_rank[0]), 0)
+            for step, batches in enumerate(zip(*per_rank)):
+                self.assertEqual({m["step"] for m in batches}, {step})
+                self.assertEqual(len({(m["dataset"], m["bucket"]) for m in batches}), 1,
+                                 f"epoch {epoch} step {step}: ranks in different buckets")
+            for m in per_rank[0]:
+                self.assertEqual(len(m["samples"]), DATASETS[m["dataset"]][3])
+            # Every file, repeats+1 times, is either assigned once or listed as trimmed.
+            got = Counter((m["dataset"], s) for t in per_rank for m in t for s in m["samples"])
+            trimmed = Counter((d, s) for d, buckets in plan["epochs"][str(epoch)].items()
+                              for ids in buckets.values() for s in ids)
+            expected = Counter({(d, s): DATASETS[d][2] + 1
+                                for d, ids in self.samples.items() for s in ids})
+            self.assertEqual(got + trimmed, expected, f"epoch {epoch}")
+
+    def test_undersized_bucket_stops_every_rank_with_the_message(self):
+        # The datasets override train_batch_size, so accumulation makes E too large here.
+        config = write_config(self.root, "big.json", gradient_accumulation_steps=16, seed=3)
+        results = launch(["--config", str(config), "--output", str(self.root / "audit-big")],
+                         WORLD, str(self.private_tmp))
+        for rank, (code, out, err) in enumerate(results):
+            self.assertNotEqual(code, 0, f"rank {rank} did not fail")
+            self.assertIn(f"[rank {rank}] audit stopped: Dataset 'photos'", err)
+            self.assertIn("E = 128 (train_batch_size 2 x 4 processes x 16 "
+                          "gradient_accumulation_steps)", err)
+            self.assertIn("needs repeats >= ", err)
+        self.assertFalse((self.root / "audit-big" / "plan.json").exists())
+
+    def test_a_rank_that_cannot_load_the_index_fails_every_rank(self):
+        # Rank 1 is pointed at another output_dir, where the main rank wrote no index cache.
+        good = write_config(self.root, "shared.json", seed=5)
+        elsewhere = json.loads(good.read_text())
+        elsewhere["output_dir"] = str(self.root / "elsewhere")
+        other = self.root / "other.json"
+        other.write_text(json.dumps(elsewhere))
+        output = str(self.root / "audit-split-brain")
+        results = launch(["--config", str(good), "--output", output], 2, str(self.private_tmp),
+                         per_rank={1: ["--config", str(other), "--output", output]})
+        for rank, (code, _, err) in enumerate(results):
+            self.assertNotEqual(code, 0, f"rank {rank} did not fail")
+            self.assertIn(f"[rank {rank}] audit stopped: some ranks could not load the bucket "
+                          "index", err)
+            self.assertIn("rank 1: MetadataCacheError", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
