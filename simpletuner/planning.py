@@ -10,6 +10,7 @@ from pathlib import Path
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
 from simpletuner.plan_report import bucket_table, skip_summary, write_histogram
 
 logger = logging.getLogger("simpletuner.plan")
@@ -38,7 +39,11 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if num_processes is not None and num_processes < 1:
+        print(f"--num-processes is {num_processes}; expected 1 or more", file=sys.stderr)
+        return 2
     indexes: list[DatasetIndex] = []
+    split_specs = []
     for dataset in config.datasets:
         backend = MetadataBackend.from_config(dataset, config.training)
         try:
@@ -51,18 +56,33 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
                     "%d images in %d buckets, %d skipped", dataset.id, report.listed, report.read,
                     report.reused, index.sample_count, len(index.buckets), len(index.skipped))
         indexes.append(index)
+        split_specs.append(backend.split_spec(index))
 
     histogram = Path(config.training.output_dir) / HISTOGRAM_NAME
     write_histogram(indexes, histogram)
     logger.info("bucket histogram: %s", histogram)
 
+    # --num-processes: what the split would keep and trim on that many hypothetical ranks.
+    sizing = None
+    if num_processes is not None:
+        sizing = split_sizing(split_specs, num_processes,
+                              config.training.gradient_accumulation_steps)
     if as_json:
-        print(json.dumps(_plan_json(indexes), indent=2, ensure_ascii=False))
+        output = _plan_json(indexes)
+        if sizing is not None:
+            output["split"] = sizing
+        print(json.dumps(output, indent=2, ensure_ascii=False))
     else:
         for index in indexes:
             print(f"\ndataset '{index.dataset_id}'")
             print(bucket_table(index))
             print(skip_summary(index))
+        if sizing is not None:
+            print()
+            print(sizing_table(sizing))
+    if sizing is not None and sizing["problem"]:
+        print(sizing["problem"], file=sys.stderr)
+        return 1
     empty = [index.dataset_id for index in indexes if index.sample_count == 0]
     for dataset_id in empty:
         print(f"dataset '{dataset_id}' has no usable image; see the skipped files above "

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import tempfile
 import unittest
+from pathlib import Path
+
+from PIL import Image
 
 from simpletuner.helpers.metadata.split import DatasetSpec
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
+from simpletuner.planning import run_plan
 
 
 def ids(n: int) -> list[str]:
@@ -54,3 +62,29 @@ class SizingTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PlanCommandTest(unittest.TestCase):
+    """`plan --num-processes` end to end on a tiny folder (discovery is the real one)."""
+
+    def test_json_has_the_split_for_hypothetical_ranks(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            for i in range(10):
+                Image.new("RGB", (64, 64) if i < 7 else (64, 128)).save(root / f"{i}.png")
+            (root / "datasets.json").write_text(json.dumps(
+                [{"id": "d", "instance_data_dir": str(root), "caption_strategy": "filename"}]))
+            (root / "config.json").write_text(json.dumps({
+                "model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
+                "output_dir": str(root / "out"), "data_backend_config": str(root / "datasets.json"),
+                "resolution": 64, "aspect_bucket_alignment": 16, "train_batch_size": 1}))
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                code = run_plan(str(root / "config.json"), as_json=True, num_processes=3)
+            self.assertEqual(code, 0, stderr.getvalue())
+            split = json.loads(stdout.getvalue())["split"]
+        self.assertEqual(split["num_processes"], 3)
+        self.assertEqual(split["datasets"]["d"]["buckets"]["64x64"]["kept"], 6)
+        self.assertEqual(split["datasets"]["d"]["buckets"]["64x64"]["trimmed"], 1)
+        self.assertEqual(split["datasets"]["d"]["buckets"]["64x128"]["kept"], 3)
+        self.assertEqual(split["micro_batches_per_epoch"], 3)
