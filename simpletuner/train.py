@@ -1,0 +1,63 @@
+"""`python -m simpletuner.train --config CONFIG`, normally started by ./train.sh through
+accelerate launch. Exit status: 0 trained, 2 configuration problem, 1 any other failure."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
+
+from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.helpers.metadata.startup import DataStartupError
+from simpletuner.helpers.metadata.backends.base import IndexAgreementError
+from simpletuner.helpers.metadata.split import UndersizedBucketsError
+from simpletuner.models.base import ModelFolderError
+from simpletuner.training.recipe import run_training
+
+# Errors every rank raises alike from the same data: reported as one clear message each.
+EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
+                   ModelFolderError)
+
+
+def build_accelerator(training) -> Accelerator:
+    logging_dir = Path(training.output_dir) / "logs"
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=training.mixed_precision,
+        log_with="tensorboard" if training.report_to == "tensorboard" else None,
+        project_config=ProjectConfiguration(project_dir=training.output_dir,
+                                            logging_dir=str(logging_dir)))
+    if training.report_to == "tensorboard":
+        accelerator.init_trackers("simpletuner")
+    return accelerator
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simpletuner.train", description=__doc__)
+    parser.add_argument("--config", default="config/config.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        configuration = load_configuration(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    accelerator = build_accelerator(configuration.training)
+    try:
+        run_training(configuration, accelerator)
+        return 0
+    except EXPECTED_ERRORS as exc:
+        print(f"[rank {accelerator.process_index}] training stopped: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    finally:
+        accelerator.end_training()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

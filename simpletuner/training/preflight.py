@@ -1,0 +1,95 @@
+"""Checks that need no model and no data pass: run on every rank before any heavy work, so a
+mistake is reported at once, every problem together, and identically on every rank."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from simpletuner.configuration import ConfigError, Configuration
+from simpletuner.models.base import ModelFolderError
+from simpletuner.models.builtin import resolve_model_path
+from simpletuner.models.layout import check_model_folder
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.checkpoint import TRAINER_STATE, resolve_resume
+
+
+@dataclass
+class Preflight:
+    model_folder: Path
+    resume_from: Path | None
+    seed: int | None   # the configured seed, or the resumed run's recorded seed
+
+
+def _check_output_dir(output_dir: Path) -> str | None:
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        return (f"output_dir {output_dir} is not writable ({exc.strerror or exc}); "
+                "choose a folder you can write to")
+    return None
+
+
+def run_preflight(configuration: Configuration) -> Preflight:
+    """Raise ConfigError listing every problem found; return what start-up needs otherwise."""
+    training = configuration.training
+    where = str(configuration.config_path)
+    problems: list[str] = []
+    if training.max_train_steps is None and training.num_train_epochs is None:
+        problems.append(f"{where}: set 'max_train_steps' or 'num_train_epochs' "
+                        "(how long to train)")
+    if training.validation_resolution % training.aspect_bucket_alignment:
+        problems.append(
+            f"{where}: key 'validation_resolution' is {training.validation_resolution}; it must "
+            f"be a multiple of aspect_bucket_alignment ({training.aspect_bucket_alignment})")
+    if training.mixed_precision == "fp16" and not torch.cuda.is_available():
+        problems.append(f"{where}: key 'mixed_precision' is 'fp16', which needs a CUDA device; "
+                        "use 'bf16' or 'no' on this machine")
+    if training.model_type == "lora":
+        problems.append(f"{where}: key 'model_type' is 'lora': LoRA training is not available "
+                        "yet; use 'full'")
+    output_problem = _check_output_dir(Path(training.output_dir))
+    if output_problem:
+        problems.append(f"{where}: key 'output_dir': {output_problem}")
+
+    model_folder = None
+    try:
+        adapter_class = get_adapter_class(training.model_family)
+        model_folder = resolve_model_path(training.pretrained_model_name_or_path)
+        check_model_folder(model_folder, training.model_family,
+                           adapter_class.required_subfolders(),
+                           getattr(adapter_class, "forbidden_subfolders", ()))
+    except (ModelFolderError, ValueError) as exc:
+        problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
+
+    resume_from, seed = None, training.seed
+    try:
+        resume_from = resolve_resume(training.resume_from_checkpoint, Path(training.output_dir))
+    except ValueError as exc:
+        problems.append(f"{where}: key 'resume_from_checkpoint': {exc}")
+    if resume_from is not None:
+        saved = json.loads((resume_from / TRAINER_STATE).read_text(encoding="utf-8"))
+        if saved.get("model_type", "full") != training.model_type:
+            problems.append(
+                f"{where}: key 'resume_from_checkpoint': {resume_from} was saved by a "
+                f"model_type '{saved.get('model_type')}' run; this run is "
+                f"'{training.model_type}'. Resume with the same model_type or start fresh")
+        if seed is None:
+            # No configured seed: continue with the one the run drew, or nothing would match.
+            seed = int(saved["seed"])
+    if problems:
+        raise ConfigError(problems)
+    assert model_folder is not None
+    return Preflight(model_folder, resume_from, seed)
+
+
+def weight_dtype(mixed_precision: str) -> torch.dtype:
+    """dtype of the frozen components (VAE, text encoders); the trained network stays float32."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision, torch.float32)
+

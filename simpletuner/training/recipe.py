@@ -1,0 +1,213 @@
+"""The full fine-tuning recipe, top to bottom: data start-up, caches, sampler, model, optimizer,
+then the loop with checkpoints and validation, then the export.
+
+Every rank runs this same code. Collectives happen at the same points on every rank (start-up,
+caching, the per-step loss mean, checkpoint barriers), and every decision that could differ
+between ranks is made from data every rank has.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers.optimization import get_scheduler
+from tqdm.auto import tqdm
+
+from simpletuner.configuration import Configuration
+from simpletuner.helpers.caching.prepare import prepare_caches
+from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.helpers.metadata.split import stable_seed
+from simpletuner.helpers.metadata.startup import build_sampler, start_data
+from simpletuner.helpers.multiaspect.trace import TraceWriter
+from simpletuner.models.base import LossSettings
+from simpletuner.models.pipelines import export_pipeline
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from simpletuner.training.ema import EMAWeights
+from simpletuner.training.preflight import run_preflight, weight_dtype
+from simpletuner.training.validation import is_validation_step, run_validation
+
+logger = logging.getLogger(__name__)
+
+LR_SCHEDULER_STATE = "lr_scheduler.json"
+
+
+@dataclass
+class TrainingResult:
+    steps: int
+    final_loss: float | None
+    pipeline_dir: Path | None
+
+
+def _noise_generator(seed: int, rank: int, epoch: int, step: int) -> torch.Generator:
+    """Noise and timesteps of a micro-batch depend only on where it is in the run, so a
+    resumed run draws exactly what the uninterrupted one drew."""
+    return torch.Generator(device="cpu").manual_seed(
+        stable_seed("noise", seed, rank, epoch, step) & (2**63 - 1))
+
+
+def _total_steps(training, steps_per_epoch: int) -> int:
+    if training.max_train_steps is not None:
+        return training.max_train_steps
+    return training.num_train_epochs * steps_per_epoch
+
+
+def run_training(configuration: Configuration, accelerator) -> TrainingResult:
+    training = configuration.training
+    output_dir = Path(training.output_dir)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    main = accelerator.is_main_process
+
+    # 1. Everything that can be checked cheaply, on every rank, before any heavy work.
+    preflight = run_preflight(configuration)
+    training.seed = preflight.seed
+
+    # 2. Data: index, agree, shared seed (collectives inside, same on every rank).
+    startup = start_data(configuration, accelerator)
+    seed = startup.seed
+
+    # 3. Model and caches. The caches drop undecodable images on every rank alike.
+    adapter = get_adapter_class(training.model_family).load(
+        preflight.model_folder, device=accelerator.device,
+        weight_dtype=weight_dtype(training.mixed_precision),
+        loss_settings=LossSettings(snr_gamma=training.snr_gamma,
+                                   noise_offset=training.noise_offset))
+    adapter.set_gradient_checkpointing(training.gradient_checkpointing)
+    caches = prepare_caches(
+        configuration.datasets, startup.indexes,
+        {i: b.caption_for for i, b in startup.backends.items()},
+        adapter.encode_images, adapter.encode_prompts, model_folder=preflight.model_folder,
+        family=training.model_family, output_dir=output_dir, seed=seed, rank=rank,
+        world_size=world, progress=accelerator.is_local_main_process)
+    sampler = build_sampler(startup, training, accelerator, indexes=caches.indexes)
+    accumulation = sampler.accumulation
+    if len(sampler) == 0:
+        raise ValueError("the datasets give no micro-batch to train on; run "
+                         "`python -m simpletuner plan` to see the buckets")
+    steps_per_epoch = len(sampler) // accumulation
+    total_steps = _total_steps(training, steps_per_epoch)
+
+    # 4. Optimizer and schedule. The LR scheduler is not handed to accelerate (which would step
+    # it once per process); its state is saved as JSON with each checkpoint.
+    network = adapter.trainable
+    optimizer = torch.optim.AdamW(
+        [p for p in network.parameters() if p.requires_grad], lr=training.learning_rate,
+        betas=(training.adam_beta1, training.adam_beta2),
+        weight_decay=training.adam_weight_decay, eps=training.adam_epsilon)
+    lr_scheduler = get_scheduler(training.lr_scheduler, optimizer,
+                                 num_warmup_steps=training.lr_warmup_steps,
+                                 num_training_steps=total_steps)
+    prepared_network, optimizer = accelerator.prepare(network, optimizer)
+    ema = EMAWeights(network, training.ema_decay) if training.use_ema else None
+
+    step, resumed = 0, preflight.resume_from is not None
+    if resumed:
+        state, sampler_state = load_checkpoint(accelerator, preflight.resume_from, ema)
+        lr_scheduler.load_state_dict(
+            json.loads((preflight.resume_from / LR_SCHEDULER_STATE).read_text()))
+        sampler.load_state_dict(sampler_state)
+        step = state.step
+        logger.info("resumed from %s at step %d (epoch %d)", preflight.resume_from, step,
+                    sampler.epoch)
+
+    tracker = accelerator.get_tracker("tensorboard") if training.report_to == "tensorboard" else None
+    trace = (TraceWriter(output_dir / "trace", rank, append=resumed)
+             if training.trace_samples else None)
+    if main:
+        logger.info("training %s (%s) for %d steps: %d micro-batches of up to %d per rank per "
+                    "epoch, accumulation %d, %d processes, seed %d", training.model_family,
+                    training.model_type, total_steps, len(sampler), training.train_batch_size,
+                    accumulation, world, seed)
+
+    def checkpoint() -> None:
+        state = TrainerState(step=step, epoch=sampler.epoch, seed=seed,
+                             fingerprint=sampler.fingerprint(), model_type=training.model_type)
+        folder = save_checkpoint(accelerator, output_dir, state, sampler.state_dict(), ema,
+                                 training.checkpoints_total_limit,
+                                 extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()})
+        if main:
+            logger.info("checkpoint %s", folder)
+
+    def validate() -> None:
+        if main:
+            unwrapped = accelerator.unwrap_model(prepared_network)
+            swap = ema is not None
+            if swap:
+                ema.swap(unwrapped)
+            try:
+                run_validation(adapter, training, step, trainable=unwrapped, tracker=tracker,
+                               autocast_dtype=weight_dtype(training.mixed_precision))
+            finally:
+                if swap:
+                    ema.swap(unwrapped)
+        accelerator.wait_for_everyone()
+
+    # 5. The loop: micro-batches from the lockstep sampler, one optimizer step per
+    # `accumulation` of them (a group never crosses buckets or epochs, see the sampler).
+    progress = tqdm(total=total_steps, initial=step, desc="steps", disable=not main)
+    losses: list[float] = []
+    final_loss = None
+    network.train()
+    try:
+        while step < total_steps:
+            for micro_batch in sampler:
+                if trace is not None:
+                    trace.write(micro_batch)
+                batch = caches.assembler(micro_batch)
+                sync = (micro_batch.step + 1) % accumulation == 0
+                with nullcontext() if sync else accelerator.no_sync(prepared_network):
+                    with accelerator.autocast():
+                        loss = adapter.compute_loss(
+                            batch, _noise_generator(seed, rank, micro_batch.epoch,
+                                                    micro_batch.step),
+                            network=prepared_network)
+                    accelerator.backward(loss / accumulation)
+                losses.append(loss.detach().float().item())
+                if not sync:
+                    continue
+                if training.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(prepared_network.parameters(),
+                                                training.max_grad_norm)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                if ema is not None:
+                    ema.update(network)
+                step += 1
+                mean = torch.tensor(sum(losses) / len(losses), device=accelerator.device)
+                final_loss = accelerator.reduce(mean, reduction="mean").item()
+                losses.clear()
+                lr = lr_scheduler.get_last_lr()[0]
+                progress.update(1)
+                progress.set_postfix(loss=f"{final_loss:.4f}", lr=f"{lr:.2e}",
+                                     epoch=micro_batch.epoch)
+                accelerator.log({"train/loss": final_loss, "train/lr": lr}, step=step)
+                if training.checkpointing_steps and step % training.checkpointing_steps == 0:
+                    checkpoint()
+                if is_validation_step(training, step, total_steps):
+                    validate()
+                if step >= total_steps:
+                    break
+    finally:
+        progress.close()
+        if trace is not None:
+            trace.close()
+
+    # 6. Export, with EMA weights when enabled.
+    pipeline_dir = None
+    if main:
+        unwrapped = accelerator.unwrap_model(prepared_network)
+        if ema is not None:
+            ema.copy_to(unwrapped)
+        pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped), output_dir)
+        atomic_write_json(output_dir / "training_summary.json",
+                          {"steps": step, "seed": seed, "final_loss": final_loss,
+                           "processes": world, "pipeline": str(pipeline_dir)}, indent=1)
+        logger.info("exported the trained pipeline to %s", pipeline_dir)
+    accelerator.wait_for_everyone()
+    return TrainingResult(step, final_loss, pipeline_dir)
