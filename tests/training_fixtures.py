@@ -1,0 +1,77 @@
+"""Tiny end-to-end training runs for the trainer tests: a generated dataset, a config, and a
+subprocess that runs the real entry point (`python -m simpletuner.train` or ./train.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+REPO = Path(__file__).resolve().parent.parent
+COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220),
+           "yellow": (240, 210, 40)}
+
+
+def make_shapes(folder: Path, per_size: int = 8,
+                sizes: tuple[tuple[int, int], ...] = ((64, 64), (96, 64))) -> list[str]:
+    """``per_size`` captioned images of each (width, height); returns the sample ids."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = list(COLOURS)
+    ids = []
+    for w, h in sizes:
+        for i in range(per_size):
+            fg, bg = names[i % 4], names[(i + 1 + i // 4) % 4]
+            image = Image.new("RGB", (w, h), COLOURS[bg])
+            ImageDraw.Draw(image).ellipse((w // 4, h // 4, 3 * w // 4, 3 * h // 4),
+                                          fill=COLOURS[fg])
+            name = f"{w}x{h}-{i:02d}"
+            image.save(folder / f"{name}.png")
+            (folder / f"{name}.txt").write_text(f"a {fg} circle on a {bg} background")
+            ids.append(f"{name}.png")
+    return ids
+
+
+def write_config(root: Path, data_dir: Path, name: str = "config", datasets: list | None = None,
+                 **options) -> Path:
+    """config.json + multidatabackend.json under ``root``; output goes to root/<name>-out."""
+    backend = root / f"{name}-multidatabackend.json"
+    backend.write_text(json.dumps(datasets or [
+        {"id": "shapes", "instance_data_dir": str(data_dir), "caption_strategy": "textfile"}]))
+    config = {
+        "model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
+        "output_dir": str(root / f"{name}-out"), "data_backend_config": str(backend),
+        "seed": 7, "resolution": 64, "aspect_bucket_alignment": 16, "train_batch_size": 2,
+        "max_train_steps": 4, "learning_rate": 1e-3, "validation_resolution": 64,
+    }
+    config.update(options)
+    path = root / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def environment(tmpdir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TMPDIR"] = tmpdir
+    env.setdefault("SIMPLETUNER_CACHE", str(Path(tmpdir) / "simpletuner-cache"))
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_training(config: Path, tmpdir: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simpletuner.train", "--config", str(config)],
+                          cwd=REPO, env=environment(tmpdir), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_train_sh(config: Path, tmpdir: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([str(REPO / "train.sh"), str(config)], cwd=REPO,
+                          env=environment(tmpdir), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
