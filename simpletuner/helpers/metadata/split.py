@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import operator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -174,8 +176,21 @@ def stable_permutation(n: int, *parts: object) -> np.ndarray:
     versions (unlike ``Generator.permutation``'s algorithm). The bit generator is local, so no
     global RNG is read or advanced.
     """
-    keys = np.random.PCG64(stable_seed(*parts)).random_raw(n)
-    return np.argsort(keys, kind="stable")
+    return stable_argsort(np.random.PCG64(stable_seed(*parts)).random_raw(n))
+
+
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")``, about 3x faster for keys that are all distinct.
+
+    Distinct keys have exactly one sorted order, so the unstable sort gives the stable sort's
+    answer; only when two keys are equal (random 64-bit keys: odds about n^2 / 2^65) is the
+    stable sort run instead.
+    """
+    order = np.argsort(keys)
+    ordered = keys[order]
+    if np.any(ordered[1:] == ordered[:-1]):
+        return np.argsort(keys, kind="stable")
+    return order
 
 
 @dataclass(frozen=True)
@@ -199,11 +214,14 @@ class BucketSlice:
 
 
 def _canonical(sample_ids: Sequence[str]) -> Sequence[str]:
-    """Sorted ids; the given sequence itself when it is already sorted (no second copy)."""
-    if all(a < b for a, b in zip(sample_ids, sample_ids[1:])):
+    """Sorted ids; the given sequence itself when it is already sorted (no second copy).
+
+    The pairwise checks run in C (map over operator functions): a Python-level loop here was
+    most of a rank's split time at a million samples (benchmarks/bench_split.py)."""
+    if all(map(operator.lt, sample_ids, islice(sample_ids, 1, None))):
         return sample_ids
     ordered = sorted(sample_ids)
-    if any(a == b for a, b in zip(ordered, ordered[1:])):
+    if any(map(operator.eq, ordered, islice(ordered, 1, None))):
         raise ValueError("a bucket lists the same sample id twice")
     return ordered
 
@@ -212,7 +230,7 @@ def _ids_of(ids: Sequence[str], occurrences: np.ndarray, counts: BucketCounts,
             repeats: int) -> list[str]:
     """Canonical occurrence o is sample o // (repeats+1); an extended bucket cycles: o % n."""
     index = occurrences % len(ids) if counts.extended else occurrences // (repeats + 1)
-    return [ids[i] for i in index.tolist()]
+    return list(map(ids.__getitem__, index.tolist()))  # a C loop: ~2x a comprehension
 
 
 def split_bucket(sample_ids: Sequence[str], *, dataset_id: str, bucket: str, epoch: int,
