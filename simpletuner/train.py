@@ -17,11 +17,12 @@ from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.models.base import ModelFolderError
+from simpletuner.training.lora import LoraTargetError
 from simpletuner.training.recipe import run_training
 
 # Errors every rank raises alike from the same data: reported as one clear message each.
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
-                   ModelFolderError)
+                   ModelFolderError, LoraTargetError)
 
 
 def build_accelerator(training) -> Accelerator:

@@ -51,9 +51,9 @@ def run_preflight(configuration: Configuration) -> Preflight:
     if training.mixed_precision == "fp16" and not torch.cuda.is_available():
         problems.append(f"{where}: key 'mixed_precision' is 'fp16', which needs a CUDA device; "
                         "use 'bf16' or 'no' on this machine")
-    if training.model_type == "lora":
-        problems.append(f"{where}: key 'model_type' is 'lora': LoRA training is not available "
-                        "yet; use 'full'")
+    if training.model_type == "lora" and training.lora_target_modules == []:
+        problems.append(f"{where}: key 'lora_target_modules' is an empty list; name the "
+                        "modules to adapt, or leave it unset for the family's defaults")
     output_problem = _check_output_dir(Path(training.output_dir))
     if output_problem:
         problems.append(f"{where}: key 'output_dir': {output_problem}")

@@ -29,6 +29,7 @@ from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
+from simpletuner.training.lora import add_lora, export_lora, register_checkpoint_hooks
 from simpletuner.training.preflight import run_preflight, weight_dtype
 from simpletuner.training.validation import is_validation_step, run_validation
 
@@ -75,8 +76,13 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     adapter = get_adapter_class(training.model_family).load(
         preflight.model_folder, device=accelerator.device,
         weight_dtype=weight_dtype(training.mixed_precision),
-        loss_settings=LossSettings(snr_gamma=training.snr_gamma,
-                                   noise_offset=training.noise_offset))
+        loss_settings=LossSettings.from_config(training))
+    lora = training.model_type == "lora"
+    if lora:  # freeze the network, train an adapter; checkpoints hold the adapter only
+        add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
+                 alpha=training.lora_alpha, dropout=training.lora_dropout,
+                 target_modules=training.lora_target_modules)
+        register_checkpoint_hooks(accelerator)
     adapter.set_gradient_checkpointing(training.gradient_checkpointing)
     caches = prepare_caches(
         configuration.datasets, startup.indexes,
@@ -198,16 +204,22 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         if trace is not None:
             trace.close()
 
-    # 6. Export, with EMA weights when enabled.
+    # 6. Export, with EMA weights when enabled: the full pipeline, or for LoRA only the
+    # adapter file that load_lora_weights puts on the base model.
     pipeline_dir = None
     if main:
         unwrapped = accelerator.unwrap_model(prepared_network)
         if ema is not None:
             ema.copy_to(unwrapped)
-        pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped), output_dir)
+        if lora:
+            exported = export_lora(type(adapter), unwrapped, output_dir)
+        else:
+            exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
+                                                      output_dir)
         atomic_write_json(output_dir / "training_summary.json",
                           {"steps": step, "seed": seed, "final_loss": final_loss,
-                           "processes": world, "pipeline": str(pipeline_dir)}, indent=1)
-        logger.info("exported the trained pipeline to %s", pipeline_dir)
+                           "processes": world, "lora" if lora else "pipeline": str(exported)},
+                          indent=1)
+        logger.info("exported the trained %s to %s", "LoRA" if lora else "pipeline", exported)
     accelerator.wait_for_everyone()
     return TrainingResult(step, final_loss, pipeline_dir)
