@@ -61,3 +61,24 @@ class TwoProcessTrainingTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OneRankCrashTest(unittest.TestCase):
+    """A failure on one rank ends the run on every rank: no survivor waits in a collective."""
+
+    def test_a_corrupt_cache_entry_read_by_one_rank_stops_both(self):
+        with tempfile.TemporaryDirectory(prefix="st-crash-") as tmp:
+            root = Path(tmp)
+            make_shapes(root / "data", per_size=4, sizes=((64, 64),))
+            config = write_config(root, root / "data", "crash", num_processes=2,
+                                  max_train_steps=2)
+            first = run_train_sh(config, tmp)
+            self.assertEqual(first.returncode, 0, first.stderr[-3000:])
+            # The second run reuses the caches; one latent entry is now damaged, and only the
+            # rank that draws that sample reads it.
+            entries = sorted((root / "crash-out" / "cache" / "vae").rglob("*.safetensors"))
+            self.assertEqual(len(entries), 4)
+            entries[0].write_bytes(b"damaged")
+            second = run_train_sh(config, tmp, timeout=240)
+            self.assertNotEqual(second.returncode, 0)
+            self.assertIn(entries[0].name, second.stderr)

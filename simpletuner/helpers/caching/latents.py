@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from simpletuner.helpers.caching.storage import (
-    CACHE_FORMAT, digest, entry_path, rank_share, save_entry,
+    CACHE_FORMAT, digest, entry_path, load_entry, rank_share, save_entry,
 )
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
@@ -86,7 +85,7 @@ class LatentCache:
         entries = []
         for sample_id in sample_ids:
             try:
-                entries.append(load_file(self.paths[sample_id]))
+                entries.append(load_entry(self.paths[sample_id], f"latent of {sample_id!r}"))
             except (KeyError, FileNotFoundError) as error:
                 raise FileNotFoundError(
                     f"no cached latent for sample {sample_id!r} in {self.folder}; the cache "

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from safetensors.torch import save
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 
 from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
 
@@ -36,6 +37,20 @@ def rank_share(items: Sequence[T], rank: int, world_size: int) -> list[T]:
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a world of {world_size} processes")
     return list(sorted(items)[rank::world_size])
+
+
+class CacheEntryError(RuntimeError):
+    """A cache entry that exists but cannot be read: names the file and how to rebuild it."""
+
+
+def load_entry(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """Read one entry; a damaged file (interrupted copy, full disk) gets a clear error."""
+    try:
+        return load_file(path)
+    except SafetensorError as error:
+        raise CacheEntryError(
+            f"the cached {what} in {path} is damaged ({error}); delete that file (or its "
+            "cache folder) and rerun to encode it again") from error
 
 
 def save_entry(path: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from simpletuner.helpers.caching.storage import (
-    CACHE_FORMAT, digest, entry_path, rank_share, save_entry,
+    CACHE_FORMAT, digest, entry_path, load_entry, rank_share, save_entry,
 )
 
 EncodePrompts = Callable[[list[str]], dict[str, torch.Tensor]]  # ModelAdapter.encode_prompts
@@ -50,7 +49,7 @@ class TextEmbedCache:
             return row
         path = self.path_for(caption)
         try:
-            row = load_file(path)
+            row = load_entry(path, f"text embedding of {caption!r}")
         except FileNotFoundError as error:
             raise FileNotFoundError(
                 f"no cached text embedding for caption {caption!r} in {self.folder}; the cache "
