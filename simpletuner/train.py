@@ -13,6 +13,7 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
 
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.helpers.caching.storage import CacheEntryError
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
@@ -20,9 +21,9 @@ from simpletuner.models.base import ModelFolderError
 from simpletuner.training.lora import LoraTargetError
 from simpletuner.training.recipe import run_training
 
-# Errors every rank raises alike from the same data: reported as one clear message each.
+# Errors whose message says what to do: reported as one line per rank, without a traceback.
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
-                   ModelFolderError, LoraTargetError)
+                   ModelFolderError, LoraTargetError, CacheEntryError)
 
 
 def build_accelerator(training) -> Accelerator:
