@@ -125,7 +125,7 @@ def _probe_chunk(paths: Sequence[str], max_pixels: int | None) -> list[Probe]:
 
 def default_workers() -> int:
     # Threads, not processes: header parsing is cheap (about 0.2 ms an image here) and the
-    # rest is waiting on storage, which threads overlap; measured in benchmarks/discovery_speed.py.
+    # rest is waiting on storage, which threads overlap; measured in benchmarks/bench_discovery.py.
     return min(16, 4 * (os.cpu_count() or 1))
 
 
