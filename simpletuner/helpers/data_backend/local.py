@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"})
 CAPTION_EXTENSION = ".txt"
 
 
-@dataclass(frozen=True)
-class ListedFile:
+class ListedFile(NamedTuple):  # a tuple: about 5x cheaper to make than a frozen dataclass
     sample_id: str  # path relative to the root, '/' separators
     size: int       # bytes
     mtime_ns: int
@@ -27,8 +27,11 @@ class Listing:
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (sample id, reason)
 
 
-def _is_hidden(name: str) -> bool:
-    return name.startswith(".")
+def _image_extension(name: str) -> bool:
+    """``os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS`` for a name that is not hidden,
+    without its per-call overhead (this runs once per file of the dataset)."""
+    stem, dot, ext = name.rpartition(".")
+    return bool(dot and stem) and "." + ext.lower() in IMAGE_EXTENSIONS
 
 
 class LocalDataBackend:
@@ -60,23 +63,24 @@ class LocalDataBackend:
                 unreadable.append((prefix.rstrip("/") or ".", reason))
                 continue
             for entry in entries:
-                if _is_hidden(entry.name):
+                name = entry.name
+                if name.startswith("."):  # hidden
                     continue
-                sample_id = prefix + entry.name
+                sample_id = prefix + name
                 try:
                     if entry.is_dir():  # follows symlinks
                         pending.append((entry.path, sample_id + "/"))
                         continue
-                    if entry.name.endswith(CAPTION_EXTENSION):  # captions are '<stem>.txt'
+                    if name.endswith(CAPTION_EXTENSION):  # captions are '<stem>.txt'
                         captions.add(sample_id)
-                    elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+                    elif _image_extension(name):
                         stat = entry.stat()
                         images.append(ListedFile(sample_id, stat.st_size, stat.st_mtime_ns))
                 except OSError as exc:
                     # e.g. a dangling symlink: report it, do not lose it silently
-                    if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+                    if _image_extension(name):
                         unreadable.append((sample_id, f"cannot be read ({exc.strerror})"))
-        images.sort(key=lambda f: f.sample_id)
+        images.sort(key=attrgetter("sample_id"))
         unreadable.sort()
         return Listing(images, captions, unreadable)
 

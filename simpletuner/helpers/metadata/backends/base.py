@@ -7,6 +7,10 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
   so a change of bucket settings re-buckets from it without reading a single image.
 * ``index``: the buckets and skips for ``settings``, everything that affects bucketing. Ranks
   other than the main one read it with ``load_index`` and refuse it if the settings differ.
+  Image sizes are not repeated there: ``load_index`` takes them from ``files``.
+
+A warm start (nothing changed) reads no image: it lists the folder (one stat per file) and
+parses this file; benchmarks/bench_discovery.py times it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_d
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the index no longer repeats the image sizes
 MISSING_CAPTION = "missing caption: no <name>.txt beside the image (caption_strategy 'textfile')"
 
 
@@ -108,6 +112,7 @@ class MetadataBackend:
         known: dict[str, list] = {}
         if cache is not None and cache.get("files_key") == self._file_entries_key():
             known = cache.get("files", {})
+        # Filled in listing order, which is sorted by sample id, so ``files`` is sorted too.
         files: dict[str, list] = {}
         to_read = []
         for listed in listing.images:
@@ -115,6 +120,7 @@ class MetadataBackend:
             if entry is not None and entry[:2] == [listed.size, listed.mtime_ns]:
                 files[listed.sample_id] = entry
             else:
+                files[listed.sample_id] = []  # a placeholder keeps the order
                 to_read.append(listed)
         probes = discovery.probe_images(
             [str(self.data_backend.path(f.sample_id)) for f in to_read],
@@ -124,7 +130,6 @@ class MetadataBackend:
         for listed, probe in zip(to_read, probes):
             result = [probe.error] if probe.error else [probe.width, probe.height]
             files[listed.sample_id] = [listed.size, listed.mtime_ns, *result]
-        files = dict(sorted(files.items()))
         index = self._build_index(files, listing)
         new_cache = {
             "version": CACHE_VERSION, "dataset_id": self.dataset.id,
@@ -136,7 +141,7 @@ class MetadataBackend:
             atomic_write_json(self.cache_path, new_cache)
         self.last_refresh = RefreshReport(
             listed=len(listing.images), reused=len(listing.images) - len(to_read),
-            read=len(to_read), forgotten=len(set(known) - set(files)), cache_written=changed)
+            read=len(to_read), forgotten=len(known.keys() - files.keys()), cache_written=changed)
         return index
 
     def load_index(self) -> DatasetIndex:
@@ -151,7 +156,7 @@ class MetadataBackend:
             raise MetadataCacheError(
                 f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} was "
                 "written with other bucket settings; refresh it on the main process first")
-        return _index_from_json(self.dataset.id, cache["index"])
+        return _index_from_json(self.dataset.id, cache["index"], cache["files"])
 
     def caption_for(self, sample_id: str) -> str:
         strategy = self.dataset.caption_strategy
@@ -218,28 +223,34 @@ class MetadataBackend:
     # -- internals -----------------------------------------------------------------------
 
     def _build_index(self, files: dict[str, list], listing: Listing) -> DatasetIndex:
+        """``files`` in sample id order, so every bucket list comes out sorted."""
         buckets: dict[str, list[str]] = {}
         sizes: dict[str, tuple[int, int]] = {}
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
         needs_caption = self.dataset.caption_strategy == "textfile"
+        # Sizes repeat (one camera, one export setting), so each distinct size is decided once.
+        by_size: dict[tuple[int, int], tuple[str | None, str | None]] = {}
         for sample_id, entry in files.items():
             if len(entry) == 3:  # [size, mtime_ns, reason]: the header could not be used
                 skipped.append(SkippedFile(sample_id, entry[2]))
                 continue
-            width, height = entry[2], entry[3]
-            reason = self.filters.reason_to_skip(width, height)
+            size = (entry[2], entry[3])
+            decided = by_size.get(size)
+            if decided is None:
+                reason = self.filters.reason_to_skip(*size)
+                decided = by_size[size] = (
+                    reason, None if reason else bucket_for(*size, self.bucket_settings))
+            reason, key = decided
             if (reason is None and needs_caption
                     and caption_file_for(sample_id) not in listing.captions):
                 reason = MISSING_CAPTION
             if reason is not None:
                 skipped.append(SkippedFile(sample_id, reason))
                 continue
-            key = bucket_for(width, height, self.bucket_settings)
             buckets.setdefault(key, []).append(sample_id)
-            sizes[sample_id] = (width, height)
-        buckets = {key: sorted(ids) for key, ids in sorted(buckets.items())}
+            sizes[sample_id] = size
         skipped.sort(key=lambda s: (s.path, s.reason))
-        return DatasetIndex(self.dataset.id, buckets, dict(sorted(sizes.items())), skipped)
+        return DatasetIndex(self.dataset.id, dict(sorted(buckets.items())), sizes, skipped)
 
     def _read_cache(self) -> dict[str, Any] | None:
         try:
@@ -256,17 +267,17 @@ class MetadataBackend:
 
 
 def _index_to_json(index: DatasetIndex) -> dict[str, Any]:
-    return {
-        "buckets": index.buckets,
-        "original_sizes": {k: list(v) for k, v in index.original_sizes.items()},
-        "skipped": [[s.path, s.reason] for s in index.skipped],
-    }
+    return {"buckets": index.buckets, "skipped": [[s.path, s.reason] for s in index.skipped]}
 
 
-def _index_from_json(dataset_id: str, data: dict[str, Any]) -> DatasetIndex:
-    return DatasetIndex(
-        dataset_id,
-        {key: list(ids) for key, ids in data["buckets"].items()},
-        {k: (int(v[0]), int(v[1])) for k, v in data["original_sizes"].items()},
-        [SkippedFile(path, reason) for path, reason in data["skipped"]],
-    )
+def _index_from_json(dataset_id: str, data: dict[str, Any],
+                     files: dict[str, list]) -> DatasetIndex:
+    """The sizes of indexed files come from their ``files`` entries [size, mtime, w, h]."""
+    buckets = data["buckets"]
+    sizes = {}
+    for ids in buckets.values():
+        for sample_id in ids:
+            entry = files[sample_id]
+            sizes[sample_id] = (entry[2], entry[3])
+    return DatasetIndex(dataset_id, buckets, sizes,
+                        [SkippedFile(path, reason) for path, reason in data["skipped"]])
