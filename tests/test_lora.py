@@ -11,7 +11,6 @@ from unittest import mock
 
 import numpy as np
 import torch
-from accelerate import Accelerator
 from diffusers import DiffusionPipeline
 from safetensors.torch import load_file
 
@@ -20,7 +19,8 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.lora import (
     CHECKPOINT_WEIGHTS, LoraTargetError, add_lora, adapter_state_dict, export_lora,
-    load_adapter_weights, register_checkpoint_hooks, save_adapter_weights)
+    load_adapter_weights, save_adapter_weights)
+from simpletuner.training.train_state import load_weights, save_weights
 
 CPU = torch.device("cpu")
 
@@ -101,27 +101,22 @@ class AdapterWeightsTest(LoraCase):
         with self.assertRaisesRegex(ValueError, "lora_rank or lora_target_modules"):
             load_adapter_weights(other.trainable, path)
 
-    def test_accelerate_checkpoints_hold_only_the_adapter(self):
-        accelerator = Accelerator(cpu=True)
-        register_checkpoint_hooks(accelerator)
+    def test_checkpoint_weights_hold_only_the_adapter(self):
         adapter = self.load("sd1x")
         add_lora(adapter.trainable, type(adapter), rank=4)
-        network = accelerator.prepare(adapter.trainable)
         self.train(adapter)
         saved = adapter_state_dict(adapter.trainable)
-        accelerator.save_state(str(self.output / "checkpoint"))
-        files = {p.name for p in (self.output / "checkpoint").iterdir()}
-        self.assertIn(CHECKPOINT_WEIGHTS, files)
-        self.assertFalse({"model.safetensors", "pytorch_model.bin"} & files, files)
-        self.assertEqual(set(load_file(self.output / "checkpoint" / CHECKPOINT_WEIGHTS)),
-                         set(saved))
+        folder = self.output / "checkpoint"
+        folder.mkdir()
+        save_weights(adapter.trainable, folder, lora=True)
+        self.assertEqual({p.name for p in folder.iterdir()}, {CHECKPOINT_WEIGHTS})
+        self.assertEqual(set(load_file(folder / CHECKPOINT_WEIGHTS)), set(saved))
         self.train(adapter)  # move away, then come back
         moved = adapter_state_dict(adapter.trainable)
         self.assertFalse(all(torch.equal(moved[n], saved[n]) for n in saved))
-        accelerator.load_state(str(self.output / "checkpoint"))
-        for name, value in adapter_state_dict(accelerator.unwrap_model(network)).items():
+        load_weights(adapter.trainable, folder, lora=True)
+        for name, value in adapter_state_dict(adapter.trainable).items():
             self.assertTrue(torch.equal(value, saved[name]), name)
-        accelerator.end_training()
 
 
 class ExportTest(LoraCase):

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.training.train_state import (capture_rng, load_optimizer, load_weights,
+                                              restore_rng, rng_file, save_optimizer, save_weights)
 
 logger = logging.getLogger(__name__)
 
@@ -64,28 +66,30 @@ def resolve_resume(value: str | None, output_dir: Path) -> Path | None:
     return path
 
 
-def save_checkpoint(accelerator, output_dir: Path, state: TrainerState,
+def save_checkpoint(accelerator, output_dir: Path, state: TrainerState, *, network, optimizer,
                     sampler_state: dict[str, Any], ema=None, limit: int | None = None,
                     extra_json: dict[str, Any] | None = None) -> Path:
-    """Every rank calls this; returns the final folder. ``extra_json`` maps file names to
-    JSON-able states saved beside the accelerate state (e.g. the LR scheduler's)."""
+    """Every rank calls this; returns the final folder. ``network`` is the unwrapped trained
+    module; ``extra_json`` maps file names to JSON-able states (e.g. the LR scheduler's)."""
     final = output_dir / f"checkpoint-{state.step}"
     staging = output_dir / f".incomplete-checkpoint-{state.step}"
     if accelerator.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
+    atomic_write_json(staging / rng_file(accelerator.process_index), capture_rng())
     if accelerator.is_main_process:
+        save_weights(network, staging, lora=state.model_type == "lora")
+        save_optimizer(optimizer, staging)
         atomic_write_json(staging / SAMPLER_STATE, sampler_state)
         for name, value in (extra_json or {}).items():
             atomic_write_json(staging / name, value)
         if ema is not None:
             ema.save(staging / EMA_WEIGHTS)
-        # Written last: its presence is what makes the folder a checkpoint.
-        atomic_write_json(staging / TRAINER_STATE, asdict(state))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        # Written last, after every rank's part: its presence makes the folder a checkpoint.
+        atomic_write_json(staging / TRAINER_STATE, asdict(state))
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
         _prune(output_dir, limit)
@@ -103,10 +107,18 @@ def _prune(output_dir: Path, limit: int | None) -> None:
         logger.info("removed %s (checkpoints_total_limit=%d)", folder, limit)
 
 
-def load_checkpoint(accelerator, folder: Path, ema=None) -> tuple[TrainerState, dict[str, Any]]:
-    accelerator.load_state(str(folder))
+def load_checkpoint(folder: Path, *, rank: int, network, optimizer, ema=None
+                    ) -> tuple[TrainerState, dict[str, Any]]:
+    """Restore weights, optimizer, EMA and this rank's RNG; return trainer and sampler state."""
     trainer_state = TrainerState(**json.loads((folder / TRAINER_STATE).read_text()))
-    sampler_state = json.loads((folder / SAMPLER_STATE).read_text())
+    load_weights(network, folder, lora=trainer_state.model_type == "lora")
+    load_optimizer(optimizer, folder)
     if ema is not None:
         ema.load(folder / EMA_WEIGHTS)
+    rng_path = folder / rng_file(rank)
+    if rng_path.is_file():
+        restore_rng(json.loads(rng_path.read_text()))
+    else:  # more ranks than when saved: unsupported, and the sampler's warning names it
+        logger.warning("%s has no RNG state for rank %d", folder, rank)
+    sampler_state = json.loads((folder / SAMPLER_STATE).read_text())
     return trainer_state, sampler_state

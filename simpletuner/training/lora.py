@@ -96,27 +96,6 @@ def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
     set_peft_model_state_dict(network, loaded)
 
 
-def register_checkpoint_hooks(accelerator) -> None:
-    """Make accelerator.save_state/load_state store the prepared network's adapter weights
-    only (CHECKPOINT_WEIGHTS) instead of its full state dict; optimizer, RNG and the rest are
-    saved as usual. The pattern of diffusers' LoRA training examples."""
-
-    def save_hook(models, weights, output_dir):
-        if accelerator.is_main_process:
-            for model in models:
-                save_adapter_weights(accelerator.unwrap_model(model),
-                                     Path(output_dir) / CHECKPOINT_WEIGHTS)
-        weights.clear()  # nothing else is written for the model
-
-    def load_hook(models, input_dir):
-        while models:
-            load_adapter_weights(accelerator.unwrap_model(models.pop()),
-                                 Path(input_dir) / CHECKPOINT_WEIGHTS)
-
-    accelerator.register_save_state_pre_hook(save_hook)
-    accelerator.register_load_state_pre_hook(load_hook)
-
-
 def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path) -> Path:
     """Write output_dir/lora/pytorch_lora_weights.safetensors with the pipeline class's
     save_lora_weights (adapter config recorded as metadata, so lora_alpha survives), so that

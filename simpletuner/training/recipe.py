@@ -29,7 +29,7 @@ from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
-from simpletuner.training.lora import add_lora, export_lora, register_checkpoint_hooks
+from simpletuner.training.lora import add_lora, export_lora
 from simpletuner.training.preflight import run_preflight, weight_dtype
 from simpletuner.training.validation import is_validation_step, run_validation
 
@@ -82,7 +82,6 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
                  alpha=training.lora_alpha, dropout=training.lora_dropout,
                  target_modules=training.lora_target_modules)
-        register_checkpoint_hooks(accelerator)
     adapter.set_gradient_checkpointing(training.gradient_checkpointing)
     caches = prepare_caches(
         configuration.datasets, startup.indexes,
@@ -113,7 +112,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
 
     step, resumed = 0, preflight.resume_from is not None
     if resumed:
-        state, sampler_state = load_checkpoint(accelerator, preflight.resume_from, ema)
+        state, sampler_state = load_checkpoint(preflight.resume_from, rank=rank,
+                                               network=network, optimizer=optimizer, ema=ema)
         lr_scheduler.load_state_dict(
             json.loads((preflight.resume_from / LR_SCHEDULER_STATE).read_text()))
         sampler.load_state_dict(sampler_state)
@@ -133,8 +133,9 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     def checkpoint() -> None:
         state = TrainerState(step=step, epoch=sampler.epoch, seed=seed,
                              fingerprint=sampler.fingerprint(), model_type=training.model_type)
-        folder = save_checkpoint(accelerator, output_dir, state, sampler.state_dict(), ema,
-                                 training.checkpoints_total_limit,
+        folder = save_checkpoint(accelerator, output_dir, state, network=network,
+                                 optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
+                                 limit=training.checkpoints_total_limit,
                                  extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()})
         if main:
             logger.info("checkpoint %s", folder)

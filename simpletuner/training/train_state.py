@@ -1,0 +1,109 @@
+"""The tensors of a checkpoint without pickles: trained weights and optimizer state as
+safetensors, the optimizer's plain values and each rank's RNG states as JSON.
+
+A full run saves the network's state dict (``model.safetensors``); a LoRA run only the adapter
+(``lora_adapter.safetensors``). The optimizer's per-parameter tensors go to
+``optimizer.safetensors`` under ``state/<param index>/<name>``; everything else in its state dict
+(hyper-parameters, param-group layout, non-tensor state) goes to ``optimizer.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.training.lora import CHECKPOINT_WEIGHTS, load_adapter_weights, save_adapter_weights
+
+FULL_WEIGHTS = "model.safetensors"
+OPTIMIZER_TENSORS = "optimizer.safetensors"
+OPTIMIZER_VALUES = "optimizer.json"
+
+
+def weights_file(lora: bool) -> str:
+    return CHECKPOINT_WEIGHTS if lora else FULL_WEIGHTS
+
+
+def save_weights(network: torch.nn.Module, folder: Path, lora: bool) -> None:
+    if lora:
+        save_adapter_weights(network, folder / CHECKPOINT_WEIGHTS)
+    else:
+        tensors = {k: v.detach().contiguous() for k, v in network.state_dict().items()}
+        save_file(tensors, str(folder / FULL_WEIGHTS))
+
+
+def load_weights(network: torch.nn.Module, folder: Path, lora: bool) -> None:
+    if lora:
+        load_adapter_weights(network, folder / CHECKPOINT_WEIGHTS)
+    else:
+        network.load_state_dict(load_file(str(folder / FULL_WEIGHTS)), strict=True)
+
+
+def optimizer_to_files(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimizer state dict into safetensors-able tensors and JSON-able values."""
+    tensors: dict[str, torch.Tensor] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for index, entries in state_dict["state"].items():
+        for name, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state/{index}/{name}"] = value.detach().contiguous()
+            else:
+                values.setdefault(str(index), {})[name] = value
+    return tensors, {"state": values, "param_groups": state_dict["param_groups"]}
+
+
+def optimizer_from_files(tensors: dict[str, torch.Tensor], values: dict) -> dict[str, Any]:
+    """The inverse of optimizer_to_files; parameter indices become ints again."""
+    state: dict[int, dict[str, Any]] = {}
+    for key, tensor in tensors.items():
+        _, index, name = key.split("/", 2)
+        state.setdefault(int(index), {})[name] = tensor
+    for index, entries in values["state"].items():
+        state.setdefault(int(index), {}).update(entries)
+    groups = [dict(group, betas=tuple(group["betas"])) if "betas" in group else group
+              for group in values["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def save_optimizer(optimizer, folder: Path) -> None:
+    tensors, values = optimizer_to_files(optimizer.state_dict())
+    save_file(tensors, str(folder / OPTIMIZER_TENSORS))
+    atomic_write_json(folder / OPTIMIZER_VALUES, values)
+
+
+def load_optimizer(optimizer, folder: Path) -> None:
+    values = json.loads((folder / OPTIMIZER_VALUES).read_text(encoding="utf-8"))
+    optimizer.load_state_dict(optimizer_from_files(load_file(str(folder / OPTIMIZER_TENSORS)),
+                                                   values))
+
+
+def rng_file(rank: int) -> str:
+    return f"rng-{rank}.json"
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states (dropout and peft draw from torch's global RNG)."""
+    version, mt_state, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(mt_state), gauss],
+             "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+             "torch": torch.get_rng_state().tolist()}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    version, mt_state, gauss = state["python"]
+    random.setstate((version, tuple(mt_state), gauss))
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
