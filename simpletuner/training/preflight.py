@@ -64,7 +64,7 @@ def run_preflight(configuration: Configuration) -> Preflight:
         model_folder = resolve_model_path(training.pretrained_model_name_or_path)
         check_model_folder(model_folder, training.model_family,
                            adapter_class.required_subfolders(),
-                           getattr(adapter_class, "forbidden_subfolders", ()))
+                           adapter_class.forbidden_subfolders)
     except (ModelFolderError, ValueError) as exc:
         problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
 
