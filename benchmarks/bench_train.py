@@ -289,7 +289,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps not counted per run")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--model-only", action="store_true",
                         help="time the bare step on synthetic latents only")
