@@ -51,14 +51,29 @@ class ModelAdapter(ABC):
     # Subfolders that mark another family (SDXL's text_encoder_2/ for sd1x, unet/ for sd3...).
     forbidden_subfolders: tuple[str, ...] = ()
     pipeline_class: type          # what build_pipeline returns; its save_lora_weights too
-    trainable_component: str      # the trainable network's pipeline component: unet, transformer
+    # The trainable network's pipeline component and subfolder: unet, transformer.
+    trainable_component: str
     lora_target_modules: tuple[str, ...]  # default LoRA targets (module name suffixes)
+    # (text encoder subfolder, tokenizer subfolder, encoder class, tokenizer class), in the
+    # pipeline's order; the subfolder names are also the pipeline's component names.
+    text_encoder_specs: tuple[tuple[str, str, type, type], ...]
+
+    def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
+                 device: torch.device, loss_settings: LossSettings):
+        """The parts every family has; each family adds its network and schedulers."""
+        self.folder = folder
+        self.vae = vae
+        self.text_encoders = text_encoders
+        self.tokenizers = tokenizers
+        self.device = device
+        self.loss_settings = loss_settings
 
     @classmethod
-    @abstractmethod
     def required_subfolders(cls) -> tuple[str, ...]:
         """Subfolders a diffusers folder of this family must have; preflight checks them (and
         ``forbidden_subfolders``) with layout.check_model_folder before anything loads."""
+        text = tuple(name for spec in cls.text_encoder_specs for name in spec[:2])
+        return (cls.trainable_component, "vae", "scheduler") + text
 
     @classmethod
     @abstractmethod
@@ -80,6 +95,11 @@ class ModelAdapter(ABC):
         """Image sides must be multiples of this many pixels (VAE factor times the network's
         own downsampling); validation resolutions and buckets are checked against it."""
 
+    @property
+    def vae_factor(self) -> int:
+        """Image pixels per latent pixel along each side."""
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Trade compute for memory in the trainable network's backward pass."""
         if enabled:
@@ -95,6 +115,16 @@ class ModelAdapter(ABC):
     def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """Prompts -> named embedding tensors, batch dimension first (one row per prompt)."""
 
+    def _token_ids(self, tokenizer, prompts: list[str], max_length: int | None = None
+                   ) -> torch.Tensor:
+        """[B, max_length] padded and truncated ids on the device; the tokenizer's own
+        model_max_length unless ``max_length`` is given."""
+        if max_length is None:
+            max_length = tokenizer.model_max_length
+        tokens = tokenizer(prompts, padding="max_length", max_length=max_length,
+                           truncation=True, return_tensors="pt")
+        return tokens.input_ids.to(self.device)
+
     @abstractmethod
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
                      network: torch.nn.Module | None = None) -> torch.Tensor:
@@ -106,3 +136,12 @@ class ModelAdapter(ABC):
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
         """A diffusers pipeline sharing the loaded components, for validation and export;
         ``trainable`` replaces the live network (e.g. an EMA copy)."""
+
+    def _pipeline_text_components(self) -> dict:
+        """The text encoders and tokenizers under their pipeline component names."""
+        components = {}
+        for (encoder_folder, tokenizer_folder, *_), encoder, tokenizer in zip(
+                self.text_encoder_specs, self.text_encoders, self.tokenizers):
+            components[encoder_folder] = encoder
+            components[tokenizer_folder] = tokenizer
+        return components

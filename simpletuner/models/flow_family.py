@@ -6,25 +6,20 @@ called; the objective (flow_objective.py) and everything else is here."""
 from __future__ import annotations
 
 from abc import abstractmethod
-from functools import partial
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from simpletuner.models.base import LossSettings, ModelAdapter, TrainingBatch
+from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.flow_objective import (
     flow_noisy_and_target, resolution_shift, sample_sigmas)
-from simpletuner.models.layout import check_model_folder
 from simpletuner.models.noise_objective import draw_noise, weighted_mse
-from simpletuner.models.unet_family import _load_component
 
 
 class FlowFamilyAdapter(ModelAdapter):
-    # (text encoder subfolder, tokenizer subfolder, encoder class, tokenizer class), in order.
-    text_encoder_specs: tuple[tuple[str, str, type, type], ...]
     transformer_class: type
-    pipeline_class: type
     forbidden_subfolders: tuple[str, ...] = ("unet",)  # a UNet (SD 1.x/2.x/XL) folder
     trainable_component = "transformer"
     # Image and text stream projections of the joint attention (single blocks: image only).
@@ -32,48 +27,24 @@ class FlowFamilyAdapter(ModelAdapter):
                            "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     t5_max_length: int  # tokens of T5 context, as the family's pipeline uses by default
 
-    def __init__(self, *, folder: Path, transformer, vae, text_encoders: list, tokenizers: list,
-                 scheduler, device: torch.device, loss_settings: LossSettings):
-        self.folder = folder
+    def __init__(self, *, transformer, scheduler, **shared):
+        super().__init__(**shared)  # folder, vae, text encoders, tokenizers, device...
         self.transformer = transformer
-        self.vae = vae
-        self.text_encoders = text_encoders
-        self.tokenizers = tokenizers
         self.scheduler = scheduler
-        self.device = device
-        self.loss_settings = loss_settings
-
-    @classmethod
-    def required_subfolders(cls) -> tuple[str, ...]:
-        text = tuple(name for spec in cls.text_encoder_specs for name in spec[:2])
-        return ("transformer", "vae", "scheduler") + text
 
     @classmethod
     def load(cls, folder: Path, *, device: torch.device, weight_dtype: torch.dtype,
              loss_settings: LossSettings) -> "FlowFamilyAdapter":
-        folder = Path(folder)
-        check_model_folder(folder, cls.family, cls.required_subfolders(),
-                           cls.forbidden_subfolders)
-        scheduler = _load_component(FlowMatchEulerDiscreteScheduler.from_pretrained, folder,
-                                    "scheduler")
-        transformer = _load_component(cls.transformer_class.from_pretrained, folder,
-                                      "transformer")
-        vae = _load_component(partial(AutoencoderKL.from_pretrained, torch_dtype=weight_dtype),
-                              folder, "vae")
-        text_encoders, tokenizers = [], []
-        for encoder_folder, tokenizer_folder, encoder_class, tokenizer_class in (
-                cls.text_encoder_specs):
-            text_encoders.append(_load_component(encoder_class.from_pretrained, folder,
-                                                 encoder_folder))
-            tokenizers.append(_load_component(tokenizer_class.from_pretrained, folder,
-                                              tokenizer_folder))
-        vae.to(device).requires_grad_(False).eval()
-        for encoder in text_encoders:
-            encoder.to(device, dtype=weight_dtype).requires_grad_(False).eval()
+        folder = checked_folder(cls, folder)
+        scheduler = load_component(FlowMatchEulerDiscreteScheduler.from_pretrained, folder,
+                                   "scheduler")
+        transformer = load_component(cls.transformer_class.from_pretrained, folder,
+                                     "transformer")
+        frozen = load_frozen_components(folder, cls.text_encoder_specs, device=device,
+                                        weight_dtype=weight_dtype, vae_dtype=weight_dtype)
         transformer.to(device).requires_grad_(True).train()
-        return cls(folder=folder, transformer=transformer, vae=vae, text_encoders=text_encoders,
-                   tokenizers=tokenizers, scheduler=scheduler, device=device,
-                   loss_settings=loss_settings)
+        return cls(folder=folder, transformer=transformer, scheduler=scheduler, device=device,
+                   loss_settings=loss_settings, **frozen)
 
     @property
     def trainable(self) -> torch.nn.Module:
@@ -86,8 +57,7 @@ class FlowFamilyAdapter(ModelAdapter):
 
     @property
     def resolution_alignment(self) -> int:
-        vae_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        return vae_factor * self.latent_patch
+        return self.vae_factor * self.latent_patch
 
     @torch.no_grad()
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -96,11 +66,6 @@ class FlowFamilyAdapter(ModelAdapter):
         latents = self.vae.encode(pixels).latent_dist.mode()
         shift = self.vae.config.shift_factor or 0.0
         return (latents - shift) * self.vae.config.scaling_factor
-
-    def _token_ids(self, tokenizer, prompts: list[str], max_length: int) -> torch.Tensor:
-        tokens = tokenizer(prompts, padding="max_length", max_length=max_length,
-                           truncation=True, return_tensors="pt")
-        return tokens.input_ids.to(self.device)
 
     def _t5_ids(self, tokenizer, prompts: list[str]) -> torch.Tensor:
         return self._token_ids(tokenizer, prompts,
@@ -143,9 +108,6 @@ class FlowFamilyAdapter(ModelAdapter):
         components = {"transformer": trainable if trainable is not None else self.transformer,
                       "vae": self.vae,
                       # A copy: validation's set_timesteps must not touch the loaded one.
-                      "scheduler": type(self.scheduler).from_config(self.scheduler.config)}
-        for (encoder_folder, tokenizer_folder, *_), encoder, tokenizer in zip(
-                self.text_encoder_specs, self.text_encoders, self.tokenizers):
-            components[encoder_folder] = encoder
-            components[tokenizer_folder] = tokenizer
+                      "scheduler": type(self.scheduler).from_config(self.scheduler.config),
+                      **self._pipeline_text_components()}
         return self.pipeline_class(**components)

@@ -50,8 +50,7 @@ class FluxAdapter(FlowFamilyAdapter):
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """{"prompt_embeds": [B, T5 tokens, T5 width], "pooled_prompt_embeds": [B, CLIP width]}."""
-        clip_ids = self._token_ids(self.tokenizers[0], prompts,
-                                   self.tokenizers[0].model_max_length)
+        clip_ids = self._token_ids(self.tokenizers[0], prompts)
         pooled = self.text_encoders[0](clip_ids, output_hidden_states=False).pooler_output
         t5 = self.text_encoders[1](self._t5_ids(self.tokenizers[1], prompts))[0]
         return {"prompt_embeds": t5, "pooled_prompt_embeds": pooled}

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 from diffusers import StableDiffusionPipeline
-from transformers import CLIPTextModel
+from transformers import CLIPTextModel, CLIPTokenizer
 
 from simpletuner.models.unet_family import UNetFamilyAdapter
 
 
 class SD1xAdapter(UNetFamilyAdapter):
     family = "sd1x"
-    text_encoder_specs = (("text_encoder", "tokenizer", CLIPTextModel),)
+    text_encoder_specs = (("text_encoder", "tokenizer", CLIPTextModel, CLIPTokenizer),)
     pipeline_class = StableDiffusionPipeline
     forbidden_subfolders = ("text_encoder_2", "transformer")  # SDXL, SD3 or Flux
 

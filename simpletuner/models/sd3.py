@@ -29,7 +29,7 @@ class SD3Adapter(FlowFamilyAdapter):
         "pooled_prompt_embeds": [B, projection_L + projection_G]}, as the pipeline builds them."""
         clip_hidden, clip_pooled = [], []
         for encoder, tokenizer in zip(self.text_encoders[:2], self.tokenizers[:2]):
-            ids = self._token_ids(tokenizer, prompts, tokenizer.model_max_length)
+            ids = self._token_ids(tokenizer, prompts)
             output = encoder(ids, output_hidden_states=True)
             clip_hidden.append(output.hidden_states[-2])
             clip_pooled.append(output.text_embeds)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from diffusers import StableDiffusionXLPipeline
-from transformers import CLIPTextModel, CLIPTextModelWithProjection
+from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 from simpletuner.models.base import TrainingBatch
 from simpletuner.models.unet_family import UNetFamilyAdapter
@@ -26,8 +26,9 @@ def add_time_ids(batch: TrainingBatch) -> torch.Tensor:
 
 class SDXLAdapter(UNetFamilyAdapter):
     family = "sdxl"
-    text_encoder_specs = (("text_encoder", "tokenizer", CLIPTextModel),
-                          ("text_encoder_2", "tokenizer_2", CLIPTextModelWithProjection))
+    text_encoder_specs = (
+        ("text_encoder", "tokenizer", CLIPTextModel, CLIPTokenizer),
+        ("text_encoder_2", "tokenizer_2", CLIPTextModelWithProjection, CLIPTokenizer))
     pipeline_class = StableDiffusionXLPipeline
     vae_float32_under_fp16 = True
 

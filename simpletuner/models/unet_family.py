@@ -5,27 +5,18 @@ which text encoders it has, how it encodes prompts and what extra conditioning t
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 import diffusers
 import torch
-from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
-from transformers import CLIPTokenizer
+from diffusers import DDPMScheduler, UNet2DConditionModel
 
 from simpletuner.models.base import LossSettings, ModelAdapter, ModelFolderError, TrainingBatch
-from simpletuner.models.layout import check_model_folder
+from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.noise_objective import (
     draw_noise, draw_timesteps, min_snr_weights, weighted_mse)
 
 SUPPORTED_PREDICTION_TYPES = ("epsilon", "v_prediction")
-
-
-def _load_component(load, folder: Path, subfolder: str):
-    try:
-        return load(folder, subfolder=subfolder)
-    except (OSError, ValueError, KeyError) as error:
-        raise ModelFolderError(f"cannot load {subfolder}/ from {folder}: {error}") from error
 
 
 def _load_inference_scheduler(folder: Path):
@@ -40,71 +31,43 @@ def _load_inference_scheduler(folder: Path):
     if scheduler_class is None:
         raise ModelFolderError(f"{config_path} names scheduler {class_name!r}, which this "
                                f"diffusers {diffusers.__version__} does not have")
-    return _load_component(scheduler_class.from_pretrained, folder, "scheduler")
+    return load_component(scheduler_class.from_pretrained, folder, "scheduler")
 
 
 class UNetFamilyAdapter(ModelAdapter):
-    # (text encoder subfolder, its tokenizer subfolder, transformers class), in pipeline order.
-    text_encoder_specs: tuple[tuple[str, str, type], ...]
-    pipeline_class: type
     forbidden_subfolders: tuple[str, ...] = ("transformer",)  # an SD3 or Flux folder
     trainable_component = "unet"
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")  # every attention projection
     # SDXL's VAE overflows in float16; it stays float32 then (bfloat16 is fine).
     vae_float32_under_fp16 = False
 
-    def __init__(self, *, folder: Path, unet, vae, text_encoders: list, tokenizers: list,
-                 noise_scheduler, inference_scheduler, device: torch.device,
-                 loss_settings: LossSettings):
-        self.folder = folder
+    def __init__(self, *, unet, noise_scheduler, inference_scheduler, **shared):
+        super().__init__(**shared)  # folder, vae, text encoders, tokenizers, device...
         self.unet = unet
-        self.vae = vae
-        self.text_encoders = text_encoders
-        self.tokenizers = tokenizers
         self.noise_scheduler = noise_scheduler
         self.inference_scheduler = inference_scheduler
-        self.device = device
-        self.loss_settings = loss_settings
         self.prediction_type = noise_scheduler.config.prediction_type
-
-    @classmethod
-    def required_subfolders(cls) -> tuple[str, ...]:
-        text = tuple(name for spec in cls.text_encoder_specs for name in spec[:2])
-        return ("unet", "vae", "scheduler") + text
 
     @classmethod
     def load(cls, folder: Path, *, device: torch.device, weight_dtype: torch.dtype,
              loss_settings: LossSettings) -> "UNetFamilyAdapter":
-        folder = Path(folder)
-        check_model_folder(folder, cls.family, cls.required_subfolders(),
-                           cls.forbidden_subfolders)
-        noise_scheduler = _load_component(DDPMScheduler.from_pretrained, folder, "scheduler")
+        folder = checked_folder(cls, folder)
+        noise_scheduler = load_component(DDPMScheduler.from_pretrained, folder, "scheduler")
         prediction_type = noise_scheduler.config.prediction_type
         if prediction_type not in SUPPORTED_PREDICTION_TYPES:
             raise ModelFolderError(
                 f"{folder}/scheduler has prediction_type {prediction_type!r}; {cls.family} "
                 f"training supports {', '.join(SUPPORTED_PREDICTION_TYPES)}")
-        unet = _load_component(UNet2DConditionModel.from_pretrained, folder, "unet")
+        unet = load_component(UNet2DConditionModel.from_pretrained, folder, "unet")
         vae_dtype = weight_dtype
         if cls.vae_float32_under_fp16 and weight_dtype == torch.float16:
             vae_dtype = torch.float32
-        # Cast while loading: diffusers keeps any modules it must keep in float32.
-        vae = _load_component(partial(AutoencoderKL.from_pretrained, torch_dtype=vae_dtype),
-                              folder, "vae")
-        text_encoders, tokenizers = [], []
-        for encoder_folder, tokenizer_folder, encoder_class in cls.text_encoder_specs:
-            text_encoders.append(_load_component(encoder_class.from_pretrained, folder,
-                                                 encoder_folder))
-            tokenizers.append(_load_component(CLIPTokenizer.from_pretrained, folder,
-                                              tokenizer_folder))
-        vae.to(device).requires_grad_(False).eval()
-        for encoder in text_encoders:
-            encoder.to(device, dtype=weight_dtype).requires_grad_(False).eval()
+        frozen = load_frozen_components(folder, cls.text_encoder_specs, device=device,
+                                        weight_dtype=weight_dtype, vae_dtype=vae_dtype)
         unet.to(device).requires_grad_(True).train()
-        return cls(folder=folder, unet=unet, vae=vae, text_encoders=text_encoders,
-                   tokenizers=tokenizers, noise_scheduler=noise_scheduler,
+        return cls(folder=folder, unet=unet, noise_scheduler=noise_scheduler,
                    inference_scheduler=_load_inference_scheduler(folder), device=device,
-                   loss_settings=loss_settings)
+                   loss_settings=loss_settings, **frozen)
 
     @property
     def trainable(self) -> torch.nn.Module:
@@ -112,9 +75,8 @@ class UNetFamilyAdapter(ModelAdapter):
 
     @property
     def resolution_alignment(self) -> int:
-        vae_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
         unet_factor = 2 ** (len(self.unet.config.block_out_channels) - 1)
-        return vae_factor * unet_factor
+        return self.vae_factor * unet_factor
 
     @torch.no_grad()
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -122,11 +84,6 @@ class UNetFamilyAdapter(ModelAdapter):
         pixels = pixels.to(self.device, dtype=self.vae.dtype)
         latents = self.vae.encode(pixels).latent_dist.mode()
         return latents * self.vae.config.scaling_factor
-
-    def _token_ids(self, tokenizer, prompts: list[str]) -> torch.Tensor:
-        tokens = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length,
-                           truncation=True, return_tensors="pt")
-        return tokens.input_ids.to(self.device)
 
     def _unet_conditioning(self, batch: TrainingBatch, dtype: torch.dtype) -> dict:
         """Keyword arguments of the UNet call besides the noisy latents and timesteps."""
@@ -165,9 +122,6 @@ class UNetFamilyAdapter(ModelAdapter):
                       "vae": self.vae,
                       # A copy: validation's set_timesteps must not touch the loaded one.
                       "scheduler": type(self.inference_scheduler).from_config(
-                          self.inference_scheduler.config)}
-        for (encoder_folder, tokenizer_folder, _), encoder, tokenizer in zip(
-                self.text_encoder_specs, self.text_encoders, self.tokenizers):
-            components[encoder_folder] = encoder
-            components[tokenizer_folder] = tokenizer
+                          self.inference_scheduler.config),
+                      **self._pipeline_text_components()}
         return self.pipeline_class(**components, **self._pipeline_options())
