@@ -3,46 +3,28 @@ round-trip, and the export is what diffusers' load_lora_weights puts on the base
 
 from __future__ import annotations
 
-import os
 import tempfile
 import unittest
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
 from diffusers import DiffusionPipeline
 from safetensors.torch import load_file
 
-from simpletuner.models.base import LossSettings, TrainingBatch
+from model_fixtures import TinyModelCase, random_batch
 from simpletuner.models.builtin import ensure_builtin_model
-from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.lora import (
     CHECKPOINT_WEIGHTS, LoraTargetError, add_lora, adapter_state_dict, export_lora,
     load_adapter_weights, save_adapter_weights)
 from simpletuner.training.train_state import load_weights, save_weights
 
-CPU = torch.device("cpu")
-
-
-class LoraCase(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cache = Path(cls.enterClassContext(tempfile.TemporaryDirectory()))
-        cls.enterClassContext(mock.patch.dict(os.environ, {"SIMPLETUNER_CACHE": str(cls.cache)}))
-
+class LoraCase(TinyModelCase):
     def setUp(self):
         self.output = Path(self.enterContext(tempfile.TemporaryDirectory()))
 
-    def load(self, family: str):
-        return get_adapter_class(family).load(
-            ensure_builtin_model(f"tiny-{family}"), device=CPU, weight_dtype=torch.float32,
-            loss_settings=LossSettings())
-
     def train(self, adapter, steps: int = 3):
-        pixels = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
-        batch = TrainingBatch(adapter.encode_images(pixels), adapter.encode_prompts(["a", "b"]),
-                              [(64, 64)] * 2, [(0, 0)] * 2, [(64, 64)] * 2)
+        batch = random_batch(adapter, 2, seed=0, prompts=("a", "b"))
         optimizer = torch.optim.AdamW(
             [p for p in adapter.trainable.parameters() if p.requires_grad], lr=1e-2)
         for step in range(steps):

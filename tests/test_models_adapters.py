@@ -2,43 +2,26 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import unittest
 from pathlib import Path
-from unittest import mock
 
 import torch
 
-from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
+from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
+from simpletuner.models.base import LossSettings, ModelFolderError
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.noise_objective import draw_noise, min_snr_weights
 from simpletuner.models.registry import get_adapter_class
 
-CPU = torch.device("cpu")
 FAMILIES = ("sd1x", "sd2x", "sdxl")
 
 
-class AdapterCase(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cache = Path(cls.enterClassContext(tempfile.TemporaryDirectory()))
-        cls.enterClassContext(mock.patch.dict(os.environ, {"SIMPLETUNER_CACHE": str(cls.cache)}))
-
-    def load(self, family: str, **loss) -> object:
-        return get_adapter_class(family).load(
-            ensure_builtin_model(f"tiny-{family}"), device=CPU, weight_dtype=torch.float32,
-            loss_settings=LossSettings(**loss))
-
+class AdapterCase(TinyModelCase):
     def fixed_batch(self, adapter, sizes=((64, 64), (64, 64), (64, 64), (64, 64))):
-        pixels = torch.rand(len(sizes), 3, 64, 64, generator=torch.Generator().manual_seed(7))
-        prompts = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
-        return TrainingBatch(
-            latents=adapter.encode_images(pixels * 2 - 1),
-            prompt_embeds=adapter.encode_prompts(prompts[:len(sizes)]),
-            original_sizes=list(sizes), crop_top_lefts=[(0, 0)] * len(sizes),
-            target_sizes=[(64, 64)] * len(sizes))
+        """64x64 images; ``sizes`` are their original sizes (SDXL micro-conditioning)."""
+        return random_batch(adapter, len(sizes), original_sizes=sizes)
 
 
 class LossFallsTest(AdapterCase):
@@ -47,22 +30,8 @@ class LossFallsTest(AdapterCase):
             with self.subTest(family=family):
                 torch.manual_seed(0)
                 adapter = self.load(family, snr_gamma=5.0)
-                batch = self.fixed_batch(adapter)
-
-                def evaluation_loss():
-                    with torch.no_grad():
-                        return sum(adapter.compute_loss(
-                            batch, torch.Generator().manual_seed(seed)).item()
-                                   for seed in range(4))
-
-                before = evaluation_loss()
-                optimizer = torch.optim.AdamW(adapter.trainable.parameters(), lr=1e-3)
-                for step in range(20):
-                    loss = adapter.compute_loss(batch, torch.Generator().manual_seed(100 + step))
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
-                after = evaluation_loss()
+                before, after = losses_around_training(adapter, self.fixed_batch(adapter),
+                                                       lr=1e-3, steps=20)
                 self.assertLess(after, 0.6 * before, f"{family}: {before} -> {after}")
 
 

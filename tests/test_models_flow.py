@@ -4,47 +4,29 @@ pipelines diffusers loads, and refuse UNet folders."""
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import unittest
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
-from diffusers import DiffusionPipeline, FluxPipeline
+from diffusers import FluxPipeline
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from transformers import T5Tokenizer
 
-from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
+from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
+from simpletuner.models.base import LossSettings, ModelFolderError
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flow_objective import resolution_shift, sample_sigmas, shift_sigmas
 from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
 
-CPU = torch.device("cpu")
 FAMILIES = ("sd3", "flux")
 
 
-class FlowCase(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cache = Path(cls.enterClassContext(tempfile.TemporaryDirectory()))
-        cls.enterClassContext(mock.patch.dict(os.environ, {"SIMPLETUNER_CACHE": str(cls.cache)}))
-
-    def load(self, family: str, **loss):
-        return get_adapter_class(family).load(
-            ensure_builtin_model(f"tiny-{family}"), device=CPU, weight_dtype=torch.float32,
-            loss_settings=LossSettings(**loss))
-
+class FlowCase(TinyModelCase):
     def fixed_batch(self, adapter, count: int = 4, height: int = 64, width: int = 64):
-        pixels = torch.rand(count, 3, height, width, generator=torch.Generator().manual_seed(7))
-        prompts = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
-        return TrainingBatch(
-            latents=adapter.encode_images(pixels * 2 - 1),
-            prompt_embeds=adapter.encode_prompts(prompts[:count]),
-            original_sizes=[(height, width)] * count, crop_top_lefts=[(0, 0)] * count,
-            target_sizes=[(height, width)] * count)
+        return random_batch(adapter, count, height, width)
 
     def capture_network_inputs(self, adapter, batch, seed: int = 5):
         """Run compute_loss with a network that records its inputs and predicts zeros."""
@@ -65,22 +47,8 @@ class LossFallsTest(FlowCase):
             with self.subTest(family=family):
                 torch.manual_seed(0)
                 adapter = self.load(family)
-                batch = self.fixed_batch(adapter)
-
-                def evaluation_loss():
-                    with torch.no_grad():
-                        return sum(adapter.compute_loss(
-                            batch, torch.Generator().manual_seed(seed)).item()
-                                   for seed in range(4))
-
-                before = evaluation_loss()
-                optimizer = torch.optim.AdamW(adapter.trainable.parameters(), lr=2e-3)
-                for step in range(60):
-                    loss = adapter.compute_loss(batch, torch.Generator().manual_seed(100 + step))
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
-                after = evaluation_loss()
+                before, after = losses_around_training(adapter, self.fixed_batch(adapter),
+                                                       lr=2e-3, steps=60)
                 self.assertLess(after, 0.75 * before, f"{family}: {before} -> {after}")
 
 
@@ -181,15 +149,7 @@ class FlowExportTest(FlowCase):
                 adapter.compute_loss(batch, torch.Generator().manual_seed(0)).backward()
                 optimizer.step()
                 folder = export_pipeline(adapter.build_pipeline(), Path(output))
-                loaded = DiffusionPipeline.from_pretrained(folder)
-                self.assertEqual(type(loaded).__name__, class_name)
-                trained = adapter.trainable.state_dict()
-                for key, value in loaded.transformer.state_dict().items():
-                    self.assertTrue(torch.equal(value, trained[key]), key)
-                loaded.set_progress_bar_config(disable=True)
-                image = loaded(prompt="a red circle", width=96, height=64, num_inference_steps=2,
-                               generator=torch.Generator().manual_seed(0)).images[0]
-                self.assertEqual(image.size, (96, 64))
+                image = self.assert_export_loads(adapter, folder, class_name, 96, 64)
                 self.assertGreater(np.asarray(image).std(), 0.0)
 
 

@@ -3,45 +3,27 @@
 from __future__ import annotations
 
 import copy
-import os
 import tempfile
 import unittest
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
 
-from simpletuner.models.base import LossSettings, TrainingBatch
-from simpletuner.models.builtin import ensure_builtin_model
+from model_fixtures import TinyModelCase, random_batch
 from simpletuner.models.pipelines import (
     export_pipeline, generate_validation_images, save_validation_images)
-from simpletuner.models.registry import get_adapter_class
-
-CPU = torch.device("cpu")
 
 
-class PipelineCase(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cache = Path(cls.enterClassContext(tempfile.TemporaryDirectory()))
-        cls.enterClassContext(mock.patch.dict(os.environ, {"SIMPLETUNER_CACHE": str(cls.cache)}))
-
+class PipelineCase(TinyModelCase):
     def setUp(self):
         self.output = Path(self.enterContext(tempfile.TemporaryDirectory()))
 
-    def load(self, family: str):
-        return get_adapter_class(family).load(
-            ensure_builtin_model(f"tiny-{family}"), device=CPU, weight_dtype=torch.float32,
-            loss_settings=LossSettings())
-
     def train_one_step(self, adapter):
         """Change the weights so an export of the original model would be caught."""
-        pixels = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
-        batch = TrainingBatch(adapter.encode_images(pixels), adapter.encode_prompts(["a", "b"]),
-                              [(64, 64)] * 2, [(0, 0)] * 2, [(64, 64)] * 2)
+        batch = random_batch(adapter, 2, seed=0, prompts=("a", "b"))
         optimizer = torch.optim.AdamW(adapter.trainable.parameters(), lr=1e-2)
         adapter.compute_loss(batch, torch.Generator().manual_seed(0)).backward()
         optimizer.step()
@@ -57,15 +39,7 @@ class ExportTest(PipelineCase):
                 self.train_one_step(adapter)
                 folder = export_pipeline(adapter.build_pipeline(), self.output / family)
                 self.assertEqual(folder, self.output / family / "pipeline")
-                loaded = DiffusionPipeline.from_pretrained(folder)
-                self.assertEqual(type(loaded).__name__, class_name)
-                trained = adapter.trainable.state_dict()
-                for key, value in loaded.unet.state_dict().items():
-                    self.assertTrue(torch.equal(value, trained[key]), key)
-                loaded.set_progress_bar_config(disable=True)
-                image = loaded(prompt="a red circle", width=80, height=48, num_inference_steps=2,
-                               generator=torch.Generator().manual_seed(0)).images[0]
-                self.assertEqual(image.size, (80, 48))
+                self.assert_export_loads(adapter, folder, class_name, 80, 48)
 
     def test_second_export_replaces_the_first_and_leaves_no_temporary_folders(self):
         adapter = self.load("sd1x")
