@@ -15,34 +15,19 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from training_fixtures import environment, make_shapes, run_training, write_config
+from training_fixtures import (
+    ResumedRunPair, environment, make_shapes, run_training, write_config)
 
 LORA = dict(model_type="lora", lora_rank=4, lora_alpha=8, learning_rate=5e-3)
 
 
-class LoraResumeAndExportTest(unittest.TestCase):
+class LoraResumeAndExportTest(ResumedRunPair, unittest.TestCase):
     """An 8-step LoRA run (two epochs) and a run resumed from its checkpoint-4 end with the
     same adapter."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-lora-")
-        root = Path(cls.tmp)
-        make_shapes(root / "data", per_size=4)
-        options = dict(LORA, max_train_steps=8, checkpointing_steps=4, use_ema=True,
-                       ema_decay=0.9, lr_scheduler="cosine", trace_samples=True)
-        cls.full = run_training(write_config(root, root / "data", "full", **options), cls.tmp)
-        cls.full_out, cls.resumed_out = root / "full-out", root / "resumed-out"
-        if cls.full.returncode == 0:
-            cls.resumed_out.mkdir()
-            shutil.copytree(cls.full_out / "checkpoint-4", cls.resumed_out / "checkpoint-4")
-            cls.resumed = run_training(write_config(
-                root, root / "data", "resumed", resume_from_checkpoint="latest", **options),
-                cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+    tmp_prefix, per_size, resume_step = "st-lora-", 4, 4
+    options = dict(LORA, max_train_steps=8, checkpointing_steps=4, use_ema=True,
+                   ema_decay=0.9, lr_scheduler="cosine", trace_samples=True)
 
     def test_runs_succeed(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])

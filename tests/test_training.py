@@ -12,40 +12,21 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from training_fixtures import make_shapes, read_jsonl, run_training, write_config
+from training_fixtures import ResumedRunPair, make_shapes, read_jsonl, run_training, write_config
 
 
 def unet_weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "unet" / "diffusion_pytorch_model.safetensors"))
 
 
-class ResumeTest(unittest.TestCase):
+class ResumeTest(ResumedRunPair, unittest.TestCase):
     """A 12-step run, and a run resumed from its checkpoint-6, end with the same weights and
     draw the same samples after the checkpoint."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-resume-")
-        root = Path(cls.tmp)
-        make_shapes(root / "data", per_size=8)
-        options = dict(max_train_steps=12, checkpointing_steps=6, gradient_accumulation_steps=2,
-                       lr_scheduler="cosine", lr_warmup_steps=3, use_ema=True, ema_decay=0.9,
-                       trace_samples=True)
-        cls.full_config = write_config(root, root / "data", "full", **options)
-        cls.full = run_training(cls.full_config, cls.tmp)
-        cls.full_out = root / "full-out"
-        cls.resumed_out = root / "resumed-out"
-        if cls.full.returncode == 0:
-            # The resumed run starts from a copy of the uninterrupted run's checkpoint-6.
-            cls.resumed_out.mkdir()
-            shutil.copytree(cls.full_out / "checkpoint-6", cls.resumed_out / "checkpoint-6")
-            resumed_config = write_config(root, root / "data", "resumed",
-                                          resume_from_checkpoint="latest", **options)
-            cls.resumed = run_training(resumed_config, cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+    tmp_prefix, per_size, resume_step = "st-resume-", 8, 6
+    options = dict(max_train_steps=12, checkpointing_steps=6, gradient_accumulation_steps=2,
+                   lr_scheduler="cosine", lr_warmup_steps=3, use_ema=True, ema_decay=0.9,
+                   trace_samples=True)
 
     def test_runs_succeed(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])

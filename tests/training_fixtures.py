@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from PIL import Image, ImageDraw
@@ -75,3 +77,33 @@ def run_train_sh(config: Path, tmpdir: str, timeout: int = 400) -> subprocess.Co
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class ResumedRunPair:
+    """Mixed into a TestCase: once per class, a run with ``options`` on ``per_size`` shapes per
+    size (``full``, output in ``full_out``), then, if it succeeded, a run resumed ("latest")
+    from a copy of its checkpoint-``resume_step`` (``resumed``, output in ``resumed_out``)."""
+
+    tmp_prefix: str
+    per_size: int
+    resume_step: int
+    options: dict
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix=cls.tmp_prefix)
+        root = Path(cls.tmp)
+        make_shapes(root / "data", per_size=cls.per_size)
+        cls.full = run_training(write_config(root, root / "data", "full", **cls.options), cls.tmp)
+        cls.full_out, cls.resumed_out = root / "full-out", root / "resumed-out"
+        if cls.full.returncode == 0:
+            checkpoint = f"checkpoint-{cls.resume_step}"
+            cls.resumed_out.mkdir()
+            shutil.copytree(cls.full_out / checkpoint, cls.resumed_out / checkpoint)
+            cls.resumed = run_training(write_config(
+                root, root / "data", "resumed", resume_from_checkpoint="latest", **cls.options),
+                cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
