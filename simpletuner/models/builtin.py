@@ -4,6 +4,7 @@ local model. Nothing is ever downloaded."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -15,9 +16,14 @@ import torch
 
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.tiny_tokenizer import write_tiny_t5_tokenizer, write_tiny_tokenizer_files
+from simpletuner.models.tiny_vae import pretrained_tiny_vae
 
 BUILTIN_PREFIX = "builtin:"
 BUILD_SEED = 0
+# Bumped when a recipe changes what it builds, so older cached builds are replaced, not reused.
+# 2: SD 1.x/2.x/SDXL get a pretrained VAE and one-group norms in the UNet.
+BUILTIN_VERSION = 2
+VERSION_FILE = "simpletuner_builtin.json"
 TOKEN_LENGTH = 77
 T5_TOKEN_LENGTH = 32  # short T5 context keeps the tiny flow models fast
 _BETAS = {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
@@ -49,6 +55,7 @@ def _tokenizer_and_text_config(staging: Path, subfolder: str):
 
 
 def _tiny_vae(scaling_factor: float, **overrides):
+    """The (untrained) base of the flow models' VAEs."""
     from diffusers import AutoencoderKL
 
     # Four blocks give the real 8x downsampling, so buckets and latents keep real proportions.
@@ -77,8 +84,10 @@ def _tiny_t5(staging: Path, subfolder: str, width: int):
 def _tiny_unet(**overrides):
     from diffusers import UNet2DConditionModel
 
+    # One norm group: with 32 channels the default 32 groups normalise each channel alone,
+    # erasing the per-channel offsets (a latent's background colour) it must predict.
     return UNet2DConditionModel(
-        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, norm_num_groups=1,
         block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), **overrides)
 
@@ -98,7 +107,7 @@ def _build_sd(staging: Path, *, v_prediction: bool):
         scheduler = PNDMScheduler(**_BETAS, skip_prk_steps=True, set_alpha_to_one=False,
                                   steps_offset=1)
     return StableDiffusionPipeline(
-        vae=_tiny_vae(0.18215), text_encoder=CLIPTextModel(text_config), tokenizer=tokenizer,
+        vae=pretrained_tiny_vae(), text_encoder=CLIPTextModel(text_config), tokenizer=tokenizer,
         unet=unet, scheduler=scheduler, safety_checker=None, feature_extractor=None,
         requires_safety_checker=False)
 
@@ -118,7 +127,7 @@ def _build_sdxl(staging: Path):
         projection_class_embeddings_input_dim=6 * time_embed_dim + text_config_2.projection_dim)
     scheduler = EulerDiscreteScheduler(**_BETAS, timestep_spacing="leading", steps_offset=1)
     return StableDiffusionXLPipeline(
-        vae=_tiny_vae(0.13025), text_encoder=CLIPTextModel(text_config),
+        vae=pretrained_tiny_vae(), text_encoder=CLIPTextModel(text_config),
         text_encoder_2=CLIPTextModelWithProjection(text_config_2), tokenizer=tokenizer,
         tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler, add_watermarker=False)
 
@@ -180,18 +189,47 @@ def _unknown(name: str) -> UnknownBuiltinError:
     return UnknownBuiltinError(f"unknown built-in model '{BUILTIN_PREFIX}{name}'; known: {known}")
 
 
+def _is_current(folder: Path) -> bool:
+    """A complete build made by this version of the recipes."""
+    try:
+        marker = json.loads((folder / VERSION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (folder / "model_index.json").is_file() and marker.get("version") == BUILTIN_VERSION
+
+
+def _install(staging: Path, final: Path) -> None:
+    """Rename the finished build into place. When several processes build at once the first
+    rename wins and the others keep the winner; an outdated build found there is moved aside
+    (by whichever process gets to it) and replaced."""
+    for _ in range(2):
+        try:
+            os.rename(staging, final)
+            return
+        except OSError:
+            if _is_current(final):
+                return
+        outdated = final.with_name(f".{final.name}-outdated-{os.getpid()}")
+        try:
+            os.rename(final, outdated)
+        except FileNotFoundError:
+            pass  # another process moved it first
+        shutil.rmtree(outdated, ignore_errors=True)
+    raise ModelFolderError(f"cannot replace {final} with a new built-in model; delete it and retry")
+
+
 def ensure_builtin_model(name: str) -> Path:
-    """The folder of built-in model ``name`` (e.g. "tiny-sd1x"), building it on first use.
+    """The folder of built-in model ``name`` (e.g. "tiny-sd1x"), building it on first use or
+    when the cached build is from an older recipe version.
 
     Built in a private temporary folder next to the target and renamed into place, so readers
-    never see a partial model; when several processes build at once, the first rename wins and
-    the others discard their identical copies."""
+    never see a partial model."""
     recipe = BUILTIN_RECIPES.get(name)
     if recipe is None:
         raise _unknown(name)
     root = cache_root() / "builtin"
     final = root / name
-    if (final / "model_index.json").is_file():
+    if _is_current(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
@@ -201,12 +239,9 @@ def ensure_builtin_model(name: str) -> Path:
             torch.manual_seed(BUILD_SEED)
             pipeline = recipe(staging)
         pipeline.save_pretrained(staging, safe_serialization=True)
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not (final / "model_index.json").is_file():
-                raise ModelFolderError(
-                    f"{final} exists but is not a complete built-in model; delete it and retry")
+        (staging / VERSION_FILE).write_text(
+            json.dumps({"builtin": name, "version": BUILTIN_VERSION}) + "\n", encoding="utf-8")
+        _install(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final
