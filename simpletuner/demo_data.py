@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw
 
 from simpletuner.helpers.data_backend.atomic import atomic_write_bytes, atomic_write_text
 
-VERSION = 1
+VERSION = 2  # 2: 'an orange ...' captions
 IMAGE_COUNT = 108
 SIZES = [(96, 64), (64, 64), (64, 96)]  # (width, height): landscape, square, portrait
 SHAPES = ["circle", "square", "triangle", "star"]
@@ -46,7 +46,8 @@ class DemoImage:
 
     @property
     def caption(self) -> str:
-        return f"a {self.colour} {self.shape} on a {self.background} background"
+        article = "an" if self.colour[0] in "aeiou" else "a"
+        return f"{article} {self.colour} {self.shape} on a {self.background} background"
 
 
 def demo_images() -> list[DemoImage]:
