@@ -49,10 +49,11 @@ class DemoDatasetTest(unittest.TestCase):
             caption_file = path.with_suffix(".txt")
             self.assertTrue(caption_file.is_file(), caption_file)
             words = caption_file.read_text().split()
-            # "a <colour> <shape> on a <colour> background"
-            self.assertEqual((words[0], words[3], words[4], words[-1]),
-                             ("a", "on", "a", "background"), words)
+            # "a <colour> <shape> on a <colour> background" ("an" before a vowel)
             colour, background = words[1], words[5]
+            article = "an" if colour[0] in "aeiou" else "a"
+            self.assertEqual((words[0], words[3], words[4], words[-1]),
+                             (article, "on", "a", "background"), words)
             pixels = np.asarray(Image.open(path).convert("RGB")).astype(int)
 
             def share(name):
