@@ -6,9 +6,14 @@
 #                                --machine_rank, --main_process_ip, --main_process_port)
 # With no CONFIG the built-in demo runs, generating its small dataset first when missing.
 set -euo pipefail
-cd "$(dirname "$0")"
 
 config="${1:-${CONFIG_PATH:-config/config.json}}"
+# Relative paths inside the config are read from the repository root, as SimpleTuner does;
+# a config path given on the command line is taken from where the script was called.
+if [ $# -gt 0 ] || [ -n "${CONFIG_PATH:-}" ]; then
+    config="$(realpath -m -- "$config")"
+fi
+cd "$(dirname "$0")"
 if [ $# -eq 0 ] && [ -z "${CONFIG_PATH:-}" ]; then
     python -m simpletuner.demo_data data/demo-shapes
 fi
