@@ -8,7 +8,6 @@ import os
 import random
 import tempfile
 import unittest
-from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
