@@ -23,7 +23,9 @@ class TwoProcessTrainingTest(unittest.TestCase):
         cls.ids = make_shapes(root / "data", per_size=8)
         config = write_config(root, root / "data", "ddp", num_processes=2, num_train_epochs=2,
                               max_train_steps=None, trace_samples=True, seed=None)
-        cls.result = run_train_sh(config, cls.tmp)
+        # A fresh model cache: both ranks reach the built-in model before it exists, as on a
+        # new cluster (transformers writes weights only from rank 0 once a group exists).
+        cls.result = run_train_sh(config, cls.tmp, fresh_model_cache=True)
         cls.out = root / "ddp-out"
 
     @classmethod

@@ -55,10 +55,15 @@ def write_config(root: Path, data_dir: Path, name: str = "config", datasets: lis
     return path
 
 
-def environment(tmpdir: str) -> dict[str, str]:
+def environment(tmpdir: str, fresh_model_cache: bool = False) -> dict[str, str]:
+    """``fresh_model_cache``: built-in models are built inside the run, not reused."""
     env = dict(os.environ)
     env["TMPDIR"] = tmpdir
-    env.setdefault("SIMPLETUNER_CACHE", str(Path(tmpdir) / "simpletuner-cache"))
+    private_cache = str(Path(tmpdir) / "simpletuner-cache")
+    if fresh_model_cache:
+        env["SIMPLETUNER_CACHE"] = private_cache
+    else:
+        env.setdefault("SIMPLETUNER_CACHE", private_cache)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -69,10 +74,11 @@ def run_training(config: Path, tmpdir: str, timeout: int = 300) -> subprocess.Co
                           timeout=timeout)
 
 
-def run_train_sh(config: Path, tmpdir: str, timeout: int = 400) -> subprocess.CompletedProcess:
+def run_train_sh(config: Path, tmpdir: str, timeout: int = 400,
+                 fresh_model_cache: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run([str(REPO / "train.sh"), str(config)], cwd=REPO,
-                          env=environment(tmpdir), capture_output=True, text=True,
-                          timeout=timeout)
+                          env=environment(tmpdir, fresh_model_cache), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import ConfigError, Configuration
 from simpletuner.models.base import ModelFolderError
@@ -87,6 +88,27 @@ def run_preflight(configuration: Configuration) -> Preflight:
         raise ConfigError(problems)
     assert model_folder is not None
     return Preflight(model_folder, resume_from, seed)
+
+
+def run_preflight_on_all_ranks(configuration: Configuration, accelerator) -> Preflight:
+    """The main process checks first: it may build a built-in model, and transformers writes
+    weights only from rank 0 once a process group exists. The others follow once it passed, or
+    raise its problems, so every rank stops with the same message and none waits alone."""
+    problems: list[str] | None = None
+    result = None
+    if accelerator.is_main_process:
+        try:
+            result = run_preflight(configuration)
+        except ConfigError as exc:
+            problems = exc.problems
+        except Exception as exc:  # reaches the other ranks too, then stops this one
+            problems = [f"start-up checks failed on the main process: {type(exc).__name__}: {exc}"]
+            (_,) = broadcast_object_list([problems])
+            raise
+    (problems,) = broadcast_object_list([problems])
+    if problems is not None:
+        raise ConfigError(problems)
+    return result if result is not None else run_preflight(configuration)
 
 
 def weight_dtype(mixed_precision: str) -> torch.dtype:

@@ -30,7 +30,7 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.lora import add_lora, export_lora
-from simpletuner.training.preflight import run_preflight, weight_dtype
+from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
 from simpletuner.training.validation import is_validation_step, run_validation
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     main = accelerator.is_main_process
 
     # 1. Everything that can be checked cheaply, on every rank, before any heavy work.
-    preflight = run_preflight(configuration)
+    preflight = run_preflight_on_all_ranks(configuration, accelerator)
     training.seed = preflight.seed
 
     # 2. Data: index, agree, shared seed (collectives inside, same on every rank).
