@@ -120,12 +120,8 @@ class SkipReasonTest(TempDirTest):
         write(self.data, "panorama.jpg", encode(image(400, 64), "JPEG"))
         write(self.data, "uncaptioned.jpg", good, caption=None)
         backend = self.backend({"minimum_image_size": 32, "maximum_aspect_ratio": 3.0})
-        limit = Image.MAX_IMAGE_PIXELS
-        Image.MAX_IMAGE_PIXELS = 200 * 200
-        try:
+        with mock.patch.object(Image, "MAX_IMAGE_PIXELS", 200 * 200):
             index = self.refresh(backend)
-        finally:
-            Image.MAX_IMAGE_PIXELS = limit
         reasons = {s.path: s.reason for s in index.skipped}
         self.assertEqual(index.buckets, {"96x64": ["good.jpg"]})
         self.assertEqual(len(index.skipped), len(reasons))  # each once
@@ -144,12 +140,8 @@ class SkipReasonTest(TempDirTest):
     def test_far_over_the_limit_is_a_skip_too(self):
         # Over twice the limit Pillow raises instead of warning.
         write(self.data, "huge.png", encode(image(300, 300), "PNG"))
-        limit = Image.MAX_IMAGE_PIXELS
-        Image.MAX_IMAGE_PIXELS = 1000
-        try:
+        with mock.patch.object(Image, "MAX_IMAGE_PIXELS", 1000):
             index = self.refresh(self.backend())
-        finally:
-            Image.MAX_IMAGE_PIXELS = limit
         self.assertEqual(index.buckets, {})
         self.assertIn("decompression-bomb", index.skipped[0].reason)
 
@@ -268,12 +260,8 @@ class CacheTest(TempDirTest):
         self.populate(3)
         self.refresh(self.backend())
         self.reads.clear()
-        limit = Image.MAX_IMAGE_PIXELS
-        Image.MAX_IMAGE_PIXELS = 5000
-        try:
+        with mock.patch.object(Image, "MAX_IMAGE_PIXELS", 5000):
             index = self.refresh(self.backend())
-        finally:
-            Image.MAX_IMAGE_PIXELS = limit
         self.assertEqual(len(self.reads), 4)
         self.assertGreater(len(index.skipped), 1)
 
