@@ -198,6 +198,17 @@ def _is_current(folder: Path) -> bool:
     return (folder / "model_index.json").is_file() and marker.get("version") == BUILTIN_VERSION
 
 
+def _check_weights_written(staging: Path) -> None:
+    """Every model component got its weights. transformers writes them only from rank 0 once a
+    process group exists, so a build on another rank must never be installed."""
+    empty = [p.parent.name for p in staging.glob("*/config.json")
+             if not any(p.parent.glob("*.safetensors"))]
+    if empty:
+        raise ModelFolderError(
+            f"building {staging.name} wrote no weights for {', '.join(sorted(empty))}; build "
+            "built-in models from the main process (`python -m simpletuner builtin NAME`)")
+
+
 def _install(staging: Path, final: Path) -> None:
     """Rename the finished build into place. When several processes build at once the first
     rename wins and the others keep the winner; an outdated build found there is moved aside
@@ -239,6 +250,7 @@ def ensure_builtin_model(name: str) -> Path:
             torch.manual_seed(BUILD_SEED)
             pipeline = recipe(staging)
         pipeline.save_pretrained(staging, safe_serialization=True)
+        _check_weights_written(staging)
         (staging / VERSION_FILE).write_text(
             json.dumps({"builtin": name, "version": BUILTIN_VERSION}) + "\n", encoding="utf-8")
         _install(staging, final)
