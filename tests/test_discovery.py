@@ -17,7 +17,7 @@ from discovery_fixtures import (
     dataset_config, encode, image, rotated_jpeg, touch_later, training_config, write,
 )
 from simpletuner.helpers.data_backend.local import LocalDataBackend
-from simpletuner.helpers.metadata.backends import discovery
+from simpletuner.helpers.metadata.backends import discovery, probe_pool
 from simpletuner.helpers.metadata.backends.base import (
     MISSING_CAPTION, MetadataBackend, MetadataCacheError,
 )
@@ -40,13 +40,13 @@ class TempDirTest(unittest.TestCase):
 
     def refresh(self, backend: MetadataBackend):
         """Run refresh_index while recording every path whose header is read."""
-        real = discovery.probe_images
+        real = probe_pool.probe_images
 
         def counting(paths, **kwargs):
             self.reads.extend(Path(p).relative_to(self.data).as_posix() for p in paths)
             return real(paths, **kwargs)
 
-        with mock.patch.object(discovery, "probe_images", counting):
+        with mock.patch.object(probe_pool, "probe_images", counting):
             return backend.refresh_index(show_progress=False)
 
 
@@ -169,11 +169,31 @@ class ListingTest(TempDirTest):
         (self.data / "link.png").symlink_to(self.data / "a.png")
         (self.data / "dangling.png").symlink_to(self.data / "missing.png")
         listing = LocalDataBackend(self.data).list_files()
-        self.assertEqual([f.sample_id for f in listing.images],
+        self.assertEqual(listing.sample_ids,
                          ["UPPER.JPG", "a.png", "link.png", "sub/b.jpeg", "sub/deeper/c.webp"])
         self.assertEqual([path for path, _ in listing.unreadable], ["dangling.png"])
-        self.assertEqual(listing.images[1].size, len(data))
-        self.assertEqual(listing.images[1].mtime_ns, (self.data / "a.png").stat().st_mtime_ns)
+        self.assertEqual(listing.sizes[1], len(data))
+        self.assertEqual(listing.mtimes_ns[1], (self.data / "a.png").stat().st_mtime_ns)
+
+    def test_columns_stay_aligned_whatever_the_directory_order(self):
+        for i in range(30):
+            write(self.data, f"d{i % 4}/f{i:02d}.png", b"x" * (100 + i), caption=None)
+        real_scandir = os.scandir
+        shuffler = random.Random(5)
+
+        def shuffled_scandir(path):
+            entries = list(real_scandir(path))
+            shuffler.shuffle(entries)
+            return iter(entries)
+
+        with mock.patch("simpletuner.helpers.data_backend.local.os.scandir", shuffled_scandir):
+            listing = LocalDataBackend(self.data).list_files()
+        self.assertEqual(listing.sample_ids, sorted(listing.sample_ids))
+        self.assertEqual(len(listing.sample_ids), 30)
+        for sample_id, size, mtime_ns in zip(listing.sample_ids, listing.sizes,
+                                             listing.mtimes_ns):
+            stat = (self.data / sample_id).stat()
+            self.assertEqual((size, mtime_ns), (stat.st_size, stat.st_mtime_ns), sample_id)
 
     def test_read_and_exists(self):
         write(self.data, "x/y.png", b"bytes!", caption=None)
@@ -241,6 +261,18 @@ class CacheTest(TempDirTest):
         self.assertNotIn("dir0/img00.png", index.original_sizes)
         self.assertIn("new.png", index.buckets["64x96"])
         self.assertEqual(index.original_sizes["dir1/img01.png"], (128, 64))
+        self.assertEqual([s.path for s in index.skipped], ["broken.jpg"])  # carried over
+        self.assertEqual(backend.load_index(), index)
+
+    def test_a_repaired_file_leaves_the_skip_list(self):
+        self.populate(3)
+        self.assertEqual([s.path for s in self.refresh(self.backend()).skipped], ["broken.jpg"])
+        repaired = write(self.data, "broken.jpg", encode(image(64, 64), "JPEG"))
+        touch_later(repaired)
+        index = self.refresh(self.backend())
+        self.assertEqual(index.skipped, [])
+        self.assertIn("broken.jpg", index.buckets["64x64"])
+        self.assertEqual(index.original_sizes["broken.jpg"], (64, 64))
 
     def test_settings_change_rebuckets_without_reading(self):
         self.populate()
@@ -277,6 +309,22 @@ class CacheTest(TempDirTest):
             self.assertEqual(self.refresh(self.backend()), index)
         self.assertEqual(len(self.reads), 4)
         self.assertEqual(json.loads(backend.cache_path.read_text())["dataset_id"], "photos")
+
+    def test_cache_with_misaligned_columns_is_rebuilt(self):
+        self.populate(3)
+        backend = self.backend()
+        index = self.refresh(backend)
+        cache = json.loads(backend.cache_path.read_text())
+        cache["files"]["width"].pop()
+        backend.cache_path.write_text(json.dumps(cache))
+        with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING") as logs:
+            with self.assertRaises(MetadataCacheError):
+                self.backend().load_index()
+            self.reads.clear()
+            self.assertEqual(self.refresh(self.backend()), index)
+        self.assertIn("differ in length", "\n".join(logs.output))
+        self.assertEqual(len(self.reads), 4)
+        self.assertEqual(self.backend().load_index(), index)
 
 
 class CaptionTest(TempDirTest):

@@ -4,34 +4,33 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"})
 CAPTION_EXTENSION = ".txt"
 
 
-class ListedFile(NamedTuple):  # a tuple: about 5x cheaper to make than a frozen dataclass
-    sample_id: str  # path relative to the root, '/' separators
-    size: int       # bytes
-    mtime_ns: int
-
-
 @dataclass
 class Listing:
-    """One walk of the folder. Lists are sorted by sample id, whatever the directory order."""
+    """One walk of the folder, sorted by sample id whatever the directory order.
 
-    images: list[ListedFile]
+    The images are three parallel columns rather than an object per file: a dataset of millions
+    of files stays three lists, which are cheap to build, compare and keep (no per-file objects
+    for the garbage collector to walk).
+    """
+
+    sample_ids: list[str]  # paths relative to the root, '/' separators
+    sizes: list[int]       # bytes
+    mtimes_ns: list[int]
     captions: set[str]                                    # sample ids of the .txt files
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (sample id, reason)
 
 
-def _image_extension(name: str) -> bool:
-    """``os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS`` for a name that is not hidden,
-    without its per-call overhead (this runs once per file of the dataset)."""
-    stem, dot, ext = name.rpartition(".")
-    return bool(dot and stem) and "." + ext.lower() in IMAGE_EXTENSIONS
+def _is_image_name(name: str) -> bool:
+    """Whether a file name that is not hidden has an image extension (any case)."""
+    dot = name.rfind(".")
+    return dot > 0 and name[dot:].lower() in IMAGE_EXTENSIONS
 
 
 class LocalDataBackend:
@@ -45,7 +44,9 @@ class LocalDataBackend:
 
     def list_files(self) -> Listing:
         """Walk the tree once. Symlinked folders are followed, each real folder only once."""
-        images: list[ListedFile] = []
+        sample_ids: list[str] = []
+        sizes: list[int] = []
+        mtimes_ns: list[int] = []
         captions: set[str] = set()
         unreadable: list[tuple[str, str]] = []
         visited: set[str] = set()
@@ -71,18 +72,23 @@ class LocalDataBackend:
                     if entry.is_dir():  # follows symlinks
                         pending.append((entry.path, sample_id + "/"))
                         continue
-                    if name.endswith(CAPTION_EXTENSION):  # captions are '<stem>.txt'
+                    dot = name.rfind(".")  # _is_image_name, inlined: this runs once a file
+                    extension = name[dot:].lower() if dot > 0 else ""
+                    if extension == CAPTION_EXTENSION:  # captions are '<stem>.txt'
                         captions.add(sample_id)
-                    elif _image_extension(name):
+                    elif extension in IMAGE_EXTENSIONS:
                         stat = entry.stat()
-                        images.append(ListedFile(sample_id, stat.st_size, stat.st_mtime_ns))
+                        sample_ids.append(sample_id)
+                        sizes.append(stat.st_size)
+                        mtimes_ns.append(stat.st_mtime_ns)
                 except OSError as exc:
                     # e.g. a dangling symlink: report it, do not lose it silently
-                    if _image_extension(name):
+                    if _is_image_name(name):
                         unreadable.append((sample_id, f"cannot be read ({exc.strerror})"))
-        images.sort(key=attrgetter("sample_id"))
+        order = sorted(range(len(sample_ids)), key=sample_ids.__getitem__)
         unreadable.sort()
-        return Listing(images, captions, unreadable)
+        return Listing([sample_ids[i] for i in order], [sizes[i] for i in order],
+                       [mtimes_ns[i] for i in order], captions, unreadable)
 
     def exists(self, sample_id: str) -> bool:
         return self.path(sample_id).is_file()

@@ -2,8 +2,8 @@
 
 The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
 
-* ``files``: what each file's header said, keyed by sample id and valid while the file's byte
-  size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb limit),
+* ``files``: what each file's header said (columns, see file_table.py), valid while the file's
+  byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb limit),
   so a change of bucket settings re-buckets from it without reading a single image.
 * ``index``: the buckets and skips for ``settings``, everything that affects bucketing. Ranks
   other than the main one read it with ``load_index`` and refuse it if the settings differ.
@@ -29,14 +29,15 @@ from PIL import Image
 from simpletuner.configuration import DatasetConfig, TrainingConfig
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
 from simpletuner.helpers.data_backend.local import LocalDataBackend, Listing
-from simpletuner.helpers.metadata.backends import discovery
+from simpletuner.helpers.metadata.backends import probe_pool
 from simpletuner.helpers.metadata.buckets import BucketSettings, SizeFilters, bucket_for
+from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
 from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: the index no longer repeats the image sizes
+CACHE_VERSION = 3  # 3: ``files`` is a table of columns, not a list per file
 MISSING_CAPTION = "missing caption: no <name>.txt beside the image (caption_strategy 'textfile')"
 
 
@@ -109,45 +110,36 @@ class MetadataBackend:
         """List the folder, read headers of new or changed files only, bucket, write the cache."""
         listing = self.data_backend.list_files()
         cache = self._read_cache()
-        known: dict[str, list] = {}
+        known = FileTable()
         if cache is not None and cache.get("files_key") == self._file_entries_key():
-            known = cache.get("files", {})
-        # Filled in listing order, which is sorted by sample id, so ``files`` is sorted too.
-        files: dict[str, list] = {}
-        to_read = []
-        for listed in listing.images:
-            entry = known.get(listed.sample_id)
-            if entry is not None and entry[:2] == [listed.size, listed.mtime_ns]:
-                files[listed.sample_id] = entry
-            else:
-                files[listed.sample_id] = []  # a placeholder keeps the order
-                to_read.append(listed)
-        probes = discovery.probe_images(
-            [str(self.data_backend.path(f.sample_id)) for f in to_read],
-            max_pixels=Image.MAX_IMAGE_PIXELS, show_progress=show_progress and bool(to_read),
+            known = self._cached_files(cache) or known
+        files, stale, forgotten = known.reconcile(listing)
+        probes = probe_pool.probe_images(
+            [str(self.data_backend.path(files.ids[row])) for row in stale],
+            max_pixels=Image.MAX_IMAGE_PIXELS, show_progress=show_progress and bool(stale),
             description=f"{self.dataset.id}: reading image headers",
         )
-        for listed, probe in zip(to_read, probes):
-            result = [probe.error] if probe.error else [probe.width, probe.height]
-            files[listed.sample_id] = [listed.size, listed.mtime_ns, *result]
+        for row, probe in zip(stale, probes):
+            files.record(row, probe)
         index = self._build_index(files, listing)
         new_cache = {
             "version": CACHE_VERSION, "dataset_id": self.dataset.id,
-            "files_key": self._file_entries_key(), "files": files,
+            "files_key": self._file_entries_key(), "files": files.to_json(),
             "settings": self.settings(), "index": _index_to_json(index),
         }
         changed = new_cache != cache
         if changed:
             atomic_write_json(self.cache_path, new_cache)
         self.last_refresh = RefreshReport(
-            listed=len(listing.images), reused=len(listing.images) - len(to_read),
-            read=len(to_read), forgotten=len(known.keys() - files.keys()), cache_written=changed)
+            listed=len(files.ids), reused=len(files.ids) - len(stale), read=len(stale),
+            forgotten=forgotten, cache_written=changed)
         return index
 
     def load_index(self) -> DatasetIndex:
         """The index the main process wrote; reads no image and lists no folder."""
         cache = self._read_cache()
-        if cache is None:
+        files = self._cached_files(cache) if cache is not None else None
+        if files is None:
             raise MetadataCacheError(
                 f"dataset '{self.dataset.id}': no usable metadata cache at {self.cache_path}; "
                 "the main process writes it with refresh_index() (or run "
@@ -156,7 +148,9 @@ class MetadataBackend:
             raise MetadataCacheError(
                 f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} was "
                 "written with other bucket settings; refresh it on the main process first")
-        return _index_from_json(self.dataset.id, cache["index"], cache["files"])
+        skipped = [SkippedFile(path, reason) for path, reason in cache["index"]["skipped"]]
+        return DatasetIndex(self.dataset.id, cache["index"]["buckets"],
+                            files.sizes_without(s.path for s in skipped), skipped)
 
     def caption_for(self, sample_id: str) -> str:
         strategy = self.dataset.caption_strategy
@@ -222,24 +216,22 @@ class MetadataBackend:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _build_index(self, files: dict[str, list], listing: Listing) -> DatasetIndex:
-        """``files`` in sample id order, so every bucket list comes out sorted."""
+    def _build_index(self, files: FileTable, listing: Listing) -> DatasetIndex:
+        """``files`` is in sample id order, so every bucket list comes out sorted."""
         buckets: dict[str, list[str]] = {}
-        sizes: dict[str, tuple[int, int]] = {}
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
         needs_caption = self.dataset.caption_strategy == "textfile"
         # Sizes repeat (one camera, one export setting), so each distinct size is decided once.
         by_size: dict[tuple[int, int], tuple[str | None, str | None]] = {}
-        for sample_id, entry in files.items():
-            if len(entry) == 3:  # [size, mtime_ns, reason]: the header could not be used
-                skipped.append(SkippedFile(sample_id, entry[2]))
+        for sample_id, width, height in zip(files.ids, files.widths, files.heights):
+            if not width:  # the header could not be used
+                skipped.append(SkippedFile(sample_id, files.errors[sample_id]))
                 continue
-            size = (entry[2], entry[3])
-            decided = by_size.get(size)
+            decided = by_size.get((width, height))
             if decided is None:
-                reason = self.filters.reason_to_skip(*size)
-                decided = by_size[size] = (
-                    reason, None if reason else bucket_for(*size, self.bucket_settings))
+                reason = self.filters.reason_to_skip(width, height)
+                decided = by_size[width, height] = (
+                    reason, None if reason else bucket_for(width, height, self.bucket_settings))
             reason, key = decided
             if (reason is None and needs_caption
                     and caption_file_for(sample_id) not in listing.captions):
@@ -248,9 +240,17 @@ class MetadataBackend:
                 skipped.append(SkippedFile(sample_id, reason))
                 continue
             buckets.setdefault(key, []).append(sample_id)
-            sizes[sample_id] = size
         skipped.sort(key=lambda s: (s.path, s.reason))
-        return DatasetIndex(self.dataset.id, dict(sorted(buckets.items())), sizes, skipped)
+        return DatasetIndex(self.dataset.id, dict(sorted(buckets.items())),
+                            files.sizes_without(s.path for s in skipped), skipped)
+
+    def _cached_files(self, cache: dict[str, Any]) -> FileTable | None:
+        try:
+            return FileTable.from_json(cache.get("files"))
+        except FileTableFormatError as exc:
+            logger.warning("dataset '%s': ignoring the malformed metadata cache %s (%s); "
+                           "rebuilding", self.dataset.id, self.cache_path, exc)
+            return None
 
     def _read_cache(self) -> dict[str, Any] | None:
         try:
@@ -268,16 +268,3 @@ class MetadataBackend:
 
 def _index_to_json(index: DatasetIndex) -> dict[str, Any]:
     return {"buckets": index.buckets, "skipped": [[s.path, s.reason] for s in index.skipped]}
-
-
-def _index_from_json(dataset_id: str, data: dict[str, Any],
-                     files: dict[str, list]) -> DatasetIndex:
-    """The sizes of indexed files come from their ``files`` entries [size, mtime, w, h]."""
-    buckets = data["buckets"]
-    sizes = {}
-    for ids in buckets.values():
-        for sample_id in ids:
-            entry = files[sample_id]
-            sizes[sample_id] = (entry[2], entry[3])
-    return DatasetIndex(dataset_id, buckets, sizes,
-                        [SkippedFile(path, reason) for path, reason in data["skipped"]])

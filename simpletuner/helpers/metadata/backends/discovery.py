@@ -1,7 +1,7 @@
-"""Image sizes from file headers, never a full decode, read in parallel.
+"""Image sizes from file headers, never a full decode (probe_pool.py reads many in parallel).
 
 Pillow's ``Image.open`` parses only the header; the pixel data is decoded by ``load()``, which is
-never called here except to confirm a file whose end marker is missing (see ``_complete``).
+never called here except to confirm a file whose end marker is missing (see ``probe_image``).
 EXIF orientations 5-8 rotate the picture by 90 degrees, so width and height are swapped: a
 portrait photo stored landscape is bucketed as portrait.
 """
@@ -9,13 +9,9 @@ portrait photo stored landscape is bucketed as portrait.
 from __future__ import annotations
 
 import os
-import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
 
 from PIL import Image
-from tqdm import tqdm
 
 ORIENTATION_TAG = 0x0112
 _ROTATED_ORIENTATIONS = frozenset({5, 6, 7, 8})
@@ -23,7 +19,6 @@ _IMAGE_SIGNATURES = (
     b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+",
 )
 _TAIL_BYTES = 4096
-_CHUNK = 64  # paths per pool task: few futures even for millions of files
 
 ZERO_BYTE = "zero-byte file"
 NOT_AN_IMAGE = "not an image"
@@ -117,34 +112,3 @@ def probe_image(path: str, max_pixels: int | None) -> Probe:
     if orientation in _ROTATED_ORIENTATIONS:
         width, height = height, width
     return Probe(width, height)
-
-
-def _probe_chunk(paths: Sequence[str], max_pixels: int | None) -> list[Probe]:
-    return [probe_image(p, max_pixels) for p in paths]
-
-
-def default_workers() -> int:
-    # Threads, not processes: header parsing is cheap (about 0.2 ms an image here) and the
-    # rest is waiting on storage, which threads overlap; measured in benchmarks/bench_discovery.py.
-    return min(16, 4 * (os.cpu_count() or 1))
-
-
-def probe_images(paths: Sequence[str], *, max_pixels: int | None, workers: int | None = None,
-                 show_progress: bool = True,
-                 description: str = "reading image headers") -> list[Probe]:
-    """Probe every path in a thread pool; results are in the order of ``paths``.
-
-    ``max_pixels`` is the decompression-bomb limit (pass ``Image.MAX_IMAGE_PIXELS``; None = none).
-    """
-    chunks = [paths[i:i + _CHUNK] for i in range(0, len(paths), _CHUNK)]
-    results: list[Probe] = []
-    with warnings.catch_warnings():  # broken files are reported as skips instead of warnings
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
-        with ThreadPoolExecutor(workers or default_workers()) as pool, tqdm(
-            total=len(paths), desc=description, unit="img", disable=not show_progress
-        ) as bar:
-            for probes in pool.map(_probe_chunk, chunks, [max_pixels] * len(chunks)):
-                results.extend(probes)
-                bar.update(len(probes))
-    return results
