@@ -6,8 +6,9 @@ A synthetic bucket index of N sample ids (paths such as 'part00012/img_00012345.
 of uneven size (Zipf-like), each bucket sorted as the index holds it. Two sides, measured at N/10
 and N, each in a fresh subprocess so that memory is its own:
 
-* project: MultiAspectSampler for rank 0 of W; every slice of epoch 0 (sampler.slices) and the
-  first micro-batch (what a rank does before its first step);
+* project: DatasetIndex and MultiAspectSampler for rank 0 of W; every slice of epoch 0
+  (sampler.slices) and the first micro-batch (what a rank does before its first step). Its
+  buckets are in canonical order by construction (see build_buckets), so nothing is sorted;
 * reference, the way of the trainer this project is modelled on: per bucket, sort the id list
   (canonical order), copy and shuffle it with random.Random, trim to a multiple of E, and slice
   out this rank's part.
@@ -32,27 +33,25 @@ import numpy as np
 
 from benchlib import (current_rss_mb, emit, format_table, machine, peak_rss_mb, ratio,
                       reset_peak_rss, verdict)
+from simpletuner.helpers.metadata.split import SortedIds
 
 SEED, EPOCH, RANK = 1234, 0, 0
 
 
-def build_buckets(samples: int, buckets: int, interleaved: bool = False) -> dict[str, list[str]]:
-    """Deterministic, each bucket sorted as DatasetIndex.buckets holds it.
+def build_buckets(samples: int, buckets: int) -> dict[str, SortedIds]:
+    """Deterministic, as DatasetIndex.buckets holds them on every rank.
 
-    By default each bucket's id strings are made one bucket after the other, as ``load_index``
-    parses them from the metadata cache on every rank but the main one. ``interleaved`` makes
-    them in listing order instead, as the main rank's ``refresh_index`` does: then neighbours in
-    a bucket lie far apart in memory, and every pass over the strings is slower."""
+    The id strings are made in sample id order and appended to their bucket's SortedIds, as
+    ``refresh_index`` does from the sorted listing on the main rank and ``load_index`` does from
+    the rows of the cached file table on the others: neighbours in a bucket lie apart in
+    memory, and the buckets are known to be in canonical order without a check."""
     weights = np.array([1 / (k + 1) for k in range(buckets)])
     keys = [f"{512 + 64 * (k % 16)}x{512 + 64 * (k // 16)}" for k in range(buckets)]
     assignment = np.random.default_rng(0).choice(buckets, size=samples, p=weights / weights.sum())
-    if interleaved:
-        index: dict[str, list[str]] = {key: [] for key in keys}
-        for i, k in enumerate(assignment.tolist()):
-            index[keys[k]].append(_sample_id(i))
-        return index
-    return {key: [_sample_id(i) for i in np.flatnonzero(assignment == k).tolist()]
-            for k, key in enumerate(keys)}
+    index: dict[str, SortedIds] = {key: SortedIds() for key in keys}
+    for i, k in enumerate(assignment.tolist()):
+        index[keys[k]].append(_sample_id(i))
+    return index
 
 
 def _sample_id(i: int) -> str:
@@ -86,17 +85,17 @@ def project_split(buckets: dict[str, list[str]], world: int, batch: int, accumul
                                  accumulation=accumulation)
     slices = sampler.slices(EPOCH)
     next(iter(sampler))
-    return sum(len(s.samples) for s in slices)
+    return sum(s.micro_batches * s.batch_size for s in slices)  # ids are looked up per batch
 
 
 def run_one(side: str, samples: int, buckets_count: int, world: int, batch: int,
-            accumulation: int, interleaved: bool) -> dict:
+            accumulation: int) -> dict:
     """In a fresh process: build the index, then time and measure one rank's split."""
     if side == "project":  # imports are not the split's cost
         import simpletuner.helpers.multiaspect.sampler  # noqa: F401
     gc.collect()
     baseline = current_rss_mb()
-    buckets = build_buckets(samples, buckets_count, interleaved)
+    buckets = build_buckets(samples, buckets_count)
     gc.collect()
     holding = current_rss_mb()
     exact_peak = reset_peak_rss()
@@ -119,8 +118,7 @@ def measure(side: str, samples: int, args) -> dict:
     for _ in range(args.repeats):
         command = [sys.executable, __file__, "--one", side, "--samples", str(samples),
                    "--buckets", str(args.buckets), "--world-size", str(args.world_size),
-                   "--batch-size", str(args.batch_size), "--accumulation", str(args.accumulation),
-                   *(["--interleaved"] if args.interleaved else [])]
+                   "--batch-size", str(args.batch_size), "--accumulation", str(args.accumulation)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{side} at {samples} samples failed:\n{done.stderr}")
@@ -145,8 +143,8 @@ def render(result: dict) -> str:
     m = result["machine"]
     lines = [
         f"Split: {result['buckets']} buckets, {result['world_size']} ranks, micro-batch "
-        f"{result['batch_size']}, accumulation {result['accumulation']}, ids in memory "
-        f"{result['id_layout']}; one rank's slices of epoch 0 + first micro-batch; "
+        f"{result['batch_size']}, accumulation {result['accumulation']}; one rank's slices of "
+        f"epoch 0 + first micro-batch; "
         f"{m['cpus']} CPUs, load {m['load_average_1_5_15']}",
         format_table(["", "seconds", "cpu s", "path list MiB", "extra peak MiB",
                       "x reference"], rows),
@@ -172,22 +170,17 @@ def main() -> None:
     parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5,
                         help="fresh processes per side and size; best time, largest peak")
-    parser.add_argument("--interleaved", action="store_true",
-                        help="ids in memory in listing order, as on the main rank (see "
-                        "build_buckets); default: bucket by bucket, as on the other ranks")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--one", choices=["project", "reference"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # the child process of measure()
         print(json.dumps(run_one(args.one, args.samples, args.buckets, args.world_size,
-                                 args.batch_size, args.accumulation, args.interleaved)))
+                                 args.batch_size, args.accumulation)))
         return
 
     result = {"machine": machine(), "samples": args.samples, "buckets": args.buckets,
               "world_size": args.world_size, "batch_size": args.batch_size,
-              "accumulation": args.accumulation,
-              "id_layout": "interleaved (main rank)" if args.interleaved else
-              "bucket by bucket (other ranks)", "by_samples": {}}
+              "accumulation": args.accumulation, "by_samples": {}}
     for n in (args.samples // 10, args.samples):
         print(f"measuring {n:,} samples...", file=sys.stderr)
         result["by_samples"][str(n)] = {side: measure(side, n, args)

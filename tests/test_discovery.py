@@ -18,6 +18,7 @@ from discovery_fixtures import (
 )
 from simpletuner.helpers.data_backend.local import LocalDataBackend
 from simpletuner.helpers.metadata.backends import discovery, probe_pool
+from simpletuner.helpers.metadata.split import SortedIds
 from simpletuner.helpers.metadata.backends.base import (
     MISSING_CAPTION, MetadataBackend, MetadataCacheError,
 )
@@ -263,6 +264,10 @@ class CacheTest(TempDirTest):
         self.assertEqual(index.original_sizes["dir1/img01.png"], (128, 64))
         self.assertEqual([s.path for s in index.skipped], ["broken.jpg"])  # carried over
         self.assertEqual(backend.load_index(), index)
+        for built in (index, backend.load_index()):
+            for bucket in built.buckets.values():
+                self.assertIsInstance(bucket, SortedIds)
+                self.assertEqual(bucket, sorted(bucket))
 
     def test_a_repaired_file_leaves_the_skip_list(self):
         self.populate(3)
@@ -309,6 +314,31 @@ class CacheTest(TempDirTest):
             self.assertEqual(self.refresh(self.backend()), index)
         self.assertEqual(len(self.reads), 4)
         self.assertEqual(json.loads(backend.cache_path.read_text())["dataset_id"], "photos")
+
+    def test_malformed_bucket_rows_are_refused_by_load_index(self):
+        self.populate()
+        backend = self.backend()
+        self.refresh(backend)
+        good = backend.cache_path.read_text()
+        for damage in (lambda rows: rows.reverse(), lambda rows: rows.append(10 ** 6),
+                       lambda rows: rows.insert(0, "dir0/img00.png")):
+            cache = json.loads(good)
+            damage(next(iter(cache["index"]["buckets"].values())))
+            backend.cache_path.write_text(json.dumps(cache))
+            with self.assertRaisesRegex(MetadataCacheError, "malformed index"):
+                self.backend().load_index()
+
+    def test_a_cache_edited_out_of_order_does_not_match_the_main_rank(self):
+        self.populate()
+        backend = self.backend()
+        index = self.refresh(backend)
+        cache = json.loads(backend.cache_path.read_text())
+        ids = cache["files"]["ids"]
+        first, second = ids.index(index.buckets["64x64"][0]), ids.index(index.buckets["64x64"][1])
+        ids[first], ids[second] = ids[second], ids[first]  # rows still ascend, ids do not
+        backend.cache_path.write_text(json.dumps(cache))
+        # What the ranks' agreement check compares: it tells this rank from the main one.
+        self.assertNotEqual(self.backend().load_index().digest(), index.digest())
 
     def test_cache_with_misaligned_columns_is_rebuilt(self):
         self.populate(3)

@@ -180,6 +180,15 @@ class FingerprintTest(unittest.TestCase):
             with self.subTest(needle=needle):
                 self.assertIn(needle, self.warnings_on_load(other))
 
+    def test_a_state_saved_by_another_split_version_is_named(self):
+        from simpletuner.helpers.metadata.split import SPLIT_VERSION
+        state = self.saved_state()
+        state["fingerprint"]["split_version"] = SPLIT_VERSION - 1
+        with self.assertLogs("simpletuner.helpers.multiaspect.sampler", "WARNING") as logs:
+            sampler(two_datasets()).load_state_dict(state)
+        self.assertIn(f"split_version: {SPLIT_VERSION - 1} -> {SPLIT_VERSION}",
+                      logs.records[0].getMessage())
+
     def test_mismatch_keeps_the_saved_position(self):
         other = sampler(two_datasets(), processes=2)
         state = self.saved_state()

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.metadata.split import (DatasetSpec, EffectiveBatch,
-                                                UndersizedBucketsError, check_bucket_sizes,
-                                                split_bucket)
+from simpletuner.helpers.metadata.split import (DatasetSpec, EffectiveBatch, SortedIds,
+                                                UndersizedBucketsError, canonical_ids,
+                                                check_bucket_sizes, split_bucket)
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 
 
@@ -136,6 +136,19 @@ class SplitGridTest(unittest.TestCase):
             other = split_bucket(ids(40), repeats=0, effective=eff, rank=0, **args).samples
             self.assertNotEqual(other, base, change)
 
+    def test_a_bucket_large_enough_for_the_feistel_shuffle_is_split_exactly_once(self):
+        from simpletuner.helpers.metadata.permutation import FEISTEL_FROM
+        eff = EffectiveBatch.for_dataset(2, 3, 2)
+        sample_ids = ids(FEISTEL_FROM // 2 + 7)
+        slices = split_all(sample_ids, repeats=1, eff=eff)
+        self.assertGreaterEqual(slices[0].counts.occurrences, FEISTEL_FROM)
+        self.assertEqual({len(s.samples) for s in slices}, {slices[0].counts.kept // 3})
+        seen = Counter(x for s in slices for x in s.samples) + Counter(slices[0].trimmed)
+        self.assertEqual(seen, Counter({x: 2 for x in sample_ids}))
+        self.assertEqual(len(slices[0].trimmed), slices[0].counts.occurrences % 12)
+        # micro-batch j of each rank is its j-th group of batch_size samples
+        self.assertEqual(slices[1].micro_batch(5), slices[1].samples[10:12])
+
     def test_duplicate_ids_in_a_bucket_are_rejected(self):
         eff = EffectiveBatch.for_dataset(1, 2, 1)
         with self.assertRaises(ValueError):
@@ -153,6 +166,23 @@ class IndependenceTest(unittest.TestCase):
             shuffler.shuffle(shuffled)
             got = [(s.samples, s.trimmed) for s in split_all(shuffled, repeats=1, eff=eff)]
             self.assertEqual(got, expected)
+
+    def test_an_index_puts_its_buckets_in_canonical_order_once(self):
+        shuffled = ids(30)
+        random.Random(4).shuffle(shuffled)
+        index = DatasetIndex("d", {"64x64": shuffled, "64x128": ids(5, "t")}, {})
+        for key, bucket in index.buckets.items():
+            self.assertIsInstance(bucket, SortedIds)
+            self.assertEqual(bucket, sorted(bucket))
+            self.assertIs(canonical_ids(bucket), bucket)  # the split does not check it again
+        self.assertEqual(index.buckets["64x64"], ids(30))
+        in_order = DatasetIndex("d", {"64x128": ids(5, "t"), "64x64": ids(30)}, {})
+        self.assertEqual(in_order.digest(), index.digest())
+        with self.assertRaises(ValueError):
+            DatasetIndex("d", {"64x64": ["b.png", "a.png", "b.png"]}, {})
+        smaller = index.without({ids(30)[3]: "gone"})
+        self.assertIsInstance(smaller.buckets["64x64"], SortedIds)
+        self.assertEqual(smaller.buckets["64x64"], ids(30)[:3] + ids(30)[4:])
 
     def test_global_rngs_are_neither_used_nor_advanced(self):
         eff = EffectiveBatch.for_dataset(2, 4, 1)

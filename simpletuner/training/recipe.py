@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
-from simpletuner.helpers.metadata.split import stable_seed
+from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import build_sampler, start_data
 from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.base import LossSettings

@@ -8,11 +8,14 @@ collector to walk (benchmarks/bench_discovery.py measures it).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Iterable
 
 from simpletuner.helpers.data_backend.local import Listing
 from simpletuner.helpers.metadata.backends.discovery import Probe
+from simpletuner.helpers.metadata.split import SortedIds
 
 _COLUMNS = ("ids", "bytes", "mtime_ns", "width", "height")
 
@@ -84,6 +87,14 @@ class FileTable:
             self.errors[sample_id] = probe.error
         else:
             self.widths[row], self.heights[row] = probe.width, probe.height
+
+    def ids_at(self, rows: list[int]) -> SortedIds:
+        """The sample ids of ``rows``, which must ascend: the table is sorted by sample id, so
+        they come out in canonical order without comparing a single id."""
+        if rows and not (0 <= rows[0] and rows[-1] < len(self.ids)
+                         and all(map(operator.lt, rows, islice(rows, 1, None)))):
+            raise FileTableFormatError("a bucket's rows are not ascending rows of 'files'")
+        return SortedIds(map(self.ids.__getitem__, rows))
 
     def sizes_without(self, skipped: Iterable[str]) -> dict[str, tuple[int, int]]:
         """(width, height) by sample id of every row but ``skipped`` (which holds the unusable

@@ -6,6 +6,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from simpletuner.helpers.metadata.split import SortedIds, canonical_ids
+
 
 @dataclass(frozen=True)
 class SkippedFile:
@@ -16,9 +18,13 @@ class SkippedFile:
 @dataclass
 class DatasetIndex:
     dataset_id: str
-    buckets: dict[str, list[str]]              # "WxH" -> sorted sample ids
+    buckets: dict[str, SortedIds]              # "WxH" -> sorted sample ids
     original_sizes: dict[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
     skipped: list[SkippedFile] = field(default_factory=list)
+
+    def __post_init__(self):
+        # Any list is accepted and put in canonical order once, here (see SortedIds).
+        self.buckets = {key: canonical_ids(ids) for key, ids in self.buckets.items()}
 
     @property
     def sample_count(self) -> int:
@@ -26,8 +32,8 @@ class DatasetIndex:
 
     def digest(self) -> str:
         """Stable across processes and machines: ranks compare it to agree on the index."""
-        canonical = {key: sorted(ids) for key, ids in sorted(self.buckets.items())}
-        payload = json.dumps([self.dataset_id, canonical], separators=(",", ":"))
+        payload = json.dumps([self.dataset_id, dict(sorted(self.buckets.items()))],
+                             separators=(",", ":"))
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
     def without(self, removed: dict[str, str]) -> "DatasetIndex":
@@ -36,7 +42,7 @@ class DatasetIndex:
             return self
         buckets = {}
         for key, ids in self.buckets.items():
-            kept = [s for s in ids if s not in removed]
+            kept = SortedIds(s for s in ids if s not in removed)
             if kept:
                 buckets[key] = kept
         sizes = {s: wh for s, wh in self.original_sizes.items() if s not in removed}

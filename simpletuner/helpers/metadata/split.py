@@ -4,9 +4,9 @@ Every rank calls these with the same inputs and gets its own part of one shared 
 
 1. A bucket's occurrences are put in a canonical order (sample ids sorted, each id ``repeats+1``
    times in a row), so listing order, cache order and ``PYTHONHASHSEED`` cannot matter.
-2. An RNG seeded by a SHA-256 digest of ``(seed, dataset id, bucket, epoch)`` draws a permutation
-   of occurrence *indices* (no copy of the id list); the global random/numpy/torch RNGs are never
-   used.
+2. A permutation of occurrence *indices* fixed by a SHA digest of ``(seed, dataset id, bucket,
+   epoch)`` (permutation.py; no copy of the id list) is evaluated at this rank's positions only;
+   the global random/numpy/torch RNGs are never used.
 3. The tail beyond a multiple of the effective batch ``E = batch x processes x accumulation`` is
    trimmed and reported; it changes with the epoch because the permutation does.
 4. Kept occurrences are laid out as ``(micro-batch, rank, batch)``: micro-batch ``j`` of every
@@ -19,8 +19,6 @@ Nothing here calls torch.distributed; a test can run every rank in one process.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import operator
 from dataclasses import dataclass
@@ -28,6 +26,13 @@ from itertools import islice
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from simpletuner.helpers.metadata.permutation import StableShuffle
+
+
+# Which samples go where changes with this; a sampler state saved under another version is
+# warned about on resume. 2: buckets of 65 536+ occurrences shuffle with a Feistel network.
+SPLIT_VERSION = 2
 
 
 class UndersizedBucketsError(ValueError):
@@ -163,64 +168,61 @@ def check_bucket_sizes(datasets: Sequence[DatasetSpec], processes: int,
     return notes
 
 
-def stable_seed(*parts: object) -> int:
-    """A 128-bit seed from a SHA-256 digest of JSON-encoded parts; never Python's hash()."""
-    payload = json.dumps(list(parts), separators=(",", ":"), sort_keys=True)
-    return int.from_bytes(hashlib.sha256(payload.encode("utf-8")).digest()[:16], "little")
-
-
-def stable_permutation(n: int, *parts: object) -> np.ndarray:
-    """A permutation of ``range(n)`` determined only by ``parts``.
-
-    Sorting raw PCG64 output relies only on the bit stream, which numpy keeps stable across
-    versions (unlike ``Generator.permutation``'s algorithm). The bit generator is local, so no
-    global RNG is read or advanced.
-    """
-    return stable_argsort(np.random.PCG64(stable_seed(*parts)).random_raw(n))
-
-
-def stable_argsort(keys: np.ndarray) -> np.ndarray:
-    """``np.argsort(keys, kind="stable")``, about 3x faster for keys that are all distinct.
-
-    Distinct keys have exactly one sorted order, so the unstable sort gives the stable sort's
-    answer; only when two keys are equal (random 64-bit keys: odds about n^2 / 2^65) is the
-    stable sort run instead.
-    """
-    order = np.argsort(keys)
-    ordered = keys[order]
-    if np.any(ordered[1:] == ordered[:-1]):
-        return np.argsort(keys, kind="stable")
-    return order
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BucketSlice:
-    """One rank's share of one bucket in one epoch."""
+    """One rank's share of one bucket in one epoch.
+
+    It holds positions, not ids: the ids of micro-batch j are looked up when it is asked for,
+    so a rank never builds a list of its whole share (a million-sample bucket costs a few MiB
+    of int64 here, and no pass over its id strings).
+    """
 
     dataset_id: str
     bucket: str
     epoch: int
-    batch_size: int       # samples per micro-batch
-    samples: list[str]    # micro-batch j is samples[j*batch_size:(j+1)*batch_size]
-    trimmed: list[str]    # one entry per trimmed occurrence; identical on every rank
+    batch_size: int             # samples per micro-batch
+    occurrences: np.ndarray     # canonical occurrence indices of this rank, micro-batch order
+    ids: SortedIds              # the bucket, canonical
+    repeats: int
+    trimmed: list[str]          # one entry per trimmed occurrence; identical on every rank
     counts: BucketCounts
 
     @property
     def micro_batches(self) -> int:
-        return len(self.samples) // self.batch_size
+        return len(self.occurrences) // self.batch_size
 
     def micro_batch(self, j: int) -> list[str]:
-        return self.samples[j * self.batch_size:(j + 1) * self.batch_size]
+        chosen = self.occurrences[j * self.batch_size:(j + 1) * self.batch_size]
+        return _ids_of(self.ids, chosen, self.counts, self.repeats)
+
+    @property
+    def samples(self) -> list[str]:
+        """Every sample id of this rank's share in order (micro-batch j is
+        samples[j*batch_size:(j+1)*batch_size]); built on each call."""
+        return _ids_of(self.ids, self.occurrences, self.counts, self.repeats)
 
 
-def _canonical(sample_ids: Sequence[str]) -> Sequence[str]:
-    """Sorted ids; the given sequence itself when it is already sorted (no second copy).
+class SortedIds(list):
+    """Sample ids in canonical order (sorted, each once), which the split takes as they are.
+
+    Every ``DatasetIndex`` bucket is one (see ``canonical_ids``), so a rank checks the order
+    once, where the index is made, not in every epoch's split; where a bucket is built in sorted
+    order (``refresh_index`` walks a sorted listing) it is never checked at all. With ids
+    scattered in memory, as on the main rank, the check is most of a rank's split time
+    (benchmarks/bench_split.py --interleaved). Treat it as read-only.
+    """
+
+
+def canonical_ids(sample_ids: Sequence[str]) -> SortedIds:
+    """``sample_ids`` in canonical order; a SortedIds is returned as it is.
 
     The pairwise checks run in C (map over operator functions): a Python-level loop here was
     most of a rank's split time at a million samples (benchmarks/bench_split.py)."""
-    if all(map(operator.lt, sample_ids, islice(sample_ids, 1, None))):
+    if isinstance(sample_ids, SortedIds):
         return sample_ids
-    ordered = sorted(sample_ids)
+    if all(map(operator.lt, sample_ids, islice(sample_ids, 1, None))):
+        return SortedIds(sample_ids)
+    ordered = SortedIds(sorted(sample_ids))
     if any(map(operator.eq, ordered, islice(ordered, 1, None))):
         raise ValueError("a bucket lists the same sample id twice")
     return ordered
@@ -239,19 +241,23 @@ def split_bucket(sample_ids: Sequence[str], *, dataset_id: str, bucket: str, epo
     """This rank's slice of one bucket for one epoch, plus the bucket's trimmed occurrences."""
     if not 0 <= rank < effective.processes:
         raise ValueError(f"rank {rank} is outside 0..{effective.processes - 1}")
-    ids = _canonical(sample_ids)
-    n = len(ids)
-    counts = bucket_counts(n, repeats, effective, allow_oversubscription)
-    order = stable_permutation(counts.occurrences, seed, dataset_id, bucket, epoch)
+    ids = canonical_ids(sample_ids)
+    counts = bucket_counts(len(ids), repeats, effective, allow_oversubscription)
+    shuffle = StableShuffle(counts.occurrences, seed, dataset_id, bucket, epoch)
     b, w = effective.batch_size, effective.processes
-    mine = order[:counts.kept].reshape(-1, w, b)[:, rank, :].ravel()
+    # Shuffled positions laid out as (micro-batch, rank, batch): this rank's are j*B*W + rank*B + t.
+    steps = np.arange(counts.kept // (b * w), dtype=np.int64)[:, None] * (b * w)
+    mine = (steps + rank * b + np.arange(b, dtype=np.int64)).ravel()
+    trimmed = shuffle.at(np.arange(counts.kept, counts.occurrences, dtype=np.int64))
     return BucketSlice(
         dataset_id=dataset_id,
         bucket=bucket,
         epoch=epoch,
         batch_size=b,
-        samples=_ids_of(ids, mine, counts, repeats),
-        trimmed=_ids_of(ids, order[counts.kept:], counts, repeats),
+        occurrences=shuffle.at(mine),
+        ids=ids,
+        repeats=repeats,
+        trimmed=_ids_of(ids, trimmed, counts, repeats),
         counts=counts,
     )
 

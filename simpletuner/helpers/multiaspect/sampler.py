@@ -17,9 +17,9 @@ import numpy as np
 
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.metadata.split import (BucketSlice, DatasetSpec, bucket_counts,
-                                                check_bucket_sizes, split_bucket,
-                                                stable_permutation)
+from simpletuner.helpers.metadata.permutation import stable_permutation
+from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, DatasetSpec,
+                                                bucket_counts, check_bucket_sizes, split_bucket)
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ class MultiAspectSampler:
     def fingerprint(self) -> dict:
         """Everything that decides the plan; plain JSON so a mismatch can name what changed."""
         return {
+            "split_version": SPLIT_VERSION,
             "processes": self.processes,
             "accumulation": self.accumulation,
             "seed": self.seed,

@@ -7,7 +7,10 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
   so a change of bucket settings re-buckets from it without reading a single image.
 * ``index``: the buckets and skips for ``settings``, everything that affects bucketing. Ranks
   other than the main one read it with ``load_index`` and refuse it if the settings differ.
-  Image sizes are not repeated there: ``load_index`` takes them from ``files``.
+  A bucket is a list of ascending rows of ``files``, which is sorted by sample id, so loading
+  it yields the canonical order without comparing a single id (and each id string is held
+  once). The ranks' agreement check compares every rank's index with the main one's, built
+  from the listing, so a cache edited out of order is caught there.
 
 A warm start (nothing changed) reads no image: it lists the folder (one stat per file) and
 parses this file; benchmarks/bench_discovery.py times it.
@@ -33,11 +36,13 @@ from simpletuner.helpers.metadata.backends import probe_pool
 from simpletuner.helpers.metadata.buckets import BucketSettings, SizeFilters, bucket_for
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
-from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
+from simpletuner.helpers.metadata.split import (
+    BucketSlice, DatasetSpec, SortedIds, split_dataset,
+)
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # 3: ``files`` is a table of columns, not a list per file
+CACHE_VERSION = 4  # 3: ``files`` is a table of columns; 4: buckets are rows of that table
 MISSING_CAPTION = "missing caption: no <name>.txt beside the image (caption_strategy 'textfile')"
 
 
@@ -121,11 +126,12 @@ class MetadataBackend:
         )
         for row, probe in zip(stale, probes):
             files.record(row, probe)
-        index = self._build_index(files, listing)
+        index, rows = self._build_index(files, listing)
         new_cache = {
             "version": CACHE_VERSION, "dataset_id": self.dataset.id,
             "files_key": self._file_entries_key(), "files": files.to_json(),
-            "settings": self.settings(), "index": _index_to_json(index),
+            "settings": self.settings(),
+            "index": {"buckets": rows, "skipped": [[s.path, s.reason] for s in index.skipped]},
         }
         changed = new_cache != cache
         if changed:
@@ -148,8 +154,14 @@ class MetadataBackend:
             raise MetadataCacheError(
                 f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} was "
                 "written with other bucket settings; refresh it on the main process first")
-        skipped = [SkippedFile(path, reason) for path, reason in cache["index"]["skipped"]]
-        return DatasetIndex(self.dataset.id, cache["index"]["buckets"],
+        try:
+            buckets = {key: files.ids_at(rows) for key, rows in cache["index"]["buckets"].items()}
+            skipped = [SkippedFile(path, reason) for path, reason in cache["index"]["skipped"]]
+        except (FileTableFormatError, LookupError, TypeError, ValueError, AttributeError) as exc:
+            raise MetadataCacheError(
+                f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} has a "
+                f"malformed index ({exc}); refresh it on the main process first") from exc
+        return DatasetIndex(self.dataset.id, buckets,
                             files.sizes_without(s.path for s in skipped), skipped)
 
     def caption_for(self, sample_id: str) -> str:
@@ -216,14 +228,20 @@ class MetadataBackend:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _build_index(self, files: FileTable, listing: Listing) -> DatasetIndex:
-        """``files`` is in sample id order, so every bucket list comes out sorted."""
-        buckets: dict[str, list[str]] = {}
+    def _build_index(self, files: FileTable,
+                     listing: Listing) -> tuple[DatasetIndex, dict[str, list[int]]]:
+        """The index, and each bucket as rows of ``files`` (what the cache stores).
+
+        ``files`` is in sample id order (the listing's), so every bucket is built sorted: a
+        SortedIds the split takes without checking it again."""
+        buckets: dict[str, SortedIds] = {}
+        rows: dict[str, list[int]] = {}
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
         needs_caption = self.dataset.caption_strategy == "textfile"
         # Sizes repeat (one camera, one export setting), so each distinct size is decided once.
         by_size: dict[tuple[int, int], tuple[str | None, str | None]] = {}
-        for sample_id, width, height in zip(files.ids, files.widths, files.heights):
+        for row, (sample_id, width, height) in enumerate(
+                zip(files.ids, files.widths, files.heights)):
             if not width:  # the header could not be used
                 skipped.append(SkippedFile(sample_id, files.errors[sample_id]))
                 continue
@@ -239,10 +257,12 @@ class MetadataBackend:
             if reason is not None:
                 skipped.append(SkippedFile(sample_id, reason))
                 continue
-            buckets.setdefault(key, []).append(sample_id)
+            buckets.setdefault(key, SortedIds()).append(sample_id)
+            rows.setdefault(key, []).append(row)
         skipped.sort(key=lambda s: (s.path, s.reason))
-        return DatasetIndex(self.dataset.id, dict(sorted(buckets.items())),
-                            files.sizes_without(s.path for s in skipped), skipped)
+        index = DatasetIndex(self.dataset.id, dict(sorted(buckets.items())),
+                             files.sizes_without(s.path for s in skipped), skipped)
+        return index, dict(sorted(rows.items()))
 
     def _cached_files(self, cache: dict[str, Any]) -> FileTable | None:
         try:
@@ -264,7 +284,3 @@ class MetadataBackend:
         if not isinstance(cache, dict) or cache.get("version") != CACHE_VERSION:
             return None
         return cache
-
-
-def _index_to_json(index: DatasetIndex) -> dict[str, Any]:
-    return {"buckets": index.buckets, "skipped": [[s.path, s.reason] for s in index.skipped]}
