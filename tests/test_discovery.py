@@ -125,6 +125,10 @@ class SkipReasonTest(TempDirTest):
             index = self.refresh(backend)
         reasons = {s.path: s.reason for s in index.skipped}
         self.assertEqual(index.buckets, {"96x64": ["good.jpg"]})
+        # Sizes are given for indexed files only, whether unreadable or filtered out.
+        self.assertEqual(dict(index.original_sizes), {"good.jpg": (96, 64)})
+        self.assertEqual(len(index.original_sizes), 1)
+        self.assertNotIn("tiny.png", index.original_sizes)
         self.assertEqual(len(index.skipped), len(reasons))  # each once
         self.assertEqual(reasons["empty.jpg"], discovery.ZERO_BYTE)
         self.assertEqual(reasons["text.jpg"], discovery.NOT_AN_IMAGE)

@@ -9,9 +9,11 @@ collector to walk (benchmarks/bench_discovery.py measures it).
 from __future__ import annotations
 
 import operator
+from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Iterable
+from typing import Any, Iterator
 
 from simpletuner.helpers.data_backend.local import Listing
 from simpletuner.helpers.metadata.backends.discovery import Probe
@@ -96,10 +98,31 @@ class FileTable:
             raise FileTableFormatError("a bucket's rows are not ascending rows of 'files'")
         return SortedIds(map(self.ids.__getitem__, rows))
 
-    def sizes_without(self, skipped: Iterable[str]) -> dict[str, tuple[int, int]]:
-        """(width, height) by sample id of every row but ``skipped`` (which holds the unusable
-        ones). Dropping the few skipped is cheaper than picking the many kept."""
-        sizes = dict(zip(self.ids, zip(self.widths, self.heights)))
-        for sample_id in skipped:
-            sizes.pop(sample_id, None)
-        return sizes
+    def image_sizes(self, excluded: set[str]) -> "ImageSizes":
+        """(width, height) by sample id of the usable rows not in ``excluded``."""
+        return ImageSizes(self, excluded)
+
+
+class ImageSizes(Mapping):
+    """A read-only view of a FileTable's sizes: looked up in the sorted id column (bisect)
+    rather than copied into a dict of one tuple per image, which a warm start would pay for
+    on every rank."""
+
+    def __init__(self, table: FileTable, excluded: set[str]):
+        self._table = table
+        self._excluded = excluded
+
+    def __getitem__(self, sample_id: str) -> tuple[int, int]:
+        ids = self._table.ids
+        row = bisect_left(ids, sample_id)
+        if (row == len(ids) or ids[row] != sample_id or not self._table.widths[row]
+                or sample_id in self._excluded):
+            raise KeyError(sample_id)
+        return self._table.widths[row], self._table.heights[row]
+
+    def __iter__(self) -> Iterator[str]:
+        return (sample_id for sample_id, width in zip(self._table.ids, self._table.widths)
+                if width and sample_id not in self._excluded)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -3,8 +3,8 @@
 The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
 
 * ``files``: what each file's header said (columns, see file_table.py), valid while the file's
-  byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb limit),
-  so a change of bucket settings re-buckets from it without reading a single image.
+  byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb
+  limit), so a change of bucket settings re-buckets from it without reading a single image.
 * ``index``: the buckets and skips for ``settings``, everything that affects bucketing. Ranks
   other than the main one read it with ``load_index`` and refuse it if the settings differ.
   A bucket is a list of ascending rows of ``files``, which is sorted by sample id, so loading
@@ -13,7 +13,8 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
   from the listing, so a cache edited out of order is caught there.
 
 A warm start (nothing changed) reads no image: it lists the folder (one stat per file) and
-parses this file; benchmarks/bench_discovery.py times it.
+parses this file; image sizes are looked up in the table, not copied (ImageSizes).
+benchmarks/bench_discovery.py times it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import logging
 import posixpath
 import secrets
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,8 +163,8 @@ class MetadataBackend:
             raise MetadataCacheError(
                 f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} has a "
                 f"malformed index ({exc}); refresh it on the main process first") from exc
-        return DatasetIndex(self.dataset.id, buckets,
-                            files.sizes_without(s.path for s in skipped), skipped)
+        sizes = files.image_sizes({s.path for s in skipped})
+        return DatasetIndex(self.dataset.id, buckets, sizes, skipped)
 
     def caption_for(self, sample_id: str) -> str:
         strategy = self.dataset.caption_strategy
@@ -234,8 +236,7 @@ class MetadataBackend:
 
         ``files`` is in sample id order (the listing's), so every bucket is built sorted: a
         SortedIds the split takes without checking it again."""
-        buckets: dict[str, SortedIds] = {}
-        rows: dict[str, list[int]] = {}
+        rows: defaultdict[str, list[int]] = defaultdict(list)
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
         needs_caption = self.dataset.caption_strategy == "textfile"
         # Sizes repeat (one camera, one export setting), so each distinct size is decided once.
@@ -257,12 +258,13 @@ class MetadataBackend:
             if reason is not None:
                 skipped.append(SkippedFile(sample_id, reason))
                 continue
-            buckets.setdefault(key, SortedIds()).append(sample_id)
-            rows.setdefault(key, []).append(row)
+            rows[key].append(row)
         skipped.sort(key=lambda s: (s.path, s.reason))
-        index = DatasetIndex(self.dataset.id, dict(sorted(buckets.items())),
-                             files.sizes_without(s.path for s in skipped), skipped)
-        return index, dict(sorted(rows.items()))
+        ordered = dict(sorted(rows.items()))
+        buckets = {key: SortedIds(map(files.ids.__getitem__, r)) for key, r in ordered.items()}
+        sizes = files.image_sizes({s.path for s in skipped})
+        index = DatasetIndex(self.dataset.id, buckets, sizes, skipped)
+        return index, ordered
 
     def _cached_files(self, cache: dict[str, Any]) -> FileTable | None:
         try:
