@@ -85,6 +85,27 @@ class ConfigTest(unittest.TestCase):
         self.assertIn("use letters, digits", text)
         self.assertGreaterEqual(len(problems), 6)
 
+    def test_loss_options_the_family_would_ignore_are_problems(self):
+        problems = self.problems({"model_family": "flux", "snr_gamma": 5.0,
+                                  "pretrained_model_name_or_path": "builtin:tiny-flux"},
+                                 [self.dataset()])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("'snr_gamma'", problems[0])
+        self.assertIn("flow matching", problems[0])
+        problems = self.problems({"flow_shift": 3.0, "--flow_logit_mean": 0.5}, [self.dataset()])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("'flow_logit_mean', 'flow_shift'", problems[0])
+        self.assertIn("model_family 'sd1x' would ignore them", problems[0])
+        problems = self.problems({"model_family": "sd3", "flux_guidance_value": 3.5,
+                                  "pretrained_model_name_or_path": "builtin:tiny-sd3"},
+                                 [self.dataset()])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("'flux_guidance_value' applies to model_family 'flux' only", problems[0])
+        self.write({"model_family": "sd3", "flow_shift": 3.0, "snr_gamma": None,
+                    "pretrained_model_name_or_path": "builtin:tiny-sd3"}, [self.dataset()])
+        self.assertEqual(load_configuration(self.config_path, cwd=self.root).training.flow_shift,
+                         3.0)
+
     def test_same_key_with_and_without_dashes_is_a_problem(self):
         problems = self.problems({"seed": 1, "--seed": 2}, [self.dataset()])
         self.assertEqual(len(problems), 1)

@@ -12,7 +12,7 @@ from typing import Any
 from simpletuner.configuration.datasets import DatasetConfig
 from simpletuner.configuration.errors import ConfigError
 from simpletuner.configuration.fields import parse_fields
-from simpletuner.configuration.options import TrainingConfig
+from simpletuner.configuration.options import FLOW_FAMILIES, TrainingConfig
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SUPPORTED_BACKENDS = ("local",)
@@ -49,6 +49,27 @@ def _resolve(path: str, base: Path) -> Path:
     return expanded if expanded.is_absolute() else (base / expanded)
 
 
+def _check_loss_options_fit_the_family(values: dict[str, Any], where: str,
+                                       problems: list[str]) -> None:
+    """An option the chosen family would ignore is a mistake to report, not to drop silently."""
+    family = values.get("model_family")
+    if family is None:
+        return
+    if family in FLOW_FAMILIES and values.get("snr_gamma") is not None:
+        problems.append(
+            f"{where}: key 'snr_gamma' applies to the noise-prediction families (sd1x, sd2x, "
+            f"sdxl); model_family '{family}' trains with flow matching, where Min-SNR weighting "
+            "does not exist. Remove it (flow_timestep_sampling and flow_shift shape that loss).")
+    flow_keys = sorted(key for key in values if key.startswith("flow_"))
+    if family not in FLOW_FAMILIES and flow_keys:
+        problems.append(
+            f"{where}: {', '.join(repr(k) for k in flow_keys)} apply to the flow-matching "
+            f"families (sd3, flux); model_family '{family}' would ignore them. Remove them.")
+    if family != "flux" and "flux_guidance_value" in values:
+        problems.append(f"{where}: key 'flux_guidance_value' applies to model_family 'flux' "
+                        f"only; '{family}' has no guidance input. Remove it.")
+
+
 def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig | None:
     if not isinstance(raw, dict):
         problems.append(f"{where}: expected a JSON object of options, found {type(raw).__name__}")
@@ -59,6 +80,7 @@ def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig 
         if not float(values["resolution"]).is_integer():
             problems.append(f"{where}: key 'resolution' is {values['resolution']}; with "
                             "resolution_type 'pixel' it must be a whole number of pixels")
+    _check_loss_options_fit_the_family(values, where, problems)
     if len(problems) > before:
         return None
     return TrainingConfig(**values)

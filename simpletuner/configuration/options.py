@@ -8,6 +8,7 @@ from typing import Literal
 from simpletuner.configuration.fields import option
 
 ModelFamily = Literal["sd1x", "sd2x", "sdxl", "sd3", "flux"]
+FLOW_FAMILIES = ("sd3", "flux")  # flow matching; the others predict noise (DDPM)
 LrScheduler = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
 ]
