@@ -33,7 +33,9 @@ from simpletuner.helpers.metadata.backends.discovery import Probe, probe_image
 
 logger = logging.getLogger(__name__)
 
-MIN_FILES_PER_WORKER = 500  # below this a worker's start-up (~0.1 s) outweighs its help
+# A worker's start-up (Python and Pillow, 0.15-0.3 s here) pays off from about this many
+# files per worker; measured with workers=1 against workers=2 on 500-10 000 files.
+MIN_FILES_PER_WORKER = 2500
 MAX_WORKERS = 8
 REPORT_EVERY = 64  # probes per line a worker writes: the progress bar's granularity
 
