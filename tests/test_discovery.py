@@ -24,6 +24,19 @@ from simpletuner.helpers.metadata.backends.base import (
 )
 
 
+def shuffled_directory_order(seed: int):
+    """Patch the listing's os.scandir to return each folder's entries in a shuffled order."""
+    real_scandir = os.scandir
+    shuffler = random.Random(seed)
+
+    def shuffled_scandir(path):
+        entries = list(real_scandir(path))
+        shuffler.shuffle(entries)
+        return iter(entries)
+
+    return mock.patch("simpletuner.helpers.data_backend.local.os.scandir", shuffled_scandir)
+
+
 class TempDirTest(unittest.TestCase):
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory()
@@ -183,15 +196,7 @@ class ListingTest(TempDirTest):
     def test_columns_stay_aligned_whatever_the_directory_order(self):
         for i in range(30):
             write(self.data, f"d{i % 4}/f{i:02d}.png", b"x" * (100 + i), caption=None)
-        real_scandir = os.scandir
-        shuffler = random.Random(5)
-
-        def shuffled_scandir(path):
-            entries = list(real_scandir(path))
-            shuffler.shuffle(entries)
-            return iter(entries)
-
-        with mock.patch("simpletuner.helpers.data_backend.local.os.scandir", shuffled_scandir):
+        with shuffled_directory_order(seed=5):
             listing = LocalDataBackend(self.data).list_files()
         self.assertEqual(listing.sample_ids, sorted(listing.sample_ids))
         self.assertEqual(len(listing.sample_ids), 30)
@@ -223,16 +228,8 @@ class CacheTest(TempDirTest):
         self.populate()
         first = self.backend(output=self.root / "out1")
         self.refresh(first)
-        real_scandir = os.scandir
-        shuffler = random.Random(11)
-
-        def shuffled_scandir(path):
-            entries = list(real_scandir(path))
-            shuffler.shuffle(entries)
-            return iter(entries)
-
         second = self.backend(output=self.root / "out2")
-        with mock.patch("simpletuner.helpers.data_backend.local.os.scandir", shuffled_scandir):
+        with shuffled_directory_order(seed=11):
             self.refresh(second)
         self.assertEqual(first.cache_path.read_bytes(), second.cache_path.read_bytes())
         self.assertEqual(first.load_index().digest(), second.load_index().digest())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from simpletuner.helpers.metadata.split import SortedIds, canonical_ids
@@ -19,7 +20,7 @@ class SkippedFile:
 class DatasetIndex:
     dataset_id: str
     buckets: dict[str, SortedIds]              # "WxH" -> sorted sample ids
-    original_sizes: dict[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
+    original_sizes: Mapping[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
     skipped: list[SkippedFile] = field(default_factory=list)
 
     def __post_init__(self):

@@ -67,10 +67,11 @@ class StableShuffle:
     def __init__(self, n: int, *parts: object):
         self.n = n
         self._table = stable_permutation(n, *parts) if n < FEISTEL_FROM else None
-        digest = hashlib.sha512(_encoded(parts)).digest()  # 8 keys of 64 bits
-        self._keys = [np.uint64(int.from_bytes(digest[8 * i:8 * i + 8], "little"))
-                      for i in range(FEISTEL_ROUNDS)]
-        self._bits = max(1, (n - 1).bit_length())
+        if self._table is None:
+            digest = hashlib.sha512(_encoded(parts)).digest()  # 8 keys of 64 bits
+            self._keys = [np.uint64(int.from_bytes(digest[8 * i:8 * i + 8], "little"))
+                          for i in range(FEISTEL_ROUNDS)]
+            self._bits = (n - 1).bit_length()
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         """Values at ``positions`` (each in ``range(n)``), as int64."""

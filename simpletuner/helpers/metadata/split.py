@@ -208,8 +208,8 @@ class SortedIds(list):
     Every ``DatasetIndex`` bucket is one (see ``canonical_ids``), so a rank checks the order
     once, where the index is made, not in every epoch's split; where a bucket is built in sorted
     order (``refresh_index`` walks a sorted listing) it is never checked at all. With ids
-    scattered in memory, as on the main rank, the check is most of a rank's split time
-    (benchmarks/bench_split.py --interleaved). Treat it as read-only.
+    scattered in memory the check was most of a rank's split time (benchmarks/bench_split.py).
+    Treat it as read-only.
     """
 
 
