@@ -94,7 +94,8 @@ def _probe_here(paths: Sequence[str], max_pixels: int | None,
 
 
 def _worker_command() -> list[str]:
-    return [sys.executable, "-m", __name__]
+    # -P: the working directory does not go on sys.path, so a folder there cannot shadow a module
+    return [sys.executable, "-P", "-m", __name__]
 
 
 def _probe_in_worker(paths: list[str], max_pixels: int | None,
