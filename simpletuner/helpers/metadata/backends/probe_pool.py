@@ -23,6 +23,7 @@ import sys
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -56,7 +57,8 @@ def probe_images(paths: Sequence[str], *, max_pixels: int | None, workers: int |
     None chooses by the number of paths (``default_workers``).
     """
     workers = min(workers or default_workers(len(paths)), max(1, len(paths)))
-    with tqdm(total=len(paths), desc=description, unit="img", disable=not show_progress) as bar:
+    with _quiet_pillow(), tqdm(total=len(paths), desc=description, unit="img",
+                               disable=not show_progress) as bar:
         if workers == 1:
             return _probe_here(paths, max_pixels, bar.update)
         lock = threading.Lock()
@@ -75,13 +77,20 @@ def probe_images(paths: Sequence[str], *, max_pixels: int | None, workers: int |
     return results
 
 
-def _probe_chunks(paths: Sequence[str], max_pixels: int | None) -> Iterator[list[Probe]]:
-    """Probes of ``paths``, REPORT_EVERY at a time."""
-    with warnings.catch_warnings():  # broken files are reported as skips instead of warnings
+@contextmanager
+def _quiet_pillow() -> Iterator[None]:
+    """Broken files are reported as skips, not as Pillow warnings. Entered once per process
+    (here or in the worker), never from the threads: warning filters are process-global."""
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
-        for start in range(0, len(paths), REPORT_EVERY):
-            yield [probe_image(path, max_pixels) for path in paths[start:start + REPORT_EVERY]]
+        yield
+
+
+def _probe_chunks(paths: Sequence[str], max_pixels: int | None) -> Iterator[list[Probe]]:
+    """Probes of ``paths``, REPORT_EVERY at a time."""
+    for start in range(0, len(paths), REPORT_EVERY):
+        yield [probe_image(path, max_pixels) for path in paths[start:start + REPORT_EVERY]]
 
 
 def _probe_here(paths: Sequence[str], max_pixels: int | None,
@@ -141,9 +150,10 @@ def _send(worker: subprocess.Popen, payload: bytes) -> None:
 def _worker_main() -> None:
     request = json.load(sys.stdin)
     Image.MAX_IMAGE_PIXELS = request["max_pixels"]  # Pillow's own check, as in the parent
-    for probes in _probe_chunks(request["paths"], request["max_pixels"]):
-        sys.stdout.write(json.dumps([[p.width, p.height, p.error] for p in probes]) + "\n")
-        sys.stdout.flush()
+    with _quiet_pillow():
+        for probes in _probe_chunks(request["paths"], request["max_pixels"]):
+            sys.stdout.write(json.dumps([[p.width, p.height, p.error] for p in probes]) + "\n")
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":
