@@ -1,0 +1,24 @@
+"""How a training run ends, as an exit status a scheduler can act on (README: "Exit status")."""
+
+from __future__ import annotations
+
+EXIT_TRAINED = 0
+EXIT_FAILED = 1      # anything else; the message says what and where
+EXIT_CONFIG = 2      # a configuration problem, reported before any heavy work
+EXIT_DIVERGED = 3    # loss or gradient norm non-finite for max_nonfinite_steps steps in a row
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on a signal after a checkpoint; resume with 'latest'
+
+
+class Preempted(Exception):
+    """A stop signal arrived; every rank agreed on it at a step boundary and a checkpoint was
+    written (``checkpoint`` is None when the signal came before the first step)."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint):
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        where = f"checkpoint {checkpoint}" if checkpoint is not None else "no checkpoint needed"
+        super().__init__(f"preempted by {signal_name} at step {step} ({where}); resumable: "
+                         "run again with resume_from_checkpoint 'latest'")
+
+
+class Diverged(Exception):
+    """Too many non-finite steps in a row; nothing non-finite was saved."""
