@@ -122,7 +122,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                     sampler.epoch)
 
     tracker = accelerator.get_tracker("tensorboard") if training.report_to == "tensorboard" else None
-    trace = (TraceWriter(output_dir / "trace", rank, append=resumed)
+    trace = (TraceWriter(output_dir / "trace", rank,
+                         resume_at=(sampler.epoch, sampler.step) if resumed else None)
              if training.trace_samples else None)
     if main:
         logger.info("training %s (%s) for %d steps: %d micro-batches of up to %d per rank per "
