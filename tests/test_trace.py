@@ -77,8 +77,9 @@ class TruncateOnResumeTest(unittest.TestCase):
 
 class KilledAndResumedTrainingTest(unittest.TestCase):
     """A run killed (SIGKILL) after writing trace lines past its checkpoint-3, then resumed from
-    it, leaves the trace of an uninterrupted 6-step run. 2 buckets x 4 samples, batch 2: 4
-    micro-batches per epoch, so the kill and the resume cross an epoch boundary."""
+    it, leaves the trace of an uninterrupted 6-step run. 2 buckets x 5 samples, batch 2: one
+    occurrence trimmed per bucket and 4 micro-batches per epoch, so the kill and the resume
+    cross an epoch boundary. The uninterrupted run's log is checked for what it must say."""
 
     OPTIONS = dict(checkpointing_steps=3, trace_samples=True, seed=11)
     CHECKPOINT_STEP, KILL_AFTER_LINES = 3, 5
@@ -87,7 +88,8 @@ class KilledAndResumedTrainingTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="st-trace-")
         cls.root = Path(cls.tmp)
-        make_shapes(cls.root / "data", per_size=4)
+        make_shapes(cls.root / "data", per_size=5)
+        (cls.root / "data" / "broken.png").write_bytes(b"not an image")
         cls.full = run_training(write_config(cls.root, cls.root / "data", "full",
                                              max_train_steps=6, **cls.OPTIONS), cls.tmp)
         cls.crashed_out = cls.root / "crashed-out"
@@ -130,6 +132,15 @@ class KilledAndResumedTrainingTest(unittest.TestCase):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
         self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
         self.assertIn("resumed from", self.resumed.stderr)
+
+    def test_the_log_names_skipped_files_and_each_epochs_trim(self):
+        log = self.full.stderr
+        self.assertIn("1 files were skipped", log)
+        self.assertIn("  shapes: broken.png: ", log)
+        self.assertIn(str(self.root / "full-out" / "skipped_files.json"), log)
+        for epoch in (0, 1):
+            self.assertRegex(log, rf"epoch {epoch}: the split trims 2 occurrences .* from 2 "
+                                  r"buckets: shapes \d+x\d+: 1, shapes \d+x\d+: 1")
 
     def test_the_killed_run_wrote_past_its_checkpoint(self):
         self.assertGreaterEqual(len(self.lines_at_kill), self.KILL_AFTER_LINES)
