@@ -90,13 +90,13 @@ def trim_problems(plan: dict, epoch: int, untrimmed: Counter) -> list[str]:
     problems = []
     for dataset_id, d in plan["datasets"].items():
         e = effective_batch(plan, d)
-        if d.get("effective_batch") != e:
-            problems.append(f"dataset '{dataset_id}': plan says E = {d.get('effective_batch')}, "
+        if d["effective_batch"] != e:
+            problems.append(f"dataset '{dataset_id}': plan says E = {d['effective_batch']}, "
                             f"the settings give {e}")
         trims = plan["epochs"][str(epoch)].get(dataset_id, {})
         for key, ids in d["buckets"].items():
             total, extended = bucket_occurrences(len(ids), d, e)
-            if extended != (key in d.get("extended", {})):
+            if extended != (key in d["extended"]):
                 problems.append(f"dataset '{dataset_id}' bucket {key}: plan and settings "
                                 "disagree on whether oversubscription extends it")
             trimmed = trims.get(key, [])
