@@ -256,6 +256,14 @@ class TrimReportTest(unittest.TestCase):
         with self.assertNoLogs("simpletuner.helpers.multiaspect.sampler", "INFO"):
             list(sampler(two_datasets(), rank=1))
 
+    def test_past_twenty_buckets_the_rest_are_counted(self):
+        buckets = {f"{64 + 16 * i}x64": ids(5, f"k{i:02d}") for i in range(25)}
+        many = [SamplerDataset(DatasetIndex("d", buckets, {}), str, 1)]
+        message = sampler(many, processes=2, accumulation=1).trim_report(4)  # E = 2: 1 each
+        self.assertIn("epoch 4: the split trims 25 occurrences", message)
+        self.assertEqual(message.count(": 1"), 20)
+        self.assertTrue(message.endswith(" and 5 more buckets"), message)
+
     def test_a_bucket_filling_whole_batches_trims_nothing(self):
         exact = [SamplerDataset(DatasetIndex("d", {"64x64": ids(12, "x")}, {}), str, 2)]
         with self.assertLogs("simpletuner.helpers.multiaspect.sampler", "INFO") as logs:

@@ -27,6 +27,8 @@ from simpletuner.helpers.multiaspect.sample_lists import describe_sample_changes
 
 logger = logging.getLogger(__name__)
 
+TRIMMED_BUCKETS_NAMED = 20  # per epoch's log line; the rest are counted
+
 
 class NoDatasetError(ValueError):
     """The configuration has no dataset of the kind a sampler was asked for."""
@@ -159,8 +161,9 @@ class MultiAspectSampler:
                    for (d, key), c in zip(self.buckets, self._counts) if c.trimmed]
         if not trimmed:
             return f"{kind} {epoch}: the split trims nothing"
-        buckets = ", ".join(f"{dataset_id} {key}: {n}" for dataset_id, key, n in trimmed[:20])
-        more = f" and {len(trimmed) - 20} more buckets" if len(trimmed) > 20 else ""
+        named = trimmed[:TRIMMED_BUCKETS_NAMED]
+        buckets = ", ".join(f"{dataset_id} {key}: {n}" for dataset_id, key, n in named)
+        more = f" and {len(trimmed) - len(named)} more buckets" if len(trimmed) > len(named) else ""
         return (f"{kind} {epoch}: the split trims {sum(n for *_, n in trimmed)} occurrences "
                 f"(each bucket's remainder below a multiple of the effective batch) from "
                 f"{len(trimmed)} buckets: {buckets}{more}")
