@@ -8,10 +8,11 @@ import unittest
 from pathlib import Path
 
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.metadata.split import split_dataset
+from simpletuner.helpers.metadata.split import DatasetSpec, split_dataset
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 from simpletuner.helpers.multiaspect.trace import TraceWriter, read_trace
-from simpletuner.helpers.multiaspect.verify import build_plan, verify
+from simpletuner.helpers.multiaspect.verify import (build_plan, trim_problems,
+                                                    untrimmed_occurrences, verify)
 
 
 def ids(n: int, prefix: str) -> list[str]:
@@ -119,6 +120,53 @@ class ExtendedBucketTest(unittest.TestCase):
         self.assertTrue(report.ok, report.lines())
         self.assertEqual(report.epochs[0].assigned, 6 + 18)
         self.assertEqual(report.epochs[0].trimmed, 2)
+
+
+def record(rank_ids: list[str], step: int = 0) -> dict:
+    return {"epoch": 0, "step": step, "dataset": "d", "bucket": "64x64", "samples": rank_ids}
+
+
+class IndependentTrimTest(unittest.TestCase):
+    """The trim is re-derived from the index and settings, not taken from the split's report."""
+
+    def plan(self, trimmed: list[str], *, samples: int = 11, evaluation: bool = False,
+             accumulation: int = 1) -> dict:
+        spec = DatasetSpec("d", {"64x64": ids(samples, "s")}, batch_size=2, evaluation=evaluation)
+        return build_plan(seed=1, world_size=2, accumulation=accumulation, datasets=[spec],
+                          trimmed={0: {"d": {"64x64": trimmed}}})
+
+    def test_a_split_that_trims_one_extra_effective_batch_is_caught(self):
+        # 11 samples, E = 2 x 2 x 1 = 4: the right split trims 3 and gives each rank 2
+        # micro-batches. This bad one trims 3 + 4 = 7 and gives each rank 1, and its traces
+        # agree with its own plan, so counting alone finds nothing missing or duplicated.
+        s = ids(11, "s")
+        report = verify(self.plan(s[4:]), {0: [record(s[0:2])], 1: [record(s[2:4])]})
+        self.assertEqual((report.epochs[0].missing, report.epochs[0].duplicated), (0, 0))
+        self.assertFalse(report.ok)
+        self.assertIn("epoch 0: dataset 'd' bucket 64x64: 7 occurrences trimmed, expected "
+                      "11 mod E=4 = 3", report.problems)
+
+    def test_the_right_trim_passes(self):
+        s = ids(11, "s")
+        traces = {0: [record(s[0:2]), record(s[4:6], 1)], 1: [record(s[2:4]), record(s[6:8], 1)]}
+        report = verify(self.plan(s[8:]), traces)
+        self.assertTrue(report.ok, report.lines())
+
+    def test_trimming_an_id_the_bucket_does_not_hold_is_caught(self):
+        problems = trim_problems(self.plan(["s/000.png", "s/000.png", "elsewhere.png"],
+                                           samples=7), 0, untrimmed_occurrences(self.plan([], samples=7)))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("trims occurrences the bucket does not have", problems[0])
+        self.assertIn("elsewhere.png", problems[0])
+        self.assertIn("s/000.png", problems[0])
+
+    def test_evaluation_datasets_trim_modulo_the_world_size(self):
+        # 11 samples, 2 processes: E = 2 for evaluation (batch 2 and accumulation 3 ignored).
+        good = self.plan(ids(11, "s")[:1], evaluation=True, accumulation=3)
+        self.assertEqual(trim_problems(good, 0, untrimmed_occurrences(good)), [])
+        bad = self.plan(ids(11, "s")[:3], evaluation=True, accumulation=3)
+        self.assertIn("3 occurrences trimmed, expected 11 mod E=2 = 1",
+                      "\n".join(trim_problems(bad, 0, untrimmed_occurrences(bad))))
 
 
 if __name__ == "__main__":

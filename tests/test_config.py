@@ -111,6 +111,39 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual(len(problems), 1)
         self.assertIn("given twice", problems[0])
 
+    def test_a_duplicate_id_does_not_hide_that_datasets_other_problems(self):
+        problems = self.problems({}, [
+            self.dataset(),
+            self.dataset(instance_data_dir=str(self.root / "gone"), type="s3",
+                         minimum_image_size=900, maximum_image_size=100)])
+        text = "\n".join(problems)
+        self.assertEqual(len(problems), 4, text)
+        self.assertIn("dataset [1] (id 'photos'): key 'id': duplicate id 'photos'", text)
+        self.assertIn(f"dataset [1] (id 'photos'): key 'instance_data_dir': folder "
+                      f"{self.root / 'gone'} does not exist", text)
+        self.assertIn("not supported yet", text)
+        self.assertIn("'minimum_image_size' (900", text)
+
+    def test_a_dataset_without_id_still_has_its_folder_checked(self):
+        problems = self.problems({}, [{"instance_data_dir": str(self.root / "gone")}])
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("missing required key 'id'", problems[0])
+        self.assertIn("does not exist", problems[1])
+
+    def test_a_key_repeated_in_one_object_is_a_problem_in_either_file(self):
+        self.config_path.write_text('{"model_family": "sd1x", "output_dir": "out", '
+                                    '"pretrained_model_name_or_path": "builtin:tiny-sd1x", '
+                                    '"seed": 1, "seed": 2, '
+                                    f'"data_backend_config": {json.dumps(str(self.backend_path))}}}')
+        self.backend_path.write_text(f'[{{"id": "a", "id": "b", '
+                                     f'"instance_data_dir": {json.dumps(str(self.root))}}}]')
+        with self.assertRaises(ConfigError) as caught:
+            load_configuration(self.config_path, cwd=self.root)
+        problems = caught.exception.problems
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn(f"{self.config_path}: key 'seed' appears more than once", problems[0])
+        self.assertIn(f"{self.backend_path}: key 'id' appears more than once", problems[1])
+
     def test_missing_required_options(self):
         self.config_path.write_text(json.dumps({"data_backend_config": str(self.backend_path)}))
         self.backend_path.write_text(json.dumps([self.dataset()]))

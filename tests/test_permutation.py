@@ -13,6 +13,7 @@ import numpy as np
 from simpletuner.helpers.metadata.permutation import (FEISTEL_FROM, FEISTEL_ROUNDS,
                                                       StableShuffle, stable_argsort,
                                                       stable_permutation, stable_seed)
+from simpletuner.helpers.metadata.split import SPLIT_VERSION, EffectiveBatch, split_bucket
 
 
 class StableArgsortTest(unittest.TestCase):
@@ -114,6 +115,59 @@ class StableShuffleTest(unittest.TestCase):
         n = FEISTEL_FROM - 1
         np.testing.assert_array_equal(StableShuffle(n, 4, "x").at(np.arange(n)),
                                       stable_permutation(n, 4, "x"))
+
+
+class GoldenValuesTest(unittest.TestCase):
+    """Values frozen once from the code of SPLIT_VERSION 2. If one of these changes, every
+    bucket is shuffled differently under the same seed: resumed runs would silently reorder and
+    traces would stop matching, so SPLIT_VERSION (split.py) must change along with them."""
+
+    FIRST_TEN = {
+        # sorted PCG64 keys (n < FEISTEL_FROM)
+        (1000, 7, "photos", "64x64", 0): [21, 18, 56, 921, 776, 205, 589, 419, 152, 138],
+        (1000, 7, "photos", "64x64", 1): [196, 593, 425, 400, 570, 586, 621, 955, 977, 878],
+        # keyed Feistel network (n >= FEISTEL_FROM)
+        (70000, 7, "photos", "1024x768", 0): [28778, 58867, 14829, 35927, 45445, 44344, 61636,
+                                              64709, 36599, 19169],
+        (70000, 123456789, "art", "512x512", 2): [39909, 24768, 37155, 56981, 27508, 21631,
+                                                  19327, 33970, 12052, 37383],
+    }
+    # split_bucket of ids img/00000.png.. (dataset 'photos', seed 7, epoch 1, batch 2 x 3
+    # processes): each rank's first 6 canonical occurrences, then the trimmed ids.
+    RANK_SLICES = {
+        (50, "64x64"): ([[0, 34, 16, 47, 35, 30], [18, 15, 45, 14, 31, 9],
+                         [32, 22, 19, 33, 49, 6]], ["img/00005.png", "img/00038.png"]),
+        (70001, "1024x768"): ([[10091, 27132, 7888, 24850, 1300, 23198],
+                               [14600, 38922, 29681, 33092, 32805, 27209],
+                               [45135, 13909, 4811, 69656, 32524, 67892]],
+                              ["img/44605.png", "img/14951.png", "img/03779.png",
+                               "img/60247.png", "img/06108.png"]),
+    }
+
+    def test_first_positions_of_small_and_large_permutations(self):
+        for (n, *parts), expected in self.FIRST_TEN.items():
+            with self.subTest(n=n, parts=parts):
+                self.assertEqual(StableShuffle(n, *parts).at(np.arange(10)).tolist(), expected)
+
+    def test_rank_slices_of_a_small_and_a_large_bucket(self):
+        effective = EffectiveBatch.for_dataset(2, 3, 1)
+        for (n, bucket), (firsts, trimmed) in self.RANK_SLICES.items():
+            sample_ids = [f"img/{i:05d}.png" for i in range(n)]
+            for rank, first in enumerate(firsts):
+                with self.subTest(n=n, rank=rank):
+                    piece = split_bucket(sample_ids, dataset_id="photos", bucket=bucket, epoch=1,
+                                         seed=7, repeats=0, effective=effective, rank=rank)
+                    self.assertEqual(piece.occurrences[:6].tolist(), first)
+                    self.assertEqual(piece.micro_batch(0), [sample_ids[i] for i in first[:2]])
+                    self.assertEqual(piece.trimmed, trimmed)
+
+    def test_the_sampler_schedule_order(self):
+        self.assertEqual(stable_permutation(12, "schedule", 7, 0).tolist(),
+                         [0, 3, 1, 2, 9, 11, 7, 10, 8, 5, 4, 6])
+
+    def test_the_values_belong_to_this_split_version(self):
+        # New golden values come with a new SPLIT_VERSION; update both here together.
+        self.assertEqual(SPLIT_VERSION, 2)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,79 @@ class FingerprintTest(unittest.TestCase):
             other.load_state_dict(state)
         self.assertEqual(next(iter(other)).step, 4)
 
+    def test_changed_files_are_named_in_the_one_warning(self):
+        changed = two_datasets()
+        alpha = changed[0].index.buckets
+        # alpha: sq/0000 moves to the tall bucket; beta: b/0003 removed, b/0099 added.
+        moved = DatasetIndex("alpha", {"64x64": alpha["64x64"][1:],
+                                       "64x128": alpha["64x128"] + ["sq/0000.png"],
+                                       "128x64": alpha["128x64"]}, {})
+        beta = DatasetIndex("beta", {"64x64": [x for x in ids(13, "b") if x != "b/0003.png"]
+                                     + ["b/0099.png"]}, {})
+        changed = [SamplerDataset(moved, str, 2), SamplerDataset(beta, str, 1, repeats=1)]
+        message = self.warnings_on_load(sampler(changed))
+        self.assertIn("dataset 'alpha' files: 1 moved to another bucket "
+                      "(sq/0000.png 64x64 -> 64x128)", message)
+        self.assertIn("dataset 'beta' files: 1 added (b/0099.png); 1 removed (b/0003.png)",
+                      message)
+
+    def test_many_changed_files_are_counted_past_the_first_ten(self):
+        grown = two_datasets()
+        grown[1] = SamplerDataset(DatasetIndex("beta", {"64x64": ids(40, "b")}, {}), str, 1,
+                                  repeats=1)
+        message = self.warnings_on_load(sampler(grown))
+        self.assertIn("27 added (b/0013.png, b/0014.png,", message)
+        self.assertIn("b/0022.png and 17 more)", message)
+        self.assertNotIn("b/0023.png", message)
+
+
+class SampleListTest(unittest.TestCase):
+    def test_state_stores_each_folder_once_and_round_trips_as_json(self):
+        deep = [f"2024/summer/beach/IMG_{i:04d}.jpg" for i in range(30)] + ["top.jpg"]
+        s = sampler([SamplerDataset(DatasetIndex("d", {"64x64": deep}, {}), str, 1)])
+        text = json.dumps(s.state_dict())
+        self.assertEqual(text.count("2024/summer/beach"), 1)
+        self.assertEqual(json.loads(text)["samples"]["d"]["64x64"],
+                         {"2024/summer/beach": [x.rpartition("/")[2] for x in deep[:30]],
+                          "": ["top.jpg"]})
+
+    def test_unchanged_data_resumes_without_a_warning(self):
+        state = json.loads(json.dumps(sampler(two_datasets()).state_dict()))
+        with self.assertNoLogs("simpletuner.helpers.multiaspect.sampler", "WARNING"):
+            sampler(two_datasets()).load_state_dict(state)
+
+
+class TrimReportTest(unittest.TestCase):
+    def test_main_rank_logs_each_epochs_trim_per_bucket(self):
+        # E = 2 x 3 x 2 = 12 for alpha (41, 23, 17 samples), 1 x 3 x 2 = 6 for beta (13 x 2).
+        s = sampler(two_datasets())
+        for epoch in range(2):
+            with self.assertLogs("simpletuner.helpers.multiaspect.sampler", "INFO") as logs:
+                list(s)
+            self.assertEqual(len(logs.records), 1)
+            message = logs.records[0].getMessage()
+            self.assertIn(f"epoch {epoch}: the split trims 23 occurrences", message)
+            self.assertIn("from 4 buckets: alpha 128x64: 5, alpha 64x128: 11, alpha 64x64: 5, "
+                          "beta 64x64: 2", message)
+
+    def test_other_ranks_stay_quiet(self):
+        with self.assertNoLogs("simpletuner.helpers.multiaspect.sampler", "INFO"):
+            list(sampler(two_datasets(), rank=1))
+
+    def test_past_twenty_buckets_the_rest_are_counted(self):
+        buckets = {f"{64 + 16 * i}x64": ids(5, f"k{i:02d}") for i in range(25)}
+        many = [SamplerDataset(DatasetIndex("d", buckets, {}), str, 1)]
+        message = sampler(many, processes=2, accumulation=1).trim_report(4)  # E = 2: 1 each
+        self.assertIn("epoch 4: the split trims 25 occurrences", message)
+        self.assertEqual(message.count(": 1"), 20)
+        self.assertTrue(message.endswith(" and 5 more buckets"), message)
+
+    def test_a_bucket_filling_whole_batches_trims_nothing(self):
+        exact = [SamplerDataset(DatasetIndex("d", {"64x64": ids(12, "x")}, {}), str, 2)]
+        with self.assertLogs("simpletuner.helpers.multiaspect.sampler", "INFO") as logs:
+            list(sampler(exact))
+        self.assertEqual(logs.records[0].getMessage(), "epoch 0: the split trims nothing")
+
 
 if __name__ == "__main__":
     unittest.main()

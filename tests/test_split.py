@@ -34,6 +34,17 @@ def split_all(sample_ids, *, repeats, eff, epoch=0, seed=7, oversub=False, bucke
             for rank in range(eff.processes)]
 
 
+def expected_trim(n: int, repeats: int, b: int, w: int, g: int, *, evaluation: bool = False,
+                  oversub: bool = False) -> int:
+    """DESIGN.md's rule, derived here rather than read from the split: occurrences mod E, with
+    E = B*W*G (W for evaluation); oversubscription (no manual repeats) trims nothing."""
+    e = w if evaluation else b * w * g
+    occurrences = n * (repeats + 1)
+    if oversub and repeats == 0 and occurrences < e:
+        return 0
+    return occurrences % e
+
+
 def min_repeats_brute_force(n: int, e: int) -> int:
     r = 0
     while n * (r + 1) < e:
@@ -45,7 +56,8 @@ class SplitGridTest(unittest.TestCase):
     """processes 1..8, batch 1..4, accumulation 1..3, repeats 0..2, sizes around E."""
 
     def check_bucket(self, sample_ids, repeats, eff, epoch, oversub):
-        n, e = len(sample_ids), eff.total
+        b, w, g = eff.batch_size, eff.processes, eff.accumulation
+        n, e = len(sample_ids), b * w * g
         slices = split_all(sample_ids, repeats=repeats, eff=eff, epoch=epoch, oversub=oversub)
         lengths = {len(s.samples) for s in slices}
         self.assertEqual(len(lengths), 1, "ranks got different numbers of samples")
@@ -69,7 +81,7 @@ class SplitGridTest(unittest.TestCase):
             self.assertEqual(set(assigned), set(sample_ids))
             self.assertLessEqual(max(assigned.values()) - min(assigned.values()), 1)
             return
-        self.assertLess(len(trimmed), e)
+        self.assertEqual(len(trimmed), expected_trim(n, repeats, b, w, g, oversub=oversub))
         expected = Counter({s: repeats + 1 for s in sample_ids})
         self.assertEqual(assigned + Counter(trimmed), expected)
         self.assertEqual(total, n * (repeats + 1) - len(trimmed))
@@ -83,7 +95,7 @@ class SplitGridTest(unittest.TestCase):
 
     def check_config(self, w, b, g):
         eff = EffectiveBatch.for_dataset(b, w, g)
-        e = eff.total
+        e = b * w * g
         for repeats in range(3):
             copies = repeats + 1
             sizes = {1, 2, 7, 13, max(1, e // copies - 1), math.ceil(e / copies),
@@ -145,7 +157,7 @@ class SplitGridTest(unittest.TestCase):
         self.assertEqual({len(s.samples) for s in slices}, {slices[0].counts.kept // 3})
         seen = Counter(x for s in slices for x in s.samples) + Counter(slices[0].trimmed)
         self.assertEqual(seen, Counter({x: 2 for x in sample_ids}))
-        self.assertEqual(len(slices[0].trimmed), slices[0].counts.occurrences % 12)
+        self.assertEqual(len(slices[0].trimmed), expected_trim(len(sample_ids), 1, 2, 3, 2))
         # micro-batch j of each rank is its j-th group of batch_size samples
         self.assertEqual(slices[1].micro_batch(5), slices[1].samples[10:12])
 
@@ -241,7 +253,7 @@ class UpstreamEdgeCaseTest(unittest.TestCase):
         self.assertEqual(check_bucket_sizes([evaluation], 4, 3), [])
         slices = split_all(ids(5), repeats=0, eff=eff)
         self.assertEqual([len(s.samples) for s in slices], [1, 1, 1, 1])
-        self.assertEqual(len(slices[0].trimmed), 1)
+        self.assertEqual(len(slices[0].trimmed), expected_trim(5, 0, 2, 4, 3, evaluation=True))
         self.assertEqual(set(x for s in slices for x in s.samples) | set(slices[0].trimmed),
                          set(ids(5)))
 
@@ -338,8 +350,14 @@ class SamplerLockstepGridTest(unittest.TestCase):
                                  "an optimizer step mixes buckets")
             got = Counter((m.dataset_id, s.sample_id) for run in runs for m in run
                           for s in m.samples)
-            trimmed = Counter((piece.dataset_id, x) for piece in samplers[0].slices(epoch)
-                              for x in piece.trimmed)
+            pieces = samplers[0].slices(epoch)
+            trimmed = Counter((piece.dataset_id, x) for piece in pieces for x in piece.trimmed)
+            for d in datasets:
+                for key, sample_ids in d.index.buckets.items():
+                    piece = next(p for p in pieces
+                                 if (p.dataset_id, p.bucket) == (d.index.dataset_id, key))
+                    self.assertEqual(len(piece.trimmed), expected_trim(
+                        len(sample_ids), d.repeats, d.batch_size, w, g))
             expected = Counter()
             for d in datasets:
                 for sample_ids in d.index.buckets.values():

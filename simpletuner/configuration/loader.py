@@ -36,11 +36,25 @@ def _read_json(path: Path, problems: list[str]) -> Any:
     except OSError as exc:
         problems.append(f"{path}: cannot be read ({exc.strerror})")
         return None
+    repeated: list[str] = []
     try:
-        return json.loads(text)
+        value = json.loads(text, object_pairs_hook=lambda pairs: _object(pairs, repeated))
     except json.JSONDecodeError as exc:
         problems.append(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")
         return None
+    # json keeps the last of repeated keys silently, which would hide the first value.
+    problems.extend(f"{path}: key {key!r} appears more than once in one object; only the last "
+                    "would count" for key in dict.fromkeys(repeated))
+    return value
+
+
+def _object(pairs: list[tuple[str, Any]], repeated: list[str]) -> dict:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            repeated.append(key)
+        seen[key] = value
+    return seen
 
 
 def _resolve(path: str, base: Path) -> Path:
@@ -109,9 +123,12 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
             and not float(ds.resolution).is_integer()):
         problems.append(f"{where}: key 'resolution' is {ds.resolution}; with resolution_type "
                         "'pixel' it must be a whole number of pixels")
-    if ds.disabled:
-        return
-    folder = _resolve(ds.instance_data_dir, base)
+    if not ds.disabled:
+        _check_folder(ds.instance_data_dir, where, base, problems)
+
+
+def _check_folder(instance_data_dir: str, where: str, base: Path, problems: list[str]) -> None:
+    folder = _resolve(instance_data_dir, base)
     if not folder.is_dir():
         problems.append(f"{where}: key 'instance_data_dir': folder {folder} does not exist")
     elif not os.access(folder, os.R_OK | os.X_OK):
@@ -138,14 +155,17 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         values = parse_fields(DatasetConfig, item, label, problems)
         usable = len(problems) == before
         if "id" not in values or "instance_data_dir" not in values:
+            if "instance_data_dir" in values and not values.get("disabled", False):
+                _check_folder(values["instance_data_dir"], label, base, problems)
             continue
         # Checked even when other keys were wrong, so one run reports every problem.
         ds = DatasetConfig(**values)
         if ds.id in first_index:
             problems.append(f"{label}: key 'id': duplicate id '{ds.id}' "
                             f"(also dataset [{first_index[ds.id]}])")
-            continue
-        first_index[ds.id] = index
+            usable = False  # its other keys are still checked below
+        else:
+            first_index[ds.id] = index
         if training is not None:
             ds = replace(
                 ds,

@@ -22,7 +22,7 @@ from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
 from simpletuner.helpers.metadata.permutation import stable_seed
-from simpletuner.helpers.metadata.startup import build_sampler, start_data
+from simpletuner.helpers.metadata.startup import build_sampler, report_skipped_files, start_data
 from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.base import LossSettings
 from simpletuner.models.pipelines import export_pipeline
@@ -122,8 +122,11 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                     sampler.epoch)
 
     tracker = accelerator.get_tracker("tensorboard") if training.report_to == "tensorboard" else None
-    trace = (TraceWriter(output_dir / "trace", rank, append=resumed)
+    trace = (TraceWriter(output_dir / "trace", rank,
+                         resume_at=(sampler.epoch, sampler.step) if resumed else None)
              if training.trace_samples else None)
+    if main:
+        report_skipped_files(caches.indexes, output_dir)
     if main:
         logger.info("training %s (%s) for %d steps: %d micro-batches of up to %d per rank per "
                     "epoch, accumulation %d, %d processes, seed %d", training.model_family,

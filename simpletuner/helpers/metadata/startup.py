@@ -10,23 +10,30 @@ Every rank makes the same calls in the same order, so none waits alone in a coll
 5. the shared seed is resolved: the configured one, else drawn on the main rank and broadcast.
 
 The trainer then caches (which may drop undecodable samples from the index on every rank with
-``DatasetIndex.without``) and calls ``build_sampler`` with the final indexes.
+``DatasetIndex.without``), calls ``build_sampler`` with the final indexes, and on the main rank
+``report_skipped_files``, which names every file left out and why.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
 
 from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import Configuration, TrainingConfig
+from simpletuner.helpers.data_backend.atomic import atomic_write_json
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import check_bucket_sizes
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 
 logger = logging.getLogger(__name__)
+
+SKIPPED_FILES = "skipped_files.json"
+SKIPPED_NAMED_IN_LOG = 20
 
 
 class DataStartupError(RuntimeError):
@@ -98,3 +105,22 @@ def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *
     return MultiAspectSampler(
         datasets, seed=startup.seed, processes=accelerator.num_processes, rank=accelerator.process_index,
         accumulation=training.gradient_accumulation_steps, evaluation=evaluation)
+
+
+def report_skipped_files(indexes: Mapping[str, DatasetIndex], output_dir: Path) -> Path:
+    """Write every skipped file with its reason to ``output_dir/skipped_files.json`` (dataset id
+    -> [{path, reason}]) and log the first few; returns the file's path."""
+    skipped = {dataset_id: [{"path": s.path, "reason": s.reason} for s in index.skipped]
+               for dataset_id, index in sorted(indexes.items())}
+    path = Path(output_dir) / SKIPPED_FILES
+    atomic_write_json(path, skipped, indent=1)  # rewritten each run: never an old run's list
+    named = [f"  {dataset_id}: {entry['path']}: {entry['reason']}"
+             for dataset_id, entries in skipped.items() for entry in entries]
+    if not named:
+        logger.info("no file was skipped (%s)", path)
+    else:
+        more = len(named) - SKIPPED_NAMED_IN_LOG
+        logger.warning("%d files were skipped and are not trained on:\n%s%s\nthe full list: %s",
+                       len(named), "\n".join(named[:SKIPPED_NAMED_IN_LOG]),
+                       f"\n  ... and {more} more" if more > 0 else "", path)
+    return path

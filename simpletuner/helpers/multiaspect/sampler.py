@@ -4,7 +4,9 @@ An epoch is a schedule of *groups*: ``accumulation`` consecutive micro-batches f
 (dataset, bucket), so an optimizer step never mixes resolutions. The schedule lists each bucket
 once per group it can fill (the same number on every rank, see split.py) and is shuffled by an RNG
 seeded from ``(seed, epoch)`` only, so all ranks draw micro-batch ``i`` from the same bucket.
-Position is ``(epoch, step)``; the plan is recomputed from the data, never stored.
+Position is ``(epoch, step)``; the plan is recomputed from the data, never stored. The state
+also carries the sample lists (sample_lists.py), only so that a resume on changed data can name
+the files that changed.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from simpletuner.helpers.metadata.permutation import stable_permutation
 from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, DatasetSpec,
                                                 bucket_counts, check_bucket_sizes, split_bucket)
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
+from simpletuner.helpers.multiaspect.sample_lists import describe_sample_changes, sample_lists
 
 logger = logging.getLogger(__name__)
+
+TRIMMED_BUCKETS_NAMED = 20  # per epoch's log line; the rest are counted
 
 
 class NoDatasetError(ValueError):
@@ -82,11 +87,12 @@ class MultiAspectSampler:
         # Same data on every rank, so an undersized bucket raises the same error everywhere.
         self.notes = check_bucket_sizes([d.spec for d in self.datasets], processes, accumulation)
         self.buckets = [(d, key) for d in self.datasets for key in sorted(d.index.buckets)]
-        self._micro_batches = [
-            bucket_counts(len(d.index.buckets[key]), d.repeats,
-                          d.spec.effective_batch(processes, self.accumulation),
-                          d.allow_oversubscription).micro_batches
-            for d, key in self.buckets]
+        self._counts = [bucket_counts(len(d.index.buckets[key]), d.repeats,
+                                      d.spec.effective_batch(processes, self.accumulation),
+                                      d.allow_oversubscription)
+                        for d, key in self.buckets]
+        self._micro_batches = [c.micro_batches for c in self._counts]
+        self._sample_lists: dict | None = None  # built at the first state_dict, then reused
         self.epoch = 0
         self.step = 0
         self._cache_epoch: int | None = None
@@ -116,12 +122,17 @@ class MultiAspectSampler:
         }
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step, "fingerprint": self.fingerprint()}
+        if self._sample_lists is None:
+            self._sample_lists = sample_lists([d.index for d in self.datasets])
+        return {"epoch": self.epoch, "step": self.step, "fingerprint": self.fingerprint(),
+                "samples": self._sample_lists}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the saved position. A different plan is warned about, never adapted to."""
         changed = _changes(state.get("fingerprint"), self.fingerprint())
         if changed:
+            changed += describe_sample_changes(state.get("samples", {}),
+                                               [d.index for d in self.datasets])
             logger.warning(
                 "Resuming with different data settings (%s). Resume across changes of topology "
                 "or dataloader settings is not supported (see AGENTS.md); the position is kept "
@@ -134,11 +145,28 @@ class MultiAspectSampler:
         """The rest of the current epoch; ``step`` counts micro-batches already handed out."""
         epoch = self.epoch
         total = len(self)
+        if self.rank == 0 and self.step < total:  # the main rank speaks for all
+            logger.info(self.trim_report(epoch))
         while self.step < total:
             batch = self.micro_batch(epoch, self.step)
             self.step += 1
             yield batch
         self.epoch, self.step = epoch + 1, 0
+
+    def trim_report(self, epoch: int) -> str:
+        """What the split trims from each bucket this epoch (its occurrences modulo E); which
+        occurrences are trimmed changes with the epoch, how many does not."""
+        kind = "evaluation epoch" if self.evaluation else "epoch"
+        trimmed = [(d.index.dataset_id, key, c.trimmed)
+                   for (d, key), c in zip(self.buckets, self._counts) if c.trimmed]
+        if not trimmed:
+            return f"{kind} {epoch}: the split trims nothing"
+        named = trimmed[:TRIMMED_BUCKETS_NAMED]
+        buckets = ", ".join(f"{dataset_id} {key}: {n}" for dataset_id, key, n in named)
+        more = f" and {len(trimmed) - len(named)} more buckets" if len(trimmed) > len(named) else ""
+        return (f"{kind} {epoch}: the split trims {sum(n for *_, n in trimmed)} occurrences "
+                f"(each bucket's remainder below a multiple of the effective batch) from "
+                f"{len(trimmed)} buckets: {buckets}{more}")
 
     def micro_batch(self, epoch: int, step: int) -> MicroBatch:
         groups, ordinals = self._epoch_schedule(epoch)

@@ -2,6 +2,8 @@
 
 ``<folder>/rank-<k>.jsonl`` holds ``{"epoch", "step", "dataset", "bucket", "samples"}`` per line.
 Lines are flushed as they are written, so a crashed run still shows how far each rank got.
+A resumed run first cuts the trace back to the lines before its position (a crashed run wrote
+past its last checkpoint), so the trace ends up equal to the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 
 
@@ -23,13 +26,45 @@ def trace_record(batch: MicroBatch) -> dict:
             "bucket": batch.bucket, "samples": [s.sample_id for s in batch.samples]}
 
 
-class TraceWriter:
-    """Writes this rank's trace; ``append=True`` continues a trace after a resume."""
+def _written_before(line: bytes, position: tuple[int, int]) -> bool:
+    """Whether a trace line is complete and records a micro-batch before ``position``."""
+    if not line.endswith(b"\n"):
+        return False  # torn by the crash
+    try:
+        record = json.loads(line)
+        return (int(record["epoch"]), int(record["step"])) < position
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return False
 
-    def __init__(self, folder: str | os.PathLike, rank: int, *, append: bool = False):
+
+def truncate_trace(path: Path, position: tuple[int, int]) -> None:
+    """Keep the lines before ``position`` = (epoch, micro-batch index), atomically.
+
+    Lines are in the order they were written, so the kept lines are a prefix; the first line
+    at or past the position (or a damaged one) ends it.
+    """
+    if not path.is_file():
+        return
+    kept = bytearray()
+    with open(path, "rb") as handle:
+        for line in handle:
+            if not _written_before(line, position):
+                break
+            kept += line
+    atomic_write_bytes(path, bytes(kept))
+
+
+class TraceWriter:
+    """Writes this rank's trace; ``resume_at=(epoch, step)`` continues a resumed run's trace
+    after cutting it back to the lines before that position."""
+
+    def __init__(self, folder: str | os.PathLike, rank: int, *,
+                 resume_at: tuple[int, int] | None = None):
         self.path = trace_path(folder, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
+        if resume_at is not None:
+            truncate_trace(self.path, resume_at)
+        self._file: IO[str] = open(self.path, "w" if resume_at is None else "a", encoding="utf-8")
 
     def write(self, batch: MicroBatch) -> None:
         self._file.write(json.dumps(trace_record(batch), separators=(",", ":")) + "\n")
