@@ -79,7 +79,7 @@ class PreflightTest(unittest.TestCase):
                               max_train_steps=None)
 
     def test_resume_from_a_folder_that_is_not_a_checkpoint(self):
-        self.assertOneProblem("is not a complete checkpoint",
+        self.assertOneProblem("is not a usable checkpoint",
                               resume_from_checkpoint=str(self.root / "data"))
 
     def test_several_problems_are_reported_together(self):
