@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from simpletuner.training.manifest import write_manifest
+
 from training_fixtures import (
     ResumedRunPair, environment, make_shapes, run_training, write_config)
 
@@ -127,6 +129,7 @@ class LoraBadInputTest(unittest.TestCase):
                 checkpoint.mkdir(parents=True)
                 (checkpoint / "trainer_state.json").write_text(json.dumps(
                     {"step": 2, "epoch": 0, "seed": 7, "fingerprint": {}, "model_type": kind}))
+                write_manifest(checkpoint)  # a folder is a checkpoint only with its manifest
                 self.assert_refused_before_training(
                     self.config(f"{kind}-as-{other}", resume_from_checkpoint=str(checkpoint),
                                 **(LORA if other == "lora" else {})),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.training.checkpoint import TRAINER_STATE, complete_checkpoints, resolve_resume
+from simpletuner.training.manifest import write_manifest
 from simpletuner.training.preflight import run_preflight
 
 from training_fixtures import make_shapes, run_training, write_config
@@ -78,7 +79,7 @@ class PreflightTest(unittest.TestCase):
                               max_train_steps=None)
 
     def test_resume_from_a_folder_that_is_not_a_checkpoint(self):
-        self.assertOneProblem("is not a complete checkpoint",
+        self.assertOneProblem("is not a usable checkpoint",
                               resume_from_checkpoint=str(self.root / "data"))
 
     def test_several_problems_are_reported_together(self):
@@ -105,7 +106,8 @@ class LatestCheckpointTest(unittest.TestCase):
             for step in (4, 8):
                 (out / f"checkpoint-{step}").mkdir()
                 (out / f"checkpoint-{step}" / TRAINER_STATE).write_text(json.dumps({"step": step}))
-            # A save interrupted before its rename, and a folder without the final state file.
+                write_manifest(out / f"checkpoint-{step}")
+            # A save interrupted before its rename, and a folder without the manifest.
             (out / ".incomplete-checkpoint-12").mkdir()
             (out / "checkpoint-16").mkdir()
             (out / "checkpoint-16" / "model.safetensors").write_bytes(b"partial")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from simpletuner.training.tensor_files import save_tensors
 
 
 class EMAWeights:
@@ -39,7 +41,8 @@ class EMAWeights:
                 self.shadow[name] = live
 
     def save(self, path: Path) -> None:
-        save_file({name: t.contiguous() for name, t in self.shadow.items()}, str(path))
+        """Refused when non-finite; atomic and flushed (see tensor_files.save_tensors)."""
+        save_tensors(self.shadow, path)
 
     def load(self, path: Path) -> None:
         loaded = load_file(str(path))

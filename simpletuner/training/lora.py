@@ -15,7 +15,9 @@ from pathlib import Path
 import torch
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from simpletuner.training.tensor_files import save_tensors
 
 LORA_DIR = "lora"
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
@@ -76,11 +78,9 @@ def adapter_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_adapter_weights(network: torch.nn.Module, path: Path) -> None:
-    """Adapter weights as safetensors, written under a temporary name then renamed."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
-    save_file(adapter_state_dict(network), str(temporary))
-    os.replace(temporary, path)
+    """Adapter weights as safetensors: refused when non-finite, written under a temporary name,
+    flushed to disk, then renamed (see tensor_files.save_tensors)."""
+    save_tensors(adapter_state_dict(network), Path(path))
 
 
 def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:

@@ -3,7 +3,6 @@ mistake is reported at once, every problem together, and identically on every ra
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from simpletuner.models.base import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.training.checkpoint import TRAINER_STATE, resolve_resume
+from simpletuner.training.checkpoint import read_trainer_state, resolve_resume
 
 
 @dataclass
@@ -75,15 +74,15 @@ def run_preflight(configuration: Configuration) -> Preflight:
     except ValueError as exc:
         problems.append(f"{where}: key 'resume_from_checkpoint': {exc}")
     if resume_from is not None:
-        saved = json.loads((resume_from / TRAINER_STATE).read_text(encoding="utf-8"))
-        if saved.get("model_type", "full") != training.model_type:
+        saved = read_trainer_state(resume_from)
+        if saved.model_type != training.model_type:
             problems.append(
                 f"{where}: key 'resume_from_checkpoint': {resume_from} was saved by a "
-                f"model_type '{saved.get('model_type')}' run; this run is "
+                f"model_type '{saved.model_type}' run; this run is "
                 f"'{training.model_type}'. Resume with the same model_type or start fresh")
         if seed is None:
             # No configured seed: continue with the one the run drew, or nothing would match.
-            seed = int(saved["seed"])
+            seed = saved.seed
     if problems:
         raise ConfigError(problems)
     assert model_folder is not None

@@ -5,6 +5,9 @@ A full run saves the network's state dict (``model.safetensors``); a LoRA run on
 (``lora_adapter.safetensors``). The optimizer's per-parameter tensors go to
 ``optimizer.safetensors`` under ``state/<param index>/<name>``; everything else in its state dict
 (hyper-parameters, param-group layout, non-tensor state) goes to ``optimizer.json``.
+
+Every tensor file is refused when non-finite on save and on load (tensor_files), and every
+failure names its file (a CheckpointError).
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from peft.utils import get_peft_model_state_dict
 
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
 from simpletuner.training.lora import CHECKPOINT_WEIGHTS, load_adapter_weights, save_adapter_weights
+from simpletuner.training.manifest import naming_file
+from simpletuner.training.tensor_files import check_finite, load_tensors, save_tensors
 
 FULL_WEIGHTS = "model.safetensors"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
@@ -34,15 +39,20 @@ def save_weights(network: torch.nn.Module, folder: Path, lora: bool) -> None:
     if lora:
         save_adapter_weights(network, folder / CHECKPOINT_WEIGHTS)
     else:
-        tensors = {k: v.detach().contiguous() for k, v in network.state_dict().items()}
-        save_file(tensors, str(folder / FULL_WEIGHTS))
+        save_tensors(network.state_dict(), folder / FULL_WEIGHTS)
 
 
 def load_weights(network: torch.nn.Module, folder: Path, lora: bool) -> None:
     if lora:
-        load_adapter_weights(network, folder / CHECKPOINT_WEIGHTS)
+        path = folder / CHECKPOINT_WEIGHTS
+        with naming_file(path, "read"):
+            load_adapter_weights(network, path)
+        check_finite(get_peft_model_state_dict(network), path)
     else:
-        network.load_state_dict(load_file(str(folder / FULL_WEIGHTS)), strict=True)
+        path = folder / FULL_WEIGHTS
+        tensors = load_tensors(path)
+        with naming_file(path, "load"):
+            network.load_state_dict(tensors, strict=True)
 
 
 def optimizer_to_files(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
@@ -73,14 +83,17 @@ def optimizer_from_files(tensors: dict[str, torch.Tensor], values: dict) -> dict
 
 def save_optimizer(optimizer, folder: Path) -> None:
     tensors, values = optimizer_to_files(optimizer.state_dict())
-    save_file(tensors, str(folder / OPTIMIZER_TENSORS))
-    atomic_write_json(folder / OPTIMIZER_VALUES, values)
+    save_tensors(tensors, folder / OPTIMIZER_TENSORS)
+    with naming_file(folder / OPTIMIZER_VALUES, "write"):
+        atomic_write_json(folder / OPTIMIZER_VALUES, values)
 
 
 def load_optimizer(optimizer, folder: Path) -> None:
-    values = json.loads((folder / OPTIMIZER_VALUES).read_text(encoding="utf-8"))
-    optimizer.load_state_dict(optimizer_from_files(load_file(str(folder / OPTIMIZER_TENSORS)),
-                                                   values))
+    with naming_file(folder / OPTIMIZER_VALUES, "read"):
+        values = json.loads((folder / OPTIMIZER_VALUES).read_text(encoding="utf-8"))
+    tensors = load_tensors(folder / OPTIMIZER_TENSORS)
+    with naming_file(folder / OPTIMIZER_TENSORS, "load"):
+        optimizer.load_state_dict(optimizer_from_files(tensors, values))
 
 
 def rng_file(rank: int) -> str:

@@ -5,26 +5,45 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, flush it to disk, then rename it over.
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a file that someone else wrote (e.g. a library given only a path) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    The temporary file lives in the same folder so ``os.replace`` is a same-filesystem rename.
-    Parent folders are created. On any failure the temporary file is removed.
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Flush a folder's entries, so a rename or a new file in it survives a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_with(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(temporary_path)``, flush that file to disk, then rename it over ``path``.
+
+    For writers that only take a path (safetensors' ``save_file``). The temporary file lives in
+    the same folder so ``os.replace`` is a same-filesystem rename. Parent folders are created.
+    On any failure the temporary file is removed.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
     try:
-        # mkstemp creates 0600; give the file the usual permissions of a written file.
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write(tmp_name)
+        # mkstemp creates 0600 (and a writer may keep it); give the usual permissions.
+        os.chmod(tmp_name, 0o644)
+        fsync_file(tmp_name)
         os.replace(tmp_name, target)
     except BaseException:
         try:
@@ -32,6 +51,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, flush it to disk, then rename it over."""
+    atomic_write_with(path, lambda tmp_name: Path(tmp_name).write_bytes(data))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
