@@ -19,6 +19,7 @@ from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.models.base import ModelFolderError
 from simpletuner.training.lora import LoraTargetError
+from simpletuner.training.outcomes import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted
 from simpletuner.training.recipe import run_training
 
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_training(configuration, accelerator)
         return 0
+    except (Preempted, Diverged) as exc:
+        print(f"[rank {accelerator.process_index}] {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED if isinstance(exc, Preempted) else EXIT_DIVERGED
     except EXPECTED_ERRORS as exc:
         print(f"[rank {accelerator.process_index}] training stopped: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
