@@ -81,8 +81,9 @@ class NonFiniteGuardTest(unittest.TestCase):
 
 
 class DivergingRunTest(unittest.TestCase):
-    """learning_rate 1e6 on the tiny model: NaN from the second step on. The run stops with
-    exit status 3 and every checkpoint it wrote (weights, EMA, optimizer) is finite."""
+    """learning_rate 1e6 without clipping on the tiny model: NaN within a few steps. The run
+    stops with exit status 3 and every checkpoint it wrote (weights, EMA, optimizer) is
+    finite."""
 
     @classmethod
     def setUpClass(cls):
@@ -91,7 +92,7 @@ class DivergingRunTest(unittest.TestCase):
         make_shapes(root / "data", per_size=4)
         config = write_config(root, root / "data", "diverge", max_train_steps=10,
                               learning_rate=1e6, checkpointing_steps=1, use_ema=True,
-                              max_nonfinite_steps=2)
+                              max_nonfinite_steps=2, max_grad_norm=0)  # norm, no clipping
         cls.result = run_training(config, cls.tmp, timeout=240)
         cls.out = root / "diverge-out"
 
@@ -102,7 +103,8 @@ class DivergingRunTest(unittest.TestCase):
     def test_run_stops_as_diverged(self):
         self.assertEqual(self.result.returncode, 3, self.result.stderr[-3000:])
         self.assertIn("training diverged", self.result.stderr)
-        self.assertIn("learning_rate", self.result.stderr)
+        self.assertIn("a lower learning_rate (now 1e+06)", self.result.stderr)
+        self.assertIn("max_grad_norm 1.0 (now 0", self.result.stderr)
         self.assertIn("skipped on every rank", self.result.stderr)
 
     def test_nothing_non_finite_was_saved(self):
