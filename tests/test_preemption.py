@@ -96,6 +96,7 @@ class PreemptedRun:
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="st-preempt-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
         root = Path(cls.tmp)
         make_shapes(root / "data", per_size=4)
         lines = cls.options["max_train_steps"] * cls.options["gradient_accumulation_steps"]
@@ -106,23 +107,22 @@ class PreemptedRun:
                      root / "full.log")
         stopped = start(write_config(root, root / "data", "stopped", **common), cls.processes,
                         cls.tmp, root / "stopped.log")
-        target = (stopped.pid if cls.processes == 1 else None)
+        target = stopped.pid if cls.processes == 1 else None
         try:
             while target is None and stopped.poll() is None:
                 target = worker_pid(stopped.pid, cls.signalled_rank)
                 time.sleep(0.05)
+            if target is None:
+                raise AssertionError(f"no worker of rank {cls.signalled_rank} was found")
             signal_at_line(stopped, cls.out / "trace" / f"rank-{cls.signalled_rank}.jsonl",
                            cls.line, target)
         finally:
             cls.stopped = finish(stopped, root / "stopped.log")
             cls.full = finish(full, root / "full.log")
-        resumed = start(write_config(root, root / "data", "stopped", resume_from_checkpoint="latest",
-                                     **common), cls.processes, cls.tmp, root / "resumed.log")
+        again = write_config(root, root / "data", "stopped", resume_from_checkpoint="latest",
+                             **common)
+        resumed = start(again, cls.processes, cls.tmp, root / "resumed.log")
         cls.resumed = finish(resumed, root / "resumed.log")
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def stops(self) -> dict[int, tuple[str, int]]:
         """rank -> (signal named, step) from each rank's 'preempted' line."""
