@@ -1,5 +1,6 @@
 """`python -m simpletuner.train --config CONFIG`, normally started by ./train.sh through
-accelerate launch. Exit status: 0 trained, 2 configuration problem, 1 any other failure."""
+accelerate launch. Exit status: 0 trained, 2 configuration problem, 3 diverged, 75 preempted
+(resumable), 1 any other failure."""
 
 from __future__ import annotations
 
