@@ -1,5 +1,6 @@
 """`python -m simpletuner.train --config CONFIG`, normally started by ./train.sh through
-accelerate launch. Exit status: 0 trained, 2 configuration problem, 1 any other failure."""
+accelerate launch. Exit status: 0 trained, 2 configuration problem, 3 diverged, 75 preempted
+(resumable), 1 any other failure."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.models.base import ModelFolderError
 from simpletuner.training.lora import LoraTargetError
+from simpletuner.training.outcomes import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted
 from simpletuner.training.recipe import run_training
 
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_training(configuration, accelerator)
         return 0
+    except (Preempted, Diverged) as exc:
+        print(f"[rank {accelerator.process_index}] {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED if isinstance(exc, Preempted) else EXIT_DIVERGED
     except EXPECTED_ERRORS as exc:
         print(f"[rank {accelerator.process_index}] training stopped: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1

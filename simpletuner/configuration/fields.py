@@ -19,11 +19,12 @@ _REQUIRED = "required"
 
 def option(default: Any = None, *, minimum: float | None = None, maximum: float | None = None,
            required: bool = False, help: str = "") -> Any:
-    """A dataclass field carrying the option's limits; ``help`` documents it in one place."""
-    return dataclasses.field(
-        default=default,
-        metadata={_RANGE: (minimum, maximum), _REQUIRED: required, "help": help},
-    )
+    """A dataclass field carrying the option's limits; ``help`` documents it in one place.
+    A list default is copied for each instance (dataclasses refuse a shared mutable default)."""
+    metadata = {_RANGE: (minimum, maximum), _REQUIRED: required, "help": help}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _type_name(tp: Any) -> str:

@@ -13,6 +13,8 @@ LrScheduler = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
 ]
 
+StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
+
 
 @dataclass
 class TrainingConfig:
@@ -60,6 +62,9 @@ class TrainingConfig:
     gradient_checkpointing: bool = option(False)
     use_ema: bool = option(False)
     ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
+    max_nonfinite_steps: int = option(
+        3, minimum=1, help="stop with exit status 3 after this many optimizer steps in a row whose "
+        "loss or gradient norm was NaN/inf (each one is skipped on every rank)")
     snr_gamma: float | None = option(None, minimum=0.0)
     noise_offset: float = option(0.0, minimum=0.0)
     # Flow matching (sd3, flux): noise level sigma in (0, 1) per sample, then the shift
@@ -78,6 +83,9 @@ class TrainingConfig:
     # Logging, checkpoints, validation
     report_to: Literal["none", "tensorboard"] = option("none")
     trace_samples: bool = option(False)
+    preemption_signals: list[StopSignal] = option(
+        ["SIGTERM", "SIGINT", "SIGUSR1"], help="signals that end the run with a checkpoint at "
+        "the next optimizer step and exit status 75; [] = the signals' default action")
     checkpointing_steps: int = option(0, minimum=0)
     checkpoints_total_limit: int | None = option(None, minimum=1)
     resume_from_checkpoint: str | None = option(None, help="'latest' or a checkpoint path")

@@ -2,8 +2,8 @@
 then the loop with checkpoints and validation, then the export.
 
 Every rank runs this same code. Collectives happen at the same points on every rank (start-up,
-caching, the per-step loss mean, checkpoint barriers), and every decision that could differ
-between ranks is made from data every rank has.
+caching, the one per-step reduce, checkpoint barriers), and every decision that could differ
+between ranks (skip a non-finite step, stop on a signal) is made from data every rank has.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
-from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.helpers.data_backend.atomic import atomic_write_text
 from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import build_sampler, report_skipped_files, start_data
 from simpletuner.helpers.multiaspect.trace import TraceWriter
@@ -30,7 +30,12 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.lora import add_lora, export_lora
+from simpletuner.training.outcomes import Preempted
+from simpletuner.training.preemption import PreemptionWatcher
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
+from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
+                                             gradient_norm, nonfinite_warning, pack_step,
+                                             reduce_step)
 from simpletuner.training.validation import is_validation_step, run_validation
 
 logger = logging.getLogger(__name__)
@@ -133,7 +138,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                     training.model_type, total_steps, len(sampler), training.train_batch_size,
                     accumulation, world, seed)
 
-    def checkpoint() -> None:
+    def checkpoint() -> Path:
         state = TrainerState(step=step, epoch=sampler.epoch, seed=seed,
                              fingerprint=sampler.fingerprint(), model_type=training.model_type)
         folder = save_checkpoint(accelerator, output_dir, state, network=network,
@@ -142,6 +147,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                                  extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()})
         if main:
             logger.info("checkpoint %s", folder)
+        return folder
 
     def validate() -> None:
         if main:
@@ -159,50 +165,75 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
 
     # 5. The loop: micro-batches from the lockstep sampler, one optimizer step per
     # `accumulation` of them (a group never crosses buckets or epochs, see the sampler).
+    # At each step one reduce tells every rank the loss, whether anything was non-finite and
+    # whether a stop signal arrived anywhere, so all skip, stop or diverge at the same step.
     progress = tqdm(total=total_steps, initial=step, desc="steps", disable=not main)
-    losses: list[float] = []
-    final_loss = None
+    guard = NonFiniteGuard(training.max_nonfinite_steps, loss_scaled=accelerator.scaler is not None)
+    loss_sum = torch.zeros((), device=accelerator.device)  # read once per step, in the reduce
+    step_samples: list[str] = []
+    final_loss = None  # the mean loss of the last applied step: always finite
     network.train()
     try:
-        while step < total_steps:
-            for micro_batch in sampler:
-                if trace is not None:
-                    trace.write(micro_batch)
-                batch = caches.assembler(micro_batch)
-                sync = (micro_batch.step + 1) % accumulation == 0
-                with nullcontext() if sync else accelerator.no_sync(prepared_network):
-                    with accelerator.autocast():
-                        loss = adapter.compute_loss(
-                            batch, _noise_generator(seed, rank, micro_batch.epoch,
-                                                    micro_batch.step),
-                            network=prepared_network)
-                    accelerator.backward(loss / accumulation)
-                losses.append(loss.detach().float().item())
-                if not sync:
-                    continue
-                if training.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(prepared_network.parameters(),
-                                                training.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                if ema is not None:
-                    ema.update(network)
-                step += 1
-                mean = torch.tensor(sum(losses) / len(losses), device=accelerator.device)
-                final_loss = accelerator.reduce(mean, reduction="mean").item()
-                losses.clear()
-                lr = lr_scheduler.get_last_lr()[0]
-                progress.update(1)
-                progress.set_postfix(loss=f"{final_loss:.4f}", lr=f"{lr:.2e}",
-                                     epoch=micro_batch.epoch)
-                accelerator.log({"train/loss": final_loss, "train/lr": lr}, step=step)
-                if training.checkpointing_steps and step % training.checkpointing_steps == 0:
-                    checkpoint()
-                if is_validation_step(training, step, total_steps):
-                    validate()
-                if step >= total_steps:
-                    break
+        with PreemptionWatcher(training.preemption_signals) as watcher:
+            while step < total_steps:
+                for micro_batch in sampler:
+                    if trace is not None:
+                        trace.write(micro_batch)
+                    step_samples += [f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples]
+                    batch = caches.assembler(micro_batch)
+                    sync = (micro_batch.step + 1) % accumulation == 0
+                    with nullcontext() if sync else accelerator.no_sync(prepared_network):
+                        with accelerator.autocast():
+                            loss = adapter.compute_loss(
+                                batch, _noise_generator(seed, rank, micro_batch.epoch,
+                                                        micro_batch.step),
+                                network=prepared_network)
+                        accelerator.backward(loss / accumulation)
+                    loss_sum += loss.detach().float()
+                    if not sync:
+                        continue
+                    norm = gradient_norm(accelerator, prepared_network.parameters(),
+                                         training.max_grad_norm)
+                    local, totals = reduce_step(accelerator, pack_step(
+                        loss_sum, accumulation, norm, stopping=watcher.requested is not None))
+                    # A skipped step still advances `step`, as the sampler has advanced past its
+                    # data: step count and sample sequence stay those of an uninterrupted run, so
+                    # resume stays exact. Only applied steps move the LR schedule and the EMA.
+                    step += 1
+                    if guard.should_apply(totals, step):
+                        optimizer.step()
+                        lr_scheduler.step()
+                        if ema is not None:
+                            ema.update(network)
+                        final_loss = totals.mean_loss
+                    else:
+                        logger.warning(nonfinite_warning(
+                            totals, local, step=step, epoch=micro_batch.epoch, world=world,
+                            consecutive=len(guard.bad_steps),
+                            limit=training.max_nonfinite_steps, samples=step_samples))
+                        back_off_loss_scale(accelerator)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss_sum.zero_()
+                    step_samples.clear()
+                    if guard.diverged:
+                        raise diverged_error(guard.bad_steps, training)
+                    lr = lr_scheduler.get_last_lr()[0]
+                    progress.update(1)
+                    progress.set_postfix(loss=f"{totals.mean_loss:.4f}", lr=f"{lr:.2e}",
+                                         epoch=micro_batch.epoch)
+                    accelerator.log({"train/loss": totals.mean_loss, "train/lr": lr}, step=step)
+                    saved = None
+                    if training.checkpointing_steps and step % training.checkpointing_steps == 0:
+                        saved = checkpoint()
+                    if totals.stopping:
+                        with watcher.aborting_on_signal():
+                            saved = saved or checkpoint()
+                        raise Preempted(watcher.requested or "a stop signal on another rank",
+                                        step, saved)
+                    if is_validation_step(training, step, total_steps):
+                        validate()
+                    if step >= total_steps:
+                        break
     finally:
         progress.close()
         if trace is not None:
@@ -220,10 +251,11 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         else:
             exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
                                                       output_dir)
-        atomic_write_json(output_dir / "training_summary.json",
-                          {"steps": step, "seed": seed, "final_loss": final_loss,
-                           "processes": world, "lora" if lora else "pipeline": str(exported)},
-                          indent=1)
+        # allow_nan=False: NaN is not JSON; final_loss is finite or None by construction.
+        summary = {"steps": step, "seed": seed, "final_loss": final_loss, "processes": world,
+                   "lora" if lora else "pipeline": str(exported)}
+        atomic_write_text(output_dir / "training_summary.json",
+                          json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
         logger.info("exported the trained %s to %s", "LoRA" if lora else "pipeline", exported)
     accelerator.wait_for_everyone()
     return TrainingResult(step, final_loss, pipeline_dir)

@@ -1,0 +1,119 @@
+"""The optimizer step's one collective and what every rank decides from it.
+
+Each rank packs its accumulated loss, its micro-batch count, whether its loss and gradient norm
+were finite, and whether it received a stop signal into one small tensor; one sum-reduce gives
+every rank the same totals, so every rank skips, stops or diverges at the same step. The loss
+stays on the device until then: one host read per optimizer step, none per micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from simpletuner.training.outcomes import Diverged
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """One rank's values, or (after the reduce) their sums over all ranks."""
+
+    loss_sum: float
+    micro_batches: float
+    nonfinite_loss: float   # ranks whose loss was NaN/inf
+    nonfinite_grad: float   # ranks whose gradient norm was NaN/inf
+    stopping: float         # ranks that received a stop signal
+
+    @property
+    def finite(self) -> bool:
+        return self.nonfinite_loss == 0 and self.nonfinite_grad == 0
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.micro_batches
+
+
+def gradient_norm(accelerator, parameters: Iterable[torch.Tensor],
+                  max_grad_norm: float) -> torch.Tensor:
+    """The total gradient norm before clipping; clips to ``max_grad_norm`` unless it is 0.
+    Through accelerate, so fp16 gradients are unscaled and sharded ones measured whole."""
+    return accelerator.clip_grad_norm_(parameters, max_grad_norm or math.inf)
+
+
+def pack_step(loss_sum: torch.Tensor, micro_batches: int, grad_norm: torch.Tensor,
+              stopping: bool) -> torch.Tensor:
+    """This rank's part of the reduce, in StepTotals' field order, built without a host sync."""
+    loss_sum = loss_sum.detach().float().reshape(())
+    grad_norm = grad_norm.detach().float().reshape(()).to(loss_sum.device)
+    return torch.stack([loss_sum, torch.full_like(loss_sum, micro_batches),
+                        (~torch.isfinite(loss_sum)).float(), (~torch.isfinite(grad_norm)).float(),
+                        torch.full_like(loss_sum, float(stopping))])
+
+
+def reduce_step(accelerator, packed: torch.Tensor) -> tuple[StepTotals, StepTotals]:
+    """The step's one collective: (this rank's values, the sums over every rank)."""
+    total = accelerator.reduce(packed, reduction="sum")
+    local_values, total_values = torch.stack([packed, total]).tolist()
+    return StepTotals(*local_values), StepTotals(*total_values)
+
+
+class NonFiniteGuard:
+    """Decides, from the reduced totals, whether a step is applied, and counts the run of
+    consecutive non-finite steps. Every rank holds one and feeds it the same totals.
+
+    With an fp16 loss scaler, an overflowing gradient with a finite loss is the scaler's normal
+    search for its scale (``loss_scaled``): that step is skipped but not counted."""
+
+    def __init__(self, max_consecutive: int, *, loss_scaled: bool = False):
+        self.max_consecutive = max_consecutive
+        self.loss_scaled = loss_scaled
+        self.bad_steps: list[int] = []   # the current run of consecutive non-finite steps
+
+    def should_apply(self, totals: StepTotals, step: int) -> bool:
+        if totals.finite:
+            self.bad_steps.clear()
+            return True
+        if not (self.loss_scaled and totals.nonfinite_loss == 0):
+            self.bad_steps.append(step)
+        return False
+
+    @property
+    def diverged(self) -> bool:
+        return len(self.bad_steps) >= self.max_consecutive
+
+
+def nonfinite_warning(totals: StepTotals, local: StepTotals, *, step: int, epoch: int,
+                      world: int, consecutive: int, limit: int, samples: list[str]) -> str:
+    """One rank's warning for a skipped step: what was non-finite where, and its own samples."""
+    mine = "non-finite" if not local.finite else "finite"
+    return (f"step {step} (epoch {epoch}) skipped on every rank: loss non-finite on "
+            f"{totals.nonfinite_loss:.0f} of {world} rank(s), gradient norm non-finite on "
+            f"{totals.nonfinite_grad:.0f}; {consecutive} such step(s) in a row "
+            f"(max_nonfinite_steps {limit}); this rank ({mine}) trained on: {', '.join(samples)}")
+
+
+def diverged_error(bad_steps: list[int], training) -> Diverged:
+    fixes = [f"a lower learning_rate (now {training.learning_rate:g})",
+             "max_grad_norm 1.0 (now 0: no clipping)" if training.max_grad_norm == 0 else
+             f"a lower max_grad_norm (now {training.max_grad_norm:g})"]
+    if training.mixed_precision == "fp16":
+        fixes.append("mixed_precision 'bf16' or 'no' (fp16 overflows easily)")
+    return Diverged(
+        f"training diverged: loss or gradient norm was NaN/inf at steps "
+        f"{', '.join(str(s) for s in bad_steps)} ({len(bad_steps)} in a row, "
+        f"max_nonfinite_steps {training.max_nonfinite_steps}). Those steps were skipped and "
+        "nothing non-finite was saved, but checkpoints written just before them may hold the "
+        f"weights that led here. Try {', or '.join(fixes)}.")
+
+
+def back_off_loss_scale(accelerator) -> None:
+    """For a skipped step: an fp16 loss scaler still lowers its scale after an overflow (its
+    update normally runs inside optimizer.step(), which is not called)."""
+    if accelerator.scaler is not None:
+        accelerator.scaler.update()
