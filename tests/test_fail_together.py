@@ -18,7 +18,7 @@ import unittest
 from pathlib import Path
 
 from fault_launcher import injected_message
-from training_fixtures import REPO, environment, make_shapes, write_config
+from training_fixtures import REPO, environment, make_shapes, run_training, write_config
 
 from simpletuner.configuration import load_configuration
 from simpletuner.helpers.caching.prepare import read_captions
@@ -171,32 +171,40 @@ class FailTogetherTest(unittest.TestCase):
 
 
 class CaptionReadTest(unittest.TestCase):
-    """One process: a caption that is not UTF-8 is a clear error naming every such file."""
+    """One process: captions that are not UTF-8 are one clear error naming every such file."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory(prefix="st-caption-")
+        self.addCleanup(tmp.cleanup)
+        self.root = Path(tmp.name)
+        self.ids = make_shapes(self.root / "data", per_size=4, sizes=((64, 64),))
+        self.bad = [self.root / "data" / caption for caption in CAPTION_OF_RANK.values()]
+        for caption in self.bad:
+            caption.write_bytes(LATIN1_CAPTION)
+        self.config = write_config(self.root, self.root / "data", max_train_steps=1)
 
     def test_every_unreadable_caption_is_named_with_the_fix(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            root = Path(tmp)
-            ids = make_shapes(root / "data", per_size=4, sizes=((64, 64),))
-            for caption in CAPTION_OF_RANK.values():
-                (root / "data" / caption).write_bytes(LATIN1_CAPTION)
-            (dataset,), training = self.loaded(write_config(root, root / "data"))
-            backend = MetadataBackend.from_config(dataset, training)
-            with self.assertRaises(CaptionError) as caught:
-                read_captions(backend.caption_for, ids)
-            message = str(caught.exception)
-            self.assertTrue(message.startswith("2 caption file(s) cannot be used"), message)
-            for caption in CAPTION_OF_RANK.values():
-                self.assertIn(f"caption file {root / 'data' / caption} is not UTF-8 text "
-                              "(byte 0xe9 at position 5); re-save it as UTF-8", message)
-            readable = ids[2:]
-            self.assertEqual(read_captions(backend.caption_for, readable),
-                             [(root / "data" / s).with_suffix(".txt").read_text()
-                              for s in readable])
+        configuration = load_configuration(self.config)
+        backend = MetadataBackend.from_config(configuration.datasets[0], configuration.training)
+        with self.assertRaises(CaptionError) as caught:
+            read_captions(backend.caption_for, self.ids)
+        message = str(caught.exception)
+        self.assertTrue(message.startswith("2 caption file(s) cannot be used"), message)
+        for caption in self.bad:
+            self.assertIn(f"caption file {caption} is not UTF-8 text (byte 0xe9 at position 5); "
+                          "re-save it as UTF-8", message)
+        readable = self.ids[2:]
+        self.assertEqual(read_captions(backend.caption_for, readable),
+                         [(self.root / "data" / s).with_suffix(".txt").read_text()
+                          for s in readable])
 
-    @staticmethod
-    def loaded(config: Path):
-        configuration = load_configuration(config)
-        return configuration.datasets, configuration.training
+    def test_training_stops_with_one_line_and_no_traceback(self):
+        run = run_training(self.config, str(self.root))
+        self.assertEqual(run.returncode, 1, run.stderr[-3000:])
+        self.assertNotIn("Traceback", run.stderr)
+        (message,) = re.findall(r"^\[rank 0\] training stopped: (.*)$", run.stderr, re.M)
+        self.assertIn("CaptionError: 2 caption file(s) cannot be used: caption file "
+                      f"{self.bad[0]} is not UTF-8 text", message)
 
 
 class MessageTest(unittest.TestCase):
