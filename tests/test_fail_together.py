@@ -94,10 +94,9 @@ class FailTogetherTest(unittest.TestCase):
         """Both ranks exit with ``status`` and print the same message holding ``fragment``."""
         logs = [self.rank_stderr(rank) for rank in (0, 1)]
         context = "\n".join(log[-3000:] for log in logs) + run.stderr[-2000:]
-        statuses = [(self.status_dir / f"rank-{rank}.status").read_text()
-                    if (self.status_dir / f"rank-{rank}.status").exists() else None
-                    for rank in (0, 1)]
-        self.assertEqual(statuses, [str(status)] * 2, context)
+        statuses = [self.status_dir / f"rank-{rank}.status" for rank in (0, 1)]
+        self.assertEqual([f.read_text() if f.exists() else "killed" for f in statuses],
+                         [str(status)] * 2, context)
         # The message: its line, and the indented lines of a ConfigError's list after it.
         messages = [re.findall(rf"^\[rank {rank}\] {verb} stopped: (.*(?:\n[ \t].*)*)", log,
                                re.M) for rank, log in enumerate(logs)]
