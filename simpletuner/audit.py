@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
@@ -27,12 +27,14 @@ from simpletuner.helpers.metadata.startup import (DataStartup, DataStartupError,
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, NoDatasetError
 from simpletuner.helpers.multiaspect.trace import TraceWriter, read_trace
 from simpletuner.helpers.multiaspect.verify import build_plan, verify
+from simpletuner.helpers.together import RankFailure, failing_together
 
 logger = logging.getLogger("simpletuner.audit")
 
-# Errors that every rank detects alike from data every rank has: report them, exit non-zero.
+# Errors that every rank raises alike (from data every rank has, or agreed by failing_together):
+# report them, exit non-zero.
 SHARED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
-                 NoDatasetError)
+                 NoDatasetError, RankFailure)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,16 +62,11 @@ def _plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -> dic
                       accumulation=sampler.accumulation, datasets=specs, trimmed=trimmed)
 
 
-def _trace(sampler: MultiAspectSampler, output: Path, rank: int, epochs: int) -> str | None:
-    """Write this rank's trace; an error is returned so every rank can hear of it."""
-    try:
-        with TraceWriter(output, rank) as writer:
-            for _ in range(epochs):
-                for batch in sampler:
-                    writer.write(batch)
-    except OSError as exc:
-        return f"rank {rank} could not write its trace: {exc}"
-    return None
+def _trace(sampler: MultiAspectSampler, output: Path, rank: int, epochs: int) -> None:
+    with TraceWriter(output, rank) as writer:
+        for _ in range(epochs):
+            for batch in sampler:
+                writer.write(batch)
 
 
 def _check(output: Path, world_size: int, plan: dict) -> bool:
@@ -84,33 +81,39 @@ def _check(output: Path, world_size: int, plan: dict) -> bool:
     return report.ok
 
 
-def run_audit(accelerator: Accelerator, config_path: str, output: Path, epochs: int) -> int:
+def _audit(accelerator: Accelerator, config_path: str, output: Path, epochs: int) -> bool:
+    """Every step that runs on some ranks only, or can fail on one, is a ``failing_together``
+    block: its error reaches every rank before the next collective."""
     rank, main = accelerator.process_index, accelerator.is_main_process
-    try:
-        config = load_configuration(config_path)
-        startup = start_data(config, accelerator)
-        sampler = build_sampler(startup, config.training, accelerator)
-    except SHARED_ERRORS as exc:
-        print(f"[rank {rank}] audit stopped: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+    config = load_configuration(config_path)
+    startup = start_data(config, accelerator)
+    sampler = build_sampler(startup, config.training, accelerator)
     # One line per rank, so a log shows that every rank runs with the same seed and length.
     print(f"[rank {rank}] seed {sampler.seed}, {len(sampler)} micro-batches per epoch",
           file=sys.stderr)
     plan = None
-    if main:
-        plan = _plan(startup, sampler, epochs)
-        atomic_write_json(output / "plan.json", plan, indent=1)
-        print(f"seed {sampler.seed}, {sampler.processes} processes, {len(sampler)} micro-batches "
-              f"per rank per epoch, {epochs} epochs")
-    # The gather doubles as the barrier before the check and tells every rank of any failure.
-    errors = [e for e in gather_object([_trace(sampler, output, rank, epochs)]) if e]
+    with failing_together(f"writing {output / 'plan.json'}"):
+        if main:
+            plan = _plan(startup, sampler, epochs)
+            atomic_write_json(output / "plan.json", plan, indent=1)
+            print(f"seed {sampler.seed}, {sampler.processes} processes, {len(sampler)} "
+                  f"micro-batches per rank per epoch, {epochs} epochs")
+    with failing_together("writing the rank traces"):  # also the barrier before the check
+        _trace(sampler, output, rank, epochs)
     ok = False
-    if main:
-        for error in errors:
-            print(f"audit FAILED: {error}")
-        ok = not errors and _check(output, sampler.processes, plan)
+    with failing_together("checking the traces"):
+        if main:
+            ok = _check(output, sampler.processes, plan)
     (ok,) = broadcast_object_list([ok])
-    return 0 if ok else 1
+    return ok
+
+
+def run_audit(accelerator: Accelerator, config_path: str, output: Path, epochs: int) -> int:
+    try:
+        return 0 if _audit(accelerator, config_path, output, epochs) else 1
+    except SHARED_ERRORS as exc:
+        print(f"[rank {accelerator.process_index}] audit stopped: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

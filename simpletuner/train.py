@@ -18,6 +18,7 @@ from simpletuner.helpers.caching.storage import CacheEntryError
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
+from simpletuner.helpers.together import RankFailure
 from simpletuner.models.base import ModelFolderError
 from simpletuner.training.lora import LoraTargetError
 from simpletuner.training.outcomes import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted
@@ -25,7 +26,7 @@ from simpletuner.training.recipe import run_training
 
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
-                   ModelFolderError, LoraTargetError, CacheEntryError)
+                   ModelFolderError, LoraTargetError, CacheEntryError, RankFailure)
 
 
 def build_accelerator(training) -> Accelerator:

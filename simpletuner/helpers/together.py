@@ -4,7 +4,8 @@ anyone enters the next collective, so no rank is left waiting alone.
 Wrap a step that runs on some ranks only, or that can fail on one rank, in ``failing_together``.
 Every rank must enter the block (a rank with nothing to do runs an empty one): on the way out
 the ranks exchange their outcomes in one gather, and if any failed, all raise ``RankFailure``
-naming each failed rank and its error.
+naming each failed rank and its error. The gather is also a barrier: when the block is left,
+every rank has finished it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,18 @@ class RankFailure(RuntimeError):
     def __init__(self, what: str, failures: Sequence[tuple[int, str]]):
         self.what = what
         self.failures = list(failures)
-        details = "; ".join(f"rank {rank}: {error}" for rank, error in self.failures)
-        super().__init__(f"{what} failed on {len(self.failures)} rank(s): {details}")
+        super().__init__(describe_failures(what, self.failures))
+
+
+def describe_failures(what: str, failures: Sequence[tuple[int, str]]) -> str:
+    """One line; an error seen alike by several ranks is named once, with those ranks."""
+    texts = {text for _, text in failures}
+    if len(texts) == 1:
+        ranks = [rank for rank, _ in failures]
+        label = "rank" if len(ranks) == 1 else "ranks"
+        return f"{what} failed on {label} {', '.join(map(str, ranks))}: {texts.pop()}"
+    details = "; ".join(f"rank {rank}: {text}" for rank, text in failures)
+    return f"{what} failed on {len(failures)} ranks: {details}"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -46,10 +57,14 @@ def raise_if_any_failed(what: str, error: str | None) -> None:
 @contextmanager
 def failing_together(what: str) -> Iterator[None]:
     """Run the block; then agree with every rank on whether it failed anywhere (see module doc).
-    ``what`` names the step in the error, e.g. "validation at step 500". KeyboardInterrupt and
-    other BaseExceptions are not caught: they end the process, and its peers with it."""
+    ``what`` names the step in the error, e.g. "validation at step 500". A RankFailure from a
+    block nested inside was raised on every rank at once, so it passes through unchanged.
+    KeyboardInterrupt and other BaseExceptions are not caught: they end the process, and its
+    peers with it."""
     try:
         yield
+    except RankFailure:
+        raise
     except Exception as exc:
         logger.debug("%s failed on this rank", what, exc_info=True)
         try:

@@ -4,13 +4,15 @@ mistake is reported at once, every problem together, and identically on every ra
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate.utils import broadcast_object_list
+from accelerate.utils import broadcast_object_list, gather_object
 
 from simpletuner.configuration import ConfigError, Configuration
+from simpletuner.helpers.together import failing_together
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.layout import check_model_folder
@@ -89,25 +91,48 @@ def run_preflight(configuration: Configuration) -> Preflight:
     return Preflight(model_folder, resume_from, seed)
 
 
+def _checked(configuration: Configuration) -> tuple[Preflight | None, list[str]]:
+    """This rank's checks: what start-up needs, or the configuration problems found."""
+    try:
+        return run_preflight(configuration), []
+    except ConfigError as exc:
+        return None, exc.problems
+
+
+def merge_rank_problems(per_rank: Sequence[Sequence[str]]) -> list[str]:
+    """Pure: one list for every rank. Each problem is listed once, in order of first report,
+    prefixed with the ranks that saw it unless every rank did."""
+    seen_by: dict[str, list[int]] = {}
+    for rank, problems in enumerate(per_rank):
+        for problem in problems:
+            seen_by.setdefault(problem, []).append(rank)
+    everyone = list(range(len(per_rank)))
+    return [problem if ranks == everyone else
+            f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {problem}"
+            for problem, ranks in seen_by.items()]
+
+
 def run_preflight_on_all_ranks(configuration: Configuration, accelerator) -> Preflight:
     """The main process checks first: it may build a built-in model, and transformers writes
-    weights only from rank 0 once a process group exists. The others follow once it passed, or
-    raise its problems, so every rank stops with the same message and none waits alone."""
-    problems: list[str] | None = None
-    result = None
-    if accelerator.is_main_process:
-        try:
-            result = run_preflight(configuration)
-        except ConfigError as exc:
-            problems = exc.problems
-        except Exception as exc:  # reaches the other ranks too, then stops this one
-            problems = [f"start-up checks failed on the main process: {type(exc).__name__}: {exc}"]
-            (_,) = broadcast_object_list([problems])
-            raise
+    weights only from rank 0 once a process group exists. The others check once it passed (a
+    node may see what the main one does not: an unwritable output_dir, a missing model folder).
+    Configuration problems found on any rank are a ConfigError on every rank; any other error
+    a RankFailure on every rank; either way no rank goes on alone into start-up."""
+    result, problems = None, []
+    with failing_together("start-up checks on the main process"):
+        if accelerator.is_main_process:
+            result, problems = _checked(configuration)
     (problems,) = broadcast_object_list([problems])
-    if problems is not None:
+    if problems:
         raise ConfigError(problems)
-    return result if result is not None else run_preflight(configuration)
+    with failing_together("start-up checks"):
+        if not accelerator.is_main_process:
+            result, problems = _checked(configuration)
+    problems = merge_rank_problems(gather_object([problems]))
+    if problems:
+        raise ConfigError(problems)
+    assert result is not None
+    return result
 
 
 def weight_dtype(mixed_precision: str) -> torch.dtype:

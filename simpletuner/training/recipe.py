@@ -24,6 +24,7 @@ from simpletuner.helpers.data_backend.atomic import atomic_write_text
 from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import build_sampler, report_skipped_files, start_data
 from simpletuner.helpers.multiaspect.trace import TraceWriter
+from simpletuner.helpers.together import failing_together
 from simpletuner.models.base import LossSettings
 from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
@@ -150,18 +151,20 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         return folder
 
     def validate() -> None:
-        if main:
-            unwrapped = accelerator.unwrap_model(prepared_network)
-            swap = ema is not None
-            if swap:
-                ema.swap(unwrapped)
-            try:
-                run_validation(adapter, training, step, trainable=unwrapped, tracker=tracker,
-                               autocast_dtype=weight_dtype(training.mixed_precision))
-            finally:
+        # Main rank only; leaving the block is the barrier, and its error reaches every rank.
+        with failing_together(f"validation at step {step}"):
+            if main:
+                unwrapped = accelerator.unwrap_model(prepared_network)
+                swap = ema is not None
                 if swap:
                     ema.swap(unwrapped)
-        accelerator.wait_for_everyone()
+                try:
+                    run_validation(adapter, training, step, trainable=unwrapped,
+                                   tracker=tracker,
+                                   autocast_dtype=weight_dtype(training.mixed_precision))
+                finally:
+                    if swap:
+                        ema.swap(unwrapped)
 
     # 5. The loop: micro-batches from the lockstep sampler, one optimizer step per
     # `accumulation` of them (a group never crosses buckets or epochs, see the sampler).
@@ -242,20 +245,20 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     # 6. Export, with EMA weights when enabled: the full pipeline, or for LoRA only the
     # adapter file that load_lora_weights puts on the base model.
     pipeline_dir = None
-    if main:
-        unwrapped = accelerator.unwrap_model(prepared_network)
-        if ema is not None:
-            ema.copy_to(unwrapped)
-        if lora:
-            exported = export_lora(type(adapter), unwrapped, output_dir)
-        else:
-            exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
-                                                      output_dir)
-        # allow_nan=False: NaN is not JSON; final_loss is finite or None by construction.
-        summary = {"steps": step, "seed": seed, "final_loss": final_loss, "processes": world,
-                   "lora" if lora else "pipeline": str(exported)}
-        atomic_write_text(output_dir / "training_summary.json",
-                          json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
-        logger.info("exported the trained %s to %s", "LoRA" if lora else "pipeline", exported)
-    accelerator.wait_for_everyone()
+    with failing_together("the export"):  # main rank only; the barrier on the way out
+        if main:
+            unwrapped = accelerator.unwrap_model(prepared_network)
+            if ema is not None:
+                ema.copy_to(unwrapped)
+            if lora:
+                exported = export_lora(type(adapter), unwrapped, output_dir)
+            else:
+                exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
+                                                          output_dir)
+            # allow_nan=False: NaN is not JSON; final_loss is finite or None by construction.
+            summary = {"steps": step, "seed": seed, "final_loss": final_loss,
+                       "processes": world, "lora" if lora else "pipeline": str(exported)}
+            atomic_write_text(output_dir / "training_summary.json",
+                              json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
+            logger.info("exported the trained %s to %s", "LoRA" if lora else "pipeline", exported)
     return TrainingResult(step, final_loss, pipeline_dir)

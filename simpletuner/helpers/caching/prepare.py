@@ -9,16 +9,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from accelerate.utils import wait_for_everyone
-
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
 from simpletuner.helpers.caching.latents import EncodeImages, LatentSettings, cache_latents
 from simpletuner.helpers.caching.storage import model_identity, rank_share
 from simpletuner.helpers.caching.text_embeds import (
     EncodePrompts, TextEmbedCache, cache_text_embeds, default_text_dir,
 )
+from simpletuner.helpers.metadata.backends.base import CaptionError
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
+from simpletuner.helpers.together import failing_together
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,23 @@ def text_components(model_folder: str | Path) -> list[str]:
                   if p.is_dir() and p.name.startswith(("text_encoder", "tokenizer")))
 
 
+def read_captions(caption_for: Callable[[str], str], sample_ids: Sequence[str],
+                  limit: int = 5) -> list[str]:
+    """The captions of ``sample_ids``. Every unreadable caption file is named in one
+    CaptionError, so a single fix-up round (and rerun) mends them all."""
+    captions, problems = [], []
+    for sample_id in sample_ids:
+        try:
+            captions.append(caption_for(sample_id))
+        except CaptionError as exc:
+            problems.append(str(exc))
+    if problems:
+        more = f"; ... and {len(problems) - limit} more" if len(problems) > limit else ""
+        raise CaptionError(f"{len(problems)} caption file(s) cannot be used: "
+                           + "; ".join(problems[:limit]) + more)
+    return captions
+
+
 def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    caption_for: Mapping[str, Callable[[str], str]],
                    encode_images: EncodeImages, encode_prompts: EncodePrompts, *,
@@ -43,15 +60,20 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    rank: int, world_size: int, progress: bool = True) -> PreparedCaches:
     """Call on every rank, after the Accelerator is built and every rank holds the same
     ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
-    maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed."""
-    vae_identity = model_identity(model_folder, ["vae"], family)
-    text_identity = model_identity(model_folder, text_components(model_folder), family)
+    maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed.
+    Each rank's work between two collectives is one ``failing_together`` block: an error on
+    any rank (a model that cannot encode, an unreadable caption, a full disk) is a RankFailure
+    on every rank, never a rank waiting alone in the next collective."""
+    with failing_together("reading the model's identity for the caches"):
+        vae_identity = model_identity(model_folder, ["vae"], family)
+        text_identity = model_identity(model_folder, text_components(model_folder), family)
     latent_caches, text_caches, kept, failures = {}, {}, {}, {}
     for dataset in datasets:
         settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
                                               model_identity=vae_identity, seed=seed)
-        result = cache_latents(indexes[dataset.id], settings, encode_images, rank=rank,
-                               world_size=world_size, progress=progress)
+        with failing_together(f"caching latents of dataset {dataset.id!r}"):
+            result = cache_latents(indexes[dataset.id], settings, encode_images, rank=rank,
+                                   world_size=world_size, progress=progress)
         # Collective: every rank gets every rank's failures, so all remove the same samples.
         merged = gather_failures(result.failures)
         if merged and rank == 0:
@@ -62,11 +84,12 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
 
         # Captions are read for this rank's samples only (caption files are per sample); a
         # caption shared by samples of several ranks may be encoded by each, harmlessly.
+        # Leaving the block is a barrier: other ranks' text entries are complete after it.
         text = TextEmbedCache(default_text_dir(dataset, output_dir), text_identity)
         sample_ids = [s for ids in kept[dataset.id].buckets.values() for s in ids]
-        mine = rank_share(sample_ids, rank, world_size)
-        cache_text_embeds([caption_for[dataset.id](s) for s in mine], text, encode_prompts,
-                          progress=progress)
+        with failing_together(f"caching text embeddings of dataset {dataset.id!r}"):
+            captions = read_captions(caption_for[dataset.id],
+                                     rank_share(sample_ids, rank, world_size))
+            cache_text_embeds(captions, text, encode_prompts, progress=progress)
         text_caches[dataset.id] = text
-    wait_for_everyone()  # text entries written by other ranks are complete from here on
     return PreparedCaches(kept, failures, BatchAssembler(latent_caches, text_caches))

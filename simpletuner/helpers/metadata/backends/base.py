@@ -52,6 +52,10 @@ class MetadataCacheError(RuntimeError):
     """The cached index is missing or was written for other settings."""
 
 
+class CaptionError(ValueError):
+    """A caption file that exists but cannot be read as UTF-8 text; names the file."""
+
+
 class IndexAgreementError(RuntimeError):
     """Ranks loaded different bucket indexes; raised with the same message on every rank."""
 
@@ -169,11 +173,25 @@ class MetadataBackend:
     def caption_for(self, sample_id: str) -> str:
         strategy = self.dataset.caption_strategy
         if strategy == "textfile":
-            return self.data_backend.read_bytes(caption_file_for(sample_id)).decode("utf-8").strip()
+            return self._read_caption_file(caption_file_for(sample_id))
         if strategy == "filename":
             stem = posixpath.splitext(posixpath.basename(sample_id))[0]
             return stem.replace("_", " ").strip()
         return self.dataset.instance_prompt or ""
+
+    def _read_caption_file(self, name: str) -> str:
+        """The caption text, or a CaptionError naming the file and the fix."""
+        path = self.data_backend.path(name)
+        try:
+            return self.data_backend.read_bytes(name).decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise CaptionError(
+                f"caption file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                f"position {exc.start}); re-save it as UTF-8 (e.g. with `iconv -f latin1 -t "
+                "utf-8`) and rerun") from exc
+        except OSError as exc:
+            raise CaptionError(f"caption file {path} cannot be read "
+                               f"({exc.strerror or exc})") from exc
 
     # -- the split, and the ranks' agreement: the only collectives of the data path ----------
 
