@@ -89,6 +89,12 @@ class LockTest(unittest.TestCase):
         self.assertIn("no longer runs; taking it over", logs.output[0])
         self.assertEqual(LockOwner(**json.loads(path.read_text())), lock.owner)
 
+    def test_a_stale_lock_another_run_took_over_first_is_left_alone(self):
+        stale = owner_of(dead_pid())
+        taken_over = write_lock(self.output_dir, owner_of(self.live_process()))
+        OutputDirLock(self.output_dir)._remove_stale(stale)  # what the slower of two runs does
+        self.assertTrue(taken_over.exists())
+
     def test_a_pid_reused_by_a_later_process_is_stale(self):
         # A restarted container: the lock's pid now belongs to another process.
         reused = replace(owner_of(self.live_process()), process_start="1")

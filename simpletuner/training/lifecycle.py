@@ -88,17 +88,15 @@ class OutputDirLock:
         """Take the lock; return None when taken, otherwise why not and what to do."""
         try:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            with self._guard():
-                holder = self._read_holder()
-                if holder is not None and holder.is_gone():
-                    logger.warning("output_dir lock %s was left by %s, which no longer runs; "
-                                   "taking it over", self.path, holder.describe())
-                    self.path.unlink()
-                    holder = None
-                if holder is None:
-                    if self._create():
-                        return None
-                    holder = self._read_holder()  # a run on another host linked it first
+            if self._create():
+                return None
+            holder = self._read_holder()
+            if holder is None or holder.is_gone():
+                if holder is not None:
+                    self._remove_stale(holder)
+                if self._create():
+                    return None
+                holder = self._read_holder()  # another run was quicker
         except ValueError as exc:
             return f"{exc}; if no run is using {self.output_dir}, delete that file"
         except OSError as exc:
@@ -120,16 +118,15 @@ class OutputDirLock:
         except (OSError, ValueError) as exc:
             logger.warning("could not remove the output_dir lock %s: %s", self.path, exc)
 
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Two runs on one host taking over the same stale lock must not both succeed: the
-        read-check-replace is serialised by an flock on the folder itself."""
-        fd = os.open(self.output_dir, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _remove_stale(self, holder: LockOwner) -> None:
+        """Two runs on one host that found the same stale lock must not both take it: the
+        second to get the flock finds the lock changed (or gone) and leaves it."""
+        with open(self.path.with_name(f"{LOCK_NAME}.takeover"), "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes
+            if self._read_holder() == holder:
+                logger.warning("output_dir lock %s was left by %s, which no longer runs; "
+                               "taking it over", self.path, holder.describe())
+                self.path.unlink()
 
     def _read_holder(self) -> LockOwner | None:
         try:
