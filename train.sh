@@ -92,9 +92,14 @@ while :; do
     wait "$launcher" && launcher_status=0 || launcher_status=$?
     kill -0 "$launcher" 2>/dev/null || break  # still running: a trapped signal ended the wait
 done
-# Training processes reparented by a launcher that died first are waited for too.
+# Training processes reparented by a launcher that died first are waited for too (a zombie has
+# ended: in a container its new parent may never collect it).
+still_running() {
+    local state
+    state="$(ps -o stat= -p "$1")" && [[ "$state" != Z* ]]
+}
 for pid in "${training_pids[@]}"; do
-    while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+    while still_running "$pid"; do sleep 1; done
 done
 
 run_status() {
