@@ -13,6 +13,7 @@ import time
 import unittest
 from pathlib import Path
 
+from simpletuner.training.lifecycle import LOCK_NAME
 from simpletuner.training.outcomes import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
 
 from training_fixtures import REPO, environment, make_shapes, run_train_sh, write_config
@@ -64,6 +65,8 @@ class TrainShTest(unittest.TestCase):
         for rank in (0, 1):
             self.assertIn(f"[rank {rank}] training stopped (exit status 2)", result.stderr)
         self.assertIn("earlier run's checkpoints (checkpoint-3)", result.stderr)
+        # Refused after the lock was taken: released on the way out.
+        self.assertFalse((self.root / "config-error-out" / LOCK_NAME).exists())
 
     def test_a_plain_failure_is_status_1(self):
         # Two images and batches of four: the bucket cannot fill one batch.
