@@ -5,6 +5,11 @@
 #   ACCELERATE_EXTRA_ARGS="..."  passed through to accelerate launch (multi-node: --num_machines,
 #                                --machine_rank, --main_process_ip, --main_process_port)
 # With no CONFIG the built-in demo runs, generating its small dataset first when missing.
+#
+# Exit status: the training processes' own (0 trained, 1 failure, 2 configuration, 3 diverged,
+# 75 preempted), or 128+N when signal N was forwarded and they ended without reporting one.
+# SIGTERM, SIGINT and SIGUSR1 are forwarded once each to the training processes, which stop at
+# the next step boundary; this script returns only once they are gone.
 set -euo pipefail
 
 config="${1:-${CONFIG_PATH:-config/config.json}}"
@@ -51,4 +56,68 @@ else
     fi
 fi
 
-exec accelerate launch "${launch_args[@]}" "${extra_args[@]}" -m simpletuner.train --config "$config"
+# accelerate launch reports every failure as 1 (measured: 1 and N processes), so each training
+# process leaves its own status in this folder (simpletuner/training/outcomes.py).
+status_dir="$(mktemp -d "${TMPDIR:-/tmp}/simpletuner-status.XXXXXX")"
+trap 'rm -rf "$status_dir"' EXIT
+export SIMPLETUNER_EXIT_STATUS_DIR="$status_dir"
+
+# Job control gives the launcher its own process group: a terminal's Ctrl-C reaches this script
+# only (which forwards it once), and the launched processes do not start with SIGINT ignored.
+set -m
+accelerate launch "${launch_args[@]}" "${extra_args[@]}" -m simpletuner.train --config "$config" &
+launcher=$!
+set +m
+
+forwarded_signal=""
+training_pids=()
+forward() {
+    # The training processes are the launcher's children. Signalling the launcher instead would
+    # orphan them with 1 process (it dies) and, for SIGUSR1, with N (torchrun dies); torchrun
+    # also gives them only 30 s after SIGTERM/SIGINT before SIGKILL.
+    forwarded_signal=$1
+    mapfile -t training_pids < <(pgrep -P "$launcher" || true)
+    if [ ${#training_pids[@]} -eq 0 ]; then
+        training_pids=("$launcher")  # not started yet: nothing to orphan
+    fi
+    echo "train.sh: forwarding SIG$1 to ${training_pids[*]}" >&2
+    kill -s "$1" "${training_pids[@]}" 2>/dev/null || true
+}
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+trap 'forward USR1' USR1
+
+launcher_status=0
+while :; do
+    wait "$launcher" && launcher_status=0 || launcher_status=$?
+    kill -0 "$launcher" 2>/dev/null || break  # still running: a trapped signal ended the wait
+done
+# Training processes reparented by a launcher that died first are waited for too (a zombie has
+# ended: in a container its new parent may never collect it).
+still_running() {
+    local state
+    state="$(ps -o stat= -p "$1")" && [[ "$state" != Z* ]]
+}
+for pid in "${training_pids[@]}"; do
+    while still_running "$pid"; do sleep 1; done
+done
+
+run_status() {
+    # The most serious status a training process reported; otherwise the launcher's, or the
+    # forwarded signal's when it ended them before they could report.
+    local reported
+    reported="$(cat "$status_dir"/*.status 2>/dev/null || true)"
+    for status in 1 3 2 75; do
+        if grep -qx "$status" <<<"$reported"; then echo "$status"; return; fi
+    done
+    if [ "$launcher_status" -ne 0 ] && [ -z "$reported" ] && [ -n "$forwarded_signal" ]; then
+        echo $((128 + $(kill -l "$forwarded_signal")))
+    else
+        echo "$launcher_status"
+    fi
+}
+status="$(run_status)"
+if [ "$status" -ne 0 ]; then
+    echo "train.sh: training ended with exit status $status" >&2
+fi
+exit "$status"

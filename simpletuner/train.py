@@ -1,6 +1,7 @@
 """`python -m simpletuner.train --config CONFIG`, normally started by ./train.sh through
-accelerate launch. Exit status: 0 trained, 2 configuration problem, 3 diverged, 75 preempted
-(resumable), 1 any other failure."""
+accelerate launch. Exit status (simpletuner/training/outcomes.py): 0 trained, 1 failure,
+2 configuration problem (including an output_dir in use or holding an earlier run's
+checkpoints), 3 diverged, 75 preempted (resumable with resume_from_checkpoint 'latest')."""
 
 from __future__ import annotations
 
@@ -20,26 +21,50 @@ from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.helpers.together import RankFailure
 from simpletuner.models.base import ModelFolderError
+from simpletuner.training.lifecycle import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
-from simpletuner.training.outcomes import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted
+from simpletuner.training.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,
+                                           EXIT_PREEMPTED, EXIT_TRAINED, Diverged, Preempted,
+                                           record_exit_status)
 from simpletuner.training.recipe import run_training
+
+logger = logging.getLogger("simpletuner.train")
 
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
-                   ModelFolderError, LoraTargetError, CacheEntryError, RankFailure)
+                   ModelFolderError, LoraTargetError, CacheEntryError, RankFailure, Preempted,
+                   Diverged)
 
 
 def build_accelerator(training) -> Accelerator:
     logging_dir = Path(training.output_dir) / "logs"
-    accelerator = Accelerator(
+    return Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=training.mixed_precision,
         log_with="tensorboard" if training.report_to == "tensorboard" else None,
         project_config=ProjectConfiguration(project_dir=training.output_dir,
                                             logging_dir=str(logging_dir)))
-    if training.report_to == "tensorboard":
-        accelerator.init_trackers("simpletuner")
-    return accelerator
+
+
+def exit_status_for(exc: Exception) -> int:
+    if isinstance(exc, ConfigError):
+        return EXIT_CONFIG
+    if isinstance(exc, Preempted):
+        return EXIT_PREEMPTED
+    if isinstance(exc, Diverged):
+        return EXIT_DIVERGED
+    return EXIT_FAILED
+
+
+def train(configuration, accelerator) -> None:
+    """The run, holding the output_dir lock; trackers start only once it is held, so a refused
+    run writes nothing into another run's logs."""
+    training = configuration.training
+    with output_dir_claimed(Path(training.output_dir), accelerator,
+                            str(configuration.config_path)):
+        if training.report_to == "tensorboard":
+            accelerator.init_trackers("simpletuner")
+        run_training(configuration, accelerator)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,20 +77,21 @@ def main(argv: list[str] | None = None) -> int:
         configuration = load_configuration(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     accelerator = build_accelerator(configuration.training)
+    rank = accelerator.process_index
     try:
-        run_training(configuration, accelerator)
-        return 0
-    except (Preempted, Diverged) as exc:
-        print(f"[rank {accelerator.process_index}] {exc}", file=sys.stderr)
-        return EXIT_PREEMPTED if isinstance(exc, Preempted) else EXIT_DIVERGED
-    except EXPECTED_ERRORS as exc:
-        print(f"[rank {accelerator.process_index}] training stopped: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        train(configuration, accelerator)
+        return EXIT_TRAINED
+    except Exception as exc:
+        if not isinstance(exc, EXPECTED_ERRORS):
+            logger.exception("[rank %d] unexpected error", rank)
+        status = exit_status_for(exc)
+        print(f"[rank {rank}] training stopped (exit status {status}): {exc}", file=sys.stderr)
+        return status
     finally:
         accelerator.end_training()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record_exit_status(main()))

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from simpletuner.helpers.data_backend.atomic import atomic_write_text
+
 EXIT_TRAINED = 0
 EXIT_FAILED = 1      # anything else; the message says what and where
 EXIT_CONFIG = 2      # a configuration problem, reported before any heavy work
 EXIT_DIVERGED = 3    # loss or gradient norm non-finite for max_nonfinite_steps steps in a row
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on a signal after a checkpoint; resume with 'latest'
+
+# accelerate launch turns every non-zero status of a training process into 1, so ./train.sh
+# names a folder here and each training process leaves its own status there.
+EXIT_STATUS_DIR_ENV = "SIMPLETUNER_EXIT_STATUS_DIR"
+
+
+def record_exit_status(status: int) -> int:
+    """Leave ``status`` for ./train.sh when it launched this process; returns ``status``."""
+    folder = os.environ.get(EXIT_STATUS_DIR_ENV)
+    if folder:
+        atomic_write_text(Path(folder) / f"{os.getpid()}.status", f"{status}\n")
+    return status
 
 
 class Preempted(Exception):

@@ -18,6 +18,7 @@ from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import read_trainer_state, resolve_resume
+from simpletuner.training.lifecycle import fresh_run_problem
 
 
 @dataclass
@@ -59,6 +60,9 @@ def run_preflight(configuration: Configuration) -> Preflight:
     output_problem = _check_output_dir(Path(training.output_dir))
     if output_problem:
         problems.append(f"{where}: key 'output_dir': {output_problem}")
+    fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
+    if fresh_problem:
+        problems.append(f"{where}: {fresh_problem}")
 
     model_folder = None
     try:

@@ -1,0 +1,193 @@
+"""One run per output_dir: a lock naming the run that holds it, and no fresh start over an
+earlier run's checkpoints.
+
+The lock is `output_dir/.simpletuner.lock`, JSON naming the holder's pid, host and start time.
+Only the global main process takes it, before any heavy work, and removes it when the run ends
+however it ends (a killed run leaves it behind: on the same host it is taken over once its pid
+is gone). Every rank learns whether it was taken, so every rank stops with the same message.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from accelerate.utils import broadcast_object_list
+
+from simpletuner.configuration import ConfigError
+from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.helpers.together import failing_together
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = ".simpletuner.lock"
+# Any folder named like a checkpoint, complete or not, is evidence of an earlier run.
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/<pid>/stat), so a pid reused by a
+    later process (a restarted container) is not taken for the lock's holder. None without /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # the name in parentheses may hold spaces
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    pid: int
+    host: str
+    started: str                 # ISO 8601, UTC
+    process_start: str | None    # see _process_start
+
+    @classmethod
+    def this_process(cls) -> LockOwner:
+        return cls(os.getpid(), socket.gethostname(),
+                   datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   _process_start(os.getpid()))
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host}, started {self.started}"
+
+    def is_gone(self) -> bool:
+        """True only when this host can tell that the holder no longer runs."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # alive, another user's
+        running_start = _process_start(self.pid)
+        if self.process_start is None or running_start is None:
+            return False
+        return running_start != self.process_start
+
+
+class OutputDirLock:
+    """The lock file of one output_dir, as seen by this process."""
+
+    def __init__(self, output_dir: Path):
+        self.output_dir = Path(output_dir)
+        self.path = self.output_dir / LOCK_NAME
+        self.owner = LockOwner.this_process()
+
+    def try_acquire(self) -> str | None:
+        """Take the lock; return None when taken, otherwise why not and what to do."""
+        try:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            if self._create():
+                return None
+            holder = self._read_holder()
+            if holder is None or holder.is_gone():
+                if holder is not None:
+                    self._remove_stale(holder)
+                if self._create():
+                    return None
+                holder = self._read_holder()  # another run was quicker
+        except ValueError as exc:
+            return f"{exc}; if no run is using {self.output_dir}, delete that file"
+        except OSError as exc:
+            return (f"cannot write the run's lock file {self.path} ({exc.strerror or exc}); "
+                    "choose a folder you can write to")
+        who = holder.describe() if holder is not None else "a run that just ended"
+        return (f"output_dir {self.output_dir} is in use by another run ({who}; lock file "
+                f"{self.path}). Wait for that run to end or use another output_dir; if no run "
+                "is using it, delete the lock file")
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours."""
+        try:
+            holder = self._read_holder()
+            if holder == self.owner:
+                self.path.unlink()
+            elif holder is not None:
+                logger.warning("not removing %s: it now names %s", self.path, holder.describe())
+        except (OSError, ValueError) as exc:
+            logger.warning("could not remove the output_dir lock %s: %s", self.path, exc)
+
+    def _remove_stale(self, holder: LockOwner) -> None:
+        """Two runs on one host that found the same stale lock must not both take it: the
+        second to get the flock finds the lock changed (or gone) and leaves it."""
+        with open(self.path.with_name(f"{LOCK_NAME}.takeover"), "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes
+            if self._read_holder() == holder:
+                logger.warning("output_dir lock %s was left by %s, which no longer runs; "
+                               "taking it over", self.path, holder.describe())
+                self.path.unlink()
+
+    def _read_holder(self) -> LockOwner | None:
+        try:
+            return LockOwner(**json.loads(self.path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as exc:  # not JSON, or JSON of another shape
+            raise ValueError(f"{self.path} is not a lock this trainer wrote") from exc
+
+    def _create(self) -> bool:
+        """Write our JSON under a private name, then link it into place: the link either
+        fails (someone holds the lock, on any host of a shared filesystem) or shows a complete
+        file."""
+        private = self.output_dir / f"{LOCK_NAME}.{self.owner.host}.{self.owner.pid}"
+        atomic_write_json(private, asdict(self.owner), indent=1)
+        try:
+            os.link(private, self.path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            private.unlink()
+
+
+@contextmanager
+def output_dir_claimed(output_dir: Path, accelerator, where: str) -> Iterator[None]:
+    """The global main process holds the lock for the block. A held lock becomes the same
+    ConfigError on every rank (key 'output_dir' of ``where``); an unexpected failure while
+    taking it becomes the same RankFailure on every rank."""
+    lock = OutputDirLock(output_dir) if accelerator.is_main_process else None
+    problem = None
+    with failing_together("taking the output_dir lock"):
+        if lock is not None:
+            problem = lock.try_acquire()
+    (problem,) = broadcast_object_list([problem])
+    if problem is not None:
+        raise ConfigError([f"{where}: key 'output_dir': {problem}"])
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def earlier_run_checkpoints(output_dir: Path) -> list[str]:
+    """Names of the checkpoint-<step> folders in output_dir, by step."""
+    if not output_dir.is_dir():
+        return []
+    names = [c.name for c in output_dir.iterdir() if _CHECKPOINT_NAME.match(c.name) and c.is_dir()]
+    return sorted(names, key=lambda name: int(name.split("-")[1]))
+
+
+def fresh_run_problem(resume_from_checkpoint: str | None, output_dir: Path) -> str | None:
+    """A run that does not resume must not start over an earlier run's checkpoints: it would
+    overwrite some, and a later 'latest' would pick up the old run's."""
+    if resume_from_checkpoint is not None:
+        return None
+    found = earlier_run_checkpoints(output_dir)
+    if not found:
+        return None
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return (f"key 'resume_from_checkpoint' is not set, but output_dir {output_dir} holds an "
+            f"earlier run's checkpoints ({shown}). Set resume_from_checkpoint to 'latest' to "
+            "continue that run, or use a new or emptied output_dir to start a fresh one")

@@ -1,0 +1,111 @@
+"""./train.sh returns the training processes' own exit status (accelerate launch alone turns
+every failure into 1), and a SIGTERM to it reaches the training process and leaves nothing
+running."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+from simpletuner.training.lifecycle import LOCK_NAME
+from simpletuner.training.outcomes import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
+
+from training_fixtures import REPO, environment, make_shapes, run_train_sh, write_config
+
+
+def children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(line) for line in found.stdout.split()]
+
+
+def descendants(pid: int) -> list[int]:
+    found = children(pid)
+    return found + [d for child in found for d in descendants(child)]
+
+
+def is_running(pid: int) -> bool:
+    """A zombie has ended: it only waits for a parent (maybe a non-reaping init) to collect it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+class TrainShTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="st-train-sh-")
+        cls.root = Path(cls.tmp)
+        make_shapes(cls.root / "data", per_size=2, sizes=((64, 64),))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_a_config_error_on_two_processes_is_status_2(self):
+        config = write_config(self.root, self.root / "data", "config-error", num_processes=2)
+        (self.root / "config-error-out" / "checkpoint-3").mkdir(parents=True)
+        result = run_train_sh(config, self.tmp, timeout=180)
+        self.assertEqual(result.returncode, EXIT_CONFIG, result.stderr[-3000:])
+        for rank in (0, 1):
+            self.assertIn(f"[rank {rank}] training stopped (exit status 2)", result.stderr)
+        self.assertIn("earlier run's checkpoints (checkpoint-3)", result.stderr)
+        # Refused after the lock was taken: released on the way out.
+        self.assertFalse((self.root / "config-error-out" / LOCK_NAME).exists())
+
+    def test_a_plain_failure_is_status_1(self):
+        # Two images and batches of four: the bucket cannot fill one batch.
+        config = write_config(self.root, self.root / "data", "failure", train_batch_size=4)
+        result = run_train_sh(config, self.tmp, timeout=180)
+        self.assertEqual(result.returncode, EXIT_FAILED, result.stderr[-3000:])
+        self.assertIn("[rank 0] training stopped (exit status 1)", result.stderr)
+
+    def test_sigterm_reaches_the_training_process_and_leaves_nothing_running(self):
+        config = write_config(self.root, self.root / "data", "signal", max_train_steps=100000)
+        log = self.root / "signal.log"
+        with open(log, "w") as stderr:
+            launcher_script = subprocess.Popen(
+                [str(REPO / "train.sh"), str(config)], cwd=REPO, env=environment(self.tmp),
+                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        tree: list[int] = []
+        try:
+            wait_until(lambda: "training sd1x" in log.read_text(), 180, "the training loop")
+            tree = descendants(launcher_script.pid)
+            training = [p for p in tree if b"simpletuner.train" in
+                        Path(f"/proc/{p}/cmdline").read_bytes() and b"launch" not in
+                        Path(f"/proc/{p}/cmdline").read_bytes()]
+            self.assertEqual(len(training), 1, tree)
+            launcher_script.send_signal(signal.SIGTERM)
+            status = launcher_script.wait(timeout=120)
+            wait_until(lambda: not any(map(is_running, tree)), 10, "the process tree to end")
+        finally:
+            for pid in [launcher_script.pid] + tree:
+                if is_running(pid):
+                    os.kill(pid, signal.SIGKILL)
+            launcher_script.wait(timeout=10)
+        output = log.read_text()
+        self.assertIn(f"forwarding SIGTERM to {training[0]}", output)
+        if status == EXIT_PREEMPTED:  # the training loop turns SIGTERM into a checkpoint
+            self.assertIn("preempted by SIGTERM", output)
+        else:  # no handler: the training process dies of the signal, and says so to accelerate
+            self.assertEqual(status, 128 + signal.SIGTERM, output[-3000:])
+            self.assertIn("died with <Signals.SIGTERM: 15>", output)
+
+
+if __name__ == "__main__":
+    unittest.main()
