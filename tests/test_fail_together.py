@@ -98,8 +98,9 @@ class FailTogetherTest(unittest.TestCase):
         self.assertEqual([f.read_text() if f.exists() else "killed" for f in statuses],
                          [str(status)] * 2, context)
         # The message: its line, and the indented lines of a ConfigError's list after it.
-        messages = [re.findall(rf"^\[rank {rank}\] {verb} stopped: (.*(?:\n[ \t].*)*)", log,
-                               re.M) for rank, log in enumerate(logs)]
+        pattern = r"^\[rank {}\] {} stopped(?: \(exit status \d+\))?: (.*(?:\n[ \t].*)*)"
+        messages = [re.findall(pattern.format(rank, verb), log, re.M)
+                    for rank, log in enumerate(logs)]
         self.assertEqual(len(messages[0]), 1, context)
         self.assertEqual(messages[0], messages[1])
         self.assertIn(fragment, messages[0][0])
@@ -201,7 +202,8 @@ class CaptionReadTest(unittest.TestCase):
         run = run_training(self.config, str(self.root))
         self.assertEqual(run.returncode, 1, run.stderr[-3000:])
         self.assertNotIn("Traceback", run.stderr)
-        (message,) = re.findall(r"^\[rank 0\] training stopped: (.*)$", run.stderr, re.M)
+        (message,) = re.findall(r"^\[rank 0\] training stopped \(exit status 1\): (.*)$",
+                                run.stderr, re.M)
         self.assertIn("CaptionError: 2 caption file(s) cannot be used: caption file "
                       f"{self.bad[0]} is not UTF-8 text", message)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.training.checkpoint import TRAINER_STATE
 from simpletuner.training.lifecycle import LOCK_NAME, LockOwner, OutputDirLock, _process_start
+from simpletuner.training.manifest import write_manifest
 from simpletuner.training.preflight import run_preflight
 
 from training_fixtures import make_shapes, run_training, write_config
@@ -45,6 +46,7 @@ def make_checkpoint(output_dir: Path, step: int) -> None:
     folder.mkdir(parents=True)
     (folder / TRAINER_STATE).write_text(json.dumps(
         {"step": step, "epoch": 0, "seed": 7, "fingerprint": {}, "model_type": "full"}))
+    write_manifest(folder)  # only a manifest makes a folder a checkpoint
 
 
 class LockTest(unittest.TestCase):

@@ -39,8 +39,11 @@ def _check_output_dir(output_dir: Path) -> str | None:
     return None
 
 
-def run_preflight(configuration: Configuration) -> Preflight:
-    """Raise ConfigError listing every problem found; return what start-up needs otherwise."""
+def run_preflight(configuration: Configuration, main_result: Preflight | None = None
+                  ) -> Preflight:
+    """Raise ConfigError listing every problem found; return what start-up needs otherwise.
+    ``main_result``: the main process's result; the checkpoint it chose (verified, SHA-256 of
+    every file) and the seed are taken from it rather than hashed again by every rank."""
     training = configuration.training
     where = str(configuration.config_path)
     problems: list[str] = []
@@ -74,6 +77,10 @@ def run_preflight(configuration: Configuration) -> Preflight:
     except (ModelFolderError, ValueError) as exc:
         problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
 
+    if main_result is not None:
+        if problems:
+            raise ConfigError(problems)
+        return Preflight(model_folder, main_result.resume_from, main_result.seed)
     resume_from, seed = None, training.seed
     try:
         resume_from = resolve_resume(training.resume_from_checkpoint, Path(training.output_dir))
@@ -95,10 +102,11 @@ def run_preflight(configuration: Configuration) -> Preflight:
     return Preflight(model_folder, resume_from, seed)
 
 
-def _checked(configuration: Configuration) -> tuple[Preflight | None, list[str]]:
+def _checked(configuration: Configuration, main_result: Preflight | None = None
+             ) -> tuple[Preflight | None, list[str]]:
     """This rank's checks: what start-up needs, or the configuration problems found."""
     try:
-        return run_preflight(configuration), []
+        return run_preflight(configuration, main_result), []
     except ConfigError as exc:
         return None, exc.problems
 
@@ -126,12 +134,12 @@ def run_preflight_on_all_ranks(configuration: Configuration, accelerator) -> Pre
     with failing_together("start-up checks on the main process"):
         if accelerator.is_main_process:
             result, problems = _checked(configuration)
-    (problems,) = broadcast_object_list([problems])
+    problems, main_result = broadcast_object_list([problems, result])
     if problems:
         raise ConfigError(problems)
     with failing_together("start-up checks"):
         if not accelerator.is_main_process:
-            result, problems = _checked(configuration)
+            result, problems = _checked(configuration, main_result)
     problems = merge_rank_problems(gather_object([problems]))
     if problems:
         raise ConfigError(problems)

@@ -145,7 +145,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         folder = save_checkpoint(accelerator, output_dir, state, network=network,
                                  optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
                                  limit=training.checkpoints_total_limit,
-                                 extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()})
+                                 extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()},
+                                 resumed_from=preflight.resume_from)
         if main:
             logger.info("checkpoint %s", folder)
         return folder
