@@ -80,7 +80,8 @@ class HeaderSizeTest(TempDirTest):
                     "plain.tiff": (70, 70)}
         for name, data in files.items():
             write(self.data, name, data)
-        self.assertEqual(Image.open(self.data / "sixteen.png").mode, "I;16")
+        # Really 16 bits per pixel (Pillow 10.1, the floor, reads such a PNG back as mode "I").
+        self.assertIn(Image.open(self.data / "sixteen.png").mode, ("I;16", "I"))
         index = self.refresh(self.backend())
         self.assertEqual(index.skipped, [])
         self.assertEqual(index.original_sizes, expected)
