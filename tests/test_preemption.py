@@ -23,7 +23,8 @@ from simpletuner.training.preemption import PreemptionWatcher
 from training_fixtures import REPO, environment, make_shapes, read_jsonl, write_config
 
 TIMEOUT = 240
-PREEMPTED = re.compile(r"\[rank (\d)\] preempted by (.+?) at step (\d+)")
+PREEMPTED = re.compile(
+    r"\[rank (\d)\] training stopped \(exit status 75\): preempted by (.+?) at step (\d+)")
 
 
 def train_command(config: Path, processes: int) -> list[str]:
