@@ -71,7 +71,7 @@ class S3Storage:
         where = f" at {settings.endpoint_url}" if settings.endpoint_url else ""
         self.location = f"s3://{self.bucket}/{self.prefix}{where}"
         self.max_connections = settings.max_pool_connections
-        self._client = boto3.session.Session().client(
+        self.client = boto3.session.Session().client(
             "s3", endpoint_url=settings.endpoint_url, region_name=settings.region or "us-east-1",
             aws_access_key_id=settings.access_key_id,
             aws_secret_access_key=settings.secret_access_key,
@@ -107,12 +107,12 @@ class S3Storage:
 
     def write_atomic(self, name: str, data: bytes) -> None:
         # An S3 PUT replaces the object as a whole: readers never see part of it.
-        self._call("write", name, self._client.put_object, Bucket=self.bucket,
+        self._call("write", name, self.client.put_object, Bucket=self.bucket,
                    Key=self.prefix + name, Body=data)
 
     def exists(self, name: str) -> bool:
         try:
-            self._call("look up", name, self._client.head_object, Bucket=self.bucket,
+            self._call("look up", name, self.client.head_object, Bucket=self.bucket,
                        Key=self.prefix + name)
         except FileNotFoundError:
             return False
@@ -129,7 +129,7 @@ class S3Storage:
 
     def _objects(self) -> Iterator[tuple[str, int, str]]:
         """(sample id, size, ETag) of every visible object under the prefix, page by page."""
-        pages = self._client.get_paginator("list_objects_v2").paginate(
+        pages = self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=self.prefix)
         try:
             for page in pages:
@@ -144,7 +144,7 @@ class S3Storage:
             raise self._translated(exc, "list", "") from exc
 
     def _get(self, name: str, **extra) -> bytes:
-        answer = self._call("read", name, self._client.get_object, Bucket=self.bucket,
+        answer = self._call("read", name, self.client.get_object, Bucket=self.bucket,
                             Key=self.prefix + name, **extra)
         try:
             return answer["Body"].read()
