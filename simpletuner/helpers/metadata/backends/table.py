@@ -10,6 +10,7 @@ result is the same FileTable header probes give, so the index is the one discove
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 from pathlib import Path
@@ -25,24 +26,53 @@ class TableFormatError(ValueError):
 
 
 def read_columns(path: Path, names: list[str]) -> dict[str, list]:
-    """The named columns of a .parquet or .jsonl table as Python lists."""
-    import pyarrow  # the 'parquet' extra
-    import pyarrow.json
-    import pyarrow.parquet
-
-    try:
-        if path.suffix.lower() == ".jsonl":
-            table = pyarrow.json.read_json(path)
-        else:
-            table = pyarrow.parquet.read_table(path, columns=names)
-    except (OSError, pyarrow.ArrowException) as exc:
-        raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
-    missing = [name for name in names if name not in table.column_names]
+    """The named columns of a .parquet or .jsonl table as Python lists (row i at index i)."""
+    if path.suffix.lower() == ".jsonl":
+        columns, present = _read_jsonl(path, names)
+    else:
+        columns, present = _read_parquet(path, names)
+    missing = [name for name in names if name not in present]
     if missing:
         raise TableFormatError(
             f"metadata table {path}: no column {', '.join(map(repr, missing))} (it has "
-            f"{', '.join(table.column_names)}); fix the parquet block's *_column keys")
-    return {name: table.column(name).to_pylist() for name in names}
+            f"{', '.join(present)}); fix the parquet block's *_column keys")
+    return columns
+
+
+def _read_parquet(path: Path, names: list[str]) -> tuple[dict[str, list], list[str]]:
+    import pyarrow  # the 'parquet' extra
+    import pyarrow.parquet
+
+    try:
+        present = pyarrow.parquet.read_schema(path).names
+        if not set(names) <= set(present):
+            return {}, present
+        table = pyarrow.parquet.read_table(path, columns=names)
+    except (OSError, pyarrow.ArrowException) as exc:
+        raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
+    return {name: table.column(name).to_pylist() for name in names}, present
+
+
+def _read_jsonl(path: Path, names: list[str]) -> tuple[dict[str, list], list[str]]:
+    """One object a line, parsed line by line: a line with a value of the wrong type (or no
+    JSON at all) is one bad row to report, not a table that cannot be read."""
+    columns: dict[str, list] = {name: [] for name in names}
+    present: dict[str, None] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
+    for line in lines:
+        try:
+            row = json.loads(line) if line.strip() else {}
+        except ValueError:
+            row = {}
+        if not isinstance(row, dict):
+            row = {}
+        present.update(dict.fromkeys(row))
+        for name in names:
+            columns[name].append(row.get(name))
+    return columns, list(present)
 
 
 def _positive_whole(value) -> int | None:
