@@ -261,9 +261,9 @@ class MetadataBackend:
         fetched); None when captions are read on demand."""
         if not self._captions_in_index():
             return None
+        if found.captions is not None:  # every usable row's, also of the few filtered out
+            return CaptionTable(found.captions)
         ids = [sample_id for ids in index.buckets.values() for sample_id in ids]
-        if found.captions is not None:
-            return CaptionTable({i: found.captions[i] for i in ids})
         known = CaptionTable.from_json((cache or {}).get("captions")) or CaptionTable()
         return fetch_caption_files(self.storage, ids, listing, known)
 

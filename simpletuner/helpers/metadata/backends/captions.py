@@ -26,14 +26,15 @@ def caption_file_for(sample_id: str) -> str:
 @dataclass
 class CaptionTable:
     """sample id -> caption text, with the change key of the file it came from (None: from a
-    table). Stored as columns, like the file table."""
+    table). Stored as columns, like the file table, in the order the builder inserted them
+    (deterministic: table rows, or index order), so a million captions are not sorted again."""
 
     texts: dict[str, str] = field(default_factory=dict)
     keys: dict[str, ChangeKey | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        ids = sorted(self.texts)
-        return {"ids": ids, "texts": [self.texts[i] for i in ids],
+        ids = list(self.texts)
+        return {"ids": ids, "texts": list(self.texts.values()),
                 "keys": [self.keys.get(i) for i in ids]}
 
     @classmethod

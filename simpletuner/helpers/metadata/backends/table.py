@@ -15,6 +15,8 @@ import os
 import posixpath
 from pathlib import Path
 
+import numpy as np
+
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.file_table import FileTable
@@ -83,6 +85,15 @@ def _positive_whole(value) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+def _whole_pixels(values: list) -> "np.ndarray":
+    """A size column as int64, 0 where a value is not a positive whole number. A column of
+    plain ints (the usual table) converts in one step; anything else value by value."""
+    if all(type(v) is int for v in values):
+        array = np.array(values, dtype=np.int64)
+        return np.where(array > 0, array, 0)
+    return np.fromiter((_positive_whole(v) or 0 for v in values), np.int64, len(values))
+
+
 class TableSource:
     """``metadata_backend: parquet``."""
 
@@ -107,48 +118,88 @@ class TableSource:
                             c.identifier_includes_extension]}
 
     def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
+        """Whole columns at a time (numpy), so a million rows cost about as much as reading
+        them; only the bad rows are looked at one by one, to say what is wrong with each."""
         c = self.config
         names = [c.filename_column, c.width_column, c.height_column]
         if self.wants_captions:
             names += [n for n in (c.caption_column, c.fallback_caption_column) if n]
         columns = read_columns(self.path, list(dict.fromkeys(names)))
+        files_in_table = columns[c.filename_column]
+        rows = len(files_in_table)
         count = len(listing.sample_ids)
+        position = self._positions(listing, files_in_table)      # -1: not listed, -2: no name
+        widths = _whole_pixels(columns[c.width_column])           # 0: not a usable size
+        heights = _whole_pixels(columns[c.height_column])
+        captions_of = self._captions(columns, rows)
+        listed = position >= 0
+        first_row = np.full(count, -1, dtype=np.int64)  # the first row naming each listed file
+        named = np.flatnonzero(listed)[::-1]
+        first_row[position[named]] = named
+        duplicate = listed & (first_row[np.maximum(position, 0)] != np.arange(rows))
+        usable = listed & ~duplicate & (widths > 0) & (heights > 0)
+        if self.wants_captions:
+            usable &= np.fromiter((t is not None for t in captions_of), bool, rows)
+        table_widths = np.zeros(count, dtype=np.int64)
+        table_heights = np.zeros(count, dtype=np.int64)
+        table_widths[position[usable]] = widths[usable]
+        table_heights[position[usable]] = heights[usable]
         files = FileTable(listing.sample_ids, listing.sizes, listing.change_keys,
-                          [0] * count, [0] * count)
-        rows_of = self._resolver(listing)
-        skipped: list[SkippedFile] = []
-        captions: dict[str, str] = {}
-        seen: dict[str, int] = {}
-        captions_of = self._captions(columns, len(columns[c.filename_column]))
-        for row, (name, width, height, caption) in enumerate(zip(
-                columns[c.filename_column], columns[c.width_column], columns[c.height_column],
-                captions_of)):
-            where = f"{self.path} row {row}"
+                          table_widths.tolist(), table_heights.tolist())
+        skipped = self._report_rows(np.flatnonzero(~usable), position, first_row, columns,
+                                    captions_of, files)
+        for row in np.flatnonzero(first_row < 0).tolist():
+            files.errors[listing.sample_ids[row]] = f"no row in the metadata table {self.path}"
+        captions = None
+        if self.wants_captions:
+            ids = listing.sample_ids
+            captions = {ids[p]: captions_of[r]
+                        for r, p in zip(np.flatnonzero(usable).tolist(),
+                                        position[usable].tolist())}
+        return FoundFiles(files, 0, 0, skipped, captions)
+
+    def _positions(self, listing: Listing, files_in_table: list) -> "np.ndarray":
+        """Each row's position in the listing: -1 when the storage lacks it, -2 without a name."""
+        ids = listing.sample_ids
+        if self.config.identifier_includes_extension:
+            by_name = dict(zip(ids, range(len(ids))))
+        else:  # 'a/img' names 'a/img.png'; with two such files the first in id order wins
+            by_name = {}
+            for row, sample_id in enumerate(ids):
+                by_name.setdefault(posixpath.splitext(sample_id)[0], row)
+
+        def lookup(name) -> int:
             if not isinstance(name, str) or not name.strip("/"):
+                return -2
+            found = by_name.get(name)
+            return found if found is not None else by_name.get(name.lstrip("/"), -1)
+
+        return np.fromiter(map(lookup, files_in_table), np.int64, len(files_in_table))
+
+    def _report_rows(self, bad_rows, position, first_row, columns, captions_of,
+                     files: FileTable) -> list[SkippedFile]:
+        """What is wrong with each unusable row; a listed file's own problem goes to its
+        FileTable row (reported as a skip of that file), the others are skips of their own."""
+        c = self.config
+        skipped: list[SkippedFile] = []
+        for row in bad_rows.tolist():
+            where = f"{self.path} row {row}"
+            name, at = columns[c.filename_column][row], int(position[row])
+            if at == -2:
                 skipped.append(SkippedFile(f"<row {row}>", f"{where}: empty or missing "
                                                            f"{c.filename_column!r}"))
-                continue
-            sample_id = rows_of(name)
-            if sample_id is None:
-                skipped.append(SkippedFile(name, f"{where}: no such image in {self.storage.location}"))
-                continue
-            if sample_id in seen:
+            elif at == -1:
+                skipped.append(SkippedFile(name, f"{where}: no such image in "
+                                                 f"{self.storage.location}"))
+            elif first_row[at] != row:
+                sample_id = files.ids[at]
                 skipped.append(SkippedFile(sample_id, f"{where}: a second row for this file "
-                                                      f"(first: row {seen[sample_id]}); ignored"))
-                continue
-            seen[sample_id] = row
-            problem = self._row_problem(width, height, caption)
-            index = files.row_of(sample_id)
-            if problem:
-                files.errors[sample_id] = f"{where}: {problem}"
-                continue
-            files.widths[index], files.heights[index] = int(width), int(height)
-            if self.wants_captions:
-                captions[sample_id] = caption
-        for sample_id in listing.sample_ids:
-            if sample_id not in seen:
-                files.errors[sample_id] = f"no row in the metadata table {self.path}"
-        return FoundFiles(files, 0, 0, skipped, captions if self.wants_captions else None)
+                                                      f"(first: row {first_row[at]}); ignored"))
+            else:
+                problem = self._row_problem(columns[c.width_column][row],
+                                            columns[c.height_column][row], captions_of[row])
+                files.errors[files.ids[at]] = f"{where}: {problem}"
+        return skipped
 
     def _captions(self, columns: dict[str, list], count: int) -> list[str | None]:
         """Each row's caption: caption_column, else fallback_caption_column where empty."""
@@ -170,17 +221,3 @@ class TableSource:
             fallback = f" and {c.fallback_caption_column!r}" if c.fallback_caption_column else ""
             return f"empty {c.caption_column!r}{fallback} (caption_strategy 'parquet')"
         return None
-
-    def _resolver(self, listing: Listing):
-        """file name in the table -> listed sample id (None: not in storage)."""
-        listed = set(listing.sample_ids)
-        if self.config.identifier_includes_extension:
-            def resolve(name: str) -> str | None:
-                name = name.lstrip("/")
-                return name if name in listed else None
-            return resolve
-        by_stem = {posixpath.splitext(s)[0]: s for s in reversed(listing.sample_ids)}
-
-        def resolve_stem(name: str) -> str | None:
-            return by_stem.get(name.lstrip("/"))
-        return resolve_stem
