@@ -144,6 +144,20 @@ class TableIndexTest(unittest.TestCase):
         self.assertIn("row 5: empty 'caption' (caption_strategy 'parquet')",
                       reasons["sub/ünï.webp"])
 
+    def test_the_index_is_reused_until_the_table_or_the_files_change(self):
+        table = write_table(self.tmp / "meta.parquet", self.rows)
+        backend = self.backend(table)
+        first = backend.refresh_index(False)
+        self.assertEqual(self.backend(table).refresh_index(False).digest(), first.digest())
+        self.rows[0]["width"] = 128  # a.png is now listed as 128 x 64
+        write_table(table, self.rows)
+        edited = self.backend(table).refresh_index(False)
+        self.assertIn("a.png", edited.buckets["128x64"])
+        (self.data / "d.png").unlink()
+        gone = self.backend(table).refresh_index(False)
+        self.assertNotIn("d.png", [s for ids in gone.buckets.values() for s in ids])
+        self.assertIn("no such image", {s.path: s.reason for s in gone.skipped}["d.png"])
+
     def test_a_missing_column_names_it_and_the_columns_there_are(self):
         table = write_table(self.tmp / "meta.parquet", self.rows)
         with self.assertRaises(TableFormatError) as caught:

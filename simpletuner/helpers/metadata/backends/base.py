@@ -133,6 +133,8 @@ class MetadataBackend:
         known = FileTable()
         if cache is not None and cache.get("files_key") == self._file_entries_key():
             known = self._cached_files(cache) or known
+            if self.source.unchanged(listing, known) and cache.get("settings") == self.settings():
+                return self._reuse_cached_index(cache, len(known.ids))
         found = self.source.read(listing, known, show_progress)
         index, rows = self._build_index(found, listing)
         self.captions = self._index_captions(found, index, listing, cache)
@@ -154,7 +156,16 @@ class MetadataBackend:
 
     def load_index(self) -> DatasetIndex:
         """The index the main process wrote; reads no image and lists no folder."""
-        cache = self._read_cache()
+        return self._index_from(self._read_cache())
+
+    def _reuse_cached_index(self, cache: dict[str, Any], listed: int) -> DatasetIndex:
+        """The source says the cache was built from exactly this data: take it as it is."""
+        index = self._index_from(cache)
+        self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
+                                          cache_written=False)
+        return index
+
+    def _index_from(self, cache: dict[str, Any] | None) -> DatasetIndex:
         files = self._cached_files(cache) if cache is not None else None
         if files is None:
             raise MetadataCacheError(

@@ -45,6 +45,10 @@ class HeaderSource:
     def key(self) -> dict:
         return {"metadata_backend": "discovery"}
 
+    def unchanged(self, listing: Listing, known: FileTable) -> bool:
+        """Never: whether a caption file exists decides skips too, and it is not in ``known``."""
+        return False
+
     def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
         files, stale, forgotten = known.reconcile(listing)
         names = [files.ids[row] for row in stale]

@@ -117,6 +117,12 @@ class TableSource:
                             c.caption_column, c.fallback_caption_column,
                             c.identifier_includes_extension]}
 
+    def unchanged(self, listing: Listing, known: FileTable) -> bool:
+        """The cached index holds for ``listing``: same files as when it was built (the table's
+        identity is in ``key``, so ``known`` comes from this very table)."""
+        return (not listing.unreadable and listing.sample_ids == known.ids
+                and listing.sizes == known.sizes and listing.change_keys == known.change_keys)
+
     def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
         """Whole columns at a time (numpy), so a million rows cost about as much as reading
         them; only the bad rows are looked at one by one, to say what is wrong with each."""
