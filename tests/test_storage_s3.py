@@ -5,6 +5,7 @@ clear errors of bad credentials, a missing bucket and an unreachable endpoint.""
 
 from __future__ import annotations
 
+import random
 import shutil
 import tempfile
 import unittest
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from discovery_fixtures import encode, image, rotated_jpeg, training_config, write
 from s3_server import SECRET_KEY, RcloneS3Server, free_port
@@ -35,6 +37,13 @@ def populate(folder: Path) -> None:
     write(folder, "broken.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 20, caption="broken")
     write(folder, "uncaptioned.png", encode(image(64, 64), "PNG"), caption=None)
     write(folder, ".hidden/e.png", encode(image(64, 64), "PNG"))
+    for name, fmt in (("large/photo.jpg", "JPEG"), ("large/photo.webp", "WEBP")):
+        write(folder, name, encode(noise(640, 400), fmt, quality=95), caption="large")
+
+
+def noise(width: int, height: int) -> Image.Image:
+    """Incompressible pixels: files far larger than their header."""
+    return Image.frombytes("RGB", (width, height), random.Random(5).randbytes(width * height * 3))
 
 
 class GetCounter:
@@ -115,8 +124,9 @@ class S3DiscoveryTest(unittest.TestCase):
             training_config(self.tmp / "out-changing"))
         counter = GetCounter(backend.storage)
         first = backend.refresh_index(show_progress=False)
-        self.assertEqual(backend.last_refresh.read, 7)
-        self.assertEqual(len({k for k in counter.keys if k.endswith(".txt")}), 5)
+        self.assertEqual(backend.last_refresh.read, 9)
+        # 7 indexed samples; large/photo.jpg and large/photo.webp share large/photo.txt
+        self.assertEqual(len({k for k in counter.keys if k.endswith(".txt")}), 6)
         counter.keys.clear()
         backend.refresh_index(show_progress=False)
         self.assertEqual(counter.keys, [], "an unchanged bucket was read again")
@@ -128,6 +138,19 @@ class S3DiscoveryTest(unittest.TestCase):
         self.assertEqual(sorted(set(counter.keys)), ["changing/z/d.jpeg", "changing/z/d.txt"])
         self.assertNotEqual(first.digest(), second.digest())
         self.assertEqual(backend.caption_for("z/d.jpeg"), "a new caption")
+
+    def test_large_objects_are_probed_from_their_first_bytes(self):
+        backend = self.backend("out-ranged")
+        ranges = []
+        backend.storage.client.meta.events.register(
+            "provide-client-params.s3.GetObject",
+            lambda params, **_: ranges.append((params["Key"], params.get("Range"))))
+        index = backend.refresh_index(show_progress=False)
+        self.assertEqual(index.original_sizes["large/photo.webp"], (640, 400))
+        self.assertEqual(index.original_sizes["large/photo.jpg"], (640, 400))
+        for name in ("large/photo.jpg", "large/photo.webp"):
+            self.assertGreater((self.data / name).stat().st_size, 100_000)
+            self.assertEqual([r for k, r in ranges if k == PREFIX + name], ["bytes=0-8191"])
 
     def test_latents_are_cached_locally_from_the_bucket(self):
         backend = self.backend("out-latents")

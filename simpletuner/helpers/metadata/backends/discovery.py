@@ -115,6 +115,28 @@ def probe_image(path: str, max_pixels: int | None) -> Probe:
     return Probe(width, height)
 
 
+_WEBP_EXIF_FLAG = 0x08  # VP8X: an EXIF chunk (which may rotate) is present
+
+
+def webp_size(head: bytes) -> tuple[int, int] | None:
+    """A WebP's canvas size from its first 30 bytes, as libwebp reads it; None when the file
+    carries EXIF (usually at its end) or the header is not one of the three kinds. Pillow
+    wants the whole file for a WebP, which for a remote object means fetching all of it."""
+    if len(head) < 30 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
+        return None
+    kind = head[12:16]
+    if kind == b"VP8X" and not head[20] & _WEBP_EXIF_FLAG:
+        return (int.from_bytes(head[24:27], "little") + 1,
+                int.from_bytes(head[27:30], "little") + 1)
+    if kind == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+        return (int.from_bytes(head[26:28], "little") & 0x3FFF,
+                int.from_bytes(head[28:30], "little") & 0x3FFF)
+    if kind == b"VP8L" and head[20] == 0x2F:
+        bits = int.from_bytes(head[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    return None
+
+
 def probe_head(head: bytes, file_size: int, max_pixels: int | None) -> Probe | None:
     """Size from the first bytes of a remote file; None when they end before its header does
     (read more and ask again). A file read whole gets probe_image's truncation check too; for
@@ -123,6 +145,9 @@ def probe_head(head: bytes, file_size: int, max_pixels: int | None) -> Probe | N
     if file_size == 0:
         return Probe(error=ZERO_BYTE)
     complete = len(head) >= file_size
+    webp = None if complete else webp_size(head)
+    if webp is not None:
+        return _checked_size(*webp, max_pixels)
     handle = io.BytesIO(head)
     try:
         with Image.open(handle) as im:
@@ -135,13 +160,20 @@ def probe_head(head: bytes, file_size: int, max_pixels: int | None) -> Probe | N
         if not complete:
             return None
         return Probe(error=BAD_HEADER if _looks_like_image(head[:16]) else NOT_AN_IMAGE)
-    if width <= 0 or height <= 0:
-        return Probe(error=BAD_HEADER)
-    if max_pixels is not None and width * height > max_pixels:
-        return Probe(error=over_bomb_limit(max_pixels))
+    checked = _checked_size(width, height, max_pixels)
+    if checked.error:
+        return checked
     if (complete and not _end_marker_present(handle, image_format, file_size, head[:16])
             and not _decodes(io.BytesIO(head))):
         return Probe(error=TRUNCATED_DATA)
     if orientation in _ROTATED_ORIENTATIONS:
         width, height = height, width
+    return Probe(width, height)
+
+
+def _checked_size(width: int, height: int, max_pixels: int | None) -> Probe:
+    if width <= 0 or height <= 0:
+        return Probe(error=BAD_HEADER)
+    if max_pixels is not None and width * height > max_pixels:
+        return Probe(error=over_bomb_limit(max_pixels))
     return Probe(width, height)
