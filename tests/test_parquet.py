@@ -37,6 +37,7 @@ class ListedOnly:
     """Storage that lists names and sizes but refuses every read: proves no image is opened."""
 
     remote = False
+    max_connections = 1
     location = "memory://listed-only"
 
     def __init__(self, names: list[str]):

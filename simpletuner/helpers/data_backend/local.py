@@ -15,6 +15,7 @@ class LocalStorage:
     """Images under ``root``, named by sample id. Hidden files and folders are ignored."""
 
     remote = False
+    max_connections = 1  # never asked: local headers are read by worker processes
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)

@@ -60,6 +60,7 @@ def is_image_name(name: str) -> bool:
 class Storage(Protocol):
     location: str  # e.g. '/data/photos' or 's3://bucket/prefix'; never holds a credential
     remote: bool   # reads cost a round trip: probe with ranged reads, prefetch captions
+    max_connections: int  # requests worth making at once (remote storage)
 
     def list_files(self) -> Listing: ...
 

@@ -60,7 +60,7 @@ def fetch_caption_files(storage: Storage, sample_ids: list[str], listing: Listin
             table.texts[sample_id], table.keys[sample_id] = known.texts[sample_id], key
         else:
             todo.append((sample_id, key))
-    threads = max(1, min(MAX_THREADS, getattr(storage, "max_connections", 16), len(todo)))
+    threads = max(1, min(MAX_THREADS, storage.max_connections, len(todo)))
     with ThreadPoolExecutor(threads) as pool:
         texts = pool.map(lambda item: read_caption(storage, item[0]), todo)
         for (sample_id, key), text in zip(todo, texts):

@@ -72,7 +72,7 @@ def probe_objects(storage: Storage, names: list[str], sizes: list[int], *,
                   description: str = "reading image headers") -> list[Probe]:
     """Probe every remote object, in parallel; results are in the order of ``names``. A
     storage error (refused, throttled past its retries) is raised, not recorded per file."""
-    threads = max(1, min(MAX_THREADS, getattr(storage, "max_connections", 16), len(names)))
+    threads = max(1, min(MAX_THREADS, storage.max_connections, len(names)))
     with ThreadPoolExecutor(threads) as pool, tqdm(total=len(names), desc=description,
                                                    unit="img", disable=not show_progress) as bar:
         def one(name_and_size: tuple[str, int]) -> Probe:
