@@ -121,12 +121,14 @@ class TableIndexTest(unittest.TestCase):
             {"filename": "sub/ünï.webp", "width": "64", "height": 96, "caption": ""},  # row 5
             {"filename": "gone.png", "width": 64, "height": 64, "caption": "x"},      # row 6
             {"filename": "a.png", "width": 64, "height": 64, "caption": "again"},     # row 7
+            {"filename": ["a.png"], "width": 64, "height": 64, "caption": "x"},       # row 8
         ]
         write(self.data, "norow.png", encode(image(64, 64), "PNG"))
         table = write_table(self.tmp / "meta.jsonl", rows)
         index = self.backend(table).refresh_index(False)
         reasons = {s.path: s.reason for s in index.skipped}
-        self.assertIn("row 2: empty or missing 'filename'", reasons["<row 2>"])
+        self.assertIn("row 2: 'filename' is empty, missing or not text", reasons["<row 2>"])
+        self.assertIn("row 8: 'filename' is empty, missing or not text", reasons["<row 8>"])
         self.assertIn("row 3: 'width' x 'height' is None x 48", reasons["d.png"])
         self.assertIn("row 4: 'width' x 'height' is 64 x -96", reasons["rot.jpg"])
         self.assertIn("row 5: 'width' x 'height' is '64' x 96", reasons["sub/ünï.webp"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -174,13 +175,21 @@ class TableSource:
             for row, sample_id in enumerate(ids):
                 by_name.setdefault(posixpath.splitext(sample_id)[0], row)
 
-        def lookup(name) -> int:
+        # dict.get through map runs in C: the usual row (its exact sample id) costs no Python
+        # call; the few rows it misses are looked at again below.
+        try:
+            found = np.fromiter(map(by_name.get, files_in_table, repeat(-1)), np.int64,
+                                len(files_in_table))
+        except TypeError:  # an unhashable name (a list in a JSONL line): one by one
+            found = np.fromiter((by_name.get(n, -1) if isinstance(n, str) else -1
+                                 for n in files_in_table), np.int64, len(files_in_table))
+        for row in np.flatnonzero(found < 0).tolist():
+            name = files_in_table[row]
             if not isinstance(name, str) or not name.strip("/"):
-                return -2
-            found = by_name.get(name)
-            return found if found is not None else by_name.get(name.lstrip("/"), -1)
-
-        return np.fromiter(map(lookup, files_in_table), np.int64, len(files_in_table))
+                found[row] = -2
+            else:
+                found[row] = by_name.get(name.lstrip("/"), -1)
+        return found
 
     def _report_rows(self, bad_rows, position, first_row, columns, captions_of,
                      files: FileTable) -> list[SkippedFile]:
@@ -192,8 +201,8 @@ class TableSource:
             where = f"{self.path} row {row}"
             name, at = columns[c.filename_column][row], int(position[row])
             if at == -2:
-                skipped.append(SkippedFile(f"<row {row}>", f"{where}: empty or missing "
-                                                           f"{c.filename_column!r}"))
+                skipped.append(SkippedFile(f"<row {row}>", f"{where}: {c.filename_column!r} is "
+                                                           "empty, missing or not text"))
             elif at == -1:
                 skipped.append(SkippedFile(name, f"{where}: no such image in "
                                                  f"{self.storage.location}"))
