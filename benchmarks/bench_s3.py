@@ -19,6 +19,7 @@ Bytes are counted from the responses (Content-Length) on the real boto3 clients.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import os
 import sys
@@ -28,8 +29,19 @@ from pathlib import Path
 
 from benchlib import data_folder, emit, format_table, machine, ratio, verdict
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from s3_server import RcloneS3Server  # noqa: E402 - the tests' real server, not a copy
+
+
+def _tests_module(name: str):
+    """A helper module of tests/ (the tests' real S3 server, not a copy of it)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+s3_server = _tests_module("s3_server")
+RcloneS3Server = s3_server.RcloneS3Server
 
 BUCKET, PREFIX = "bench", "images/"
 SHAPES = [(512, 512, "JPEG"), (768, 512, "JPEG"), (1024, 768, "JPEG"), (1536, 1024, "JPEG"),
@@ -80,10 +92,9 @@ class ByteCounter:
 def baseline(server: RcloneS3Server) -> dict:
     import boto3
 
-    from s3_server import ACCESS_KEY, SECRET_KEY
-
     client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
-                          aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+                          aws_access_key_id=s3_server.ACCESS_KEY,
+                          aws_secret_access_key=s3_server.SECRET_KEY)
     start = time.perf_counter()
     total = count = 0
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=PREFIX):

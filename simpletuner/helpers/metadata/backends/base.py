@@ -1,6 +1,6 @@
 """MetadataBackend: one dataset's discovery -> sizes -> buckets -> filters -> cached index.
 
-The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
+The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds three things:
 
 * ``files``: what each file's header said (columns, see file_table.py), valid while the file's
   byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb
