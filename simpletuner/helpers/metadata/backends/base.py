@@ -137,7 +137,7 @@ class MetadataBackend:
                 return self._reuse_cached_index(cache, len(known.ids))
         found = self.source.read(listing, known, show_progress)
         index, rows = self._build_index(found, listing)
-        self.captions = self._index_captions(found, index, listing, cache)
+        self.captions = self._index_captions(found, rows, listing, cache, known)
         new_cache = {
             "version": CACHE_VERSION, "dataset_id": self.dataset.id,
             "files_key": self._file_entries_key(), "files": found.files.to_json(),
@@ -184,7 +184,7 @@ class MetadataBackend:
                 f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} has a "
                 f"malformed index ({exc}); refresh it on the main process first") from exc
         if self._captions_in_index():
-            self.captions = CaptionTable.from_json(cache.get("captions"))
+            self.captions = CaptionTable.from_json(cache.get("captions"), files.ids)
             if self.captions is None:
                 raise MetadataCacheError(
                     f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} lacks "
@@ -194,11 +194,11 @@ class MetadataBackend:
 
     def caption_for(self, sample_id: str) -> str:
         if self.captions is not None:
-            try:
-                return self.captions.texts[sample_id]
-            except KeyError:
+            text = self.captions.text_of(sample_id)
+            if text is None:
                 raise KeyError(f"dataset '{self.dataset.id}': no caption for {sample_id!r} in the "
-                               "index; refresh the index (the data changed?)") from None
+                               "index; refresh the index (the data changed?)")
+            return text
         strategy = self.dataset.caption_strategy
         if strategy == "textfile":
             return read_caption(self.storage, sample_id)
@@ -266,17 +266,18 @@ class MetadataBackend:
         return self.dataset.caption_strategy == "parquet" or (
             self.dataset.caption_strategy == "textfile" and self.storage.remote)
 
-    def _index_captions(self, found: FoundFiles, index: DatasetIndex, listing: Listing,
-                        cache: dict[str, Any] | None) -> CaptionTable | None:
-        """The captions the cache keeps: the table's, or remote caption files (changed ones
-        fetched); None when captions are read on demand."""
+    def _index_captions(self, found: FoundFiles, rows: dict[str, list[int]], listing: Listing,
+                        cache: dict[str, Any] | None, known: FileTable) -> CaptionTable | None:
+        """The captions the cache keeps: the table's, or the remote caption files of the
+        indexed samples (``rows``; changed ones fetched); None when read on demand."""
         if not self._captions_in_index():
             return None
+        ids = found.files.ids
         if found.captions is not None:  # every usable row's, also of the few filtered out
-            return CaptionTable(found.captions)
-        ids = [sample_id for ids in index.buckets.values() for sample_id in ids]
-        known = CaptionTable.from_json((cache or {}).get("captions")) or CaptionTable()
-        return fetch_caption_files(self.storage, ids, listing, known)
+            return CaptionTable(ids, found.captions)
+        before = CaptionTable.from_json((cache or {}).get("captions"), known.ids)
+        indexed = sorted(row for bucket in rows.values() for row in bucket)
+        return fetch_caption_files(self.storage, ids, indexed, listing, before)
 
     def _build_index(self, found: FoundFiles,
                      listing: Listing) -> tuple[DatasetIndex, dict[str, list[int]]]:

@@ -9,8 +9,9 @@ again only when its size or ETag changed. Local caption files are read on demand
 from __future__ import annotations
 
 import posixpath
+from bisect import bisect_left
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from simpletuner.helpers.data_backend.storage import ChangeKey, Listing, Storage
@@ -25,47 +26,63 @@ def caption_file_for(sample_id: str) -> str:
 
 @dataclass
 class CaptionTable:
-    """sample id -> caption text, with the change key of the file it came from (None: from a
-    table). Stored as columns, like the file table, in the order the builder inserted them
-    (deterministic: table rows, or index order), so a million captions are not sorted again."""
+    """Captions as a column beside the file table's rows (None: no caption kept for that row),
+    with the change key of the caption file each came from (``keys``: None for a table's).
 
-    texts: dict[str, str] = field(default_factory=dict)
-    keys: dict[str, ChangeKey | None] = field(default_factory=dict)
+    Aligned with the rows instead of keyed by sample id: the cache holds no second copy of a
+    million ids, and loading it builds no dict (a lookup bisects the sorted id column)."""
+
+    ids: list[str]                    # the file table's sorted id column (shared, not saved)
+    texts: list[str | None]
+    keys: list[ChangeKey | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        ids = list(self.texts)
-        return {"ids": ids, "texts": list(self.texts.values()),
-                "keys": [self.keys.get(i) for i in ids]}
+        return {"texts": self.texts, "keys": self.keys}
 
     @classmethod
-    def from_json(cls, data: Any) -> "CaptionTable | None":
-        """None when ``data`` is not a table this code wrote."""
-        if not isinstance(data, dict):
+    def from_json(cls, data: Any, ids: list[str]) -> "CaptionTable | None":
+        """None when ``data`` is not a column this code wrote for these rows."""
+        if not isinstance(data, dict) or not isinstance(data.get("texts"), list):
             return None
-        ids, texts, keys = data.get("ids"), data.get("texts"), data.get("keys")
-        if not all(isinstance(c, list) for c in (ids, texts, keys)) or not (
-                len(ids) == len(texts) == len(keys)):
+        texts, keys = data["texts"], data.get("keys")
+        if len(texts) != len(ids) or not (keys is None or (
+                isinstance(keys, list) and len(keys) == len(ids))):
             return None
-        return cls(dict(zip(ids, texts)), dict(zip(ids, keys)))
+        return cls(ids, texts, keys)
+
+    def _row(self, sample_id: str) -> int | None:
+        row = bisect_left(self.ids, sample_id)
+        return row if row < len(self.ids) and self.ids[row] == sample_id else None
+
+    def text_of(self, sample_id: str) -> str | None:
+        row = self._row(sample_id)
+        return None if row is None else self.texts[row]
+
+    def key_of(self, sample_id: str) -> ChangeKey | None:
+        row = self._row(sample_id)
+        return None if row is None or self.keys is None else self.keys[row]
 
 
-def fetch_caption_files(storage: Storage, sample_ids: list[str], listing: Listing,
-                        known: CaptionTable) -> CaptionTable:
-    """The caption file of each sample (which the listing must hold), reusing unchanged ones."""
-    table = CaptionTable()
-    todo: list[tuple[str, ChangeKey | None]] = []
-    for sample_id in sample_ids:
-        key = listing.captions[caption_file_for(sample_id)]
-        if sample_id in known.texts and known.keys.get(sample_id) == key:
-            table.texts[sample_id], table.keys[sample_id] = known.texts[sample_id], key
+def fetch_caption_files(storage: Storage, ids: list[str], rows: list[int], listing: Listing,
+                        known: CaptionTable | None) -> CaptionTable:
+    """The caption file of the sample in each of ``rows`` of ``ids`` (the listing must hold
+    it), fetched in parallel; captions whose file is unchanged are taken from ``known``."""
+    texts: list[str | None] = [None] * len(ids)
+    keys: list[ChangeKey | None] = [None] * len(ids)
+    todo: list[int] = []
+    for row in rows:
+        sample_id = ids[row]
+        keys[row] = listing.captions[caption_file_for(sample_id)]
+        old = known.text_of(sample_id) if known is not None else None
+        if old is not None and known.key_of(sample_id) == keys[row]:
+            texts[row] = old
         else:
-            todo.append((sample_id, key))
+            todo.append(row)
     threads = max(1, min(MAX_THREADS, storage.max_connections, len(todo)))
     with ThreadPoolExecutor(threads) as pool:
-        texts = pool.map(lambda item: read_caption(storage, item[0]), todo)
-        for (sample_id, key), text in zip(todo, texts):
-            table.texts[sample_id], table.keys[sample_id] = text, key
-    return table
+        for row, text in zip(todo, pool.map(lambda r: read_caption(storage, ids[r]), todo)):
+            texts[row] = text
+    return CaptionTable(ids, texts, keys)
 
 
 def read_caption(storage: Storage, sample_id: str) -> str:

@@ -32,7 +32,7 @@ class FoundFiles:
     read: int                        # files whose bytes were read
     forgotten: int                   # rows of the old table whose file is gone
     skipped: list[SkippedFile] = field(default_factory=list)   # beyond the rows' own errors
-    captions: dict[str, str] | None = None                     # sample id -> caption, if known
+    captions: list[str | None] | None = None   # a caption per row of ``files``, if known
 
 
 class HeaderSource:

@@ -158,11 +158,10 @@ class TableSource:
         for row in np.flatnonzero(first_row < 0).tolist():
             files.errors[listing.sample_ids[row]] = f"no row in the metadata table {self.path}"
         captions = None
-        if self.wants_captions:
-            ids = listing.sample_ids
-            captions = {ids[p]: captions_of[r]
-                        for r, p in zip(np.flatnonzero(usable).tolist(),
-                                        position[usable].tolist())}
+        if self.wants_captions:  # a column beside the listing's rows
+            column = np.full(count, None, dtype=object)
+            column[position[usable]] = np.array(captions_of, dtype=object)[usable]
+            captions = column.tolist()
         return FoundFiles(files, 0, 0, skipped, captions)
 
     def _positions(self, listing: Listing, files_in_table: list) -> "np.ndarray":
