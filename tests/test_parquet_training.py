@@ -1,6 +1,7 @@
 """./train.sh on CPU over a dataset indexed from a parquet table, captions from the table:
 training runs, and the trace shows exactly the table's usable rows (a row naming a missing
-file is reported in skipped_files.json, not trained on)."""
+file is reported in skipped_files.json, not trained on). The audit on 2 real processes over
+the same table finds every occurrence exactly once."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pyarrow
 import pyarrow.parquet
 from PIL import Image
 
+import test_distributed
 from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
 
 
@@ -41,6 +43,11 @@ class ParquetTrainingTest(unittest.TestCase):
         config = write_config(root, root, "parquet", datasets=[dataset], trace_samples=True,
                               num_train_epochs=1, max_train_steps=None)
         cls.result = run_train_sh(config, cls.tmp)
+        cls.audit_dir = root / "audit"
+        (root / "tmp").mkdir()
+        cls.audit = test_distributed.launch(
+            ["--config", str(write_config(root, root, "audit", datasets=[dataset], seed=3)),
+             "--output", str(cls.audit_dir), "--epochs", "2"], 2, str(root / "tmp"))
         cls.out = root / "parquet-out"
 
     @classmethod
@@ -58,6 +65,16 @@ class ParquetTrainingTest(unittest.TestCase):
         skipped = json.loads((self.out / "skipped_files.json").read_text())["shapes"]
         self.assertEqual([s["path"] for s in skipped], ["missing.png"])
         self.assertIn("row 8: no such image", skipped[0]["reason"])
+
+    def test_the_audit_on_two_processes_finds_every_row_once(self):
+        for rank, (code, out, err) in enumerate(self.audit):
+            self.assertEqual(code, 0, f"rank {rank}:\n{out}\n{err[-3000:]}")
+        self.assertIn("epoch 1: 8 assigned, 8 unique, 0 missing, 0 duplicated", self.audit[0][1])
+        traces = [read_jsonl(self.audit_dir / f"rank-{r}.jsonl") for r in (0, 1)]
+        for epoch in (0, 1):
+            seen = sorted(s for t in traces for m in t if m["epoch"] == epoch
+                          for s in m["samples"])
+            self.assertEqual(seen, sorted(self.ids), f"epoch {epoch}")
 
 
 if __name__ == "__main__":

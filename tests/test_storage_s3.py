@@ -11,6 +11,8 @@ import tempfile
 import unittest
 from pathlib import Path
 
+import pyarrow
+import pyarrow.parquet
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -117,6 +119,23 @@ class S3DiscoveryTest(unittest.TestCase):
         for ids in index.buckets.values():
             for sample_id in ids:
                 self.assertEqual(other_rank.caption_for(sample_id), local.caption_for(sample_id))
+
+    def test_a_parquet_table_over_the_bucket_gives_the_same_index(self):
+        discovered = self.backend("out-discovered").refresh_index(show_progress=False)
+        rows = [{"filename": s, "width": w, "height": h}
+                for s, (w, h) in discovered.original_sizes.items()]
+        table = self.tmp / "bucket-table.parquet"
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), table)
+        backend = self.backend("out-table", metadata_backend="parquet",
+                               parquet={"path": str(table)})
+        counter = GetCounter(backend.storage)
+        index = backend.refresh_index(show_progress=False)
+        self.assertEqual([k for k in counter.keys if not k.endswith(".txt")], [],
+                         "the table backend fetched an image")
+        self.assertEqual(index.buckets, discovered.buckets)
+        self.assertEqual(dict(index.original_sizes), dict(discovered.original_sizes))
+        self.assertEqual({s.path for s in index.skipped},
+                         {"broken.png", "uncaptioned.png"})  # no row / no caption file
 
     def test_only_new_or_changed_objects_are_read_again(self):
         backend = MetadataBackend.from_config(
