@@ -1,14 +1,17 @@
 """S3 storage against a real server (rclone serve s3): listing, ranged reads, discovery,
 captions and the latent cache over a bucket with a prefix, nested keys, names with spaces and
 non-ASCII characters; re-probing only what changed (GETs counted on the real client); and the
-clear errors of bad credentials, a missing bucket and an unreachable endpoint."""
+clear errors of bad credentials, a missing bucket, an unreachable endpoint and throttling
+(a real HTTP server answering SlowDown) that outlasts the retries."""
 
 from __future__ import annotations
 
 import random
 import shutil
 import tempfile
+import threading
 import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow
@@ -22,6 +25,7 @@ from s3_server import SECRET_KEY, RcloneS3Server, free_port
 from simpletuner.configuration import DatasetConfig
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.local import LocalStorage
+from simpletuner.helpers.data_backend.s3 import RETRY_ATTEMPTS
 from simpletuner.helpers.data_backend.storage import StorageError
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 
@@ -57,6 +61,39 @@ class GetCounter:
 
     def seen(self, params, **_):
         self.keys.append(params["Key"])
+
+
+class ThrottlingServer:
+    """A real HTTP server that answers every request as S3 does when it sheds load."""
+
+    def __init__(self):
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests += 1
+                body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                        b"<Message>Please reduce your request rate.</Message></Error>")
+                self.send_response(503)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> "ThrottlingServer":
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 class S3DiscoveryTest(unittest.TestCase):
@@ -207,6 +244,13 @@ class S3DiscoveryTest(unittest.TestCase):
     def test_missing_bucket_is_named(self):
         self.assert_clear_failure(self.backend("out-no-bucket", aws_bucket_name="no-such-bucket"),
                                   "bucket 'no-such-bucket' does not exist", "aws_bucket_name")
+
+    def test_throttling_is_retried_with_backoff_then_named(self):
+        with ThrottlingServer() as server:
+            backend = self.backend("out-throttled", aws_endpoint_url=server.endpoint)
+            self.assert_clear_failure(backend, "throttled by the server (SlowDown) after 5 "
+                                               "attempts", "aws_max_pool_connections")
+        self.assertEqual(server.requests, RETRY_ATTEMPTS)
 
     def test_unreachable_endpoint_is_named(self):
         endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there

@@ -79,7 +79,7 @@ class S3Storage:
             aws_access_key_id=settings.access_key_id,
             aws_secret_access_key=settings.secret_access_key,
             aws_session_token=settings.session_token,
-            config=Config(retries={"max_attempts": RETRY_ATTEMPTS, "mode": "standard"},
+            config=Config(retries={"total_max_attempts": RETRY_ATTEMPTS, "mode": "standard"},
                           max_pool_connections=settings.max_pool_connections,
                           connect_timeout=10, read_timeout=60))
 
