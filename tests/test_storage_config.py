@@ -5,9 +5,11 @@ kept out of the config's repr."""
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from simpletuner.configuration import ConfigError, load_configuration
 
@@ -73,6 +75,18 @@ class StorageConfigTest(unittest.TestCase):
         self.assertEqual(Path(table.path), self.root / "meta" / "table.parquet")
         self.assertEqual((table.filename_column, table.width_column, table.caption_column),
                          ("filename", "width", "text"))
+
+    def test_a_backend_without_its_extra_names_the_install_command(self):
+        # None in sys.modules is how Python marks a module that cannot be imported.
+        with mock.patch.dict(sys.modules, {"boto3": None, "pyarrow": None}):
+            text = self.problems(
+                {"id": "a", "type": "aws", "aws_bucket_name": "photos"},
+                {"id": "b", "instance_data_dir": "images", "metadata_backend": "parquet",
+                 "parquet": {"path": "meta.parquet"}})
+        self.assertIn("(id 'a'): 'aws' needs boto3, which is not installed; run pip install "
+                      "'simpletuner[s3]'", text)
+        self.assertIn("(id 'b'): 'parquet' needs pyarrow, which is not installed; run pip "
+                      "install 'simpletuner[parquet]'", text)
 
 
 if __name__ == "__main__":
