@@ -187,10 +187,18 @@ class S3DiscoveryTest(unittest.TestCase):
         backend.refresh_index(show_progress=False)
         self.assertEqual(counter.keys, [], "an unchanged bucket was read again")
         self.assertEqual(backend.last_refresh.read, 0)
-        backend.storage.write_atomic("z/d.jpeg", encode(image(48, 80), "JPEG"))
+        # Same length, other bytes: only the ETag tells. The frame header's height and width
+        # are swapped, so the header now says 48 x 80.
+        original = backend.storage.read_bytes("z/d.jpeg")
+        frame = original.index(b"\xff\xc0") + 5
+        swapped = (original[:frame] + original[frame + 2:frame + 4] + original[frame:frame + 2]
+                   + original[frame + 4:])
+        backend.storage.write_atomic("z/d.jpeg", swapped)
         backend.storage.write_atomic("z/d.txt", b"a new caption")
+        counter.keys.clear()
         second = backend.refresh_index(show_progress=False)
         self.assertEqual(backend.last_refresh.read, 1)
+        self.assertEqual(second.original_sizes["z/d.jpeg"], (48, 80))
         self.assertEqual(sorted(set(counter.keys)), ["changing/z/d.jpeg", "changing/z/d.txt"])
         self.assertNotEqual(first.digest(), second.digest())
         self.assertEqual(backend.caption_for("z/d.jpeg"), "a new caption")
