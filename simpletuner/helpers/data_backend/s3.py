@@ -75,7 +75,7 @@ class S3Storage:
         session.get_component("response_parser_factory").set_parser_defaults(
             timestamp_parser=str)
         self.client = boto3.session.Session(botocore_session=session).client(
-            "s3", endpoint_url=settings.endpoint_url, region_name=settings.region or "us-east-1",
+            "s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
             aws_access_key_id=settings.access_key_id,
             aws_secret_access_key=settings.secret_access_key,
             aws_session_token=settings.session_token,
