@@ -140,7 +140,10 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
     encoded = 0
     bar = tqdm(total=len(todo), desc=f"caching latents [{settings.dataset_id}]", unit="img",
                disable=not progress or not todo)
-    with ThreadPoolExecutor(max_workers=max(1, decode_workers)) as pool, bar:
+    workers = max(1, decode_workers)
+    if settings.storage.remote:  # a read waits a round trip: fetch a whole chunk at once
+        workers = max(workers, min(batch_size, settings.storage.max_connections))
+    with ThreadPoolExecutor(max_workers=workers) as pool, bar:
         for chunk, prepared in _prefetched(pool, chunks, settings, targets):
             ready = []
             for sample_id, outcome in zip(chunk, prepared):
