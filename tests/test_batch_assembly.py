@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
+from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache, cache_text_embeds
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
@@ -36,7 +37,8 @@ class BatchAssemblyTest(unittest.TestCase):
         self.captions = {name: f"caption of {name}" for name in self.levels}
         index = DatasetIndex("d", {"48x32": sorted(self.levels)},
                              {n: (80, 40) for n in self.levels})
-        settings = LatentSettings("d", root, tmp / "vae", "m", crop=True, crop_style="center")
+        settings = LatentSettings("d", LocalStorage(root),
+                                  tmp / "vae", "m", crop=True, crop_style="center")
         latents = cache_latents(index, settings, lambda px: F.avg_pool2d(px, 8),
                                 progress=False).cache
         text = TextEmbedCache(tmp / "text", "te")

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from simpletuner.helpers.caching.failures import merge_failures
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
+from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.caching.storage import model_identity, rank_share
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache, cache_text_embeds
 from simpletuner.helpers.metadata.index import DatasetIndex
@@ -75,7 +76,8 @@ class LatentCacheTest(unittest.TestCase):
         self.root = self.tmp / "data"
         write_dataset(self.root, SIZES)
         self.index = make_index(SIZES, BUCKETS)
-        self.settings = LatentSettings("shapes", self.root, self.tmp / "vae", "model-a")
+        self.settings = LatentSettings("shapes", LocalStorage(self.root),
+                                       self.tmp / "vae", "model-a")
 
     def run_cache(self, settings=None, index=None, **kwargs):
         vae = CountingVae()
@@ -111,8 +113,9 @@ class LatentCacheTest(unittest.TestCase):
     def test_changed_settings_reencode(self):
         self.run_cache()
         changes = {
-            "model": LatentSettings("shapes", self.root, self.tmp / "vae", "model-b"),
-            "crop": LatentSettings("shapes", self.root, self.tmp / "vae", "model-a", crop=True),
+            "model": LatentSettings("shapes", LocalStorage(self.root), self.tmp / "vae", "model-b"),
+            "crop": LatentSettings("shapes", LocalStorage(self.root),
+                                   self.tmp / "vae", "model-a", crop=True),
             "target": None,
         }
         for what, settings in changes.items():
@@ -125,7 +128,8 @@ class LatentCacheTest(unittest.TestCase):
 
     def test_seed_matters_only_for_random_crops(self):
         def settings(style, seed):
-            return LatentSettings("shapes", self.root, self.tmp / "vae", "m", True, style, seed)
+            return LatentSettings("shapes", LocalStorage(self.root),
+                                  self.tmp / "vae", "m", True, style, seed)
         self.run_cache(settings("center", 1))
         self.assertEqual(self.run_cache(settings("center", 2))[1].images, 0)
         self.run_cache(settings("random", 1))
@@ -159,7 +163,8 @@ class LatentCacheTest(unittest.TestCase):
         (self.root / "img02.png").write_bytes(broken[:40])
         for world in range(1, 5):
             with self.subTest(world=world):
-                settings = LatentSettings("shapes", self.root, self.tmp / f"vae{world}", "m")
+                settings = LatentSettings("shapes", LocalStorage(self.root),
+                                          self.tmp / f"vae{world}", "m")
                 results = [self.run_cache(settings=settings, rank=r, world_size=world)[0]
                            for r in range(world)]
                 self.assertEqual(sum(r.encoded for r in results), 11)
@@ -205,7 +210,7 @@ class InterruptedCacheTest(unittest.TestCase):
     def test_model_error_propagates_and_rerun_finishes_the_rest(self):
         tmp = Path(tempfile.mkdtemp())
         write_dataset(tmp / "data", SIZES)
-        settings = LatentSettings("shapes", tmp / "data", tmp / "vae", "m")
+        settings = LatentSettings("shapes", LocalStorage(tmp / "data"), tmp / "vae", "m")
         index = make_index(SIZES, BUCKETS)
 
         class FailingSecondCall(CountingVae):

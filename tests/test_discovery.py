@@ -16,7 +16,7 @@ from PIL import Image, ImageFile
 from discovery_fixtures import (
     dataset_config, encode, image, rotated_jpeg, touch_later, training_config, write,
 )
-from simpletuner.helpers.data_backend.local import LocalDataBackend
+from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.metadata.backends import discovery, probe_pool
 from simpletuner.helpers.metadata.split import SortedIds
 from simpletuner.helpers.metadata.backends.base import (
@@ -187,33 +187,35 @@ class ListingTest(TempDirTest):
         (self.data / "sub" / "loop").symlink_to(self.data, target_is_directory=True)
         (self.data / "link.png").symlink_to(self.data / "a.png")
         (self.data / "dangling.png").symlink_to(self.data / "missing.png")
-        listing = LocalDataBackend(self.data).list_files()
+        listing = LocalStorage(self.data).list_files()
         self.assertEqual(listing.sample_ids,
                          ["UPPER.JPG", "a.png", "link.png", "sub/b.jpeg", "sub/deeper/c.webp"])
         self.assertEqual([path for path, _ in listing.unreadable], ["dangling.png"])
         self.assertEqual(listing.sizes[1], len(data))
-        self.assertEqual(listing.mtimes_ns[1], (self.data / "a.png").stat().st_mtime_ns)
+        self.assertEqual(listing.change_keys[1], (self.data / "a.png").stat().st_mtime_ns)
 
     def test_columns_stay_aligned_whatever_the_directory_order(self):
         for i in range(30):
             write(self.data, f"d{i % 4}/f{i:02d}.png", b"x" * (100 + i), caption=None)
         with shuffled_directory_order(seed=5):
-            listing = LocalDataBackend(self.data).list_files()
+            listing = LocalStorage(self.data).list_files()
         self.assertEqual(listing.sample_ids, sorted(listing.sample_ids))
         self.assertEqual(len(listing.sample_ids), 30)
         for sample_id, size, mtime_ns in zip(listing.sample_ids, listing.sizes,
-                                             listing.mtimes_ns):
+                                             listing.change_keys):
             stat = (self.data / sample_id).stat()
             self.assertEqual((size, mtime_ns), (stat.st_size, stat.st_mtime_ns), sample_id)
 
     def test_read_and_exists(self):
         write(self.data, "x/y.png", b"bytes!", caption=None)
-        backend = LocalDataBackend(self.data)
+        backend = LocalStorage(self.data)
         self.assertTrue(backend.exists("x/y.png"))
         self.assertFalse(backend.exists("x/z.png"))
         self.assertEqual(backend.read_bytes("x/y.png"), b"bytes!")
-        with backend.open("x/y.png") as handle:
-            self.assertEqual(handle.read(), b"bytes!")
+        self.assertEqual(backend.read_range("x/y.png", 1, 3), b"yte")
+        backend.write_atomic("x/new.png", b"new")
+        self.assertEqual(backend.versions(["x/new.png", "x/z.png"])["x/new.png"].size, 3)
+        self.assertEqual(list(backend.versions(["x/z.png"])), [])
 
 
 class CacheTest(TempDirTest):

@@ -22,7 +22,8 @@ from training_fixtures import REPO, environment, make_shapes, run_training, writ
 
 from simpletuner.configuration import load_configuration
 from simpletuner.helpers.caching.prepare import read_captions
-from simpletuner.helpers.metadata.backends.base import CaptionError, MetadataBackend
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.together import RankFailure, describe_failures
 from simpletuner.training.preflight import merge_rank_problems
 

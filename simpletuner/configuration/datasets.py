@@ -2,19 +2,50 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from simpletuner.configuration.fields import option
+from simpletuner.configuration.fields import option, parse_fields
+
+STORAGE_TYPES = ("local", "aws")
+TABLE_SUFFIXES = (".parquet", ".jsonl")
+# storage type / metadata backend -> (module it needs, the extra that brings it)
+_EXTRAS = {"aws": ("boto3", "s3"), "parquet": ("pyarrow", "parquet")}
+
+
+@dataclass
+class ParquetConfig:
+    """The ``parquet`` block of ``metadata_backend: parquet`` (a .parquet or .jsonl table)."""
+
+    path: str = option(required=True, help="the table; relative to the working directory")
+    filename_column: str = option("filename")
+    caption_column: str | None = option(None, help="read for caption_strategy 'parquet'")
+    fallback_caption_column: str | None = option(None, help="used where caption_column is empty")
+    width_column: str = option("width")
+    height_column: str = option("height")
+    identifier_includes_extension: bool = option(True, help="false: 'a/img' names 'a/img.png'")
 
 
 @dataclass
 class DatasetConfig:
     id: str = option(required=True, help="unique, safe for file names")
-    type: str = option("local", help="storage backend; only 'local' is supported")
+    type: str = option("local", help="storage backend: 'local' (a folder) or 'aws' (S3-compatible)")
     dataset_type: Literal["image", "eval"] = option("image")
     disabled: bool = option(False)
-    instance_data_dir: str = option(required=True)
+    instance_data_dir: str | None = option(None, help="the folder; required for type 'local'")
+    # type 'aws': SimpleTuner's keys. Credentials left out come from AWS_* or ~/.aws/.
+    aws_bucket_name: str | None = option(None)
+    aws_data_prefix: str = option("", help="the dataset is the keys under this prefix")
+    aws_endpoint_url: str | None = option(None, help="R2, B2, MinIO, ...; None = AWS")
+    aws_region_name: str | None = option(None)
+    aws_access_key_id: str | None = option(None, secret=True)
+    aws_secret_access_key: str | None = option(None, secret=True)
+    aws_session_token: str | None = option(None, secret=True)
+    aws_max_pool_connections: int = option(128, minimum=1, help="parallel requests")
+    metadata_backend: Literal["discovery", "parquet"] = option(
+        "discovery", help="'discovery' reads image headers; 'parquet' reads sizes from a table")
+    parquet: dict | None = option(None, help="see ParquetConfig")
     # None = inherit from config.json
     resolution: float | None = option(None, minimum=0.0001)
     resolution_type: Literal["pixel", "area"] | None = option(None)
@@ -25,9 +56,49 @@ class DatasetConfig:
     crop: bool = option(False)
     crop_style: Literal["center", "random"] = option("center")
     crop_aspect: Literal["preserve", "square"] = option("preserve")
-    caption_strategy: Literal["textfile", "filename", "instanceprompt"] = option("textfile")
+    caption_strategy: Literal["textfile", "filename", "instanceprompt", "parquet"] = option(
+        "textfile", help="'parquet': the caption columns of the metadata table")
     instance_prompt: str | None = option(None)
     repeats: int = option(0, minimum=0, help="0 = each sample once per epoch")
     train_batch_size: int | None = option(None, minimum=1, help="overrides config.json")
-    cache_dir_vae: str | None = option(None)
+    cache_dir_vae: str | None = option(None, help="latents; default <output_dir>/cache/vae/<id>")
     cache_dir: str | None = option(None)
+
+    def parquet_config(self) -> ParquetConfig:
+        """The checked ``parquet`` block (the loader reported any problem in it)."""
+        return ParquetConfig(**(self.parquet or {}))
+
+
+def parse_parquet_block(raw: Any, where: str, problems: list[str]) -> dict | None:
+    """The accepted ``parquet`` block, or None after appending what is wrong with it."""
+    where = f"{where}: key 'parquet'"
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: metadata_backend 'parquet' needs a 'parquet' object with at "
+                        "least 'path' (the .parquet or .jsonl table)")
+        return None
+    before = len(problems)
+    values = parse_fields(ParquetConfig, raw, where, problems)
+    if "path" in values and not values["path"].lower().endswith(TABLE_SUFFIXES):
+        problems.append(f"{where}: 'path' is {values['path']!r}; expected a .parquet or .jsonl "
+                        "file")
+    return values if len(problems) == before else None
+
+
+def check_storage_keys(ds: DatasetConfig, where: str, problems: list[str]) -> None:
+    """Keys that only make sense together, and extras a choice needs, before heavy work."""
+    if ds.type == "aws" and not ds.aws_bucket_name:
+        problems.append(f"{where}: key 'aws_bucket_name' is required for type 'aws'")
+    if ds.type != "aws" and ds.instance_data_dir is None:
+        problems.append(f"{where}: missing required key 'instance_data_dir' (or use type 'aws' "
+                        "with aws_bucket_name)")
+    if ds.caption_strategy == "parquet" and ds.metadata_backend != "parquet":
+        problems.append(f"{where}: caption_strategy 'parquet' takes captions from the metadata "
+                        "table; set metadata_backend 'parquet' and its 'parquet' block")
+    if (ds.caption_strategy == "parquet" and isinstance(ds.parquet, dict)
+            and not ds.parquet.get("caption_column")):
+        problems.append(f"{where}: caption_strategy 'parquet' needs parquet.caption_column")
+    for choice in (ds.type, ds.metadata_backend):
+        if choice in _EXTRAS and importlib.util.find_spec(_EXTRAS[choice][0]) is None:
+            module, extra = _EXTRAS[choice]
+            problems.append(f"{where}: '{choice}' needs {module}, which is not installed; run "
+                            f"pip install 'simpletuner[{extra}]'")

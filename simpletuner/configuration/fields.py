@@ -18,13 +18,16 @@ _REQUIRED = "required"
 
 
 def option(default: Any = None, *, minimum: float | None = None, maximum: float | None = None,
-           required: bool = False, help: str = "") -> Any:
+           required: bool = False, secret: bool = False, help: str = "") -> Any:
     """A dataclass field carrying the option's limits; ``help`` documents it in one place.
-    A list default is copied for each instance (dataclasses refuse a shared mutable default)."""
+    A list default is copied for each instance (dataclasses refuse a shared mutable default).
+    A ``secret`` (a credential) is left out of the dataclass's repr, so logging a config never
+    prints it."""
     metadata = {_RANGE: (minimum, maximum), _REQUIRED: required, "help": help}
     if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata,
+                                 repr=not secret)
+    return dataclasses.field(default=default, metadata=metadata, repr=not secret)
 
 
 def _type_name(tp: Any) -> str:
@@ -37,7 +40,7 @@ def _type_name(tp: Any) -> str:
         (inner,) = typing.get_args(tp)
         return f"a list of {_type_name(inner)}"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-            type(None): "null"}.get(tp, str(tp))
+            dict: "a JSON object", type(None): "null"}.get(tp, str(tp))
 
 
 def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -81,6 +84,8 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
         return True, float(value)
     if tp is str:
         return isinstance(value, str), value
+    if tp is dict:  # a nested block, checked field by field by its owner
+        return isinstance(value, dict), value
     raise TypeError(f"unsupported option type {tp!r}")
 
 

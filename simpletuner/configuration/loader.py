@@ -9,13 +9,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.datasets import (
+    STORAGE_TYPES, DatasetConfig, check_storage_keys, parse_parquet_block,
+)
 from simpletuner.configuration.errors import ConfigError
 from simpletuner.configuration.fields import parse_fields
 from simpletuner.configuration.options import FLOW_FAMILIES, TrainingConfig
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-SUPPORTED_BACKENDS = ("local",)
 
 
 @dataclass
@@ -104,9 +105,10 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
     if not _SAFE_ID.match(ds.id):
         problems.append(f"{where}: key 'id' is {ds.id!r}; use letters, digits, '.', '_' or '-' "
                         "(it names cache files)")
-    if ds.type not in SUPPORTED_BACKENDS:
+    if ds.type not in STORAGE_TYPES:
         problems.append(f"{where}: key 'type' is {ds.type!r}: not supported yet "
-                        f"(supported: {', '.join(SUPPORTED_BACKENDS)})")
+                        f"(supported: {', '.join(STORAGE_TYPES)})")
+    check_storage_keys(ds, where, problems)
     if ds.caption_strategy == "instanceprompt" and not ds.instance_prompt:
         problems.append(f"{where}: key 'instance_prompt' is required when caption_strategy "
                         "is 'instanceprompt'")
@@ -123,7 +125,7 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
             and not float(ds.resolution).is_integer()):
         problems.append(f"{where}: key 'resolution' is {ds.resolution}; with resolution_type "
                         "'pixel' it must be a whole number of pixels")
-    if not ds.disabled:
+    if not ds.disabled and ds.type != "aws" and ds.instance_data_dir is not None:
         _check_folder(ds.instance_data_dir, where, base, problems)
 
 
@@ -154,7 +156,10 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         before = len(problems)
         values = parse_fields(DatasetConfig, item, label, problems)
         usable = len(problems) == before
-        if "id" not in values or "instance_data_dir" not in values:
+        if values.get("metadata_backend") == "parquet":
+            values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
+            usable = usable and values["parquet"] is not None
+        if "id" not in values:
             if "instance_data_dir" in values and not values.get("disabled", False):
                 _check_folder(values["instance_data_dir"], label, base, problems)
             continue
@@ -174,11 +179,18 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
             )
         _check_dataset(ds, label, base, problems)
         if usable and not ds.disabled:
-            ds = replace(ds, instance_data_dir=str(_resolve(ds.instance_data_dir, base).resolve()))
-            datasets.append(ds)
+            datasets.append(_with_absolute_paths(ds, base))
     if isinstance(raw, list) and not datasets and not problems:
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
     return datasets
+
+
+def _with_absolute_paths(ds: DatasetConfig, base: Path) -> DatasetConfig:
+    if ds.instance_data_dir is not None:
+        ds = replace(ds, instance_data_dir=str(_resolve(ds.instance_data_dir, base).resolve()))
+    if ds.parquet is not None:
+        ds = replace(ds, parquet={**ds.parquet, "path": str(_resolve(ds.parquet["path"], base))})
+    return ds
 
 
 def _raw_option(raw: Any, key: str) -> Any:

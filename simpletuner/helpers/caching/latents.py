@@ -20,6 +20,8 @@ from tqdm.auto import tqdm
 from simpletuner.helpers.caching.storage import (
     CACHE_FORMAT, digest, entry_path, load_entry, rank_share, save_entry,
 )
+from simpletuner.helpers.data_backend.factory import open_storage
+from simpletuner.helpers.data_backend.storage import Storage
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.image import PreparedImage, prepare_image
@@ -32,8 +34,8 @@ class LatentSettings:
     """Everything besides the image file itself that decides a sample's latent."""
 
     dataset_id: str
-    root: Path                 # the dataset's instance_data_dir
-    folder: Path               # where entries are written
+    storage: Storage           # where the dataset's images live
+    folder: Path               # where entries are written (always local: read every step)
     model_identity: str        # storage.model_identity of the VAE (and family)
     crop: bool = False
     crop_style: str = "center"
@@ -45,15 +47,15 @@ class LatentSettings:
         """From a configuration.DatasetConfig; the folder is ``cache_dir_vae`` if set, else
         ``<output_dir>/cache/vae/<dataset id>``."""
         folder = dataset.cache_dir_vae or Path(output_dir) / "cache" / "vae" / dataset.id
-        return cls(dataset.id, Path(dataset.instance_data_dir), Path(folder), model_identity,
+        return cls(dataset.id, open_storage(dataset), Path(folder), model_identity,
                    dataset.crop, dataset.crop_style, seed)
 
     def key(self, sample_id: str, target: tuple[int, int], file_size: int,
-            file_mtime_ns: int) -> str:
+            change_key: int | str) -> str:
         random_crop = self.crop and self.crop_style == "random"
         return digest({
             "format": CACHE_FORMAT, "kind": "latent", "model": self.model_identity,
-            "file": [str((self.root / sample_id).resolve()), file_size, file_mtime_ns],
+            "file": [self.storage.identity(sample_id), file_size, change_key],
             "target": list(target), "crop": self.crop,
             "crop_style": self.crop_style if self.crop else None,
             # A random crop depends on these; a center crop or a resize does not.
@@ -114,15 +116,16 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
     cache = LatentCache(settings.folder)
     failures: dict[str, str] = {}
     targets: dict[str, tuple[int, int]] = {}
+    # One bulk call: for S3 a listing, not a request per sample.
+    versions = settings.storage.versions([s for ids in index.buckets.values() for s in ids])
     for bucket, sample_ids in index.buckets.items():
         target = parse_bucket_key(bucket)
         for sample_id in sample_ids:
-            try:
-                stat = (settings.root / sample_id).stat()
-            except OSError as error:
-                failures[sample_id] = f"cannot read image file: {error.strerror or error}"
+            version = versions.get(sample_id)
+            if version is None:
+                failures[sample_id] = "cannot read image file: missing or unreadable"
                 continue
-            key = settings.key(sample_id, target, stat.st_size, stat.st_mtime_ns)
+            key = settings.key(sample_id, target, version.size, version.change_key)
             cache.paths[sample_id] = entry_path(settings.folder, key)
             targets[sample_id] = target
 
@@ -137,7 +140,10 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
     encoded = 0
     bar = tqdm(total=len(todo), desc=f"caching latents [{settings.dataset_id}]", unit="img",
                disable=not progress or not todo)
-    with ThreadPoolExecutor(max_workers=max(1, decode_workers)) as pool, bar:
+    workers = max(1, decode_workers)
+    if settings.storage.remote:  # a read waits a round trip: fetch a whole chunk at once
+        workers = max(workers, min(batch_size, settings.storage.max_connections))
+    with ThreadPoolExecutor(max_workers=workers) as pool, bar:
         for chunk, prepared in _prefetched(pool, chunks, settings, targets):
             ready = []
             for sample_id, outcome in zip(chunk, prepared):
@@ -175,8 +181,10 @@ def _prefetched(pool: ThreadPoolExecutor, chunks: list[list[str]], settings: Lat
 def _prepare(settings: LatentSettings, sample_id: str,
              target: tuple[int, int]) -> PreparedImage | str:
     """The prepared image, or why it could not be decoded (reported, never raised)."""
-    try:
-        return prepare_image(settings.root / sample_id, target, crop=settings.crop,
+    storage = settings.storage
+    try:  # a local file is decoded from its path, a remote one from its bytes
+        source = storage.local_path(sample_id) or storage.read_bytes(sample_id)
+        return prepare_image(source, target, crop=settings.crop,
                              crop_style=settings.crop_style, seed=settings.seed,
                              dataset_id=settings.dataset_id, sample_id=sample_id)
     except Exception as error:  # noqa: BLE001 - any decoder error means "unusable image"

@@ -15,7 +15,7 @@ from simpletuner.helpers.caching.storage import model_identity, rank_share
 from simpletuner.helpers.caching.text_embeds import (
     EncodePrompts, TextEmbedCache, cache_text_embeds, default_text_dir,
 )
-from simpletuner.helpers.metadata.backends.base import CaptionError
+from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
 from simpletuner.helpers.together import failing_together

@@ -1,43 +1,25 @@
-"""A dataset folder on the local filesystem: list its images, read their bytes."""
+"""A dataset folder on the local filesystem: the default storage (see storage.py)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"})
-CAPTION_EXTENSION = ".txt"
-
-
-@dataclass
-class Listing:
-    """One walk of the folder, sorted by sample id whatever the directory order.
-
-    The images are three parallel columns rather than an object per file: a dataset of millions
-    of files stays three lists, which are cheap to build, compare and keep (no per-file objects
-    for the garbage collector to walk).
-    """
-
-    sample_ids: list[str]  # paths relative to the root, '/' separators
-    sizes: list[int]       # bytes
-    mtimes_ns: list[int]
-    captions: set[str]                                    # sample ids of the .txt files
-    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (sample id, reason)
+from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
+from simpletuner.helpers.data_backend.storage import (
+    CAPTION_EXTENSION, IMAGE_EXTENSIONS, FileVersion, Listing, is_image_name,
+)
 
 
-def _is_image_name(name: str) -> bool:
-    """Whether a file name that is not hidden has an image extension (any case)."""
-    dot = name.rfind(".")
-    return dot > 0 and name[dot:].lower() in IMAGE_EXTENSIONS
-
-
-class LocalDataBackend:
+class LocalStorage:
     """Images under ``root``, named by sample id. Hidden files and folders are ignored."""
+
+    remote = False
+    max_connections = 1  # never asked: local headers are read by worker processes
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        self.location = str(self.root)
 
     def path(self, sample_id: str) -> Path:
         return self.root.joinpath(*sample_id.split("/"))
@@ -47,7 +29,7 @@ class LocalDataBackend:
         sample_ids: list[str] = []
         sizes: list[int] = []
         mtimes_ns: list[int] = []
-        captions: set[str] = set()
+        captions: dict[str, None] = {}
         unreadable: list[tuple[str, str]] = []
         visited: set[str] = set()
         pending: list[tuple[str, str]] = [(str(self.root), "")]  # (folder path, id prefix)
@@ -72,10 +54,10 @@ class LocalDataBackend:
                     if entry.is_dir():  # follows symlinks
                         pending.append((entry.path, sample_id + "/"))
                         continue
-                    dot = name.rfind(".")  # _is_image_name, inlined: this runs once a file
+                    dot = name.rfind(".")  # extension_of, inlined: this runs once a file
                     extension = name[dot:].lower() if dot > 0 else ""
                     if extension == CAPTION_EXTENSION:  # captions are '<stem>.txt'
-                        captions.add(sample_id)
+                        captions[sample_id] = None  # read on demand, so never compared
                     elif extension in IMAGE_EXTENSIONS:
                         stat = entry.stat()
                         sample_ids.append(sample_id)
@@ -83,18 +65,39 @@ class LocalDataBackend:
                         mtimes_ns.append(stat.st_mtime_ns)
                 except OSError as exc:
                     # e.g. a dangling symlink: report it, do not lose it silently
-                    if _is_image_name(name):
+                    if is_image_name(name):
                         unreadable.append((sample_id, f"cannot be read ({exc.strerror})"))
         order = sorted(range(len(sample_ids)), key=sample_ids.__getitem__)
         unreadable.sort()
         return Listing([sample_ids[i] for i in order], [sizes[i] for i in order],
                        [mtimes_ns[i] for i in order], captions, unreadable)
 
-    def exists(self, sample_id: str) -> bool:
-        return self.path(sample_id).is_file()
+    def versions(self, names: list[str]) -> dict[str, FileVersion]:
+        found = {}
+        for name in names:
+            try:
+                stat = self.path(name).stat()
+            except OSError:  # missing or unreadable: the caller reports it as a failure
+                continue
+            found[name] = FileVersion(stat.st_size, stat.st_mtime_ns)
+        return found
 
-    def open(self, sample_id: str) -> BinaryIO:
-        return open(self.path(sample_id), "rb")
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        with open(self.path(name), "rb") as handle:
+            handle.seek(start)
+            return handle.read(length)
 
-    def read_bytes(self, sample_id: str) -> bytes:
-        return self.path(sample_id).read_bytes()
+    def read_bytes(self, name: str) -> bytes:
+        return self.path(name).read_bytes()
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        atomic_write_bytes(self.path(name), data)
+
+    def exists(self, name: str) -> bool:
+        return self.path(name).is_file()
+
+    def local_path(self, name: str) -> Path:
+        return self.path(name)
+
+    def identity(self, name: str) -> str:
+        return str(self.path(name).resolve())

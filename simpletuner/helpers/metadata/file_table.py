@@ -1,6 +1,7 @@
 """What each file's header said, as parallel columns: the ``files`` part of the metadata cache.
 
-A row is valid while the file's byte size and mtime_ns are unchanged. Columns instead of a record
+A row is valid while the file's byte size and change key (local: mtime_ns; S3: ETag) are
+unchanged. Columns instead of a record
 per file keep a warm start of a large dataset cheap: the JSON holds a few long lists of strings
 and ints, which parse about 3x faster than a list per file and leave nothing for the garbage
 collector to walk (benchmarks/bench_discovery.py measures it).
@@ -15,11 +16,11 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Iterator
 
-from simpletuner.helpers.data_backend.local import Listing
+from simpletuner.helpers.data_backend.storage import ChangeKey, Listing
 from simpletuner.helpers.metadata.backends.discovery import Probe
 from simpletuner.helpers.metadata.split import SortedIds
 
-_COLUMNS = ("ids", "bytes", "mtime_ns", "width", "height")
+_COLUMNS = ("ids", "bytes", "change_key", "width", "height")
 
 
 class FileTableFormatError(ValueError):
@@ -33,13 +34,13 @@ class FileTable:
 
     ids: list[str] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)      # bytes
-    mtimes_ns: list[int] = field(default_factory=list)
+    change_keys: list[ChangeKey] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)     # EXIF-oriented
     heights: list[int] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # sample id -> why it is skipped
 
     def to_json(self) -> dict[str, Any]:
-        return {"ids": self.ids, "bytes": self.sizes, "mtime_ns": self.mtimes_ns,
+        return {"ids": self.ids, "bytes": self.sizes, "change_key": self.change_keys,
                 "width": self.widths, "height": self.heights, "errors": self.errors}
 
     @classmethod
@@ -59,17 +60,17 @@ class FileTable:
         Rows of unchanged files are carried over; the others get width 0 until
         ``record`` fills them in.
         """
-        ids, sizes, mtimes = listing.sample_ids, listing.sizes, listing.mtimes_ns
-        if ids == self.ids and sizes == self.sizes and mtimes == self.mtimes_ns:
+        ids, sizes, keys = listing.sample_ids, listing.sizes, listing.change_keys
+        if ids == self.ids and sizes == self.sizes and keys == self.change_keys:
             return self, [], 0  # nothing changed: the usual start, three list comparisons
         position = dict(zip(self.ids, range(len(self.ids))))
-        table = FileTable(list(ids), list(sizes), list(mtimes))
+        table = FileTable(list(ids), list(sizes), list(keys))
         stale: list[int] = []
         still_there = 0
-        for row, (sample_id, size, mtime) in enumerate(zip(ids, sizes, mtimes)):
+        for row, (sample_id, size, key) in enumerate(zip(ids, sizes, keys)):
             old = position.get(sample_id)
             still_there += old is not None
-            if old is not None and self.sizes[old] == size and self.mtimes_ns[old] == mtime:
+            if old is not None and self.sizes[old] == size and self.change_keys[old] == key:
                 table.widths.append(self.widths[old])
                 table.heights.append(self.heights[old])
                 if sample_id in self.errors:
@@ -89,6 +90,13 @@ class FileTable:
             self.errors[sample_id] = probe.error
         else:
             self.widths[row], self.heights[row] = probe.width, probe.height
+
+    def row_of(self, sample_id: str) -> int:
+        """The row of a sample id the table holds (bisect: the ids are sorted)."""
+        row = bisect_left(self.ids, sample_id)
+        if row == len(self.ids) or self.ids[row] != sample_id:
+            raise KeyError(sample_id)
+        return row
 
     def ids_at(self, rows: list[int]) -> SortedIds:
         """The sample ids of ``rows``, which must ascend: the table is sorted by sample id, so

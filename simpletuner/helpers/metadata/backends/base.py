@@ -1,6 +1,6 @@
 """MetadataBackend: one dataset's discovery -> sizes -> buckets -> filters -> cached index.
 
-The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
+The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds three things:
 
 * ``files``: what each file's header said (columns, see file_table.py), valid while the file's
   byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb
@@ -12,9 +12,16 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds two things:
   once). The ranks' agreement check compares every rank's index with the main one's, built
   from the listing, so a cache edited out of order is caught there.
 
-A warm start (nothing changed) reads no image: it lists the folder (one stat per file) and
-parses this file; image sizes are looked up in the table, not copied (ImageSizes).
-benchmarks/bench_discovery.py times it.
+* ``captions``: captions known at indexing time (a metadata table's, or caption files fetched
+  from remote storage; see captions.py), so other ranks never fetch them one by one.
+
+Where the sizes come from is the metadata source: header probes (headers.py, 'discovery') or a
+table (table.py, 'parquet'); where the bytes live is the storage (data_backend/storage.py).
+Both make the same FileTable, so the index, its cache and everything after it are one code.
+
+A warm start (nothing changed) reads no image: it lists the storage (one stat per file, or one
+request per 1000 objects) and parses this file; image sizes are looked up in the table, not
+copied (ImageSizes). benchmarks/bench_discovery.py times it.
 """
 
 from __future__ import annotations
@@ -33,8 +40,13 @@ from PIL import Image
 
 from simpletuner.configuration import DatasetConfig, TrainingConfig
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
-from simpletuner.helpers.data_backend.local import LocalDataBackend, Listing
-from simpletuner.helpers.metadata.backends import probe_pool
+from simpletuner.helpers.data_backend.factory import open_storage
+from simpletuner.helpers.data_backend.storage import Listing, Storage
+from simpletuner.helpers.metadata.backends.captions import (
+    CaptionTable, caption_file_for, fetch_caption_files, read_caption,
+)
+from simpletuner.helpers.metadata.backends.headers import FoundFiles, HeaderSource
+from simpletuner.helpers.metadata.backends.table import TableSource
 from simpletuner.helpers.metadata.buckets import BucketSettings, SizeFilters, bucket_for
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
@@ -44,16 +56,13 @@ from simpletuner.helpers.metadata.split import (
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 4  # 3: ``files`` is a table of columns; 4: buckets are rows of that table
+# 3: ``files`` is a table of columns; 4: buckets are rows of that table; 5: any storage
+CACHE_VERSION = 5
 MISSING_CAPTION = "missing caption: no <name>.txt beside the image (caption_strategy 'textfile')"
 
 
 class MetadataCacheError(RuntimeError):
     """The cached index is missing or was written for other settings."""
-
-
-class CaptionError(ValueError):
-    """A caption file that exists but cannot be read as UTF-8 text; names the file."""
 
 
 class IndexAgreementError(RuntimeError):
@@ -71,18 +80,16 @@ class RefreshReport:
     cache_written: bool
 
 
-def caption_file_for(sample_id: str) -> str:
-    """'a/b/img.jpg' -> 'a/b/img.txt'."""
-    return posixpath.splitext(sample_id)[0] + ".txt"
-
-
 class MetadataBackend:
-    def __init__(self, dataset: DatasetConfig, training: TrainingConfig,
-                 data_backend: LocalDataBackend, cache_dir: Path):
-        """``cache_dir`` is the run's cache folder, normally ``<output_dir>/cache``."""
+    def __init__(self, dataset: DatasetConfig, training: TrainingConfig, storage: Storage,
+                 cache_dir: Path, source: HeaderSource | TableSource | None = None):
+        """``cache_dir`` is the run's cache folder, normally ``<output_dir>/cache``;
+        ``source`` gives the sizes (default: header probes)."""
         self.dataset = dataset
         self.training = training
-        self.data_backend = data_backend
+        self.storage = storage
+        self.source = source or HeaderSource(storage, dataset.id)
+        self.captions: CaptionTable | None = None  # set when the index holds the captions
         self.cache_path = Path(cache_dir) / "metadata" / f"{dataset.id}.json"
         self.bucket_settings = BucketSettings.for_dataset(dataset, training)
         self.filters = SizeFilters.for_dataset(dataset, training)
@@ -90,16 +97,18 @@ class MetadataBackend:
 
     @classmethod
     def from_config(cls, dataset: DatasetConfig, training: TrainingConfig) -> "MetadataBackend":
-        """The usual wiring: a local folder, the cache under ``output_dir``."""
-        return cls(dataset, training, LocalDataBackend(dataset.instance_data_dir),
-                   Path(training.output_dir) / "cache")
+        """The dataset's storage and metadata backend, the cache under ``output_dir``."""
+        storage = open_storage(dataset)
+        source = (TableSource(storage, dataset) if dataset.metadata_backend == "parquet"
+                  else HeaderSource(storage, dataset.id))
+        return cls(dataset, training, storage, Path(training.output_dir) / "cache", source)
 
     # -- what the cache is keyed by -------------------------------------------------------
 
     def _file_entries_key(self) -> dict[str, Any]:
         """What a cached header reading depends on besides the file itself."""
-        return {"instance_data_dir": str(self.data_backend.root),
-                "max_image_pixels": Image.MAX_IMAGE_PIXELS}
+        return {"storage": self.storage.location, "max_image_pixels": Image.MAX_IMAGE_PIXELS,
+                **self.source.key()}
 
     def settings(self) -> dict[str, Any]:
         """Everything that affects which bucket a file lands in, or whether it is skipped."""
@@ -118,38 +127,45 @@ class MetadataBackend:
     # -- discovery -----------------------------------------------------------------------
 
     def refresh_index(self, show_progress: bool = True) -> DatasetIndex:
-        """List the folder, read headers of new or changed files only, bucket, write the cache."""
-        listing = self.data_backend.list_files()
+        """List the storage, size new or changed files only, bucket, write the cache."""
+        listing = self.storage.list_files()
         cache = self._read_cache()
         known = FileTable()
         if cache is not None and cache.get("files_key") == self._file_entries_key():
             known = self._cached_files(cache) or known
-        files, stale, forgotten = known.reconcile(listing)
-        probes = probe_pool.probe_images(
-            [str(self.data_backend.path(files.ids[row])) for row in stale],
-            max_pixels=Image.MAX_IMAGE_PIXELS, show_progress=show_progress and bool(stale),
-            description=f"{self.dataset.id}: reading image headers",
-        )
-        for row, probe in zip(stale, probes):
-            files.record(row, probe)
-        index, rows = self._build_index(files, listing)
+            if self.source.unchanged(listing, known) and cache.get("settings") == self.settings():
+                return self._reuse_cached_index(cache, len(known.ids))
+        found = self.source.read(listing, known, show_progress)
+        index, rows = self._build_index(found, listing)
+        self.captions = self._index_captions(found, rows, listing, cache, known)
         new_cache = {
             "version": CACHE_VERSION, "dataset_id": self.dataset.id,
-            "files_key": self._file_entries_key(), "files": files.to_json(),
+            "files_key": self._file_entries_key(), "files": found.files.to_json(),
             "settings": self.settings(),
             "index": {"buckets": rows, "skipped": [[s.path, s.reason] for s in index.skipped]},
+            "captions": self.captions.to_json() if self.captions is not None else None,
         }
         changed = new_cache != cache
         if changed:
             atomic_write_json(self.cache_path, new_cache)
+        listed = len(found.files.ids)
         self.last_refresh = RefreshReport(
-            listed=len(files.ids), reused=len(files.ids) - len(stale), read=len(stale),
-            forgotten=forgotten, cache_written=changed)
+            listed=listed, reused=listed - found.read, read=found.read,
+            forgotten=found.forgotten, cache_written=changed)
         return index
 
     def load_index(self) -> DatasetIndex:
         """The index the main process wrote; reads no image and lists no folder."""
-        cache = self._read_cache()
+        return self._index_from(self._read_cache())
+
+    def _reuse_cached_index(self, cache: dict[str, Any], listed: int) -> DatasetIndex:
+        """The source says the cache was built from exactly this data: take it as it is."""
+        index = self._index_from(cache)
+        self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
+                                          cache_written=False)
+        return index
+
+    def _index_from(self, cache: dict[str, Any] | None) -> DatasetIndex:
         files = self._cached_files(cache) if cache is not None else None
         if files is None:
             raise MetadataCacheError(
@@ -167,31 +183,29 @@ class MetadataBackend:
             raise MetadataCacheError(
                 f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} has a "
                 f"malformed index ({exc}); refresh it on the main process first") from exc
+        if self._captions_in_index():
+            self.captions = CaptionTable.from_json(cache.get("captions"), files.ids)
+            if self.captions is None:
+                raise MetadataCacheError(
+                    f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} lacks "
+                    "its captions; refresh it on the main process first")
         sizes = files.image_sizes({s.path for s in skipped})
         return DatasetIndex(self.dataset.id, buckets, sizes, skipped)
 
     def caption_for(self, sample_id: str) -> str:
+        if self.captions is not None:
+            text = self.captions.text_of(sample_id)
+            if text is None:
+                raise KeyError(f"dataset '{self.dataset.id}': no caption for {sample_id!r} in the "
+                               "index; refresh the index (the data changed?)")
+            return text
         strategy = self.dataset.caption_strategy
         if strategy == "textfile":
-            return self._read_caption_file(caption_file_for(sample_id))
+            return read_caption(self.storage, sample_id)
         if strategy == "filename":
             stem = posixpath.splitext(posixpath.basename(sample_id))[0]
             return stem.replace("_", " ").strip()
         return self.dataset.instance_prompt or ""
-
-    def _read_caption_file(self, name: str) -> str:
-        """The caption text, or a CaptionError naming the file and the fix."""
-        path = self.data_backend.path(name)
-        try:
-            return self.data_backend.read_bytes(name).decode("utf-8").strip()
-        except UnicodeDecodeError as exc:
-            raise CaptionError(
-                f"caption file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
-                f"position {exc.start}); re-save it as UTF-8 (e.g. with `iconv -f latin1 -t "
-                "utf-8`) and rerun") from exc
-        except OSError as exc:
-            raise CaptionError(f"caption file {path} cannot be read "
-                               f"({exc.strerror or exc})") from exc
 
     # -- the split, and the ranks' agreement: the only collectives of the data path ----------
 
@@ -248,14 +262,33 @@ class MetadataBackend:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _build_index(self, files: FileTable,
+    def _captions_in_index(self) -> bool:
+        return self.dataset.caption_strategy == "parquet" or (
+            self.dataset.caption_strategy == "textfile" and self.storage.remote)
+
+    def _index_captions(self, found: FoundFiles, rows: dict[str, list[int]], listing: Listing,
+                        cache: dict[str, Any] | None, known: FileTable) -> CaptionTable | None:
+        """The captions the cache keeps: the table's, or the remote caption files of the
+        indexed samples (``rows``; changed ones fetched); None when read on demand."""
+        if not self._captions_in_index():
+            return None
+        ids = found.files.ids
+        if found.captions is not None:  # every usable row's, also of the few filtered out
+            return CaptionTable(ids, found.captions)
+        before = CaptionTable.from_json((cache or {}).get("captions"), known.ids)
+        indexed = sorted(row for bucket in rows.values() for row in bucket)
+        return fetch_caption_files(self.storage, ids, indexed, listing, before)
+
+    def _build_index(self, found: FoundFiles,
                      listing: Listing) -> tuple[DatasetIndex, dict[str, list[int]]]:
         """The index, and each bucket as rows of ``files`` (what the cache stores).
 
         ``files`` is in sample id order (the listing's), so every bucket is built sorted: a
         SortedIds the split takes without checking it again."""
+        files = found.files
         rows: defaultdict[str, list[int]] = defaultdict(list)
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
+        skipped += found.skipped
         needs_caption = self.dataset.caption_strategy == "textfile"
         # Sizes repeat (one camera, one export setting), so each distinct size is decided once.
         by_size: dict[tuple[int, int], tuple[str | None, str | None]] = {}

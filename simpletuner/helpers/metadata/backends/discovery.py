@@ -8,6 +8,7 @@ portrait photo stored landscape is bucketed as portrait.
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
 
@@ -71,9 +72,9 @@ def _end_marker_present(handle, image_format: str | None, file_size: int, head: 
     return marker in handle.read(_TAIL_BYTES)
 
 
-def _decodes(path: str) -> bool:
+def _decodes(source) -> bool:
     try:
-        with Image.open(path) as im:
+        with Image.open(source) as im:
             im.load()
         return True
     except Exception:
@@ -111,4 +112,68 @@ def probe_image(path: str, max_pixels: int | None) -> Probe:
         return Probe(error=f"cannot be read ({exc.strerror or exc})")
     if orientation in _ROTATED_ORIENTATIONS:
         width, height = height, width
+    return Probe(width, height)
+
+
+_WEBP_EXIF_FLAG = 0x08  # VP8X: an EXIF chunk (which may rotate) is present
+
+
+def webp_size(head: bytes) -> tuple[int, int] | None:
+    """A WebP's canvas size from its first 30 bytes, as libwebp reads it; None when the file
+    carries EXIF (usually at its end) or the header is not one of the three kinds. Pillow
+    wants the whole file for a WebP, which for a remote object means fetching all of it."""
+    if len(head) < 30 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
+        return None
+    kind = head[12:16]
+    if kind == b"VP8X" and not head[20] & _WEBP_EXIF_FLAG:
+        return (int.from_bytes(head[24:27], "little") + 1,
+                int.from_bytes(head[27:30], "little") + 1)
+    if kind == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+        return (int.from_bytes(head[26:28], "little") & 0x3FFF,
+                int.from_bytes(head[28:30], "little") & 0x3FFF)
+    if kind == b"VP8L" and head[20] == 0x2F:
+        bits = int.from_bytes(head[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    return None
+
+
+def probe_head(head: bytes, file_size: int, max_pixels: int | None) -> Probe | None:
+    """Size from the first bytes of a remote file; None when they end before its header does
+    (read more and ask again). A file read whole gets probe_image's truncation check too; for
+    a partial read that check would cost another request, so truncated data is found when the
+    latent cache decodes the image, which drops it on every rank alike."""
+    if file_size == 0:
+        return Probe(error=ZERO_BYTE)
+    complete = len(head) >= file_size
+    webp = None if complete else webp_size(head)
+    if webp is not None:
+        return _checked_size(*webp, max_pixels)
+    handle = io.BytesIO(head)
+    try:
+        with Image.open(handle) as im:
+            width, height = im.size
+            orientation = _orientation(im)
+            image_format = im.format
+    except Image.DecompressionBombError:
+        return Probe(error=over_bomb_limit(max_pixels or Image.MAX_IMAGE_PIXELS or 0))
+    except Exception:  # Pillow's plugins raise many kinds on malformed or cut-off headers
+        if not complete:
+            return None
+        return Probe(error=BAD_HEADER if _looks_like_image(head[:16]) else NOT_AN_IMAGE)
+    checked = _checked_size(width, height, max_pixels)
+    if checked.error:
+        return checked
+    if (complete and not _end_marker_present(handle, image_format, file_size, head[:16])
+            and not _decodes(io.BytesIO(head))):
+        return Probe(error=TRUNCATED_DATA)
+    if orientation in _ROTATED_ORIENTATIONS:
+        width, height = height, width
+    return Probe(width, height)
+
+
+def _checked_size(width: int, height: int, max_pixels: int | None) -> Probe:
+    if width <= 0 or height <= 0:
+        return Probe(error=BAD_HEADER)
+    if max_pixels is not None and width * height > max_pixels:
+        return Probe(error=over_bomb_limit(max_pixels))
     return Probe(width, height)

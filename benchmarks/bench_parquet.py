@@ -1,0 +1,177 @@
+"""Parquet metadata: the project's index build from a table, against pyarrow reading it.
+
+    python benchmarks/bench_parquet.py [--rows 1000000] [--buckets 40] [--repeats 3] [--json]
+
+A generated table (kept in $SIMPLETUNER_CACHE/benchmarks) of N rows: file name, width, height
+(40 aspect buckets) and caption. Each side runs in a fresh process, best of --repeats:
+
+* pyarrow: ``pyarrow.parquet.read_table`` of the same four columns (nothing else);
+* cold: ``MetadataBackend.refresh_index`` with an empty cache (read the table, check every row,
+  bucket, write the index cache with its captions), caption_strategy 'parquet';
+* warm: the same on the main rank with the cache in place;
+* load: ``load_index`` (what every other rank does), which reads the cache only.
+
+The storage is a listing held in memory (built before the clock starts): listing a folder of a
+million files is the storage's cost, which benchmarks/bench_discovery.py measures. Memory:
+"columns MiB" is pyarrow's table size; "peak MiB" is the peak RSS above the process's RSS before
+the measured call (VmHWM, reset first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib import data_folder, emit, format_table, machine, peak_rss_mb, ratio, \
+    reset_peak_rss, current_rss_mb, verdict
+
+COLUMNS = ["filename", "width", "height", "caption"]
+
+
+def table_path(rows: int, buckets: int) -> Path:
+    path = data_folder("parquet") / f"table-{rows}-{buckets}.parquet"
+    if not path.exists():
+        import pyarrow
+        import pyarrow.parquet
+
+        sizes = [(512 + 64 * (k % 8), 512 + 64 * (k // 8)) for k in range(buckets)]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = pyarrow.table({
+            "filename": [f"part{i // 1000:04d}/img_{i:07d}.jpg" for i in range(rows)],
+            "width": [sizes[i % buckets][0] for i in range(rows)],
+            "height": [sizes[i % buckets][1] for i in range(rows)],
+            "caption": [f"a photo, number {i}, of a thing in a place" for i in range(rows)]})
+        pyarrow.parquet.write_table(table, path)
+    return path
+
+
+class ListedStorage:
+    """The table's files as a storage listing; nothing is ever read from it."""
+
+    remote = False
+    max_connections = 1
+
+    def __init__(self, names: list[str]):
+        from simpletuner.helpers.data_backend.storage import Listing
+
+        self.location = "memory://listed"
+        self.listing = Listing(sorted(names), [100_000] * len(names), [1] * len(names), {})
+
+    def list_files(self):
+        return self.listing
+
+
+def backend_for(table: Path, cache: Path):
+    import pyarrow.parquet
+
+    from simpletuner.configuration import DatasetConfig, TrainingConfig
+    from simpletuner.helpers.metadata.backends.base import MetadataBackend
+    from simpletuner.helpers.metadata.backends.table import TableSource
+
+    names = pyarrow.parquet.read_table(table, columns=["filename"]).column(0).to_pylist()
+    dataset = DatasetConfig(id="bench", instance_data_dir="/unused", metadata_backend="parquet",
+                            caption_strategy="parquet",
+                            parquet={"path": str(table), "caption_column": "caption"})
+    training = TrainingConfig(model_family="sdxl", pretrained_model_name_or_path="unused",
+                              output_dir=str(cache), data_backend_config="unused",
+                              resolution=1024, resolution_type="pixel",
+                              aspect_bucket_alignment=64)
+    storage = ListedStorage(names)
+    return MetadataBackend(dataset, training, storage, cache, TableSource(storage, dataset))
+
+
+def run_one(side: str, table: Path, cache: Path) -> dict:
+    import pyarrow.parquet
+
+    backend = backend_for(table, cache) if side != "pyarrow" else None
+    if side in ("warm", "load"):
+        backend.refresh_index(show_progress=False)  # the cache a cold run left
+    baseline = current_rss_mb()
+    exact = reset_peak_rss()
+    start = time.perf_counter()
+    if side == "pyarrow":
+        table_bytes = pyarrow.parquet.read_table(table, columns=COLUMNS).nbytes
+    elif side == "load":
+        index = backend.load_index()
+    else:
+        index = backend.refresh_index(show_progress=False)
+    seconds = time.perf_counter() - start
+    result = {"seconds": seconds, "peak_mb": peak_rss_mb() - baseline, "exact_peak": exact}
+    if side == "pyarrow":
+        result["columns_mb"] = table_bytes / 2**20
+    else:
+        result.update(samples=index.sample_count, buckets=len(index.buckets))
+    return result
+
+
+def measure(side: str, table: Path, repeats: int) -> dict:
+    runs = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as cache:
+            done = subprocess.run([sys.executable, __file__, "--one", side, "--table",
+                                   str(table), "--cache", cache], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{side} failed:\n{done.stderr}")
+        runs.append(json.loads(done.stdout))
+    best = min(runs, key=lambda r: r["seconds"])
+    best["peak_mb"] = max(r["peak_mb"] for r in runs)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in best.items()}
+
+
+def render(result: dict) -> str:
+    sides = result["sides"]
+    base = sides["pyarrow"]["seconds"]
+    labels = {"pyarrow": "pyarrow read_table (4 columns)", "cold": "project, cold (empty cache)",
+              "warm": "project, warm, main rank", "load": "project, load_index, other ranks"}
+    rows = [[labels[s], m["seconds"], m["peak_mb"], ratio(m["seconds"], base)]
+            for s, m in sides.items()]
+    m = result["machine"]
+    lines = [f"Parquet metadata: {result['rows']:,} rows, {result['buckets']} buckets; "
+             f"columns {sides['pyarrow']['columns_mb']} MiB; {m['cpus']} CPUs, load "
+             f"{m['load_average_1_5_15']}",
+             format_table(["", "seconds", "peak MiB", "x pyarrow"], rows)]
+    lines += [f"  {verdict(ok):6s} {name}" for name, ok in result["targets"].items()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--buckets", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--one", choices=["pyarrow", "cold", "warm", "load"],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--table", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:  # the child process of measure()
+        print(json.dumps(run_one(args.one, Path(args.table), Path(args.cache))))
+        return
+    table = table_path(args.rows, args.buckets)
+    result = {"machine": machine(), "rows": args.rows, "buckets": args.buckets, "sides": {}}
+    for side in ("pyarrow", "cold", "warm", "load"):
+        print(f"measuring {side}...", file=sys.stderr)
+        result["sides"][side] = measure(side, table, args.repeats)
+    sides = result["sides"]
+    pyarrow_s, columns_mb = sides["pyarrow"]["seconds"], sides["pyarrow"]["columns_mb"]
+    result["targets"] = {
+        "cold index build within 3x of pyarrow": sides["cold"]["seconds"] <= 3 * pyarrow_s,
+        "warm start under 1 s (main rank and other ranks)":
+            max(sides["warm"]["seconds"], sides["load"]["seconds"]) < 1,
+        "peak memory of the cold build within 2x of the columns":
+            sides["cold"]["peak_mb"] <= 2 * columns_mb,
+        "every row indexed": sides["cold"]["samples"] == args.rows,
+    }
+    result["machine_after"] = machine()["load_average_1_5_15"]
+    emit(result, args.json, render(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""metadata_backend 'parquet' (.parquet and .jsonl tables, real pyarrow): the index equals the
+one header discovery builds for the same images, every kind of bad row is reported with its
+row and skipped, captions come from the table, and a million-row table is indexed without a
+single image read."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+import pyarrow
+import pyarrow.parquet
+
+from discovery_fixtures import encode, image, rotated_jpeg, training_config, write
+from simpletuner.configuration import DatasetConfig
+from simpletuner.helpers.data_backend.storage import Listing
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.backends.table import TableFormatError, TableSource
+
+IMAGES = {"a.png": (64, 64, "PNG"), "sub/b c.jpg": (96, 64, "JPEG"),
+          "sub/ünï.webp": (64, 96, "WEBP"), "d.png": (80, 48, "PNG")}
+
+
+def write_table(path: Path, rows: list[dict]) -> Path:
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+    return path
+
+
+class ListedOnly:
+    """Storage that lists names and sizes but refuses every read: proves no image is opened."""
+
+    remote = False
+    max_connections = 1
+    location = "memory://listed-only"
+
+    def __init__(self, names: list[str]):
+        self.names = sorted(names)
+
+    def list_files(self) -> Listing:
+        return Listing(self.names, [1000] * len(self.names), [1] * len(self.names), {})
+
+    def read_range(self, name, start, length):
+        raise AssertionError(f"an image was read: {name}")
+
+    read_bytes = local_path = read_range
+
+
+class TableIndexTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp())
+        self.data = self.tmp / "data"
+        self.rows = []
+        for i, (name, (w, h, fmt)) in enumerate(IMAGES.items()):
+            write(self.data, name, encode(image(w, h, seed=i), fmt), caption=f"file caption {i}")
+            self.rows.append({"filename": name, "width": w, "height": h, "caption": f"cap {i}"})
+        write(self.data, "rot.jpg", rotated_jpeg(96, 64, 6), caption="rotated")
+        self.rows.append({"filename": "rot.jpg", "width": 64, "height": 96, "caption": "cap r"})
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def backend(self, table: Path, output="out", **overrides) -> MetadataBackend:
+        block = {"path": str(table), "caption_column": "caption",
+                 **overrides.pop("parquet", {})}
+        dataset = DatasetConfig(id="photos", instance_data_dir=str(self.data),
+                                metadata_backend="parquet", parquet=block, **overrides)
+        return MetadataBackend.from_config(dataset, training_config(self.tmp / output))
+
+    def discovered(self):
+        backend = MetadataBackend.from_config(
+            DatasetConfig(id="photos", instance_data_dir=str(self.data)),
+            training_config(self.tmp / "out-discovery"))
+        return backend.refresh_index(show_progress=False)
+
+    def test_parquet_and_jsonl_give_the_index_discovery_gives(self):
+        expected = self.discovered()
+        for suffix in (".parquet", ".jsonl"):
+            with self.subTest(suffix=suffix):
+                table = write_table(self.tmp / f"meta{suffix}", self.rows)
+                index = self.backend(table, output=f"out{suffix}").refresh_index(False)
+                self.assertEqual(index.buckets, expected.buckets)
+                self.assertEqual(dict(index.original_sizes), dict(expected.original_sizes))
+                self.assertEqual(index.skipped, expected.skipped)
+                self.assertEqual(index.digest(), expected.digest())
+
+    def test_captions_come_from_the_table_on_every_rank(self):
+        rows = [dict(r) for r in self.rows]
+        rows[1]["caption"] = None
+        rows[1]["short"] = "fallback caption"
+        for row in rows:
+            row.setdefault("short", "unused")
+        table = write_table(self.tmp / "meta.parquet", rows)
+        main = self.backend(table, caption_strategy="parquet",
+                            parquet={"fallback_caption_column": "short"})
+        main.refresh_index(False)
+        other = self.backend(table, caption_strategy="parquet",
+                             parquet={"fallback_caption_column": "short"})
+        other.load_index()
+        self.assertEqual(other.caption_for("a.png"), "cap 0")
+        self.assertEqual(other.caption_for("sub/b c.jpg"), "fallback caption")
+
+    def test_identifiers_without_extension(self):
+        rows = [{**r, "filename": r["filename"].rsplit(".", 1)[0]} for r in self.rows]
+        table = write_table(self.tmp / "meta.jsonl", rows)
+        index = self.backend(table, parquet={"identifier_includes_extension": False}
+                             ).refresh_index(False)
+        self.assertEqual(index.digest(), self.discovered().digest())
+
+    def test_every_bad_row_is_reported_with_its_row_and_skipped(self):
+        rows = self.rows[:2] + [
+            {"filename": "", "width": 64, "height": 64, "caption": "x"},              # row 2
+            {"filename": "d.png", "width": None, "height": 48, "caption": "x"},       # row 3
+            {"filename": "rot.jpg", "width": 64, "height": -96, "caption": "x"},      # row 4
+            {"filename": "sub/ünï.webp", "width": "64", "height": 96, "caption": ""},  # row 5
+            {"filename": "gone.png", "width": 64, "height": 64, "caption": "x"},      # row 6
+            {"filename": "a.png", "width": 64, "height": 64, "caption": "again"},     # row 7
+            {"filename": ["a.png"], "width": 64, "height": 64, "caption": "x"},       # row 8
+        ]
+        write(self.data, "norow.png", encode(image(64, 64), "PNG"))
+        table = write_table(self.tmp / "meta.jsonl", rows)
+        index = self.backend(table).refresh_index(False)
+        reasons = {s.path: s.reason for s in index.skipped}
+        self.assertIn("row 2: 'filename' is empty, missing or not text", reasons["<row 2>"])
+        self.assertIn("row 8: 'filename' is empty, missing or not text", reasons["<row 8>"])
+        self.assertIn("row 3: 'width' x 'height' is None x 48", reasons["d.png"])
+        self.assertIn("row 4: 'width' x 'height' is 64 x -96", reasons["rot.jpg"])
+        self.assertIn("row 5: 'width' x 'height' is '64' x 96", reasons["sub/ünï.webp"])
+        self.assertIn("row 6: no such image in", reasons["gone.png"])
+        self.assertIn("row 7: a second row for this file (first: row 0)", reasons["a.png"])
+        self.assertIn("no row in the metadata table", reasons["norow.png"])
+        self.assertEqual(sorted(s for ids in index.buckets.values() for s in ids),
+                         ["a.png", "sub/b c.jpg"])
+        captioned = self.backend(table, output="out-cap", caption_strategy="parquet")
+        reasons = {s.path: s.reason for s in captioned.refresh_index(False).skipped}
+        self.assertIn("row 5: 'width' x 'height'", reasons["sub/ünï.webp"])
+        rows[5]["width"] = 64
+        table = write_table(self.tmp / "meta2.jsonl", rows)
+        captioned = self.backend(table, output="out-cap2", caption_strategy="parquet")
+        reasons = {s.path: s.reason for s in captioned.refresh_index(False).skipped}
+        self.assertIn("row 5: empty 'caption' (caption_strategy 'parquet')",
+                      reasons["sub/ünï.webp"])
+
+    def test_the_index_is_reused_until_the_table_or_the_files_change(self):
+        table = write_table(self.tmp / "meta.parquet", self.rows)
+        backend = self.backend(table)
+        first = backend.refresh_index(False)
+        self.assertEqual(self.backend(table).refresh_index(False).digest(), first.digest())
+        self.rows[0]["width"] = 128  # a.png is now listed as 128 x 64
+        write_table(table, self.rows)
+        edited = self.backend(table).refresh_index(False)
+        self.assertIn("a.png", edited.buckets["128x64"])
+        (self.data / "d.png").unlink()
+        gone = self.backend(table).refresh_index(False)
+        self.assertNotIn("d.png", [s for ids in gone.buckets.values() for s in ids])
+        self.assertIn("no such image", {s.path: s.reason for s in gone.skipped}["d.png"])
+
+    def test_a_missing_column_names_it_and_the_columns_there_are(self):
+        table = write_table(self.tmp / "meta.parquet", self.rows)
+        with self.assertRaises(TableFormatError) as caught:
+            self.backend(table, parquet={"width_column": "w"}).refresh_index(False)
+        self.assertIn("no column 'w' (it has filename, width, height, caption)",
+                      str(caught.exception))
+
+    def test_a_million_rows_index_without_reading_an_image(self):
+        count = 1_000_000
+        names = [f"shard{i % 100:03d}/img{i:07d}.jpg" for i in range(count)]
+        widths = [512 + 64 * (i % 40) for i in range(count)]
+        table = self.tmp / "million.parquet"
+        pyarrow.parquet.write_table(pyarrow.table(
+            {"filename": names, "width": widths, "height": [768] * count}), table)
+        dataset = DatasetConfig(id="million", instance_data_dir=str(self.data),
+                                metadata_backend="parquet", parquet={"path": str(table)},
+                                caption_strategy="filename")
+        training = training_config(self.tmp / "out-million", resolution=1024,
+                                   aspect_bucket_alignment=64)
+        storage = ListedOnly(names)
+        backend = MetadataBackend(dataset, training, storage, self.tmp / "cache",
+                                  TableSource(storage, dataset))
+        started = time.perf_counter()
+        index = backend.refresh_index(show_progress=False)
+        elapsed = time.perf_counter() - started
+        self.assertEqual(index.sample_count, count, index.skipped[:3])
+        self.assertEqual(index.skipped, [])
+        self.assertGreater(len(index.buckets), 10)
+        self.assertLess(elapsed, 60, "a table index should not take minutes")
+
+
+if __name__ == "__main__":
+    unittest.main()
