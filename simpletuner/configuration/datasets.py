@@ -30,4 +30,11 @@ class DatasetConfig:
     repeats: int = option(0, minimum=0, help="0 = each sample once per epoch")
     train_batch_size: int | None = option(None, minimum=1, help="overrides config.json")
     cache_dir_vae: str | None = option(None)
-    cache_dir: str | None = option(None)
+    cache_dir: str | None = option(None, help="this dataset's text-embedding cache folder; "
+                                   "none = the text_embeds entry's, else output_dir/cache/text")
+
+    # SimpleTuner compatibility (issue 15): references to text_embeds / image_embeds entries
+    text_embeds: str | None = option(None, help="id of the text_embeds entry whose cache_dir "
+                                     "holds this dataset's text embeddings; none = the default")
+    image_embeds: str | None = option(None, help="id of an image_embeds entry (local storage: "
+                                      "latents go to cache_dir_vae)")

@@ -13,6 +13,8 @@ import types
 import typing
 from typing import Any, Literal
 
+from simpletuner.configuration.simpletuner_options import SimpleTunerVocabulary
+
 _RANGE = "range"
 _REQUIRED = "required"
 
@@ -98,16 +100,38 @@ def did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _unknown_key_message(where: str, raw_key: str, key: str, fields: typing.Iterable[str],
+                         vocabulary: SimpleTunerVocabulary | None) -> str:
+    unsupported = vocabulary.unsupported_key(key) if vocabulary else None
+    if unsupported:
+        return f"{where}: {unsupported}"
+    return f"{where}: unknown key '{raw_key}'{did_you_mean(key, fields)}"
+
+
+def _rejected_value_message(where: str, key: str, value: Any, tp: Any,
+                            vocabulary: SimpleTunerVocabulary | None) -> str:
+    unsupported = vocabulary.unsupported_value(key, value) if vocabulary else None
+    if unsupported:
+        return f"{where}: key '{key}': {unsupported}"
+    choices = _literal_choices(tp)
+    hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
+    note = vocabulary.meaning_note(key) if vocabulary else ""
+    return f"{where}: key '{key}' is {value!r}; expected {_type_name(tp)}{hint}{note}"
+
+
 def normalise_key(key: str) -> str:
     """SimpleTuner's config.json accepts '--train_batch_size' and 'train_batch_size' alike."""
     return key[2:] if key.startswith("--") else key
 
 
-def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
+def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str],
+                 vocabulary: SimpleTunerVocabulary | None = None) -> dict[str, Any]:
     """Check ``raw`` against ``cls``'s options; append a message per problem to ``problems``.
 
     Returns the accepted values (unknown or invalid keys are left out) ready for ``cls(**values)``.
-    ``where`` prefixes each message, e.g. ``"config/config.json"``.
+    ``where`` prefixes each message, e.g. ``"config/config.json"``. ``vocabulary`` names the
+    SimpleTuner keys and values of this file that are not supported here, so they get advice
+    instead of a did-you-mean.
     """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -120,14 +144,12 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
             continue
         seen[key] = raw_key
         if key not in fields:
-            problems.append(f"{where}: unknown key '{raw_key}'{did_you_mean(key, fields)}")
+            problems.append(_unknown_key_message(where, raw_key, key, fields, vocabulary))
             continue
         tp = hints[key]
         ok, converted = _coerce(value, tp)
         if not ok:
-            choices = _literal_choices(tp)
-            hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
-            problems.append(f"{where}: key '{key}' is {value!r}; expected {_type_name(tp)}{hint}")
+            problems.append(_rejected_value_message(where, key, value, tp, vocabulary))
             continue
         low, high = fields[key].metadata.get(_RANGE, (None, None))
         if isinstance(converted, (int, float)) and not isinstance(converted, bool):

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.embed_entries import (EmbedCacheEntry, apply_embed_entries,
+                                                     is_embed_entry, parse_embed_entry)
 from simpletuner.configuration.errors import ConfigError
 from simpletuner.configuration.fields import parse_fields
 from simpletuner.configuration.options import FLOW_FAMILIES, TrainingConfig
+from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SUPPORTED_BACKENDS = ("local",)
@@ -89,7 +92,7 @@ def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig 
         problems.append(f"{where}: expected a JSON object of options, found {type(raw).__name__}")
         return None
     before = len(problems)
-    values = parse_fields(TrainingConfig, raw, where, problems)
+    values = parse_fields(TrainingConfig, raw, where, problems, CONFIG_JSON)
     if values.get("resolution_type", "pixel") == "pixel" and "resolution" in values:
         if not float(values["resolution"]).is_integer():
             problems.append(f"{where}: key 'resolution' is {values['resolution']}; with "
@@ -143,6 +146,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
                         f"found {type(raw).__name__}")
         return []
     datasets: list[DatasetConfig] = []
+    embed_entries: list[EmbedCacheEntry] = []
     first_index: dict[str, int] = {}
     for index, item in enumerate(raw):
         label = f"{where}: dataset [{index}]"
@@ -151,8 +155,14 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         if not isinstance(item, dict):
             problems.append(f"{label}: expected a JSON object, found {type(item).__name__}")
             continue
+        if is_embed_entry(item):
+            entry = parse_embed_entry(item, label, problems)
+            if entry is not None:
+                _claim_id(entry.id, index, label, first_index, problems)
+                embed_entries.append(entry)
+            continue
         before = len(problems)
-        values = parse_fields(DatasetConfig, item, label, problems)
+        values = parse_fields(DatasetConfig, item, label, problems, MULTIDATABACKEND_JSON)
         usable = len(problems) == before
         if "id" not in values or "instance_data_dir" not in values:
             if "instance_data_dir" in values and not values.get("disabled", False):
@@ -160,12 +170,8 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
             continue
         # Checked even when other keys were wrong, so one run reports every problem.
         ds = DatasetConfig(**values)
-        if ds.id in first_index:
-            problems.append(f"{label}: key 'id': duplicate id '{ds.id}' "
-                            f"(also dataset [{first_index[ds.id]}])")
+        if not _claim_id(ds.id, index, label, first_index, problems):
             usable = False  # its other keys are still checked below
-        else:
-            first_index[ds.id] = index
         if training is not None:
             ds = replace(
                 ds,
@@ -178,7 +184,18 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
             datasets.append(ds)
     if isinstance(raw, list) and not datasets and not problems:
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
-    return datasets
+    return apply_embed_entries(datasets, embed_entries, where, problems)
+
+
+def _claim_id(dataset_id: str, index: int, label: str, first_index: dict[str, int],
+              problems: list[str]) -> bool:
+    """Record the first use of an id; a later one is a problem. False when already taken."""
+    if dataset_id in first_index:
+        problems.append(f"{label}: key 'id': duplicate id '{dataset_id}' "
+                        f"(also dataset [{first_index[dataset_id]}])")
+        return False
+    first_index[dataset_id] = index
+    return True
 
 
 def _raw_option(raw: Any, key: str) -> Any:
