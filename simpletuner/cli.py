@@ -1,4 +1,5 @@
-"""`python -m simpletuner <command>`: plan a dataset split or build a built-in tiny model."""
+"""`python -m simpletuner <command>`: plan a dataset split, build a built-in tiny model, or list
+the options."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ def _parser() -> argparse.ArgumentParser:
 
     builtin = commands.add_parser("builtin", help="build a built-in tiny model, print its folder")
     builtin.add_argument("name")
+
+    commands.add_parser("options", help="list every option (Markdown, as in docs/OPTIONS.md)")
     return parser
 
 
@@ -32,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         from simpletuner.models.builtin import run_builtin_command
 
         return run_builtin_command(args.name)
+    if args.command == "options":
+        from simpletuner.configuration.listing import options_markdown
+
+        sys.stdout.write(options_markdown())
+        return 0
     raise AssertionError(args.command)
 
 

@@ -15,29 +15,29 @@ from typing import Any, Literal
 
 from simpletuner.configuration.simpletuner_options import SimpleTunerVocabulary
 
-_RANGE = "range"
-_REQUIRED = "required"
+RANGE = "range"
+REQUIRED = "required"
 
 
 def option(default: Any = None, *, minimum: float | None = None, maximum: float | None = None,
            required: bool = False, help: str = "") -> Any:
     """A dataclass field carrying the option's limits; ``help`` documents it in one place.
     A list default is copied for each instance (dataclasses refuse a shared mutable default)."""
-    metadata = {_RANGE: (minimum, maximum), _REQUIRED: required, "help": help}
+    metadata = {RANGE: (minimum, maximum), REQUIRED: required, "help": help}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(v) for v in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
     if origin is list:
         (inner,) = typing.get_args(tp)
-        return f"a list of {_type_name(inner)}"
+        return f"a list, each {type_name(inner)}"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
             type(None): "null"}.get(tp, str(tp))
 
@@ -116,7 +116,7 @@ def _rejected_value_message(where: str, key: str, value: Any, tp: Any,
     choices = _literal_choices(tp)
     hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
     note = vocabulary.meaning_note(key) if vocabulary else ""
-    return f"{where}: key '{key}' is {value!r}; expected {_type_name(tp)}{hint}{note}"
+    return f"{where}: key '{key}' is {value!r}; expected {type_name(tp)}{hint}{note}"
 
 
 def normalise_key(key: str) -> str:
@@ -151,7 +151,7 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
         if not ok:
             problems.append(_rejected_value_message(where, key, value, tp, vocabulary))
             continue
-        low, high = fields[key].metadata.get(_RANGE, (None, None))
+        low, high = fields[key].metadata.get(RANGE, (None, None))
         if isinstance(converted, (int, float)) and not isinstance(converted, bool):
             if low is not None and converted < low:
                 problems.append(f"{where}: key '{key}' is {value!r}; expected a value >= {low}")
@@ -161,6 +161,6 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
                 continue
         values[key] = converted
     for name, f in fields.items():
-        if f.metadata.get(_REQUIRED) and values.get(name) is None and name not in seen:
+        if f.metadata.get(REQUIRED) and values.get(name) is None and name not in seen:
             problems.append(f"{where}: missing required key '{name}'")
     return values
