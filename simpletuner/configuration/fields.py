@@ -86,6 +86,11 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     raise TypeError(f"unsupported option type {tp!r}")
 
 
+def accepts(value: Any, tp: Any) -> bool:
+    """Whether ``value`` (as JSON would give it) is valid for an option of type ``tp``."""
+    return _coerce(value, tp)[0]
+
+
 def _literal_choices(tp: Any) -> list[str]:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -125,13 +130,14 @@ def normalise_key(key: str) -> str:
 
 
 def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str],
-                 vocabulary: SimpleTunerVocabulary | None = None) -> dict[str, Any]:
+                 vocabulary: SimpleTunerVocabulary | None = None, *,
+                 check_required: bool = True) -> dict[str, Any]:
     """Check ``raw`` against ``cls``'s options; append a message per problem to ``problems``.
 
     Returns the accepted values (unknown or invalid keys are left out) ready for ``cls(**values)``.
     ``where`` prefixes each message, e.g. ``"config/config.json"``. ``vocabulary`` names the
     SimpleTuner keys and values of this file that are not supported here, so they get advice
-    instead of a did-you-mean.
+    instead of a did-you-mean. ``check_required=False`` checks a partial set (overrides).
     """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -161,6 +167,7 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
                 continue
         values[key] = converted
     for name, f in fields.items():
-        if f.metadata.get(REQUIRED) and values.get(name) is None and name not in seen:
+        required = check_required and f.metadata.get(REQUIRED)
+        if required and values.get(name) is None and name not in seen:
             problems.append(f"{where}: missing required key '{name}'")
     return values

@@ -13,12 +13,13 @@ from simpletuner.configuration.datasets import DatasetConfig
 from simpletuner.configuration.embed_entries import (EmbedCacheEntry, apply_embed_entries,
                                                      is_embed_entry, parse_embed_entry)
 from simpletuner.configuration.errors import ConfigError
-from simpletuner.configuration.fields import parse_fields
+from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.options import FLOW_FAMILIES, TrainingConfig
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SUPPORTED_BACKENDS = ("local",)
+COMMAND_LINE = "command line"  # where overrides come from, in messages
 
 
 @dataclass
@@ -204,15 +205,25 @@ def _raw_option(raw: Any, key: str) -> Any:
     return raw.get(key, raw.get(f"--{key}"))
 
 
+def _apply_overrides(raw: dict, overrides: dict[str, Any], problems: list[str]) -> dict:
+    """Command-line values replace the file's (with or without '--'); each is checked here so a
+    mistake names the command line, and only accepted ones reach the file's checks."""
+    accepted = parse_fields(TrainingConfig, overrides, COMMAND_LINE, problems, CONFIG_JSON,
+                            check_required=False)
+    kept = {key: value for key, value in raw.items() if normalise_key(key) not in accepted}
+    return {**kept, **accepted}
+
+
 def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = None,
                        overrides: dict[str, Any] | None = None) -> Configuration:
-    """Read both files; raise one ConfigError listing every problem found in either."""
+    """Read both files; raise one ConfigError listing every problem found in either.
+    ``overrides`` are config.json options from the command line (see command_line.py)."""
     base = cwd or Path.cwd()
     path = _resolve(str(config_path), base)
     problems: list[str] = []
     raw = _read_json(path, problems)
-    if raw is not None and overrides:
-        raw = {**raw, **overrides} if isinstance(raw, dict) else raw
+    if overrides and isinstance(raw, dict):
+        raw = _apply_overrides(raw, overrides, problems)
     training = parse_training(raw, str(path), problems) if raw is not None else None
     datasets: list[DatasetConfig] = []
     # The dataset file is checked even when config.json has problems: report everything at once.
