@@ -11,6 +11,7 @@ from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
+from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.plan_report import bucket_table, skip_summary, write_histogram
 
 logger = logging.getLogger("simpletuner.plan")
@@ -47,7 +48,8 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     for dataset in config.datasets:
         backend = MetadataBackend.from_config(dataset, config.training)
         try:
-            index = backend.refresh_index(show_progress=True)
+            index = limit_samples(backend.refresh_index(show_progress=True),
+                                  dataset.max_num_samples)
         except OSError as exc:
             print(f"dataset '{dataset.id}': discovery failed: {exc}", file=sys.stderr)
             return 1

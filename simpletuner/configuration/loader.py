@@ -16,9 +16,11 @@ from simpletuner.configuration.errors import ConfigError
 from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.options import FLOW_FAMILIES, TrainingConfig
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
+from simpletuner.configuration.dataset_checks import check_caption_and_crop_options
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SUPPORTED_BACKENDS = ("local",)
+PIXEL_TYPES = ("pixel", "pixel_area")  # resolution types whose resolution counts pixels
 COMMAND_LINE = "command line"  # where overrides come from, in messages
 
 
@@ -94,10 +96,12 @@ def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig 
         return None
     before = len(problems)
     values = parse_fields(TrainingConfig, raw, where, problems, CONFIG_JSON)
-    if values.get("resolution_type", "pixel") == "pixel" and "resolution" in values:
+    resolution_type = values.get("resolution_type", "pixel")
+    if resolution_type in PIXEL_TYPES and "resolution" in values:
         if not float(values["resolution"]).is_integer():
             problems.append(f"{where}: key 'resolution' is {values['resolution']}; with "
-                            "resolution_type 'pixel' it must be a whole number of pixels")
+                            f"resolution_type '{resolution_type}' it must be a whole number of "
+                            "pixels")
     _check_loss_options_fit_the_family(values, where, problems)
     if len(problems) > before:
         return None
@@ -123,10 +127,11 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
         problems.append(f"{where}: key 'minimum_image_size' ({low}) is larger than "
                         f"'maximum_image_size' ({high})")
     # float(): an inherited default may be an int, which has no is_integer() before Python 3.12
-    if (ds.resolution_type == "pixel" and ds.resolution is not None
+    if (ds.resolution_type in PIXEL_TYPES and ds.resolution is not None
             and not float(ds.resolution).is_integer()):
         problems.append(f"{where}: key 'resolution' is {ds.resolution}; with resolution_type "
-                        "'pixel' it must be a whole number of pixels")
+                        f"'{ds.resolution_type}' it must be a whole number of pixels")
+    check_caption_and_crop_options(ds, where, problems)
     if not ds.disabled:
         _check_folder(ds.instance_data_dir, where, base, problems)
 
@@ -178,6 +183,9 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
                 ds,
                 resolution=ds.resolution if ds.resolution is not None else training.resolution,
                 resolution_type=ds.resolution_type or training.resolution_type,
+                caption_dropout_probability=(
+                    ds.caption_dropout_probability if ds.caption_dropout_probability is not None
+                    else training.caption_dropout_probability),
             )
         _check_dataset(ds, label, base, problems)
         if usable and not ds.disabled:

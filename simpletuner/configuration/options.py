@@ -39,7 +39,9 @@ class TrainingConfig:
     gradient_accumulation_steps: int = option(1, minimum=1)
     seed: int | None = option(None, minimum=0, help="shared shuffle seed; none = broadcast")
     resolution: float = option(1024, minimum=0.0001)
-    resolution_type: Literal["pixel", "area"] = option("pixel")
+    resolution_type: Literal["pixel", "area", "pixel_area"] = option(
+        "pixel", help="pixel: short edge in pixels; area: megapixels; pixel_area: resolution in "
+        "pixels, trained at that area (resolution**2 pixels)")
     aspect_bucket_alignment: int = option(64, minimum=8)
     allow_dataset_oversubscription: bool = option(False)
     num_processes: int = option(1, minimum=1, help="processes train.sh launches")
@@ -95,3 +97,8 @@ class TrainingConfig:
     validation_resolution: int = option(1024, minimum=8)
     validation_guidance_scale: float = option(7.5, minimum=0.0)
     validation_seed: int = option(0, minimum=0)
+
+    # SimpleTuner options (issue 15)
+    caption_dropout_probability: float = option(
+        0.0, minimum=0.0, maximum=1.0, help="fraction of training samples that train with the "
+        "empty caption, chosen per (seed, epoch, sample); datasets may override it")

@@ -110,7 +110,7 @@ _CONFIG_KEYS: dict[str, str] = {
     "checkpointing_use_tempfolder": "remove it; checkpoints are always staged and renamed",
     "i_know_what_i_am_doing": DROP,
     # Not built yet here (issue 15 adds them one by one)
-    "caption_dropout_probability": DROP, "validation_negative_prompt": DROP,
+    "validation_negative_prompt": DROP,
     "validation_on_startup": DROP, "validation_guidance": "use validation_guidance_scale",
     "lr_end": DROP, "lr_power": DROP, "lr_num_cycles": DROP,
     "tracker_project_name": DROP, "tracker_run_name": DROP,
@@ -130,10 +130,6 @@ _DATASET_KEYS: dict[str, str] = {
     "huggingface": "remove it; only local folders are read (type 'local')",
     "video": DROP, "write_batch_size": FIXED_IO, "read_batch_size": FIXED_IO,
     "aspect_bucket_rounding": "remove it; bucket sizes are rounded to aspect_bucket_alignment",
-    # Not built yet here (issue 15 adds them one by one)
-    "prepend_instance_prompt": DROP, "only_instance_prompt": "use caption_strategy "
-                                                             "'instanceprompt'",
-    "disable_multiline_split": DROP, "max_num_samples": DROP, "crop_aspect_buckets": DROP,
 }
 
 _CONFIG_VALUES: dict[str, dict[str, str]] = {
@@ -156,8 +152,6 @@ _CONFIG_VALUES: dict[str, dict[str, str]] = {
     "mixed_precision": {"fp8": "use 'bf16'; fp8 training is not supported here"},
     "report_to": {name: "use 'tensorboard' or 'none'"
                   for name in ("wandb", "all", "comet_ml", "aim", "clearml", "mlflow")},
-    "resolution_type": {"pixel_area": "use 'area' with resolution in megapixels "
-                                      "(resolution**2 / 1e6)"},
 }
 
 _DATASET_VALUES: dict[str, dict[str, str]] = {
@@ -166,10 +160,9 @@ _DATASET_VALUES: dict[str, dict[str, str]] = {
     "caption_strategy": {"parquet": "use 'textfile' (a .txt beside each image)",
                          "huggingface": "use 'textfile' (a .txt beside each image)",
                          "csv": "use 'textfile' (a .txt beside each image)"},
-    "crop_style": {"face": "use 'center' or 'random'", "corner": "use 'center' or 'random'"},
-    "crop_aspect": {"closest": "use 'preserve' or 'square'", "random": "use 'preserve' or 'square'"},
-    "resolution_type": {"pixel_area": "use 'area' with resolution in megapixels "
-                                      "(resolution**2 / 1e6)"},
+    "crop_style": {"face": "use 'center', 'random' or 'corner'"},
+    "crop_aspect": {"random": "use 'closest' (buckets must not depend on chance here: every "
+                              "rank and run sees the same index)"},
 }
 
 # Options that exist here under SimpleTuner's name but do not mean the same thing.

@@ -18,6 +18,7 @@ from simpletuner.helpers.caching.text_embeds import (
     EncodePrompts, TextEmbedCache, cache_text_embeds, default_text_dir,
 )
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.multiaspect.captions import EMPTY_CAPTION, CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
 
 logger = logging.getLogger(__name__)
@@ -61,12 +62,16 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         latent_caches[dataset.id] = result.cache
 
         # Captions are read for this rank's samples only (caption files are per sample); a
-        # caption shared by samples of several ranks may be encoded by each, harmlessly.
+        # caption shared by samples of several ranks may be encoded by each, harmlessly. Every
+        # caption a sample can train with in any epoch is cached; the empty one by rank 0 only.
         text = TextEmbedCache(default_text_dir(dataset, output_dir), text_identity)
         sample_ids = [s for ids in kept[dataset.id].buckets.values() for s in ids]
         mine = rank_share(sample_ids, rank, world_size)
-        cache_text_embeds([caption_for[dataset.id](s) for s in mine], text, encode_prompts,
-                          progress=progress)
+        policy = CaptionPolicy.for_dataset(dataset)
+        captions = [c for s in mine for c in policy.candidates(caption_for[dataset.id](s))]
+        if policy.may_drop and rank == 0:
+            captions.append(EMPTY_CAPTION)
+        cache_text_embeds(captions, text, encode_prompts, progress=progress)
         text_caches[dataset.id] = text
     wait_for_everyone()  # text entries written by other ranks are complete from here on
     return PreparedCaches(kept, failures, BatchAssembler(latent_caches, text_caches))
