@@ -145,6 +145,7 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
     seen: dict[str, str] = {}
     for raw_key, value in raw.items():
         key = normalise_key(raw_key)
+        key = vocabulary.canonical(key) if vocabulary else key
         if key in seen:
             problems.append(f"{where}: key '{key}' is given twice ('{seen[key]}' and '{raw_key}')")
             continue

@@ -50,6 +50,9 @@ def option_table(cls: type, vocabulary: SimpleTunerVocabulary) -> list[str]:
     for f in dataclasses.fields(cls):
         help_text = f.metadata.get("help", "")
         note = vocabulary.different_meaning.get(f.name)
+        simpletuner_names = [k for k, v in vocabulary.aliases.items() if v == f.name]
+        if simpletuner_names:
+            help_text += f" (SimpleTuner's name: {', '.join(simpletuner_names)})"
         if note:
             help_text = f"{help_text}. Differs from SimpleTuner: {note}" if help_text else \
                 f"Differs from SimpleTuner: {note}"

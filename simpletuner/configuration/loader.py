@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, replace
@@ -105,7 +106,24 @@ def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig 
     _check_loss_options_fit_the_family(values, where, problems)
     if len(problems) > before:
         return None
-    return TrainingConfig(**values)
+    training = TrainingConfig(**values)
+    if training.lr_scheduler == "polynomial" and training.lr_end >= training.learning_rate:
+        problems.append(f"{where}: key 'lr_end' ({training.lr_end:g}) must be below "
+                        f"learning_rate ({training.learning_rate:g}) for lr_scheduler 'polynomial'")
+        return None
+    if training.validation_resolution is None:
+        training.validation_resolution = training_side(training)
+    return training
+
+
+def training_side(training: TrainingConfig) -> int:
+    """The side of a square at the training resolution, on the bucket alignment: what
+    validation_resolution defaults to (area types: the square of that area)."""
+    side = float(training.resolution)
+    if training.resolution_type == "area":
+        side = math.sqrt(side * 1_000_000)
+    alignment = training.aspect_bucket_alignment
+    return max(alignment, int(math.floor(side / alignment + 0.5)) * alignment)
 
 
 def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str]) -> None:
@@ -218,7 +236,8 @@ def _apply_overrides(raw: dict, overrides: dict[str, Any], problems: list[str]) 
     mistake names the command line, and only accepted ones reach the file's checks."""
     accepted = parse_fields(TrainingConfig, overrides, COMMAND_LINE, problems, CONFIG_JSON,
                             check_required=False)
-    kept = {key: value for key, value in raw.items() if normalise_key(key) not in accepted}
+    kept = {key: value for key, value in raw.items()
+            if CONFIG_JSON.canonical(normalise_key(key)) not in accepted}
     return {**kept, **accepted}
 
 

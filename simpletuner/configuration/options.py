@@ -94,7 +94,10 @@ class TrainingConfig:
     validation_prompt: str | list[str] | None = option(None)
     validation_steps: int = option(0, minimum=0)
     validation_num_inference_steps: int = option(20, minimum=1)
-    validation_resolution: int = option(1024, minimum=8)
+    validation_resolution: int | None = option(
+        None, minimum=8, help="side of the square validation images; none = the training "
+        "resolution (area types: the side of a square of that area), rounded to "
+        "aspect_bucket_alignment")
     validation_guidance_scale: float = option(7.5, minimum=0.0)
     validation_seed: int = option(0, minimum=0)
 
@@ -102,3 +105,11 @@ class TrainingConfig:
     caption_dropout_probability: float = option(
         0.0, minimum=0.0, maximum=1.0, help="fraction of training samples that train with the "
         "empty caption, chosen per (seed, epoch, sample); datasets may override it")
+    lr_end: float = option(1e-7, minimum=0.0, help="polynomial: the learning rate at the end "
+                           "(SimpleTuner's default is 4e-7)")
+    lr_power: float = option(1.0, minimum=0.0, help="polynomial: the decay's power (1 = linear)")
+    lr_num_cycles: int = option(1, minimum=1, help="cosine_with_restarts: number of cycles")
+    validation_negative_prompt: str | None = option(
+        None, help="negative prompt of every validation image (families with classifier-free "
+        "guidance); none = no negative prompt")
+    validation_on_startup: bool = option(False, help="also validate before the first step")

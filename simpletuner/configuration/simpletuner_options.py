@@ -109,10 +109,7 @@ _CONFIG_KEYS: dict[str, str] = {
     "eval_steps_interval": DROP, "eval_dataset_id": DROP,
     "checkpointing_use_tempfolder": "remove it; checkpoints are always staged and renamed",
     "i_know_what_i_am_doing": DROP,
-    # Not built yet here (issue 15 adds them one by one)
-    "validation_negative_prompt": DROP,
-    "validation_on_startup": DROP, "validation_guidance": "use validation_guidance_scale",
-    "lr_end": DROP, "lr_power": DROP, "lr_num_cycles": DROP,
+    # Not built yet here
     "tracker_project_name": DROP, "tracker_run_name": DROP,
 }
 
@@ -178,6 +175,10 @@ _DATASET_DIFFERENT: dict[str, str] = {
 }
 
 
+# SimpleTuner's name -> the name of the same option here.
+_CONFIG_ALIASES: dict[str, str] = {"validation_guidance": "validation_guidance_scale"}
+
+
 @dataclass(frozen=True)
 class SimpleTunerVocabulary:
     """SimpleTuner's names for one file: what is unsupported here and what means otherwise."""
@@ -185,6 +186,10 @@ class SimpleTunerVocabulary:
     unsupported_keys: dict[str, str]
     unsupported_values: dict[str, dict[str, str]]
     different_meaning: dict[str, str] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def canonical(self, key: str) -> str:
+        return self.aliases.get(key, key)
 
     def unsupported_key(self, key: str) -> str | None:
         advice = self.unsupported_keys.get(key)
@@ -203,5 +208,6 @@ class SimpleTunerVocabulary:
         return f" (differs from SimpleTuner: {note})" if note else ""
 
 
-CONFIG_JSON = SimpleTunerVocabulary(_CONFIG_KEYS, _CONFIG_VALUES, _CONFIG_DIFFERENT)
+CONFIG_JSON = SimpleTunerVocabulary(_CONFIG_KEYS, _CONFIG_VALUES, _CONFIG_DIFFERENT,
+                                    _CONFIG_ALIASES)
 MULTIDATABACKEND_JSON = SimpleTunerVocabulary(_DATASET_KEYS, _DATASET_VALUES, _DATASET_DIFFERENT)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from diffusers.optimization import get_scheduler
 from tqdm.auto import tqdm
 
 from simpletuner.configuration import Configuration
@@ -36,7 +35,9 @@ from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dt
 from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
                                              gradient_norm, nonfinite_warning, pack_step,
                                              reduce_step)
-from simpletuner.training.validation import is_validation_step, run_validation
+from simpletuner.training.schedules import build_lr_scheduler
+from simpletuner.training.validation import (is_validation_step, run_validation,
+                                             validation_prompts)
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +110,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         [p for p in network.parameters() if p.requires_grad], lr=training.learning_rate,
         betas=(training.adam_beta1, training.adam_beta2),
         weight_decay=training.adam_weight_decay, eps=training.adam_epsilon)
-    lr_scheduler = get_scheduler(training.lr_scheduler, optimizer,
-                                 num_warmup_steps=training.lr_warmup_steps,
-                                 num_training_steps=total_steps)
+    lr_scheduler = build_lr_scheduler(training, optimizer, total_steps)
     prepared_network, optimizer = accelerator.prepare(network, optimizer)
     ema = EMAWeights(network, training.ema_decay) if training.use_ema else None
 
@@ -167,6 +166,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     # `accumulation` of them (a group never crosses buckets or epochs, see the sampler).
     # At each step one reduce tells every rank the loss, whether anything was non-finite and
     # whether a stop signal arrived anywhere, so all skip, stop or diverge at the same step.
+    if training.validation_on_startup and validation_prompts(training):
+        validate()  # SimpleTuner's validation_on_startup: images of the starting weights
     progress = tqdm(total=total_steps, initial=step, desc="steps", disable=not main)
     guard = NonFiniteGuard(training.max_nonfinite_steps, loss_scaled=accelerator.scaler is not None)
     loss_sum = torch.zeros((), device=accelerator.device)  # read once per step, in the reduce
