@@ -9,6 +9,8 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from huggingface_hub import ModelCard
+
 from simpletuner.configuration import ConfigError
 from simpletuner.configuration.command_line import load_with_option_args, parse_override_args
 from training_fixtures import REPO, environment, make_shapes, write_config
@@ -90,6 +92,9 @@ class TrainShOverridesTest(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
             summary = json.loads((root / "config-out" / "training_summary.json").read_text())
             self.assertEqual(summary["steps"], 2)
+            card = ModelCard.load(root / "config-out" / "pipeline" / "README.md")
+            self.assertEqual(card.data.library_name, "diffusers")
+            self.assertIn("| steps | 2 |", card.text)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.lora import add_lora, export_lora
+from simpletuner.training.model_card import write_model_card
 from simpletuner.training.outcomes import Preempted
 from simpletuner.training.preemption import PreemptionWatcher
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
@@ -257,6 +258,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                    "lora" if lora else "pipeline": str(exported)}
         atomic_write_text(output_dir / "training_summary.json",
                           json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
+        write_model_card(pipeline_dir or Path(exported).parent, training, summary,
+                         [d.id for d in configuration.datasets])
         logger.info("exported the trained %s to %s", "LoRA" if lora else "pipeline", exported)
     accelerator.wait_for_everyone()
     return TrainingResult(step, final_loss, pipeline_dir)
