@@ -36,6 +36,7 @@ from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dt
 from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
                                              gradient_norm, nonfinite_warning, pack_step,
                                              reduce_step)
+from simpletuner.training.run_warnings import run_warnings
 from simpletuner.training.schedules import build_lr_scheduler
 from simpletuner.training.validation import (is_validation_step, run_validation,
                                              validation_prompts)
@@ -126,6 +127,9 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         logger.info("resumed from %s at step %d (epoch %d)", preflight.resume_from, step,
                     sampler.epoch)
 
+    if main:
+        for warning in run_warnings(training, world, total_steps - step):
+            logger.warning(warning)
     tracker = accelerator.get_tracker("tensorboard") if training.report_to == "tensorboard" else None
     trace = (TraceWriter(output_dir / "trace", rank,
                          resume_at=(sampler.epoch, sampler.step) if resumed else None)
