@@ -100,6 +100,12 @@ class SimpleTunerConfigTest(unittest.TestCase):
         self.assertIn("differs from SimpleTuner", problems[0])
         self.assertIn("'WxH'", problems[0])
 
+    def test_eval_interval_needs_an_eval_dataset(self):
+        problems = self.problems({"eval_steps_interval": 10}, [self.image_dataset()])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("'eval_steps_interval' needs a dataset with 'dataset_type': 'eval'",
+                      problems[0])
+
     def test_tables_never_shadow_a_supported_option(self):
         for cls, vocabulary in ((TrainingConfig, CONFIG_JSON),
                                 (DatasetConfig, MULTIDATABACKEND_JSON)):

@@ -260,6 +260,10 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
         raw_datasets = _read_json(backend_path, problems)
         if raw_datasets is not None:
             datasets = parse_datasets(raw_datasets, str(backend_path), training, base, problems)
+    if training is not None and training.eval_steps_interval and not any(
+            ds.dataset_type == "eval" for ds in datasets):
+        problems.append(f"{path}: key 'eval_steps_interval' needs a dataset with "
+                        "'dataset_type': 'eval' in the dataset file")
     if problems:
         raise ConfigError(problems)
     assert training is not None

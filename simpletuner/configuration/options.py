@@ -113,3 +113,6 @@ class TrainingConfig:
         None, help="negative prompt of every validation image (families with classifier-free "
         "guidance); none = no negative prompt")
     validation_on_startup: bool = option(False, help="also validate before the first step")
+    eval_steps_interval: int = option(
+        0, minimum=0, help="every this many steps, log the loss on the 'eval' datasets "
+        "(eval/loss, output_dir/eval_loss.jsonl); 0 = never")

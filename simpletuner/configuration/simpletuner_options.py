@@ -106,7 +106,7 @@ _CONFIG_KEYS: dict[str, str] = {
     "validation_torch_compile": DROP, "validation_disable_unconditional": DROP,
     "validation_seed_source": "use validation_seed", "validation_lycoris_strength": STANDARD_LORA,
     "disable_benchmark": DROP, "evaluation_type": DROP, "num_eval_images": DROP,
-    "eval_steps_interval": DROP, "eval_dataset_id": DROP,
+"eval_dataset_id": DROP,
     "checkpointing_use_tempfolder": "remove it; checkpoints are always staged and renamed",
     "i_know_what_i_am_doing": DROP,
     # Not built yet here

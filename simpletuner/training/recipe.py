@@ -28,6 +28,7 @@ from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
+from simpletuner.training.evaluation import build_evaluator
 from simpletuner.training.lora import add_lora, export_lora
 from simpletuner.training.model_card import write_model_card
 from simpletuner.training.outcomes import Preempted
@@ -127,6 +128,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         logger.info("resumed from %s at step %d (epoch %d)", preflight.resume_from, step,
                     sampler.epoch)
 
+    evaluator = build_evaluator(training, startup, caches, adapter, network, accelerator)
     if main:
         for warning in run_warnings(training, world, total_steps - step):
             logger.warning(warning)
@@ -238,6 +240,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                                         step, saved)
                     if is_validation_step(training, step, total_steps):
                         validate()
+                    if evaluator is not None and evaluator.is_due(step):
+                        evaluator.run(step)
                     if step >= total_steps:
                         break
     finally:
