@@ -100,6 +100,14 @@ class SimpleTunerConfigTest(unittest.TestCase):
         self.assertIn("differs from SimpleTuner", problems[0])
         self.assertIn("'WxH'", problems[0])
 
+    def test_quoted_values_and_simpletuners_zero_get_a_hint(self):
+        problems = self.problems({"learning_rate": "1e-4", "use_ema": "true",
+                                  "num_train_epochs": 0}, [self.image_dataset()])
+        self.assertEqual(len(problems), 3, problems)
+        self.assertIn("expected a number (write it without quotes: 0.0001)", problems[0])
+        self.assertIn("(write it without quotes: true)", problems[1])
+        self.assertIn("SimpleTuner takes 0 for 'not set'; here leave it out", problems[2])
+
     def test_eval_interval_needs_an_eval_dataset(self):
         problems = self.problems({"eval_steps_interval": 10}, [self.image_dataset()])
         self.assertEqual(len(problems), 1)

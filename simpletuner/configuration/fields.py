@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import types
 import typing
 from typing import Any, Literal
@@ -120,8 +121,20 @@ def _rejected_value_message(where: str, key: str, value: Any, tp: Any,
         return f"{where}: key '{key}': {unsupported}"
     choices = _literal_choices(tp)
     hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
+    hint += _unquoted(value, tp)
     note = vocabulary.meaning_note(key) if vocabulary else ""
     return f"{where}: key '{key}' is {value!r}; expected {type_name(tp)}{hint}{note}"
+
+
+def _unquoted(value: Any, tp: Any) -> str:
+    """SimpleTuner's config.json often quotes numbers and booleans ("20", "true"); say how."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return ""
+    return f" (write it without quotes: {json.dumps(parsed)})" if accepts(parsed, tp) else ""
 
 
 def normalise_key(key: str) -> str:
@@ -160,11 +173,14 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
             continue
         low, high = fields[key].metadata.get(RANGE, (None, None))
         if isinstance(converted, (int, float)) and not isinstance(converted, bool):
+            note = vocabulary.meaning_note(key) if vocabulary else ""
             if low is not None and converted < low:
-                problems.append(f"{where}: key '{key}' is {value!r}; expected a value >= {low}")
+                problems.append(f"{where}: key '{key}' is {value!r}; expected a value >= {low}"
+                                f"{note}")
                 continue
             if high is not None and converted > high:
-                problems.append(f"{where}: key '{key}' is {value!r}; expected a value <= {high}")
+                problems.append(f"{where}: key '{key}' is {value!r}; expected a value <= {high}"
+                                f"{note}")
                 continue
         values[key] = converted
     for name, f in fields.items():

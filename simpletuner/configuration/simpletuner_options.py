@@ -127,6 +127,8 @@ _DATASET_KEYS: dict[str, str] = {
     "huggingface": "remove it; only local folders are read (type 'local')",
     "video": DROP, "write_batch_size": FIXED_IO, "read_batch_size": FIXED_IO,
     "aspect_bucket_rounding": "remove it; bucket sizes are rounded to aspect_bucket_alignment",
+    "metadata_backend": "remove it; image sizes are read from the image headers (SimpleTuner's "
+                        "'discovery')",
 }
 
 _CONFIG_VALUES: dict[str, dict[str, str]] = {
@@ -168,6 +170,8 @@ _CONFIG_DIFFERENT: dict[str, str] = {
                        "keeps the base weights in that precision",
     "validation_resolution": "here one integer, the side of square images; SimpleTuner also "
                              "takes 'WxH' and comma-separated lists",
+    "num_train_epochs": "SimpleTuner takes 0 for 'not set'; here leave it out or write null",
+    "max_train_steps": "SimpleTuner takes 0 for 'not set'; here leave it out or write null",
 }
 _DATASET_DIFFERENT: dict[str, str] = {
     "cache_dir": "on an image dataset here it is the folder of that dataset's text-embedding "
