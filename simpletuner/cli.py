@@ -1,5 +1,5 @@
-"""`python -m simpletuner <command>`: plan a dataset split, build a built-in tiny model, or list
-the options."""
+"""`python -m simpletuner <command>`: plan a dataset split, build a built-in tiny model, list
+the options, or check a config (what ./train.sh runs before launching)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,9 @@ class DatasetConfig:
     disable_multiline_split: bool = option(
         False, help="true: a caption file's lines form one caption; false: one line per epoch")
     prepend_instance_prompt: bool = option(False, help="instance_prompt + ' ' + each caption")
-    only_instance_prompt: bool = option(False, help="train every sample with instance_prompt")
+    only_instance_prompt: bool = option(
+        False, help="train every sample with instance_prompt (caption_strategy 'textfile' still "
+        "needs the caption files; 'instanceprompt' needs none)")
     crop_aspect_buckets: list[float] | None = option(
         None, help="aspect ratios (W/H) for crop_aspect 'closest', e.g. [0.75, 1.0, 1.5]")
     max_num_samples: int | None = option(
