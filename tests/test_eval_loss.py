@@ -55,6 +55,12 @@ class EvalLossTest(unittest.TestCase):
         self.assertEqual(full, self.evaluations("again"))
         self.assertEqual(len(set(full.values())), 3)  # the weights change between evaluations
 
+    def test_each_checkpoint_is_logged_once_and_the_end_in_one_line(self):
+        stderr = self.runs["full"].stderr
+        self.assertEqual(stderr.count("checkpoint-4"), 1, stderr[-3000:])
+        self.assertRegex(stderr, r"done: 6 steps, final loss \d+\.\d{4}, seed 7; exported the "
+                                 r"trained pipeline to \S+pipeline\n")
+
     def test_resume_with_eval_on_equals_the_uninterrupted_run(self):
         resumed = self.evaluations("resumed")
         self.assertEqual(resumed, {6: self.evaluations("full")[6]})

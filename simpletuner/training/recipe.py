@@ -147,13 +147,11 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     def checkpoint() -> Path:
         state = TrainerState(step=step, epoch=sampler.epoch, seed=seed,
                              fingerprint=sampler.fingerprint(), model_type=training.model_type)
-        folder = save_checkpoint(accelerator, output_dir, state, network=network,
-                                 optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
-                                 limit=training.checkpoints_total_limit,
-                                 extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()})
-        if main:
-            logger.info("checkpoint %s", folder)
-        return folder
+        # save_checkpoint logs the folder once
+        return save_checkpoint(accelerator, output_dir, state, network=network,
+                               optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
+                               limit=training.checkpoints_total_limit,
+                               extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()})
 
     def validate() -> None:
         if main:
@@ -268,6 +266,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                           json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
         write_model_card(pipeline_dir or Path(exported).parent, training, summary,
                          [d.id for d in configuration.datasets])
-        logger.info("exported the trained %s to %s", "LoRA" if lora else "pipeline", exported)
+        logger.info("done: %d steps, final loss %s, seed %d; exported the trained %s to %s",
+                    step, "n/a" if final_loss is None else f"{final_loss:.4f}", seed,
+                    "LoRA" if lora else "pipeline", exported)
     accelerator.wait_for_everyone()
     return TrainingResult(step, final_loss, pipeline_dir)
