@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from huggingface_hub import ModelCard
 from PIL import Image
 
 from simpletuner.configuration import ConfigError, load_configuration
@@ -108,7 +109,7 @@ class NegativePromptTest(unittest.TestCase):
 
 
 class ValidationOptionsThroughTrainShTest(unittest.TestCase):
-    def test_startup_validation_at_the_training_resolution(self):
+    def test_overrides_startup_validation_at_the_training_resolution_and_card(self):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             make_shapes(root / "data", per_size=2)
@@ -124,6 +125,11 @@ class ValidationOptionsThroughTrainShTest(unittest.TestCase):
                  "--lr_end", "1e-5", "--lr_power", "2"],
                 cwd=REPO, env=environment(tmp), capture_output=True, text=True, timeout=300)
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            summary = json.loads((root / "config-out" / "training_summary.json").read_text())
+            self.assertEqual(summary["steps"], 2)  # the command line's, not the file's 4
+            card = ModelCard.load(root / "config-out" / "pipeline" / "README.md")
+            self.assertEqual(card.data.library_name, "diffusers")
+            self.assertIn("| steps | 2 |", card.text)
             out = root / "config-out" / "validation"
             self.assertEqual(sorted(p.name for p in out.iterdir()), ["step-0", "step-2"])
             with Image.open(next((out / "step-0").glob("*.png"))) as image:
