@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from simpletuner.configuration.dataset_checks import check_caption_and_crop_options
 from simpletuner.configuration.datasets import DatasetConfig
 from simpletuner.configuration.embed_entries import (EmbedCacheEntry, apply_embed_entries,
                                                      is_embed_entry, parse_embed_entry)
@@ -17,7 +18,6 @@ from simpletuner.configuration.errors import ConfigError
 from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.options import FLOW_FAMILIES, TrainingConfig
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
-from simpletuner.configuration.dataset_checks import check_caption_and_crop_options
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SUPPORTED_BACKENDS = ("local",)

@@ -5,7 +5,8 @@ Every rank makes the same calls in the same order, so none waits alone in a coll
 1. the main rank refreshes each dataset's index (discovery, cache write) and broadcasts the
    outcome, success or the error text, so a failure stops every rank with the same message;
 2. the other ranks load the cached index;
-3. the ranks compare index digests in one gather (a rank's load error travels with it);
+3. the ranks compare index digests in one gather (a rank's load error travels with it), then
+   each keeps a dataset's ``max_num_samples`` subset (pure: the same on every rank);
 4. bucket sizes are checked against ``E`` (pure: same data everywhere, same error everywhere);
 5. the shared seed is resolved: the configured one, else drawn on the main rank and broadcast.
 
