@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Launch training through accelerate. Usage: ./train.sh [CONFIG]   (default config/config.json)
+# Launch training through accelerate. Usage: ./train.sh [CONFIG] [--option value ...]
+#   CONFIG defaults to config/config.json; each --option overrides that config.json option.
 #   CONFIG_PATH=...              same as the argument
 #   ACCELERATE_CONFIG_FILE=...   use this accelerate config instead of choosing flags here
 #   ACCELERATE_EXTRA_ARGS="..."  passed through to accelerate launch (multi-node: --num_machines,
@@ -12,28 +13,25 @@
 # the next step boundary; this script returns only once they are gone.
 set -euo pipefail
 
-config="${1:-${CONFIG_PATH:-config/config.json}}"
+config_given=""
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then
+    config_given="$1"
+    shift
+fi
+option_args=("$@")  # --option value pairs, validated with the config
+config="${config_given:-${CONFIG_PATH:-config/config.json}}"
 # Relative paths inside the config are read from the repository root, as SimpleTuner does;
 # a config path given on the command line is taken from where the script was called.
-if [ $# -gt 0 ] || [ -n "${CONFIG_PATH:-}" ]; then
+if [ -n "$config_given" ] || [ -n "${CONFIG_PATH:-}" ]; then
     config="$(realpath -m -- "$config")"
 fi
 cd "$(dirname "$0")"
-if [ $# -eq 0 ] && [ -z "${CONFIG_PATH:-}" ]; then
+if [ -z "$config_given" ] && [ -z "${CONFIG_PATH:-}" ]; then
     python -m simpletuner.demo_data data/demo-shapes
 fi
 
-num_processes=$(python - "$config" <<'PY'
-import json, sys
-try:
-    with open(sys.argv[1], encoding="utf-8") as handle:
-        options = json.load(handle)
-    value = options.get("num_processes", options.get("--num_processes", 1))
-    print(int(value) if isinstance(value, int) and value >= 1 else 1)
-except (OSError, ValueError, AttributeError):
-    print(1)  # training itself reports what is wrong with the file
-PY
-)
+# Validate before starting the launcher: a config mistake prints only its report (exit 2).
+num_processes=$(python -m simpletuner check --config "$config" "${option_args[@]}") || exit $?
 
 launch_args=()
 extra_args=(${ACCELERATE_EXTRA_ARGS:-})
@@ -65,7 +63,8 @@ export SIMPLETUNER_EXIT_STATUS_DIR="$status_dir"
 # Job control gives the launcher its own process group: a terminal's Ctrl-C reaches this script
 # only (which forwards it once), and the launched processes do not start with SIGINT ignored.
 set -m
-accelerate launch "${launch_args[@]}" "${extra_args[@]}" -m simpletuner.train --config "$config" &
+accelerate launch "${launch_args[@]}" "${extra_args[@]}" -m simpletuner.train --config "$config" \
+    "${option_args[@]}" &
 launcher=$!
 set +m
 

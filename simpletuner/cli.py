@@ -1,4 +1,5 @@
-"""`python -m simpletuner <command>`: plan a dataset split or build a built-in tiny model."""
+"""`python -m simpletuner <command>`: plan a dataset split, build a built-in tiny model, list
+the options, or check a config (what ./train.sh runs before launching)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,34 @@ def _parser() -> argparse.ArgumentParser:
 
     builtin = commands.add_parser("builtin", help="build a built-in tiny model, print its folder")
     builtin.add_argument("name")
+
+    commands.add_parser("options", help="list every option (Markdown, as in docs/OPTIONS.md)")
+
+    check = commands.add_parser(
+        "check", help="validate the config (with --option value overrides); print the number of "
+        "processes to launch", allow_abbrev=False)
+    check.add_argument("--config", default="config/config.json")
     return parser
 
 
+def _check(config: str, option_args: list[str]) -> int:
+    """train.sh runs this before starting the launcher: a mistake prints only the report."""
+    from simpletuner.configuration import ConfigError
+    from simpletuner.configuration.command_line import load_with_option_args
+
+    try:
+        configuration = load_with_option_args(config, option_args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(configuration.training.num_processes)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args, option_args = _parser().parse_known_args(argv)
+    if option_args and args.command != "check":
+        _parser().error(f"unrecognized arguments: {' '.join(option_args)}")
     # Imported lazily so `plan` never pays for importing diffusers, and the reverse.
     if args.command == "plan":
         from simpletuner.planning import run_plan
@@ -32,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         from simpletuner.models.builtin import run_builtin_command
 
         return run_builtin_command(args.name)
+    if args.command == "options":
+        from simpletuner.configuration.listing import options_markdown
+
+        sys.stdout.write(options_markdown())
+        return 0
+    if args.command == "check":
+        return _check(args.config, option_args)
     raise AssertionError(args.command)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from io import BytesIO
 from pathlib import Path
 
@@ -11,6 +12,9 @@ from PIL import Image, ImageDraw, ImageFont
 from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.split import DatasetSpec
+
+BAR_COLOUR, UNDERSIZED_COLOUR = (70, 110, 200), (210, 50, 50)
 
 
 def _bucket_order(index: DatasetIndex) -> list[str]:
@@ -45,8 +49,19 @@ def skip_summary(index: DatasetIndex) -> str:
     return "\n".join(lines)
 
 
-def write_histogram(indexes: list[DatasetIndex], path: Path) -> None:
-    """One horizontal bar per bucket, one section per dataset, drawn with Pillow."""
+def undersized_buckets(spec: DatasetSpec, processes: int, accumulation: int) -> set[str]:
+    """Buckets whose occurrences per epoch (samples x (repeats + 1)) cannot fill one
+    effective batch E on ``processes`` ranks."""
+    effective = spec.effective_batch(processes, accumulation).total
+    return {key for key, ids in spec.buckets.items()
+            if len(ids) * (spec.repeats + 1) < effective}
+
+
+def write_histogram(indexes: list[DatasetIndex], path: Path,
+                    undersized: Mapping[str, set[str]] | None = None) -> None:
+    """One horizontal bar per bucket, one section per dataset, drawn with Pillow. Buckets in
+    ``undersized`` (dataset id -> bucket keys) are drawn red and marked '< E'."""
+    undersized = undersized or {}
     row, label_w, bar_w, margin = 16, 90, 520, 10
     sections = [(index, _bucket_order(index)) for index in indexes]
     height = margin + sum(2 * row + max(1, len(keys)) * row for _, keys in sections) + margin
@@ -62,10 +77,12 @@ def write_histogram(indexes: list[DatasetIndex], path: Path) -> None:
         for key in keys:
             count = len(index.buckets[key])
             length = max(1, round(bar_w * count / largest))
+            small = key in undersized.get(index.dataset_id, ())
             draw.text((margin, y + 2), key, fill="black", font=font)
             draw.rectangle([margin + label_w, y + 2, margin + label_w + length, y + row - 3],
-                           fill=(70, 110, 200))
-            draw.text((margin + label_w + length + 6, y + 2), str(count), fill="black", font=font)
+                           fill=UNDERSIZED_COLOUR if small else BAR_COLOUR)
+            draw.text((margin + label_w + length + 6, y + 2),
+                      f"{count} < E" if small else str(count), fill="black", font=font)
             y += row
         if not keys:
             draw.text((margin, y + 2), "(no images)", fill="gray", font=font)

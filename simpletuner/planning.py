@@ -11,7 +11,9 @@ from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
-from simpletuner.plan_report import bucket_table, skip_summary, write_histogram
+from simpletuner.helpers.metadata.subset import limit_samples
+from simpletuner.plan_report import (bucket_table, skip_summary, undersized_buckets,
+                                     write_histogram)
 
 logger = logging.getLogger("simpletuner.plan")
 
@@ -47,7 +49,8 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     for dataset in config.datasets:
         backend = MetadataBackend.from_config(dataset, config.training)
         try:
-            index = backend.refresh_index(show_progress=True)
+            index = limit_samples(backend.refresh_index(show_progress=True),
+                                  dataset.max_num_samples)
         except OSError as exc:
             print(f"dataset '{dataset.id}': discovery failed: {exc}", file=sys.stderr)
             return 1
@@ -58,9 +61,15 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
         indexes.append(index)
         split_specs.append(backend.split_spec(index))
 
+    # Undersized: cannot fill one effective batch on the planned (or configured) processes.
+    processes = num_processes or config.training.num_processes
+    undersized = {spec.dataset_id: undersized_buckets(
+        spec, processes, config.training.gradient_accumulation_steps) for spec in split_specs}
     histogram = Path(config.training.output_dir) / HISTOGRAM_NAME
-    write_histogram(indexes, histogram)
-    logger.info("bucket histogram: %s", histogram)
+    write_histogram(indexes, histogram, undersized)
+    marked = sum(len(keys) for keys in undersized.values())
+    logger.info("bucket histogram: %s (%d buckets marked '< E': too small for the effective "
+                "batch on %d processes)", histogram, marked, processes)
 
     # --num-processes: what the split would keep and trim on that many hypothetical ranks.
     sizing = None

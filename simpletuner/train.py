@@ -14,7 +14,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
 
-from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.configuration import ConfigError
+from simpletuner.configuration.command_line import load_with_option_args
 from simpletuner.helpers.caching.storage import CacheEntryError
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
@@ -68,13 +69,15 @@ def train(configuration, accelerator) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simpletuner.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m simpletuner.train", description=__doc__,
+                                     allow_abbrev=False, epilog="Any other '--option value' "
+                                     "overrides that config.json option.")
     parser.add_argument("--config", default="config/config.json")
-    args = parser.parse_args(argv)
+    args, option_args = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        configuration = load_configuration(args.config)
+        configuration = load_with_option_args(args.config, option_args)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG

@@ -67,7 +67,8 @@ class LoraResumeAndExportTest(ResumedRunPair, unittest.TestCase):
 
         self.assertFalse((self.full_out / "pipeline").exists())
         lora = self.full_out / "lora"
-        self.assertEqual([p.name for p in lora.iterdir()], ["pytorch_lora_weights.safetensors"])
+        self.assertEqual(sorted(p.name for p in lora.iterdir()),
+                         ["README.md", "pytorch_lora_weights.safetensors"])  # + the model card
         summary = json.loads((self.full_out / "training_summary.json").read_text())
         self.assertEqual(summary["lora"], str(lora / "pytorch_lora_weights.safetensors"))
         with mock.patch.dict(os.environ, environment(self.tmp)):

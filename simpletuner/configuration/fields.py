@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import types
 import typing
 from typing import Any, Literal
 
-_RANGE = "range"
-_REQUIRED = "required"
+from simpletuner.configuration.simpletuner_options import SimpleTunerVocabulary
+
+RANGE = "range"
+REQUIRED = "required"
 
 
 def option(default: Any = None, *, minimum: float | None = None, maximum: float | None = None,
@@ -23,22 +26,22 @@ def option(default: Any = None, *, minimum: float | None = None, maximum: float 
     A list default is copied for each instance (dataclasses refuse a shared mutable default).
     A ``secret`` (a credential) is left out of the dataclass's repr, so logging a config never
     prints it."""
-    metadata = {_RANGE: (minimum, maximum), _REQUIRED: required, "help": help}
+    metadata = {RANGE: (minimum, maximum), REQUIRED: required, "help": help}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata,
                                  repr=not secret)
     return dataclasses.field(default=default, metadata=metadata, repr=not secret)
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(v) for v in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
     if origin is list:
         (inner,) = typing.get_args(tp)
-        return f"a list of {_type_name(inner)}"
+        return f"a list, each {type_name(inner)}"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
             dict: "a JSON object", type(None): "null"}.get(tp, str(tp))
 
@@ -89,6 +92,11 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     raise TypeError(f"unsupported option type {tp!r}")
 
 
+def accepts(value: Any, tp: Any) -> bool:
+    """Whether ``value`` (as JSON would give it) is valid for an option of type ``tp``."""
+    return _coerce(value, tp)[0]
+
+
 def _literal_choices(tp: Any) -> list[str]:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -103,16 +111,51 @@ def did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _unknown_key_message(where: str, raw_key: str, key: str, fields: typing.Iterable[str],
+                         vocabulary: SimpleTunerVocabulary | None) -> str:
+    unsupported = vocabulary.unsupported_key(key) if vocabulary else None
+    if unsupported:
+        return f"{where}: {unsupported}"
+    return f"{where}: unknown key '{raw_key}'{did_you_mean(key, fields)}"
+
+
+def _rejected_value_message(where: str, key: str, value: Any, tp: Any,
+                            vocabulary: SimpleTunerVocabulary | None) -> str:
+    unsupported = vocabulary.unsupported_value(key, value) if vocabulary else None
+    if unsupported:
+        return f"{where}: key '{key}': {unsupported}"
+    choices = _literal_choices(tp)
+    hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
+    hint += _unquoted(value, tp)
+    note = vocabulary.meaning_note(key) if vocabulary else ""
+    return f"{where}: key '{key}' is {value!r}; expected {type_name(tp)}{hint}{note}"
+
+
+def _unquoted(value: Any, tp: Any) -> str:
+    """SimpleTuner's config.json often quotes numbers and booleans ("20", "true"); say how."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return ""
+    return f" (write it without quotes: {json.dumps(parsed)})" if accepts(parsed, tp) else ""
+
+
 def normalise_key(key: str) -> str:
     """SimpleTuner's config.json accepts '--train_batch_size' and 'train_batch_size' alike."""
     return key[2:] if key.startswith("--") else key
 
 
-def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
+def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str],
+                 vocabulary: SimpleTunerVocabulary | None = None, *,
+                 check_required: bool = True) -> dict[str, Any]:
     """Check ``raw`` against ``cls``'s options; append a message per problem to ``problems``.
 
     Returns the accepted values (unknown or invalid keys are left out) ready for ``cls(**values)``.
-    ``where`` prefixes each message, e.g. ``"config/config.json"``.
+    ``where`` prefixes each message, e.g. ``"config/config.json"``. ``vocabulary`` names the
+    SimpleTuner keys and values of this file that are not supported here, so they get advice
+    instead of a did-you-mean. ``check_required=False`` checks a partial set (overrides).
     """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -120,30 +163,33 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
     seen: dict[str, str] = {}
     for raw_key, value in raw.items():
         key = normalise_key(raw_key)
+        key = vocabulary.canonical(key) if vocabulary else key
         if key in seen:
             problems.append(f"{where}: key '{key}' is given twice ('{seen[key]}' and '{raw_key}')")
             continue
         seen[key] = raw_key
         if key not in fields:
-            problems.append(f"{where}: unknown key '{raw_key}'{did_you_mean(key, fields)}")
+            problems.append(_unknown_key_message(where, raw_key, key, fields, vocabulary))
             continue
         tp = hints[key]
         ok, converted = _coerce(value, tp)
         if not ok:
-            choices = _literal_choices(tp)
-            hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
-            problems.append(f"{where}: key '{key}' is {value!r}; expected {_type_name(tp)}{hint}")
+            problems.append(_rejected_value_message(where, key, value, tp, vocabulary))
             continue
-        low, high = fields[key].metadata.get(_RANGE, (None, None))
+        low, high = fields[key].metadata.get(RANGE, (None, None))
         if isinstance(converted, (int, float)) and not isinstance(converted, bool):
+            note = vocabulary.meaning_note(key) if vocabulary else ""
             if low is not None and converted < low:
-                problems.append(f"{where}: key '{key}' is {value!r}; expected a value >= {low}")
+                problems.append(f"{where}: key '{key}' is {value!r}; expected a value >= {low}"
+                                f"{note}")
                 continue
             if high is not None and converted > high:
-                problems.append(f"{where}: key '{key}' is {value!r}; expected a value <= {high}")
+                problems.append(f"{where}: key '{key}' is {value!r}; expected a value <= {high}"
+                                f"{note}")
                 continue
         values[key] = converted
     for name, f in fields.items():
-        if f.metadata.get(_REQUIRED) and values.get(name) is None and name not in seen:
+        required = check_required and f.metadata.get(REQUIRED)
+        if required and values.get(name) is None and name not in seen:
             problems.append(f"{where}: missing required key '{name}'")
     return values

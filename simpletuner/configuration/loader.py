@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from simpletuner.configuration.dataset_checks import check_caption_and_crop_options
 from simpletuner.configuration.datasets import (
     STORAGE_TYPES, DatasetConfig, check_storage_keys, parse_parquet_block,
 )
+from simpletuner.configuration.embed_entries import (EmbedCacheEntry, apply_embed_entries,
+                                                     is_embed_entry, parse_embed_entry)
 from simpletuner.configuration.errors import ConfigError
-from simpletuner.configuration.fields import parse_fields
+from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.options import FLOW_FAMILIES, TrainingConfig
+from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+PIXEL_TYPES = ("pixel", "pixel_area")  # resolution types whose resolution counts pixels
+COMMAND_LINE = "command line"  # where overrides come from, in messages
 
 
 @dataclass
@@ -90,15 +97,34 @@ def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig 
         problems.append(f"{where}: expected a JSON object of options, found {type(raw).__name__}")
         return None
     before = len(problems)
-    values = parse_fields(TrainingConfig, raw, where, problems)
-    if values.get("resolution_type", "pixel") == "pixel" and "resolution" in values:
+    values = parse_fields(TrainingConfig, raw, where, problems, CONFIG_JSON)
+    resolution_type = values.get("resolution_type", "pixel")
+    if resolution_type in PIXEL_TYPES and "resolution" in values:
         if not float(values["resolution"]).is_integer():
             problems.append(f"{where}: key 'resolution' is {values['resolution']}; with "
-                            "resolution_type 'pixel' it must be a whole number of pixels")
+                            f"resolution_type '{resolution_type}' it must be a whole number of "
+                            "pixels")
     _check_loss_options_fit_the_family(values, where, problems)
     if len(problems) > before:
         return None
-    return TrainingConfig(**values)
+    training = TrainingConfig(**values)
+    if training.lr_scheduler == "polynomial" and training.lr_end >= training.learning_rate:
+        problems.append(f"{where}: key 'lr_end' ({training.lr_end:g}) must be below "
+                        f"learning_rate ({training.learning_rate:g}) for lr_scheduler 'polynomial'")
+        return None
+    if training.validation_resolution is None:
+        training.validation_resolution = training_side(training)
+    return training
+
+
+def training_side(training: TrainingConfig) -> int:
+    """The side of a square at the training resolution, on the bucket alignment: what
+    validation_resolution defaults to (area types: the square of that area)."""
+    side = float(training.resolution)
+    if training.resolution_type == "area":
+        side = math.sqrt(side * 1_000_000)
+    alignment = training.aspect_bucket_alignment
+    return max(alignment, int(math.floor(side / alignment + 0.5)) * alignment)
 
 
 def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str]) -> None:
@@ -121,10 +147,11 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
         problems.append(f"{where}: key 'minimum_image_size' ({low}) is larger than "
                         f"'maximum_image_size' ({high})")
     # float(): an inherited default may be an int, which has no is_integer() before Python 3.12
-    if (ds.resolution_type == "pixel" and ds.resolution is not None
+    if (ds.resolution_type in PIXEL_TYPES and ds.resolution is not None
             and not float(ds.resolution).is_integer()):
         problems.append(f"{where}: key 'resolution' is {ds.resolution}; with resolution_type "
-                        "'pixel' it must be a whole number of pixels")
+                        f"'{ds.resolution_type}' it must be a whole number of pixels")
+    check_caption_and_crop_options(ds, where, problems)
     if not ds.disabled and ds.type != "aws" and ds.instance_data_dir is not None:
         _check_folder(ds.instance_data_dir, where, base, problems)
 
@@ -145,6 +172,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
                         f"found {type(raw).__name__}")
         return []
     datasets: list[DatasetConfig] = []
+    embed_entries: list[EmbedCacheEntry] = []
     first_index: dict[str, int] = {}
     for index, item in enumerate(raw):
         label = f"{where}: dataset [{index}]"
@@ -153,8 +181,14 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         if not isinstance(item, dict):
             problems.append(f"{label}: expected a JSON object, found {type(item).__name__}")
             continue
+        if is_embed_entry(item):
+            entry = parse_embed_entry(item, label, problems)
+            if entry is not None:
+                _claim_id(entry.id, index, label, first_index, problems)
+                embed_entries.append(entry)
+            continue
         before = len(problems)
-        values = parse_fields(DatasetConfig, item, label, problems)
+        values = parse_fields(DatasetConfig, item, label, problems, MULTIDATABACKEND_JSON)
         usable = len(problems) == before
         if values.get("metadata_backend") == "parquet":
             values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
@@ -165,24 +199,34 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
             continue
         # Checked even when other keys were wrong, so one run reports every problem.
         ds = DatasetConfig(**values)
-        if ds.id in first_index:
-            problems.append(f"{label}: key 'id': duplicate id '{ds.id}' "
-                            f"(also dataset [{first_index[ds.id]}])")
+        if not _claim_id(ds.id, index, label, first_index, problems):
             usable = False  # its other keys are still checked below
-        else:
-            first_index[ds.id] = index
         if training is not None:
             ds = replace(
                 ds,
                 resolution=ds.resolution if ds.resolution is not None else training.resolution,
                 resolution_type=ds.resolution_type or training.resolution_type,
+                caption_dropout_probability=(
+                    ds.caption_dropout_probability if ds.caption_dropout_probability is not None
+                    else training.caption_dropout_probability),
             )
         _check_dataset(ds, label, base, problems)
         if usable and not ds.disabled:
             datasets.append(_with_absolute_paths(ds, base))
     if isinstance(raw, list) and not datasets and not problems:
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
-    return datasets
+    return apply_embed_entries(datasets, embed_entries, where, problems)
+
+
+def _claim_id(dataset_id: str, index: int, label: str, first_index: dict[str, int],
+              problems: list[str]) -> bool:
+    """Record the first use of an id; a later one is a problem. False when already taken."""
+    if dataset_id in first_index:
+        problems.append(f"{label}: key 'id': duplicate id '{dataset_id}' "
+                        f"(also dataset [{first_index[dataset_id]}])")
+        return False
+    first_index[dataset_id] = index
+    return True
 
 
 def _with_absolute_paths(ds: DatasetConfig, base: Path) -> DatasetConfig:
@@ -199,15 +243,26 @@ def _raw_option(raw: Any, key: str) -> Any:
     return raw.get(key, raw.get(f"--{key}"))
 
 
+def _apply_overrides(raw: dict, overrides: dict[str, Any], problems: list[str]) -> dict:
+    """Command-line values replace the file's (with or without '--'); each is checked here so a
+    mistake names the command line, and only accepted ones reach the file's checks."""
+    accepted = parse_fields(TrainingConfig, overrides, COMMAND_LINE, problems, CONFIG_JSON,
+                            check_required=False)
+    kept = {key: value for key, value in raw.items()
+            if CONFIG_JSON.canonical(normalise_key(key)) not in accepted}
+    return {**kept, **accepted}
+
+
 def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = None,
                        overrides: dict[str, Any] | None = None) -> Configuration:
-    """Read both files; raise one ConfigError listing every problem found in either."""
+    """Read both files; raise one ConfigError listing every problem found in either.
+    ``overrides`` are config.json options from the command line (see command_line.py)."""
     base = cwd or Path.cwd()
     path = _resolve(str(config_path), base)
     problems: list[str] = []
     raw = _read_json(path, problems)
-    if raw is not None and overrides:
-        raw = {**raw, **overrides} if isinstance(raw, dict) else raw
+    if overrides and isinstance(raw, dict):
+        raw = _apply_overrides(raw, overrides, problems)
     training = parse_training(raw, str(path), problems) if raw is not None else None
     datasets: list[DatasetConfig] = []
     # The dataset file is checked even when config.json has problems: report everything at once.
@@ -217,6 +272,10 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
         raw_datasets = _read_json(backend_path, problems)
         if raw_datasets is not None:
             datasets = parse_datasets(raw_datasets, str(backend_path), training, base, problems)
+    if training is not None and training.eval_steps_interval and not any(
+            ds.dataset_type == "eval" for ds in datasets):
+        problems.append(f"{path}: key 'eval_steps_interval' needs a dataset with "
+                        "'dataset_type': 'eval' in the dataset file")
     if problems:
         raise ConfigError(problems)
     assert training is not None

@@ -39,7 +39,9 @@ class TrainingConfig:
     gradient_accumulation_steps: int = option(1, minimum=1)
     seed: int | None = option(None, minimum=0, help="shared shuffle seed; none = broadcast")
     resolution: float = option(1024, minimum=0.0001)
-    resolution_type: Literal["pixel", "area"] = option("pixel")
+    resolution_type: Literal["pixel", "area", "pixel_area"] = option(
+        "pixel", help="pixel: short edge in pixels; area: megapixels; pixel_area: resolution in "
+        "pixels, trained at that area (resolution**2 pixels)")
     aspect_bucket_alignment: int = option(64, minimum=8)
     allow_dataset_oversubscription: bool = option(False)
     num_processes: int = option(1, minimum=1, help="processes train.sh launches")
@@ -92,6 +94,25 @@ class TrainingConfig:
     validation_prompt: str | list[str] | None = option(None)
     validation_steps: int = option(0, minimum=0)
     validation_num_inference_steps: int = option(20, minimum=1)
-    validation_resolution: int = option(1024, minimum=8)
+    validation_resolution: int | None = option(
+        None, minimum=8, help="side of the square validation images; none = the training "
+        "resolution (area types: the side of a square of that area), rounded to "
+        "aspect_bucket_alignment")
     validation_guidance_scale: float = option(7.5, minimum=0.0)
     validation_seed: int = option(0, minimum=0)
+
+    # SimpleTuner options (issue 15)
+    caption_dropout_probability: float = option(
+        0.0, minimum=0.0, maximum=1.0, help="fraction of training samples that train with the "
+        "empty caption, chosen per (seed, epoch, sample); datasets may override it")
+    lr_end: float = option(1e-7, minimum=0.0, help="polynomial: the learning rate at the end "
+                           "(SimpleTuner's default is 4e-7)")
+    lr_power: float = option(1.0, minimum=0.0, help="polynomial: the decay's power (1 = linear)")
+    lr_num_cycles: int = option(1, minimum=1, help="cosine_with_restarts: number of cycles")
+    validation_negative_prompt: str | None = option(
+        None, help="negative prompt of every validation image (families with classifier-free "
+        "guidance); none = no negative prompt")
+    validation_on_startup: bool = option(False, help="also validate before the first step")
+    eval_steps_interval: int = option(
+        0, minimum=0, help="every this many steps, log the loss on the 'eval' datasets "
+        "(eval/loss, output_dir/eval_loss.jsonl); 0 = never")

@@ -35,11 +35,13 @@ def _eval_mode(pipeline):
 
 def generate_validation_images(pipeline, prompts: list[str], *, resolution: int | tuple[int, int],
                                num_inference_steps: int, guidance_scale: float = 7.5,
-                               seed: int = 0, autocast_dtype: torch.dtype | None = None
-                               ) -> list[Image.Image]:
+                               seed: int = 0, autocast_dtype: torch.dtype | None = None,
+                               negative_prompt: str | None = None) -> list[Image.Image]:
     """One image per prompt at ``resolution`` (a side, or (width, height)). Each prompt gets its
     own CPU generator seeded with ``seed``: identical on every device and run. Pass the frozen
-    components' dtype as ``autocast_dtype`` when it differs from the trainable network's."""
+    components' dtype as ``autocast_dtype`` when it differs from the trainable network's.
+    ``negative_prompt`` is passed only when given (pipelines differ in what they accept)."""
+    extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
     width, height = (resolution, resolution) if isinstance(resolution, int) else resolution
     device = pipeline.device
     autocast = (torch.autocast(device.type, dtype=autocast_dtype)
@@ -51,7 +53,7 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
             generator = torch.Generator(device="cpu").manual_seed(seed)
             result = pipeline(prompt=prompt, height=height, width=width,
                               num_inference_steps=num_inference_steps,
-                              guidance_scale=guidance_scale, generator=generator)
+                              guidance_scale=guidance_scale, generator=generator, **extra)
             images.append(result.images[0])
     return images
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from diffusers.optimization import get_scheduler
 from tqdm.auto import tqdm
 
 from simpletuner.configuration import Configuration
@@ -30,14 +29,19 @@ from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
+from simpletuner.training.evaluation import build_evaluator
 from simpletuner.training.lora import add_lora, export_lora
+from simpletuner.training.model_card import write_model_card
 from simpletuner.training.outcomes import Preempted
 from simpletuner.training.preemption import PreemptionWatcher
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
 from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
                                              gradient_norm, nonfinite_warning, pack_step,
                                              reduce_step)
-from simpletuner.training.validation import is_validation_step, run_validation
+from simpletuner.training.run_warnings import run_warnings
+from simpletuner.training.schedules import build_lr_scheduler
+from simpletuner.training.validation import (is_validation_step, run_validation,
+                                             validation_prompts)
 
 logger = logging.getLogger(__name__)
 
@@ -110,9 +114,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         [p for p in network.parameters() if p.requires_grad], lr=training.learning_rate,
         betas=(training.adam_beta1, training.adam_beta2),
         weight_decay=training.adam_weight_decay, eps=training.adam_epsilon)
-    lr_scheduler = get_scheduler(training.lr_scheduler, optimizer,
-                                 num_warmup_steps=training.lr_warmup_steps,
-                                 num_training_steps=total_steps)
+    lr_scheduler = build_lr_scheduler(training, optimizer, total_steps)
     prepared_network, optimizer = accelerator.prepare(network, optimizer)
     ema = EMAWeights(network, training.ema_decay) if training.use_ema else None
 
@@ -127,6 +129,10 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         logger.info("resumed from %s at step %d (epoch %d)", preflight.resume_from, step,
                     sampler.epoch)
 
+    evaluator = build_evaluator(training, startup, caches, adapter, network, accelerator)
+    if main:
+        for warning in run_warnings(training, world, total_steps - step):
+            logger.warning(warning)
     tracker = accelerator.get_tracker("tensorboard") if training.report_to == "tensorboard" else None
     trace = (TraceWriter(output_dir / "trace", rank,
                          resume_at=(sampler.epoch, sampler.step) if resumed else None)
@@ -142,14 +148,12 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     def checkpoint() -> Path:
         state = TrainerState(step=step, epoch=sampler.epoch, seed=seed,
                              fingerprint=sampler.fingerprint(), model_type=training.model_type)
-        folder = save_checkpoint(accelerator, output_dir, state, network=network,
-                                 optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
-                                 limit=training.checkpoints_total_limit,
-                                 extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()},
-                                 resumed_from=preflight.resume_from)
-        if main:
-            logger.info("checkpoint %s", folder)
-        return folder
+        # save_checkpoint logs the folder once
+        return save_checkpoint(accelerator, output_dir, state, network=network,
+                               optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
+                               limit=training.checkpoints_total_limit,
+                               extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()},
+                               resumed_from=preflight.resume_from)
 
     def validate() -> None:
         # Main rank only; leaving the block is the barrier, and its error reaches every rank.
@@ -171,6 +175,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     # `accumulation` of them (a group never crosses buckets or epochs, see the sampler).
     # At each step one reduce tells every rank the loss, whether anything was non-finite and
     # whether a stop signal arrived anywhere, so all skip, stop or diverge at the same step.
+    if training.validation_on_startup and validation_prompts(training):
+        validate()  # SimpleTuner's validation_on_startup: images of the starting weights
     progress = tqdm(total=total_steps, initial=step, desc="steps", disable=not main)
     guard = NonFiniteGuard(training.max_nonfinite_steps, loss_scaled=accelerator.scaler is not None)
     loss_sum = torch.zeros((), device=accelerator.device)  # read once per step, in the reduce
@@ -236,6 +242,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                                         step, saved)
                     if is_validation_step(training, step, total_steps):
                         validate()
+                    if evaluator is not None and evaluator.is_due(step):
+                        evaluator.run(step)
                     if step >= total_steps:
                         break
     finally:
@@ -261,5 +269,9 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                        "processes": world, "lora" if lora else "pipeline": str(exported)}
             atomic_write_text(output_dir / "training_summary.json",
                               json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
-            logger.info("exported the trained %s to %s", "LoRA" if lora else "pipeline", exported)
+            write_model_card(pipeline_dir or Path(exported).parent, training, summary,
+                             [d.id for d in configuration.datasets])
+            logger.info("done: %d steps, final loss %s, seed %d; exported the trained %s to %s",
+                        step, "n/a" if final_loss is None else f"{final_loss:.4f}", seed,
+                        "LoRA" if lora else "pipeline", exported)
     return TrainingResult(step, final_loss, pipeline_dir)

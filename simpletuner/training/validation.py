@@ -39,7 +39,7 @@ def run_validation(adapter, training: TrainingConfig, step: int, *, trainable=No
         pipeline, prompts, resolution=training.validation_resolution,
         num_inference_steps=training.validation_num_inference_steps,
         guidance_scale=training.validation_guidance_scale, seed=training.validation_seed,
-        autocast_dtype=autocast_dtype)
+        autocast_dtype=autocast_dtype, negative_prompt=training.validation_negative_prompt)
     folder = Path(training.output_dir) / "validation" / f"step-{step}"
     paths = save_validation_images(images, prompts, folder)
     if tracker is not None:

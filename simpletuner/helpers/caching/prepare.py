@@ -17,6 +17,7 @@ from simpletuner.helpers.caching.text_embeds import (
 )
 from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.multiaspect.captions import EMPTY_CAPTION, CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
 from simpletuner.helpers.together import failing_together
 
@@ -83,13 +84,18 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         latent_caches[dataset.id] = result.cache
 
         # Captions are read for this rank's samples only (caption files are per sample); a
-        # caption shared by samples of several ranks may be encoded by each, harmlessly.
+        # caption shared by samples of several ranks may be encoded by each, harmlessly. Every
+        # caption a sample can train with in any epoch is cached; the empty one by rank 0 only.
         # Leaving the block is a barrier: other ranks' text entries are complete after it.
         text = TextEmbedCache(default_text_dir(dataset, output_dir), text_identity)
         sample_ids = [s for ids in kept[dataset.id].buckets.values() for s in ids]
+        policy = CaptionPolicy.for_dataset(dataset)
         with failing_together(f"caching text embeddings of dataset {dataset.id!r}"):
-            captions = read_captions(caption_for[dataset.id],
-                                     rank_share(sample_ids, rank, world_size))
+            texts = read_captions(caption_for[dataset.id],
+                                  rank_share(sample_ids, rank, world_size))
+            captions = [c for text_of_sample in texts for c in policy.candidates(text_of_sample)]
+            if policy.may_drop and rank == 0:
+                captions.append(EMPTY_CAPTION)
             cache_text_embeds(captions, text, encode_prompts, progress=progress)
         text_caches[dataset.id] = text
     return PreparedCaches(kept, failures, BatchAssembler(latent_caches, text_caches))

@@ -6,6 +6,11 @@ keeps the aspect ratio, rounded to the alignment. ``area``: ``resolution`` is me
 so W*H is as close to the target as alignment allows, and the long edge again keeps the aspect
 ratio rounded to the alignment. Either way the long edge is off by at most alignment/2 from the
 exact aspect, so the relative aspect error is at most alignment / (2 * short edge).
+``pixel_area`` (SimpleTuner's): ``resolution`` is in pixels and means the area
+``resolution**2``; it is ``area`` at ``resolution**2 / 1e6`` megapixels, size filters included
+(an edge length ``m`` keeps images of at least ``m**2`` pixels).
+Cropping to ``crop_aspect: closest`` trains each image at the aspect of ``crop_aspect_buckets``
+nearest its own (ties: the smaller aspect), sized as above.
 """
 
 from __future__ import annotations
@@ -24,15 +29,21 @@ class BucketSettings:
     resolution_type: str   # "pixel" | "area"
     alignment: int
     square: bool           # crop with crop_aspect 'square': every image goes to one square bucket
+    aspect_buckets: tuple[float, ...] = ()  # crop_aspect 'closest': the aspects (W/H) allowed
 
     @classmethod
     def for_dataset(cls, dataset: DatasetConfig, training: TrainingConfig) -> "BucketSettings":
         resolution = dataset.resolution if dataset.resolution is not None else training.resolution
+        resolution_type = dataset.resolution_type or training.resolution_type
+        if resolution_type == "pixel_area":
+            resolution, resolution_type = float(resolution) ** 2 / MEGAPIXEL, "area"
+        closest = dataset.crop and dataset.crop_aspect == "closest"
         return cls(
             resolution=float(resolution),
-            resolution_type=dataset.resolution_type or training.resolution_type,
+            resolution_type=resolution_type,
             alignment=training.aspect_bucket_alignment,
             square=dataset.crop and dataset.crop_aspect == "square",
+            aspect_buckets=tuple(sorted(dataset.crop_aspect_buckets or ())) if closest else (),
         )
 
 
@@ -51,9 +62,12 @@ def target_size(width: int, height: int, settings: BucketSettings) -> tuple[int,
     if width <= 0 or height <= 0:
         raise ValueError(f"image size must be positive, got {width}x{height}")
     al = settings.alignment
-    ratio = max(width, height) / min(width, height)
+    aspect = width / height
     if settings.square:
-        ratio = 1.0
+        aspect = 1.0
+    elif settings.aspect_buckets:
+        aspect = min(settings.aspect_buckets, key=lambda a: abs(a - aspect))
+    ratio = max(aspect, 1 / aspect)
     if settings.resolution_type == "pixel":
         short = align(settings.resolution, al)
         long = _long_edge(short, ratio, al)
@@ -63,7 +77,7 @@ def target_size(width: int, height: int, settings: BucketSettings) -> tuple[int,
         lower = max(al, int(ideal_short // al) * al)
         candidates = [(s, _long_edge(s, ratio, al)) for s in (lower, lower + al)]
         short, long = min(candidates, key=lambda sl: (abs(sl[0] * sl[1] - area), sl[0]))
-    return (long, short) if width >= height else (short, long)
+    return (long, short) if aspect >= 1 else (short, long)
 
 
 def bucket_key(size: tuple[int, int]) -> str:
@@ -96,10 +110,15 @@ class SizeFilters:
 
     @classmethod
     def for_dataset(cls, dataset: DatasetConfig, training: TrainingConfig) -> "SizeFilters":
+        resolution_type = dataset.resolution_type or training.resolution_type
+        low, high = dataset.minimum_image_size, dataset.maximum_image_size
+        if resolution_type == "pixel_area":  # edge lengths -> megapixels of that square
+            resolution_type = "area"
+            low, high = (None if v is None else v * v / MEGAPIXEL for v in (low, high))
         return cls(
-            resolution_type=dataset.resolution_type or training.resolution_type,
-            minimum_image_size=dataset.minimum_image_size,
-            maximum_image_size=dataset.maximum_image_size,
+            resolution_type=resolution_type,
+            minimum_image_size=low,
+            maximum_image_size=high,
             minimum_aspect_ratio=dataset.minimum_aspect_ratio,
             maximum_aspect_ratio=dataset.maximum_aspect_ratio,
         )

@@ -5,7 +5,8 @@ Every rank makes the same calls in the same order, so none waits alone in a coll
 1. the main rank refreshes each dataset's index (discovery, cache write) and broadcasts the
    outcome, success or the error text, so a failure stops every rank with the same message;
 2. the other ranks load the cached index;
-3. the ranks compare index digests in one gather (a rank's load error travels with it);
+3. the ranks compare index digests in one gather (a rank's load error travels with it), then
+   each keeps a dataset's ``max_num_samples`` subset (pure: the same on every rank);
 4. bucket sizes are checked against ``E`` (pure: same data everywhere, same error everywhere);
 5. the shared seed is resolved: the configured one, else drawn on the main rank and broadcast.
 
@@ -28,6 +29,8 @@ from simpletuner.helpers.data_backend.atomic import atomic_write_json
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import check_bucket_sizes
+from simpletuner.helpers.metadata.subset import limit_samples
+from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 
 logger = logging.getLogger(__name__)
@@ -81,6 +84,8 @@ def start_data(config: Configuration, accelerator) -> DataStartup:
     indexes = _refresh_on_main(backends, accelerator)
     indexes, load_error = _load_elsewhere(backends, accelerator, indexes)
     MetadataBackend.check_index_agreement(indexes, load_error, accelerator)
+    indexes = {i: limit_samples(index, backends[i].dataset.max_num_samples)
+               for i, index in indexes.items()}
     notes = check_bucket_sizes(
         [backends[i].split_spec(index) for i, index in indexes.items()],
         accelerator.num_processes, config.training.gradient_accumulation_steps)
@@ -101,7 +106,8 @@ def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *
         backend = startup.backends[dataset_id]
         spec = backend.split_spec(index)
         datasets.append(SamplerDataset(index, backend.caption_for, spec.batch_size, spec.repeats,
-                                       spec.evaluation, spec.allow_oversubscription))
+                                       spec.evaluation, spec.allow_oversubscription,
+                                       CaptionPolicy.for_dataset(backend.dataset)))
     return MultiAspectSampler(
         datasets, seed=startup.seed, processes=accelerator.num_processes, rank=accelerator.process_index,
         accumulation=training.gradient_accumulation_steps, evaluation=evaluation)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-CropStyle = Literal["center", "random"]
+CropStyle = Literal["center", "random", "corner"]
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,14 @@ def crop_box(original: tuple[int, int], target: tuple[int, int], style: CropStyl
     rw, rh = max(tw, round(ow * scale)), max(th, round(oh * scale))
     if style == "center":
         left, top = (rw - tw) // 2, (rh - th) // 2
+    elif style == "corner":  # SimpleTuner's corner crop keeps the bottom-right part
+        left, top = rw - tw, rh - th
     elif style == "random":
         if rng is None:
             raise ValueError("crop_style 'random' needs the sample's rng (see crop_rng)")
         left, top = rng.randint(0, rw - tw), rng.randint(0, rh - th)
     else:
-        raise ValueError(f"unknown crop_style {style!r}; expected 'center' or 'random'")
+        raise ValueError(f"unknown crop_style {style!r}; expected 'center', 'random' or 'corner'")
     return (rw, rh), (left, top)
 
 

@@ -23,6 +23,7 @@ from simpletuner.helpers.metadata.permutation import stable_permutation
 from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, DatasetSpec,
                                                 bucket_counts, check_bucket_sizes, split_bucket)
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
+from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.sample_lists import describe_sample_changes, sample_lists
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class SamplerDataset:
     repeats: int = 0
     evaluation: bool = False
     allow_oversubscription: bool = False
+    captions: CaptionPolicy = CaptionPolicy()  # which caption of the read text, per epoch
 
     @property
     def spec(self) -> DatasetSpec:
@@ -177,8 +179,13 @@ class MultiAspectSampler:
         ids = piece.micro_batch(int(ordinals[group]) * self.accumulation + offset)
         size = parse_bucket_key(key)
         samples = tuple(BatchSample(dataset.index.dataset_id, sample_id, key, size,
-                                    dataset.caption_for(sample_id)) for sample_id in ids)
+                                    self._caption(dataset, sample_id, epoch)) for sample_id in ids)
         return MicroBatch(epoch, step, dataset.index.dataset_id, key, samples)
+
+    def _caption(self, dataset: SamplerDataset, sample_id: str, epoch: int) -> str:
+        return dataset.captions.choose(dataset.caption_for(sample_id), seed=self.seed,
+                                       dataset_id=dataset.index.dataset_id, sample_id=sample_id,
+                                       epoch=epoch)
 
     def slices(self, epoch: int) -> list[BucketSlice]:
         """This rank's slice of every bucket in ``epoch`` (each carries the bucket's trim)."""

@@ -117,6 +117,7 @@ class MetadataBackend:
             **self._file_entries_key(),
             "resolution": s.resolution, "resolution_type": s.resolution_type,
             "aspect_bucket_alignment": s.alignment, "crop": ds.crop, "crop_aspect": ds.crop_aspect,
+            "crop_aspect_buckets": list(s.aspect_buckets),
             "minimum_image_size": ds.minimum_image_size,
             "maximum_image_size": ds.maximum_image_size,
             "minimum_aspect_ratio": ds.minimum_aspect_ratio,

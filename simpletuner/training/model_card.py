@@ -1,0 +1,70 @@
+"""The exported model's README.md: a Hugging Face model card (YAML metadata, then Markdown) that
+says what was trained, from what, how, and how to load it.
+
+The metadata values are written as JSON scalars and lists, which YAML reads unchanged, so no
+YAML library is needed to write a card that huggingface_hub.ModelCard.load parses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simpletuner.helpers.data_backend.atomic import atomic_write_text
+
+CARD_NAME = "README.md"
+
+
+def _metadata(training) -> dict:
+    lora = training.model_type == "lora"
+    tags = ["simpletuner", "diffusers", "text-to-image", training.model_family,
+            "lora" if lora else "full"]
+    return {"library_name": "diffusers", "pipeline_tag": "text-to-image", "tags": tags,
+            "base_model": training.pretrained_model_name_or_path}
+
+
+def _usage(training, folder_name: str) -> str:
+    if training.model_type == "lora":
+        return (f'pipeline = DiffusionPipeline.from_pretrained('
+                f'{json.dumps(training.pretrained_model_name_or_path)})\n'
+                f'pipeline.load_lora_weights("{folder_name}")')
+    return f'pipeline = DiffusionPipeline.from_pretrained("{folder_name}")'
+
+
+def model_card_text(training, summary: dict, datasets: list[str]) -> str:
+    """``training`` is a configuration.TrainingConfig; ``summary`` the run's
+    training_summary.json; ``datasets`` the dataset ids trained on."""
+    lines = ["---"] + [f"{key}: {json.dumps(value)}" for key, value in _metadata(training).items()]
+    prompts = training.validation_prompt
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
+    folder_name = "lora" if training.model_type == "lora" else "pipeline"
+    settings = {
+        "model family": training.model_family, "training": training.model_type,
+        "steps": summary.get("steps"), "seed": summary.get("seed"),
+        "final loss": summary.get("final_loss"), "processes": summary.get("processes"),
+        "learning rate": training.learning_rate, "lr scheduler": training.lr_scheduler,
+        "batch size per process": training.train_batch_size,
+        "gradient accumulation": training.gradient_accumulation_steps,
+        "resolution": f"{training.resolution:g} ({training.resolution_type})",
+        "mixed precision": training.mixed_precision, "EMA": training.use_ema,
+        "datasets": ", ".join(datasets),
+    }
+    if training.model_type == "lora":
+        alpha = training.lora_alpha or training.lora_rank
+        settings["LoRA rank / alpha"] = f"{training.lora_rank} / {alpha:g}"
+    lines += ["---", "", f"# {training.model_family} fine-tune of "
+              f"`{training.pretrained_model_name_or_path}`", "",
+              "Trained with simpletuner (a SimpleTuner-style trainer).", "",
+              "| setting | value |", "| --- | --- |"]
+    lines += [f"| {name} | {value} |" for name, value in settings.items()]
+    if prompts:
+        lines += ["", "## Validation prompts", ""] + [f"- {p}" for p in prompts]
+    lines += ["", "## Use", "", "```python", "from diffusers import DiffusionPipeline", "",
+              _usage(training, folder_name), "```", ""]
+    return "\n".join(lines)
+
+
+def write_model_card(folder: Path, training, summary: dict, datasets: list[str]) -> Path:
+    path = Path(folder) / CARD_NAME
+    atomic_write_text(path, model_card_text(training, summary, datasets))
+    return path

@@ -1,0 +1,64 @@
+"""The data options through real training runs: ./train.sh on CPU with every one of them, and
+a resumed run with caption dropout that ends exactly where the uninterrupted run ends."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from training_fixtures import ResumedRunPair, make_shapes, run_train_sh, write_config
+
+
+class CaptionDropoutResumeTest(ResumedRunPair, unittest.TestCase):
+    tmp_prefix, per_size, resume_step = "st-dropout-", 4, 3
+    options = dict(max_train_steps=6, checkpointing_steps=3, caption_dropout_probability=0.5)
+
+    def test_resumed_run_ends_with_the_uninterrupted_weights(self):
+        self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
+        self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
+        full = load_file(str(self.full_out / "checkpoint-6" / "model.safetensors"))
+        resumed = load_file(str(self.resumed_out / "checkpoint-6" / "model.safetensors"))
+        worst = max((full[k] - resumed[k]).abs().max().item() for k in full)
+        self.assertLessEqual(worst, 1e-6)
+
+
+class DataOptionsThroughTrainShTest(unittest.TestCase):
+    def test_every_data_option_trains(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            ids = make_shapes(root / "data", per_size=8)
+            for sample_id in ids:  # a second caption line per image
+                caption = root / "data" / sample_id.replace(".png", ".txt")
+                caption.write_text(caption.read_text() + "\na simple shape\n")
+            dataset = {"id": "shapes", "instance_data_dir": str(root / "data"),
+                       "caption_strategy": "textfile", "resolution": 64,
+                       "resolution_type": "pixel_area", "crop": True, "crop_style": "corner",
+                       "crop_aspect": "closest", "crop_aspect_buckets": [1.0, 1.5],
+                       "max_num_samples": 12, "instance_prompt": "shapes",
+                       "prepend_instance_prompt": True}
+            config = write_config(root, root / "data", datasets=[dataset],
+                                  caption_dropout_probability=0.2, max_train_steps=3)
+            result = run_train_sh(config, tmp, timeout=300)
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            out = root / "config-out"
+            self.assertEqual(json.loads((out / "training_summary.json").read_text())["steps"], 3)
+            skipped = json.loads((out / "skipped_files.json").read_text())["shapes"]
+            self.assertEqual(len(skipped), 4)
+            self.assertEqual({s["reason"] for s in skipped}, {"beyond max_num_samples 12"})
+            buckets = set(json.loads((out / "cache" / "metadata" / "shapes.json").read_text())
+                          ["index"]["buckets"])
+            self.assertEqual(buckets, {"64x64", "80x48"})
+            # Every line of every kept sample, with 'shapes ' prepended, plus the empty caption
+            kept = set(ids) - {s["path"] for s in skipped}
+            texts = {f"shapes {line}" for s in kept for line in
+                     (root / "data" / s.replace(".png", ".txt")).read_text().splitlines()}
+            text_entries = list((out / "cache" / "text").rglob("*.safetensors"))
+            self.assertEqual(len(text_entries), len(texts) + 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

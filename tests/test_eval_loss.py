@@ -1,0 +1,75 @@
+"""Evaluation loss: logged every eval_steps_interval, identical when the run is repeated, and a
+run resumed with evaluation on ends exactly as the uninterrupted run (and evaluates the same)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import unittest
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from training_fixtures import make_shapes, read_jsonl, run_training, write_config
+
+OPTIONS = dict(max_train_steps=6, checkpointing_steps=4, eval_steps_interval=2)
+
+
+def datasets(root: Path) -> list[dict]:
+    return [{"id": "shapes", "instance_data_dir": str(root / "data")},
+            {"id": "held-out", "dataset_type": "eval", "instance_data_dir": str(root / "eval")}]
+
+
+class EvalLossTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="st-eval-")
+        root = cls.root = Path(cls.tmp)
+        make_shapes(root / "data", per_size=4)
+        make_shapes(root / "eval", per_size=2)
+        cls.runs = {}
+        for name in ("full", "again"):
+            config = write_config(root, root / "data", name, datasets=datasets(root), **OPTIONS)
+            cls.runs[name] = run_training(config, cls.tmp)
+        if cls.runs["full"].returncode == 0:
+            (root / "resumed-out").mkdir()
+            shutil.copytree(root / "full-out" / "checkpoint-4",
+                            root / "resumed-out" / "checkpoint-4")
+            config = write_config(root, root / "data", "resumed", datasets=datasets(root),
+                                  resume_from_checkpoint="latest", **OPTIONS)
+            cls.runs["resumed"] = run_training(config, cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def evaluations(self, name: str) -> dict[int, float]:
+        result = self.runs[name]
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        return {e["step"]: e["eval_loss"] for e in
+                read_jsonl(self.root / f"{name}-out" / "eval_loss.jsonl")}
+
+    def test_logged_at_the_interval_and_identical_when_repeated(self):
+        full = self.evaluations("full")
+        self.assertEqual(sorted(full), [2, 4, 6])
+        self.assertEqual(full, self.evaluations("again"))
+        self.assertEqual(len(set(full.values())), 3)  # the weights change between evaluations
+
+    def test_each_checkpoint_is_logged_once_and_the_end_in_one_line(self):
+        stderr = self.runs["full"].stderr
+        self.assertEqual(stderr.count("checkpoint-4"), 1, stderr[-3000:])
+        self.assertRegex(stderr, r"done: 6 steps, final loss \d+\.\d{4}, seed 7; exported the "
+                                 r"trained pipeline to \S+pipeline\n")
+
+    def test_resume_with_eval_on_equals_the_uninterrupted_run(self):
+        resumed = self.evaluations("resumed")
+        self.assertEqual(resumed, {6: self.evaluations("full")[6]})
+        ends = [load_file(str(self.root / f"{name}-out" / "pipeline" / "unet" /
+                              "diffusion_pytorch_model.safetensors"))
+                for name in ("full", "resumed")]
+        worst = max((ends[0][k] - ends[1][k]).abs().max().item() for k in ends[0])
+        self.assertLessEqual(worst, 1e-6)
+
+
+if __name__ == "__main__":
+    unittest.main()

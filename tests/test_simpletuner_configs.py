@@ -1,0 +1,136 @@
+"""A config a SimpleTuner user brings: unsupported options are named as such, with advice."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import typing
+import unittest
+from pathlib import Path
+
+from simpletuner.configuration import ConfigError, DatasetConfig, TrainingConfig, load_configuration
+from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
+
+SIMPLETUNER_CONFIG = {
+    "--model_family": "sdxl", "--model_type": "lora", "--lora_type": "standard",
+    "--model_flavour": "base", "--base_model_precision": "int8-quanto",
+    "--optimizer": "adamw_bf16", "--report_to": "wandb", "--vae_batch_size": 4,
+    "--push_to_hub": True, "--lr_scheduler": "sine", "--mixed_precision": "bf16",
+}
+SIMPLETUNER_DATASET = {"caption_strategy": "parquet", "probability": 1.0,
+                       "crop_style": "face", "hash_filenames": True}
+
+
+class SimpleTunerConfigTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self._tmp.cleanup)
+        self.root = Path(self._tmp.name)
+        (self.root / "images").mkdir()
+        self.config_path = self.root / "config.json"
+        self.backend_path = self.root / "multidatabackend.json"
+
+    def load(self, options: dict, datasets: list):
+        base = {"model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
+                "output_dir": "out", "data_backend_config": str(self.backend_path)}
+        self.config_path.write_text(json.dumps({**base, **options}))
+        self.backend_path.write_text(json.dumps(datasets))
+        return load_configuration(self.config_path, cwd=self.root)
+
+    def problems(self, options: dict, datasets: list) -> list[str]:
+        with self.assertRaises(ConfigError) as caught:
+            self.load(options, datasets)
+        return caught.exception.problems
+
+    def image_dataset(self, **keys) -> dict:
+        return {"id": "photos", "type": "local", "instance_data_dir": str(self.root / "images"),
+                **keys}
+
+    def test_each_unsupported_option_is_named_with_advice_and_no_suggestion(self):
+        config = {k: v for k, v in SIMPLETUNER_CONFIG.items() if k != "--model_family"}
+        problems = self.problems(config, [self.image_dataset(**SIMPLETUNER_DATASET)])
+        expected = {"lora_type": "peft LoRA", "model_flavour": "flavour's local diffusers folder",
+                    "base_model_precision": "unquantised", "vae_batch_size": "workers",
+                    "push_to_hub": "nothing is uploaded", "probability": "repeats + 1",
+                    "hash_filenames": "sample id"}
+        for key, advice in expected.items():
+            found = [p for p in problems if f"SimpleTuner option '{key}' is not supported" in p]
+            self.assertEqual(len(found), 1, (key, problems))
+            self.assertIn(advice, found[0])
+        values = {"optimizer": "adamw_bf16", "report_to": "wandb", "lr_scheduler": "sine",
+                  "caption_strategy": "parquet", "crop_style": "face"}
+        for key, value in values.items():
+            found = [p for p in problems if f"SimpleTuner's {key} '{value}' is not supported" in p]
+            self.assertEqual(len(found), 1, (key, problems))
+        self.assertEqual(len(problems), len(expected) + len(values), problems)
+        self.assertFalse([p for p in problems if "did you mean" in p], problems)
+
+    def test_real_typos_still_get_a_suggestion(self):
+        problems = self.problems({"learning_rat": 1e-4, "lr_scheduler": "cosin"},
+                                 [self.image_dataset()])
+        self.assertIn("did you mean 'learning_rate'", problems[0])
+        self.assertIn("did you mean 'cosine'", problems[1])
+
+    def test_text_embeds_entry_sets_the_text_cache_folder(self):
+        text_cache = str(self.root / "cache" / "text" / "sdxl")
+        entries = [{"id": "text-embeds", "dataset_type": "text_embeds", "default": True,
+                    "type": "local", "cache_dir": text_cache, "write_batch_size": 128},
+                   {"id": "image-embeds", "dataset_type": "image_embeds", "type": "local"},
+                   self.image_dataset(image_embeds="image-embeds"),
+                   self.image_dataset(id="own", cache_dir="elsewhere")]
+        config = self.load({}, entries)
+        self.assertEqual([d.id for d in config.datasets], ["photos", "own"])
+        self.assertEqual([d.cache_dir for d in config.datasets], [text_cache, "elsewhere"])
+
+    def test_embed_entry_mistakes_say_why(self):
+        problems = self.problems({}, [
+            {"id": "text", "dataset_type": "text_embeds"},
+            {"id": "img", "dataset_type": "image_embeds", "cache_dir": "x"},
+            self.image_dataset(text_embeds="missing")])
+        text = "\n".join(problems)
+        self.assertEqual(len(problems), 3, text)
+        self.assertIn("'cache_dir' is required on a text_embeds entry", text)
+        self.assertIn("set cache_dir_vae on the image datasets", text)
+        self.assertIn("'text_embeds' names 'missing', which is no enabled text_embeds entry", text)
+
+    def test_a_different_meaning_is_said_when_the_value_is_rejected(self):
+        problems = self.problems({"validation_resolution": "1024x768"}, [self.image_dataset()])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("differs from SimpleTuner", problems[0])
+        self.assertIn("'WxH'", problems[0])
+
+    def test_quoted_values_and_simpletuners_zero_get_a_hint(self):
+        problems = self.problems({"learning_rate": "1e-4", "use_ema": "true",
+                                  "num_train_epochs": 0}, [self.image_dataset()])
+        self.assertEqual(len(problems), 3, problems)
+        self.assertIn("expected a number (write it without quotes: 0.0001)", problems[0])
+        self.assertIn("(write it without quotes: true)", problems[1])
+        self.assertIn("SimpleTuner takes 0 for 'not set'; here leave it out", problems[2])
+
+    def test_eval_interval_needs_an_eval_dataset(self):
+        problems = self.problems({"eval_steps_interval": 10}, [self.image_dataset()])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("'eval_steps_interval' needs a dataset with 'dataset_type': 'eval'",
+                      problems[0])
+
+    def test_tables_never_shadow_a_supported_option(self):
+        for cls, vocabulary in ((TrainingConfig, CONFIG_JSON),
+                                (DatasetConfig, MULTIDATABACKEND_JSON)):
+            fields = {f.name for f in dataclasses.fields(cls)}
+            self.assertFalse(fields & set(vocabulary.unsupported_keys), cls.__name__)
+            self.assertLessEqual(set(vocabulary.unsupported_values) | set(
+                vocabulary.different_meaning), fields, cls.__name__)
+            hints = typing.get_type_hints(cls)
+            for key, values in vocabulary.unsupported_values.items():
+                self.assertFalse(set(values) & _literal_values(hints[key]), key)
+
+
+def _literal_values(tp) -> set:
+    if typing.get_origin(tp) is typing.Literal:
+        return set(typing.get_args(tp))
+    return {v for arg in typing.get_args(tp) for v in _literal_values(arg)}
+
+
+if __name__ == "__main__":
+    unittest.main()
