@@ -127,8 +127,6 @@ _DATASET_KEYS: dict[str, str] = {
     "huggingface": "remove it; only local folders are read (type 'local')",
     "video": DROP, "write_batch_size": FIXED_IO, "read_batch_size": FIXED_IO,
     "aspect_bucket_rounding": "remove it; bucket sizes are rounded to aspect_bucket_alignment",
-    "metadata_backend": "remove it; image sizes are read from the image headers (SimpleTuner's "
-                        "'discovery')",
 }
 
 _CONFIG_VALUES: dict[str, dict[str, str]] = {
@@ -156,8 +154,7 @@ _CONFIG_VALUES: dict[str, dict[str, str]] = {
 _DATASET_VALUES: dict[str, dict[str, str]] = {
     "dataset_type": {name: "this dataset type is not supported here; remove the entry"
                      for name in ("conditioning", "video", "audio")},
-    "caption_strategy": {"parquet": "use 'textfile' (a .txt beside each image)",
-                         "huggingface": "use 'textfile' (a .txt beside each image)",
+    "caption_strategy": {"huggingface": "use 'textfile' (a .txt beside each image)",
                          "csv": "use 'textfile' (a .txt beside each image)"},
     "crop_style": {"face": "use 'center', 'random' or 'corner'"},
     "crop_aspect": {"random": "use 'closest' (buckets must not depend on chance here: every "
