@@ -123,11 +123,15 @@ def optimizer_arguments(training) -> dict[str, Any]:
     learning_rate and adam_* values where the signature has them, the name's fixed ones, then
     optimizer_config. Raise ValueError naming any key the signature does not accept."""
     spec = OPTIMIZERS[training.optimizer]
-    accepted = set(inspect.signature(spec.load_class()).parameters) - {"params", "self"}
+    signature = inspect.signature(spec.load_class()).parameters
+    accepted = set(signature) - {"params", "self"}
     defaults = {"lr": training.learning_rate,
                 "betas": (training.adam_beta1, training.adam_beta2),
                 "weight_decay": training.adam_weight_decay, "eps": training.adam_epsilon}
-    arguments = {k: v for k, v in defaults.items() if k in accepted}
+    # Only where the meaning matches: Adafactor's eps is a pair, not Adam's epsilon.
+    arguments = {k: v for k, v in defaults.items() if k in accepted and (
+        signature[k].default is inspect.Parameter.empty
+        or isinstance(signature[k].default, (type(v), int)))}
     arguments.update(spec.fixed)
     extra = parse_optimizer_config(training.optimizer_config)
     unknown = sorted(set(extra) - accepted)
