@@ -118,13 +118,15 @@ def precision_problems(training, text_encoder_count: int) -> list[str]:
 
 
 def quantize_frozen_weights(adapter, training, compute_dtype: torch.dtype) -> None:
-    """Quantize what the config asks for, in place: the trainable network (frozen first, a LoRA
-    is added afterwards) and the text encoders. ``compute_dtype`` is the frozen weights'
-    dtype; the network is cast to it first, as its float weights are not trained."""
-    if training.base_model_precision != "no_change":
+    """Quantize what the config asks for, in place: the network under a LoRA (frozen first,
+    the LoRA is added afterwards) and the text encoders. ``compute_dtype`` is the frozen
+    weights' dtype: a LoRA run's network is cast to it first (no_change included), as its
+    float weights are not trained; a full run's network is left as it is."""
+    if training.model_type == "lora":
         network = adapter.trainable
         network.requires_grad_(False).to(compute_dtype)
-        PRECISIONS[training.base_model_precision].quantize(network, compute_dtype)
+        if training.base_model_precision != "no_change":
+            PRECISIONS[training.base_model_precision].quantize(network, compute_dtype)
     for number, encoder in enumerate(adapter.text_encoders, start=1):
         quantize_text_encoder(encoder, getattr(training, f"text_encoder_{number}_precision"),
                               compute_dtype)
