@@ -208,9 +208,11 @@ def render(result: dict) -> str:
     for model in result["models"]:
         unit, size = ("GiB", GIB) if model["rows"][0]["frozen"] + model["rows"][0][
             "trainable"] > GIB else ("MiB", 1024 ** 2)
+        caching = model["caching_only_bf16"]
         lines.append(f"\n{model['model']}: {unit} on the device (weights + gradients + "
-                     f"optimizer state); VAE and text encoders, caching only: "
-                     f"{model['caching_only_bf16'] / size:.2f} {unit} in bf16")
+                     "optimizer state)" + (f"; VAE and text encoders, caching only: "
+                                           f"{caching / size:.2f} {unit} in bf16" if caching
+                                           else ""))
         lines.append(f"{'mode':<9} {'precision':<13} {'optimizer':<14} {'frozen':>7} "
                      f"{'trained':>8} {'grads':>7} {'optim':>7} {'total':>7}")
         for row in model["rows"]:

@@ -5,7 +5,7 @@ counted), LoRA weights, gradients after a backward pass and optimizer state afte
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 import unittest
 
 import torch
@@ -19,8 +19,17 @@ from model_fixtures import TinyModelCase, random_batch
 from test_optimizers import TinyDenoiser
 from training_fixtures import REPO
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_memory  # noqa: E402  (a script folder, not a package)
+
+def _load_benchmark():
+    """benchmarks/ is a folder of scripts, not a package: load the file itself."""
+    spec = importlib.util.spec_from_file_location("bench_memory",
+                                                  REPO / "benchmarks" / "bench_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_memory = _load_benchmark()
 
 BF16 = torch.bfloat16
 
