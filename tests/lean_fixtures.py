@@ -72,3 +72,18 @@ def trained_tensors(network: torch.nn.Module) -> dict[str, torch.Tensor]:
 def largest_difference(first: dict, second: dict) -> float:
     assert first.keys() == second.keys()
     return max((first[k].float() - second[k].float()).abs().max().item() for k in first)
+
+
+class TinyDenoiser:
+    """For torchao's AdamW8bit, which compiles its step once per parameter shape (minutes for
+    a UNet's many shapes on two CPU cores): two shapes, and a 64x64 weight, large enough for
+    8-bit states. Same calls as a ModelAdapter: trainable, compute_loss(batch, generator)."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.trainable = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                             torch.nn.Linear(64, 64))
+
+    def compute_loss(self, batch, generator):
+        noise = torch.randn(batch.shape, generator=generator)
+        return (self.trainable(batch + 0.3 * noise) - batch).pow(2).mean()

@@ -14,9 +14,8 @@ from simpletuner.training.lora import add_lora
 from simpletuner.training.optimizers import build_optimizer
 from simpletuner.training.quantization import quantize_frozen_weights
 
-from lean_fixtures import memory_settings
+from lean_fixtures import TinyDenoiser, memory_settings
 from model_fixtures import TinyModelCase, random_batch
-from test_optimizers import TinyDenoiser
 from training_fixtures import REPO
 
 

@@ -16,7 +16,7 @@ import torch
 from simpletuner.training.optimizers import build_optimizer, parse_optimizer_config
 from simpletuner.training.train_state import OPTIMIZER_TENSORS, OPTIMIZER_VALUES
 
-from lean_fixtures import (evaluation_loss, largest_difference, memory_settings,
+from lean_fixtures import (TinyDenoiser, evaluation_loss, largest_difference, memory_settings,
                            resume_training, save_training, train_steps, trained_tensors)
 from model_fixtures import TinyModelCase, random_batch
 
@@ -29,21 +29,6 @@ UNET_OPTIMIZERS = {
     "lion": dict(learning_rate=1e-4),
 }
 AO_8BIT = dict(optimizer="ao-adamw8bit", learning_rate=1e-3, model_type="full")
-
-
-class TinyDenoiser:
-    """For torchao's AdamW8bit, which compiles its step once per parameter shape (minutes for
-    a UNet's many shapes on two CPU cores): two shapes, and a 64x64 weight, large enough for
-    8-bit states. Same calls as a ModelAdapter: trainable, compute_loss(batch, generator)."""
-
-    def __init__(self):
-        torch.manual_seed(0)
-        self.trainable = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                                             torch.nn.Linear(64, 64))
-
-    def compute_loss(self, batch, generator):
-        noise = torch.randn(batch.shape, generator=generator)
-        return (self.trainable(batch + 0.3 * noise) - batch).pow(2).mean()
 
 
 def state_kinds(optimizer) -> list[tuple]:
