@@ -13,6 +13,12 @@ LrScheduler = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
 ]
 
+# Frozen weights of the adapted network or of a text encoder: SimpleTuner's names.
+Precision = Literal["no_change", "int8-torchao", "int8-quanto", "int4-quanto", "fp8-torchao",
+                    "nf4-bnb"]
+OptimizerName = Literal["adamw", "adamw_bf16", "ao-adamw8bit", "bnb-adamw8bit", "prodigy",
+                        "adafactor", "lion"]
+
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
 
 
@@ -31,6 +37,16 @@ class TrainingConfig:
     lora_target_modules: list[str] | None = option(
         None, help="module name suffixes to adapt, e.g. ['to_q', 'to_v']; none = the family's "
         "attention projections")
+    base_model_precision: Precision = option(
+        "no_change", help="quantize the frozen network under a LoRA (torchao, optimum-quanto or "
+        "bitsandbytes); no_change = mixed_precision's dtype for LoRA, float32 for full")
+    text_encoder_1_precision: Precision = option("no_change", help="quantize text encoder 1")
+    text_encoder_2_precision: Precision = option("no_change", help="quantize text encoder 2")
+    text_encoder_3_precision: Precision = option("no_change", help="quantize text encoder 3")
+    frozen_components_after_caching: Literal["keep", "offload", "free"] = option(
+        "offload", help="once the latent and text caches are complete, the VAE and text "
+        "encoders: keep (on the device), offload (to the CPU) or free (reloaded from the model "
+        "folder for validation); validation brings them back while it runs")
     output_dir: str = option(required=True)
     data_backend_config: str = option(required=True, help="path to multidatabackend.json")
 
@@ -51,7 +67,13 @@ class TrainingConfig:
     num_train_epochs: int | None = option(None, minimum=1)
 
     # Optimisation
-    optimizer: Literal["adamw"] = option("adamw")
+    optimizer: OptimizerName = option(
+        "adamw", help="adamw (fp32 states), adamw_bf16 (bf16 weights and states, Kahan "
+        "summation; needs mixed_precision bf16), ao-adamw8bit, bnb-adamw8bit (CUDA), prodigy, "
+        "adafactor, lion")
+    optimizer_config: str | None = option(
+        None, help="extra optimizer keyword arguments, 'name=value,name=value' (values are "
+        "JSON: 0.01, true, [0.9,0.99]); checked against the optimizer's signature")
     learning_rate: float = option(1e-5, minimum=0.0)
     adam_beta1: float = option(0.9, minimum=0.0, maximum=1.0)
     adam_beta2: float = option(0.999, minimum=0.0, maximum=1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,13 @@ class ModelAdapter(ABC):
         self.tokenizers = tokenizers
         self.device = device
         self.loss_settings = loss_settings
+        # Set by training/offload.py once the caches are complete: VAE and text encoders away.
+        self.frozen_away = None
+
+    def frozen_components_on_device(self):
+        """A context in which the VAE and text encoders are on the device (validation), even
+        after release_frozen_components moved them away; a no-op when they never left."""
+        return nullcontext() if self.frozen_away is None else self.frozen_away.on_device()
 
     @classmethod
     def required_subfolders(cls) -> tuple[str, ...]:

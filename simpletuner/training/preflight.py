@@ -19,6 +19,8 @@ from simpletuner.models.layout import check_model_folder
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import read_trainer_state, resolve_resume
 from simpletuner.training.lifecycle import fresh_run_problem
+from simpletuner.training.optimizers import optimizer_problems
+from simpletuner.training.quantization import precision_problems
 
 
 @dataclass
@@ -37,6 +39,14 @@ def _check_output_dir(output_dir: Path) -> str | None:
         return (f"output_dir {output_dir} is not writable ({exc.strerror or exc}); "
                 "choose a folder you can write to")
     return None
+
+
+def _memory_option_problems(training) -> list[str]:
+    """Precisions and optimizer this machine, install and config can run (model_family is
+    already checked against the registry by the configuration)."""
+    text_encoders = len(get_adapter_class(training.model_family).text_encoder_specs)
+    return (precision_problems(training, text_encoders)
+            + optimizer_problems(training, torch.cuda.is_available()))
 
 
 def run_preflight(configuration: Configuration, main_result: Preflight | None = None
@@ -60,6 +70,7 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     if training.model_type == "lora" and training.lora_target_modules == []:
         problems.append(f"{where}: key 'lora_target_modules' is an empty list; name the "
                         "modules to adapt, or leave it unset for the family's defaults")
+    problems += [f"{where}: {problem}" for problem in _memory_option_problems(training)]
     output_problem = _check_output_dir(Path(training.output_dir))
     if output_problem:
         problems.append(f"{where}: key 'output_dir': {output_problem}")

@@ -32,9 +32,12 @@ from simpletuner.training.ema import EMAWeights
 from simpletuner.training.evaluation import build_evaluator
 from simpletuner.training.lora import add_lora, export_lora
 from simpletuner.training.model_card import write_model_card
+from simpletuner.training.offload import release_frozen_components
+from simpletuner.training.optimizers import build_optimizer
 from simpletuner.training.outcomes import Preempted
 from simpletuner.training.preemption import PreemptionWatcher
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
+from simpletuner.training.quantization import quantize_frozen_weights
 from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
                                              gradient_norm, nonfinite_warning, pack_step,
                                              reduce_step)
@@ -87,6 +90,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         preflight.model_folder, device=accelerator.device,
         weight_dtype=weight_dtype(training.mixed_precision),
         loss_settings=LossSettings.from_config(training))
+    quantize_frozen_weights(adapter, training, weight_dtype(training.mixed_precision))
     lora = training.model_type == "lora"
     if lora:  # freeze the network, train an adapter; checkpoints hold the adapter only
         add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
@@ -99,6 +103,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         adapter.encode_images, adapter.encode_prompts, model_folder=preflight.model_folder,
         family=training.model_family, output_dir=output_dir, seed=seed, rank=rank,
         world_size=world, progress=accelerator.is_local_main_process)
+    release_frozen_components(adapter, training, weight_dtype(training.mixed_precision))
     sampler = build_sampler(startup, training, accelerator, indexes=caches.indexes)
     accumulation = sampler.accumulation
     if len(sampler) == 0:
@@ -110,10 +115,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     # 4. Optimizer and schedule. The LR scheduler is not handed to accelerate (which would step
     # it once per process); its state is saved as JSON with each checkpoint.
     network = adapter.trainable
-    optimizer = torch.optim.AdamW(
-        [p for p in network.parameters() if p.requires_grad], lr=training.learning_rate,
-        betas=(training.adam_beta1, training.adam_beta2),
-        weight_decay=training.adam_weight_decay, eps=training.adam_epsilon)
+    optimizer = build_optimizer(network, training)
     lr_scheduler = build_lr_scheduler(training, optimizer, total_steps)
     prepared_network, optimizer = accelerator.prepare(network, optimizer)
     ema = EMAWeights(network, training.ema_decay) if training.use_ema else None

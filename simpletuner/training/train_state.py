@@ -3,8 +3,8 @@ safetensors, the optimizer's plain values and each rank's RNG states as JSON.
 
 A full run saves the network's state dict (``model.safetensors``); a LoRA run only the adapter
 (``lora_adapter.safetensors``). The optimizer's per-parameter tensors go to
-``optimizer.safetensors`` under ``state/<param index>/<name>``; everything else in its state dict
-(hyper-parameters, param-group layout, non-tensor state) goes to ``optimizer.json``.
+``optimizer.safetensors`` and everything else in its state dict (hyper-parameters, param-group
+layout, non-tensor state) to ``optimizer.json`` (see optimizer_state.py).
 
 Every tensor file is refused when non-finite on save and on load (tensor_files), and every
 failure names its file (a CheckpointError).
@@ -24,6 +24,7 @@ from peft.utils import get_peft_model_state_dict
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
 from simpletuner.training.lora import CHECKPOINT_WEIGHTS, load_adapter_weights, save_adapter_weights
 from simpletuner.training.manifest import naming_file
+from simpletuner.training.optimizer_state import optimizer_from_files, optimizer_to_files
 from simpletuner.training.tensor_files import check_finite, load_tensors, save_tensors
 
 FULL_WEIGHTS = "model.safetensors"
@@ -53,32 +54,6 @@ def load_weights(network: torch.nn.Module, folder: Path, lora: bool) -> None:
         tensors = load_tensors(path)
         with naming_file(path, "load"):
             network.load_state_dict(tensors, strict=True)
-
-
-def optimizer_to_files(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
-    """Split an optimizer state dict into safetensors-able tensors and JSON-able values."""
-    tensors: dict[str, torch.Tensor] = {}
-    values: dict[str, dict[str, Any]] = {}
-    for index, entries in state_dict["state"].items():
-        for name, value in entries.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"state/{index}/{name}"] = value.detach().contiguous()
-            else:
-                values.setdefault(str(index), {})[name] = value
-    return tensors, {"state": values, "param_groups": state_dict["param_groups"]}
-
-
-def optimizer_from_files(tensors: dict[str, torch.Tensor], values: dict) -> dict[str, Any]:
-    """The inverse of optimizer_to_files; parameter indices become ints again."""
-    state: dict[int, dict[str, Any]] = {}
-    for key, tensor in tensors.items():
-        _, index, name = key.split("/", 2)
-        state.setdefault(int(index), {})[name] = tensor
-    for index, entries in values["state"].items():
-        state.setdefault(int(index), {}).update(entries)
-    groups = [dict(group, betas=tuple(group["betas"])) if "betas" in group else group
-              for group in values["param_groups"]]
-    return {"state": state, "param_groups": groups}
 
 
 def save_optimizer(optimizer, folder: Path) -> None:

@@ -34,12 +34,12 @@ def run_validation(adapter, training: TrainingConfig, step: int, *, trainable=No
                    tracker=None, autocast_dtype=None) -> list[Path]:
     """Generate and save one image per prompt into output_dir/validation/step-<n>/."""
     prompts = validation_prompts(training)
-    pipeline = adapter.build_pipeline(trainable)
-    images = generate_validation_images(
-        pipeline, prompts, resolution=training.validation_resolution,
-        num_inference_steps=training.validation_num_inference_steps,
-        guidance_scale=training.validation_guidance_scale, seed=training.validation_seed,
-        autocast_dtype=autocast_dtype, negative_prompt=training.validation_negative_prompt)
+    with adapter.frozen_components_on_device():  # only for as long as sampling runs
+        images = generate_validation_images(
+            adapter.build_pipeline(trainable), prompts, resolution=training.validation_resolution,
+            num_inference_steps=training.validation_num_inference_steps,
+            guidance_scale=training.validation_guidance_scale, seed=training.validation_seed,
+            autocast_dtype=autocast_dtype, negative_prompt=training.validation_negative_prompt)
     folder = Path(training.output_dir) / "validation" / f"step-{step}"
     paths = save_validation_images(images, prompts, folder)
     if tracker is not None:
