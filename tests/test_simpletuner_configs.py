@@ -15,7 +15,8 @@ from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATA
 SIMPLETUNER_CONFIG = {
     "--model_family": "sdxl", "--model_type": "lora", "--lora_type": "standard",
     "--model_flavour": "base", "--base_model_precision": "int8-quanto",
-    "--optimizer": "adamw_bf16", "--report_to": "wandb", "--vae_batch_size": 4,
+    "--quantize_via": "cpu", "--optimizer": "adamw_schedulefree", "--report_to": "wandb",
+    "--vae_batch_size": 4,
     "--push_to_hub": True, "--lr_scheduler": "sine", "--mixed_precision": "bf16",
 }
 SIMPLETUNER_DATASET = {"caption_strategy": "huggingface", "probability": 1.0,
@@ -51,14 +52,14 @@ class SimpleTunerConfigTest(unittest.TestCase):
         config = {k: v for k, v in SIMPLETUNER_CONFIG.items() if k != "--model_family"}
         problems = self.problems(config, [self.image_dataset(**SIMPLETUNER_DATASET)])
         expected = {"lora_type": "peft LoRA", "model_flavour": "flavour's local diffusers folder",
-                    "base_model_precision": "unquantised", "vae_batch_size": "workers",
+                    "quantize_via": "base_model_precision", "vae_batch_size": "workers",
                     "push_to_hub": "nothing is uploaded", "probability": "repeats + 1",
                     "hash_filenames": "sample id"}
         for key, advice in expected.items():
             found = [p for p in problems if f"SimpleTuner option '{key}' is not supported" in p]
             self.assertEqual(len(found), 1, (key, problems))
             self.assertIn(advice, found[0])
-        values = {"optimizer": "adamw_bf16", "report_to": "wandb", "lr_scheduler": "sine",
+        values = {"optimizer": "adamw_schedulefree", "report_to": "wandb", "lr_scheduler": "sine",
                   "caption_strategy": "huggingface", "crop_style": "face"}
         for key, value in values.items():
             found = [p for p in problems if f"SimpleTuner's {key} '{value}' is not supported" in p]

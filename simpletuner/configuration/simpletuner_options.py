@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DROP = "remove it"
-NO_QUANTISATION = "remove it; base models are loaded unquantised (mixed_precision sets autocast)"
+NO_QUANTISATION = ("remove it; quantisation is chosen per component with base_model_precision "
+                   "and text_encoder_<n>_precision")
 NO_HUB = "remove it; nothing is uploaded: push the exported output_dir/pipeline or lora/ yourself"
 SINGLE_MODEL_FOLDER = ("remove it; every component comes from the diffusers folder in "
                        "pretrained_model_name_or_path (assemble one folder with the parts you want)")
@@ -30,9 +31,9 @@ _CONFIG_KEYS: dict[str, str] = {
                      "diffusers folder",
     "lora_type": STANDARD_LORA, "lycoris_config": STANDARD_LORA, "init_lora": STANDARD_LORA,
     "use_dora": STANDARD_LORA, "flux_lora_target": "use lora_target_modules",
-    "base_model_precision": NO_QUANTISATION, "base_model_default_dtype": NO_QUANTISATION,
+    "base_model_default_dtype": NO_QUANTISATION,
     "quantize_via": NO_QUANTISATION, "quantize_activations": NO_QUANTISATION,
-    **{f"text_encoder_{i}_precision": NO_QUANTISATION for i in range(1, 5)},
+    "text_encoder_4_precision": "remove it; no family here has a fourth text encoder",
     "pretrained_vae_model_name_or_path": SINGLE_MODEL_FOLDER,
     "pretrained_transformer_model_name_or_path": SINGLE_MODEL_FOLDER,
     "pretrained_unet_model_name_or_path": SINGLE_MODEL_FOLDER,
@@ -70,9 +71,8 @@ _CONFIG_KEYS: dict[str, str] = {
                               "(see allow_dataset_oversubscription)",
     "ignore_final_epochs": DROP, "seed_for_each_device": "remove it; every rank shares one seed",
     # Optimisation
-    "optimizer_config": "remove it; set adam_beta1, adam_beta2, adam_weight_decay, adam_epsilon",
     "optimizer_beta1": "use adam_beta1", "optimizer_beta2": "use adam_beta2",
-    "use_8bit_adam": "remove it; optimizer 'adamw' is the one supported",
+    "use_8bit_adam": "use optimizer 'ao-adamw8bit' (or 'bnb-adamw8bit' on CUDA)",
     "lr_scale": "remove it; set learning_rate to the value you want",
     "gradient_precision": DROP, "grad_clip_method": "remove it; max_grad_norm clips the total norm",
     "gradient_checkpointing_interval": "remove it; gradient_checkpointing applies to every block",
@@ -138,10 +138,12 @@ _CONFIG_VALUES: dict[str, dict[str, str]] = {
                         "deepfloyd", "smoldit", "chroma", "qwen_image")},
     },
     "optimizer": {
-        name: "use 'adamw' (with mixed_precision 'bf16' for bf16 autocast)"
-        for name in ("adamw_bf16", "adamw8bit", "adamw_schedulefree", "optimi-adamw",
-                     "optimi-stableadamw", "optimi-lion", "prodigy", "soap", "ademamix",
-                     "adafactor", "lion", "came", "bnb-adamw8bit", "ao-adamw8bit")
+        **{name: "use one of adamw, adamw_bf16, ao-adamw8bit, bnb-adamw8bit, prodigy, adafactor, "
+              "lion" for name in ("adamw_schedulefree", "soap", "ademamix", "came")},
+        "adamw8bit": "use 'ao-adamw8bit' (or 'bnb-adamw8bit' on CUDA)",
+        "optimi-adamw": "use 'adamw_bf16' (torch-optimi's AdamW with Kahan summation)",
+        "optimi-stableadamw": "use 'adamw_bf16' (torch-optimi's AdamW with Kahan summation)",
+        "optimi-lion": "use 'lion'",
     },
     "lr_scheduler": {"sine": "use 'cosine' or 'cosine_with_restarts'",
                      "inverse_sqrt": "use 'polynomial' or 'cosine'",
