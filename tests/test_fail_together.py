@@ -122,6 +122,14 @@ class FailTogetherTest(unittest.TestCase):
             run, f"start-up checks on the main process failed on rank 0: RuntimeError: "
                  f"{injected_message(0)}")
 
+    # -- the model: every rank loads its own copy -----------------------------------------
+
+    def test_a_model_that_one_rank_cannot_load_stops_both(self):
+        self.new_run()
+        run = self.train(fault="simpletuner.models.base:ModelAdapter.move_to", on_rank=1)
+        self.assertStoppedTogether(
+            run, f"loading the model failed on rank 1: RuntimeError: {injected_message(1)}")
+
     # -- caching: each rank encodes and reads captions for its own share ------------------
 
     def test_an_encode_error_on_either_rank_stops_both(self):

@@ -27,6 +27,7 @@ def validation_settings(output_dir: Path) -> SimpleNamespace:
     return SimpleNamespace(validation_prompt=["a red circle", "a blue square"],
                            validation_resolution=64, validation_num_inference_steps=2,
                            validation_guidance_scale=1.0, validation_seed=0,
+                           validation_negative_prompt=None,
                            output_dir=str(output_dir))
 
 

@@ -71,6 +71,15 @@ class ModelAdapter(ABC):
         # Set by training/offload.py once the caches are complete: VAE and text encoders away.
         self.frozen_away = None
 
+    def move_to(self, device: torch.device) -> None:
+        """Move the network, the VAE and the text encoders to ``device`` (the trainer loads and
+        quantizes on the CPU first, so no full-precision copy ever reaches the accelerator)."""
+        self.trainable.to(device)
+        self.vae.to(device)
+        for encoder in self.text_encoders:
+            encoder.to(device)
+        self.device = device
+
     def frozen_components_on_device(self):
         """A context in which the VAE and text encoders are on the device (validation), even
         after release_frozen_components moved them away; a no-op when they never left."""

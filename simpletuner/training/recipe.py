@@ -86,17 +86,21 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     seed = startup.seed
 
     # 3. Model and caches. The caches drop undecodable images on every rank alike.
-    adapter = get_adapter_class(training.model_family).load(
-        preflight.model_folder, device=accelerator.device,
-        weight_dtype=weight_dtype(training.mixed_precision),
-        loss_settings=LossSettings.from_config(training))
-    quantize_frozen_weights(adapter, training, weight_dtype(training.mixed_precision))
-    lora = training.model_type == "lora"
-    if lora:  # freeze the network, train an adapter; checkpoints hold the adapter only
-        add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
-                 alpha=training.lora_alpha, dropout=training.lora_dropout,
-                 target_modules=training.lora_target_modules)
-    adapter.set_gradient_checkpointing(training.gradient_checkpointing)
+    # Loaded, cast and quantized on the CPU, then moved: the device never holds an fp32 copy.
+    # A rank that cannot load the model stops every rank before the caches' collectives.
+    with failing_together("loading the model"):
+        adapter = get_adapter_class(training.model_family).load(
+            preflight.model_folder, device=torch.device("cpu"),
+            weight_dtype=weight_dtype(training.mixed_precision),
+            loss_settings=LossSettings.from_config(training))
+        quantize_frozen_weights(adapter, training, weight_dtype(training.mixed_precision))
+        adapter.move_to(accelerator.device)
+        lora = training.model_type == "lora"
+        if lora:  # freeze the network, train an adapter; checkpoints hold the adapter only
+            add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
+                     alpha=training.lora_alpha, dropout=training.lora_dropout,
+                     target_modules=training.lora_target_modules)
+        adapter.set_gradient_checkpointing(training.gradient_checkpointing)
     caches = prepare_caches(
         configuration.datasets, startup.indexes,
         {i: b.caption_for for i, b in startup.backends.items()},
