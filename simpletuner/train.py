@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from simpletuner.configuration import ConfigError
 from simpletuner.configuration.command_line import load_with_option_args
@@ -28,6 +29,7 @@ from simpletuner.training.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAIL
                                            EXIT_PREEMPTED, EXIT_TRAINED, Diverged, Preempted,
                                            record_exit_status)
 from simpletuner.training.recipe import run_training
+from simpletuner.training.trackers import start_trackers, tracker_names
 
 logger = logging.getLogger("simpletuner.train")
 
@@ -42,7 +44,7 @@ def build_accelerator(training) -> Accelerator:
     return Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=training.mixed_precision,
-        log_with="tensorboard" if training.report_to == "tensorboard" else None,
+        log_with=list(tracker_names(training.report_to)) or None,
         project_config=ProjectConfiguration(project_dir=training.output_dir,
                                             logging_dir=str(logging_dir)))
 
@@ -63,8 +65,7 @@ def train(configuration, accelerator) -> None:
     training = configuration.training
     with output_dir_claimed(Path(training.output_dir), accelerator,
                             str(configuration.config_path)):
-        if training.report_to == "tensorboard":
-            accelerator.init_trackers("simpletuner")
+        start_trackers(accelerator, training)
         run_training(configuration, accelerator)
 
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     accelerator = build_accelerator(configuration.training)
     rank = accelerator.process_index
     try:
-        train(configuration, accelerator)
+        with logging_redirect_tqdm():  # log lines go above the progress bar, never into it
+            train(configuration, accelerator)
         return EXIT_TRAINED
     except Exception as exc:
         if not isinstance(exc, EXPECTED_ERRORS):

@@ -3,6 +3,7 @@ run resumed with evaluation on ends exactly as the uninterrupted run (and evalua
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import unittest
@@ -60,6 +61,13 @@ class EvalLossTest(unittest.TestCase):
         self.assertEqual(stderr.count("checkpoint-4"), 1, stderr[-3000:])
         self.assertRegex(stderr, r"done: 6 steps, final loss \d+\.\d{4}, seed 7; exported the "
                                  r"trained pipeline to \S+pipeline\n")
+
+    def test_log_lines_during_training_never_join_the_progress_bar(self):
+        stderr = self.runs["full"].stderr
+        self.assertIn("steps:", stderr)
+        # Every log line starts a line of its own (tqdm clears the bar before writing it).
+        glued = re.findall(r"[^\n]\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?:INFO|WARNING)", stderr)
+        self.assertEqual(glued, [], stderr[-3000:])
 
     def test_resume_with_eval_on_equals_the_uninterrupted_run(self):
         resumed = self.evaluations("resumed")

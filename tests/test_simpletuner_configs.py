@@ -15,7 +15,7 @@ from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATA
 SIMPLETUNER_CONFIG = {
     "--model_family": "sdxl", "--model_type": "lora", "--lora_type": "standard",
     "--model_flavour": "base", "--base_model_precision": "int8-quanto",
-    "--quantize_via": "cpu", "--optimizer": "adamw_schedulefree", "--report_to": "wandb",
+    "--quantize_via": "cpu", "--optimizer": "adamw_schedulefree", "--report_to": "comet_ml",
     "--vae_batch_size": 4,
     "--push_to_hub": True, "--lr_scheduler": "sine", "--mixed_precision": "bf16",
 }
@@ -59,7 +59,7 @@ class SimpleTunerConfigTest(unittest.TestCase):
             found = [p for p in problems if f"SimpleTuner option '{key}' is not supported" in p]
             self.assertEqual(len(found), 1, (key, problems))
             self.assertIn(advice, found[0])
-        values = {"optimizer": "adamw_schedulefree", "report_to": "wandb", "lr_scheduler": "sine",
+        values = {"optimizer": "adamw_schedulefree", "report_to": "comet_ml", "lr_scheduler": "sine",
                   "caption_strategy": "huggingface", "crop_style": "face"}
         for key, value in values.items():
             found = [p for p in problems if f"SimpleTuner's {key} '{value}' is not supported" in p]

@@ -105,7 +105,11 @@ class TrainingConfig:
         1.0, minimum=0.0, help="guidance input while training guidance-distilled Flux models")
 
     # Logging, checkpoints, validation
-    report_to: Literal["none", "tensorboard"] = option("none")
+    report_to: Literal["none", "tensorboard", "wandb", "all"] = option(
+        "none", help="all = tensorboard and wandb; wandb runs offline into output_dir/wandb "
+        "unless WANDB_API_KEY or WANDB_MODE is set")
+    tracker_project_name: str = option("simpletuner", help="the trackers' project")
+    tracker_run_name: str | None = option(None, help="this run's name in the trackers")
     trace_samples: bool = option(False)
     preemption_signals: list[StopSignal] = option(
         ["SIGTERM", "SIGINT", "SIGUSR1"], help="signals that end the run with a checkpoint at "

@@ -110,7 +110,6 @@ _CONFIG_KEYS: dict[str, str] = {
     "checkpointing_use_tempfolder": "remove it; checkpoints are always staged and renamed",
     "i_know_what_i_am_doing": DROP,
     # Not built yet here
-    "tracker_project_name": DROP, "tracker_run_name": DROP,
 }
 
 _DATASET_KEYS: dict[str, str] = {
@@ -149,8 +148,8 @@ _CONFIG_VALUES: dict[str, dict[str, str]] = {
                      "inverse_sqrt": "use 'polynomial' or 'cosine'",
                      "constant_with_restarts": "use 'cosine_with_restarts' or 'constant'"},
     "mixed_precision": {"fp8": "use 'bf16'; fp8 training is not supported here"},
-    "report_to": {name: "use 'tensorboard' or 'none'"
-                  for name in ("wandb", "all", "comet_ml", "aim", "clearml", "mlflow")},
+    "report_to": {name: "use 'tensorboard', 'wandb', 'all' or 'none'"
+                  for name in ("comet_ml", "aim", "clearml", "mlflow")},
 }
 
 _DATASET_VALUES: dict[str, dict[str, str]] = {

@@ -21,6 +21,7 @@ from simpletuner.training.checkpoint import read_trainer_state, resolve_resume
 from simpletuner.training.lifecycle import fresh_run_problem
 from simpletuner.training.optimizers import optimizer_problems
 from simpletuner.training.quantization import precision_problems
+from simpletuner.training.trackers import tracker_problems
 
 
 @dataclass
@@ -71,6 +72,7 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
         problems.append(f"{where}: key 'lora_target_modules' is an empty list; name the "
                         "modules to adapt, or leave it unset for the family's defaults")
     problems += [f"{where}: {problem}" for problem in _memory_option_problems(training)]
+    problems += [f"{where}: {problem}" for problem in tracker_problems(training.report_to)]
     output_problem = _check_output_dir(Path(training.output_dir))
     if output_problem:
         problems.append(f"{where}: key 'output_dir': {output_problem}")

@@ -139,7 +139,6 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     if main:
         for warning in run_warnings(training, world, total_steps - step):
             logger.warning(warning)
-    tracker = accelerator.get_tracker("tensorboard") if training.report_to == "tensorboard" else None
     trace = (TraceWriter(output_dir / "trace", rank,
                          resume_at=(sampler.epoch, sampler.step) if resumed else None)
              if training.trace_samples else None)
@@ -171,7 +170,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                     ema.swap(unwrapped)
                 try:
                     run_validation(adapter, training, step, trainable=unwrapped,
-                                   tracker=tracker,
+                                   accelerator=accelerator,
                                    autocast_dtype=weight_dtype(training.mixed_precision))
                 finally:
                     if swap:

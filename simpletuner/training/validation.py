@@ -1,15 +1,14 @@
 """Validation images during training: main rank only, fixed seed, PNGs plus a grid, and the
-same images in tensorboard when it is enabled."""
+same images in the trackers that show images (tensorboard, wandb)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-import numpy as np
-
 from simpletuner.configuration import TrainingConfig
 from simpletuner.models.pipelines import generate_validation_images, save_validation_images
+from simpletuner.training.trackers import log_images
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ def is_validation_step(training: TrainingConfig, step: int, last_step: int) -> b
 
 
 def run_validation(adapter, training: TrainingConfig, step: int, *, trainable=None,
-                   tracker=None, autocast_dtype=None) -> list[Path]:
+                   accelerator=None, autocast_dtype=None) -> list[Path]:
     """Generate and save one image per prompt into output_dir/validation/step-<n>/."""
     prompts = validation_prompts(training)
     with adapter.frozen_components_on_device():  # only for as long as sampling runs
@@ -42,8 +41,8 @@ def run_validation(adapter, training: TrainingConfig, step: int, *, trainable=No
             autocast_dtype=autocast_dtype, negative_prompt=training.validation_negative_prompt)
     folder = Path(training.output_dir) / "validation" / f"step-{step}"
     paths = save_validation_images(images, prompts, folder)
-    if tracker is not None:
-        tracker.log_images({f"validation/{i:02d}": np.asarray(image)
-                            for i, image in enumerate(images)}, step=step, dataformats="HWC")
+    if accelerator is not None:
+        log_images(accelerator, {f"validation/{i:02d}": image for i, image in enumerate(images)},
+                   step)
     logger.info("validation images for step %d in %s", step, folder)
     return paths
