@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from simpletuner.training.lora import add_lora, export_lora
 from simpletuner.training.outcomes import Preempted
 from simpletuner.training.preemption import PreemptionWatcher
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
+from simpletuner.training.sharding import accumulating, network_on_main, prepare, shard_network
 from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
                                              gradient_norm, nonfinite_warning, pack_step,
                                              reduce_step)
@@ -106,6 +106,8 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     # 4. Optimizer and schedule. The LR scheduler is not handed to accelerate (which would step
     # it once per process); its state is saved as JSON with each checkpoint.
     network = adapter.trainable
+    if training.fsdp_enable:  # before the optimizer is built: its parameters are the shards
+        shard_network(network, training, accelerator.device.type)
     optimizer = torch.optim.AdamW(
         [p for p in network.parameters() if p.requires_grad], lr=training.learning_rate,
         betas=(training.adam_beta1, training.adam_beta2),
@@ -113,7 +115,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     lr_scheduler = get_scheduler(training.lr_scheduler, optimizer,
                                  num_warmup_steps=training.lr_warmup_steps,
                                  num_training_steps=total_steps)
-    prepared_network, optimizer = accelerator.prepare(network, optimizer)
+    prepared_network, optimizer = prepare(accelerator, network, optimizer)
     ema = EMAWeights(network, training.ema_decay) if training.use_ema else None
 
     step, resumed = 0, preflight.resume_from is not None
@@ -146,26 +148,27 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                                  optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
                                  limit=training.checkpoints_total_limit,
                                  extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()},
-                                 resumed_from=preflight.resume_from)
+                                 resumed_from=preflight.resume_from,
+                                 gather_full=training.fsdp_state_dict_type == "FULL_STATE_DICT")
         if main:
             logger.info("checkpoint %s", folder)
         return folder
 
     def validate() -> None:
+        # With EMA weights swapped in on every rank (each swaps its own shards under FSDP2).
         # Main rank only; leaving the block is the barrier, and its error reaches every rank.
-        with failing_together(f"validation at step {step}"):
-            if main:
-                unwrapped = accelerator.unwrap_model(prepared_network)
-                swap = ema is not None
-                if swap:
-                    ema.swap(unwrapped)
-                try:
-                    run_validation(adapter, training, step, trainable=unwrapped,
-                                   tracker=tracker,
+        if ema is not None:
+            ema.swap(network)
+        try:
+            trained = network_on_main(accelerator, prepared_network)
+            with failing_together(f"validation at step {step}"):
+                if main:
+                    run_validation(adapter, training, step,
+                                   trainable=trained.to(accelerator.device), tracker=tracker,
                                    autocast_dtype=weight_dtype(training.mixed_precision))
-                finally:
-                    if swap:
-                        ema.swap(unwrapped)
+        finally:
+            if ema is not None:
+                ema.swap(network)
 
     # 5. The loop: micro-batches from the lockstep sampler, one optimizer step per
     # `accumulation` of them (a group never crosses buckets or epochs, see the sampler).
@@ -186,7 +189,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                     step_samples += [f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples]
                     batch = caches.assembler(micro_batch)
                     sync = (micro_batch.step + 1) % accumulation == 0
-                    with nullcontext() if sync else accelerator.no_sync(prepared_network):
+                    with accumulating(accelerator, prepared_network, sync):
                         with accelerator.autocast():
                             loss = adapter.compute_loss(
                                 batch, _noise_generator(seed, rank, micro_batch.epoch,
@@ -246,11 +249,11 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     # 6. Export, with EMA weights when enabled: the full pipeline, or for LoRA only the
     # adapter file that load_lora_weights puts on the base model.
     pipeline_dir = None
+    if ema is not None:
+        ema.copy_to(network)
+    unwrapped = network_on_main(accelerator, prepared_network)  # gathered under FSDP2
     with failing_together("the export"):  # main rank only; the barrier on the way out
         if main:
-            unwrapped = accelerator.unwrap_model(prepared_network)
-            if ema is not None:
-                ema.copy_to(unwrapped)
             if lora:
                 exported = export_lora(type(adapter), unwrapped, output_dir)
             else:
