@@ -85,9 +85,12 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         loss_settings=LossSettings.from_config(training))
     lora = training.model_type == "lora"
     if lora:  # freeze the network, train an adapter; checkpoints hold the adapter only
-        add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
-                 alpha=training.lora_alpha, dropout=training.lora_dropout,
-                 target_modules=training.lora_target_modules)
+        # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
+        with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
+            torch.manual_seed(stable_seed("lora init", seed) & (2**63 - 1))
+            add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
+                     alpha=training.lora_alpha, dropout=training.lora_dropout,
+                     target_modules=training.lora_target_modules)
     adapter.set_gradient_checkpointing(training.gradient_checkpointing)
     caches = prepare_caches(
         configuration.datasets, startup.indexes,

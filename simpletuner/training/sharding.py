@@ -85,12 +85,21 @@ def shard_network(network: torch.nn.Module, training, device_type: str) -> None:
     Call before the optimizer is built: its parameters must be the shards."""
     blocks = (named_blocks(network, training.fsdp_transformer_layer_cls_to_wrap)
               if training.fsdp_transformer_layer_cls_to_wrap else repeated_blocks(network))
+    _take_main_ranks_values(network)
     settings = {"mesh": device_mesh(training.fsdp_sharding, device_type),
                 "mp_policy": precision_policy(training.mixed_precision)}
     for block in blocks:
         fully_shard(block, reshard_after_forward=training.fsdp_reshard_after_forward, **settings)
     # The root's parameters are gathered for the whole forward and backward anyway.
     fully_shard(network, reshard_after_forward=False, **settings)
+
+
+@torch.no_grad()
+def _take_main_ranks_values(network: torch.nn.Module) -> None:
+    """Every rank starts from the main rank's parameters and buffers, as DDP does: fully_shard
+    keeps each rank's own slice, and randomly initialised ones (a LoRA's A) differ by rank."""
+    for tensor in [*network.parameters(), *network.buffers()]:
+        torch.distributed.broadcast(tensor.data, src=0)
 
 
 def prepare(accelerator, network: torch.nn.Module, optimizer):
