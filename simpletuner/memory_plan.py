@@ -147,8 +147,8 @@ def memory_table(plan: dict[str, list[RankBytes]], world: int, parameters: int) 
              _by_dtype(fsdp.frozen_components)),
             ("total per rank", _size(ddp.total), _size(fsdp.total))]
     width = max(len(r[0]) for r in rows)
-    lines = [f"memory per rank at {world} processes; trained network: {parameters / 1e9:.2f} B "
-             "parameters", f"{'':{width}}  {'DDP':>24}  {f'FSDP2 (x{world})':>24}"]
+    count = f"{parameters / 1e9:.2f} B" if parameters >= 1e8 else f"{parameters / 1e6:.2f} M"
+    lines = [f"memory per rank at {world} processes; trained network: {count} parameters", f"{'':{width}}  {'DDP':>24}  {f'FSDP2 (x{world})':>24}"]
     lines += [f"{label:{width}}  {a:>24}  {b:>24}" for label, a, b in rows]
     lines.append("Activations are not included (they depend on batch size, resolution and "
                  "gradient_checkpointing), nor FSDP2's gathered block while it runs.")
