@@ -83,6 +83,49 @@ class PredictedEqualsHeldTest(unittest.TestCase):
                                            delta=0.05, msg=f"rank {rank} {part} {case}")
 
 
+FLUX_DEV_CONFIGS = {  # Flux-dev's published configs, the parts that size its tensors
+    "transformer": {"_class_name": "FluxTransformer2DModel"},  # its defaults are Flux-dev
+    "vae": {"_class_name": "AutoencoderKL", "latent_channels": 16, "layers_per_block": 2,
+            "block_out_channels": [128, 256, 512, 512], "use_quant_conv": False,
+            "down_block_types": ["DownEncoderBlock2D"] * 4, "use_post_quant_conv": False,
+            "up_block_types": ["UpDecoderBlock2D"] * 4},
+    "text_encoder": {"model_type": "clip_text_model", "hidden_size": 768, "projection_dim": 768,
+                     "intermediate_size": 3072, "num_attention_heads": 12,
+                     "num_hidden_layers": 12},
+    "text_encoder_2": {"model_type": "t5", "d_model": 4096, "d_ff": 10240, "d_kv": 64,
+                       "num_heads": 64, "num_layers": 24, "vocab_size": 32128,
+                       "feed_forward_proj": "gated-gelu"},
+}
+
+
+def write_flux_dev_folder(root: Path) -> Path:
+    for subfolder, config in FLUX_DEV_CONFIGS.items():
+        (root / "flux-dev" / subfolder).mkdir(parents=True)
+        (root / "flux-dev" / subfolder / "config.json").write_text(json.dumps(config))
+    return root / "flux-dev"
+
+
+class FluxSizedPlanCommandTest(unittest.TestCase):
+    def test_plan_memory_prints_a_per_gpu_table_for_eight_processes(self):
+        from training_fixtures import make_shapes, write_config
+        with tempfile.TemporaryDirectory(prefix="st-memory-cli-") as tmp:
+            root = Path(tmp)
+            make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+            config = write_config(root, root / "data", model_family="flux",
+                                  pretrained_model_name_or_path=str(write_flux_dev_folder(root)),
+                                  mixed_precision="bf16", use_ema=True)
+            result = subprocess.run(
+                [sys.executable, "-m", "simpletuner", "plan", "--memory", "--config",
+                 str(config), "--num-processes", "8"], env=environment(tmp),
+                capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn("11.89 B parameters", result.stdout)
+        self.assertIn("FSDP2 (x8)", result.stdout)
+        self.assertIn("Activations are not included", result.stdout)
+        ddp_total, fsdp_total = result.stdout.split("total per rank")[1].split()[0:4:2]
+        self.assertGreater(float(ddp_total), 6 * float(fsdp_total))  # both in GiB here
+
+
 class PublishedSizesTest(unittest.TestCase):
     def test_flux_dev_transformer(self):
         from diffusers import FluxTransformer2DModel
