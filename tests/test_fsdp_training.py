@@ -119,6 +119,44 @@ class Sd1xFullFsdpTest(DdpFsdpPair, unittest.TestCase):
         self.assertTrue(bool((image == image).all()))  # no NaN
 
 
+class Sd1xFullStateDictTest(unittest.TestCase):
+    """fsdp_state_dict_type FULL_STATE_DICT: the main rank writes the gathered whole, and a
+    run resumed from it ends where the uninterrupted one did."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="st-fsdp-full-")
+        cls.root = root = Path(cls.tmp)
+        make_shapes(root / "data", per_size=4)
+        common = dict(num_processes=2, max_train_steps=4, checkpointing_steps=2, use_ema=True,
+                      fsdp_enable=True, fsdp_state_dict_type="FULL_STATE_DICT")
+        cls.full = run_train_sh(write_config(root, root / "data", "full", **common), cls.tmp)
+        if cls.full.returncode == 0:
+            (root / "resumed-out").mkdir()
+            shutil.copytree(root / "full-out/checkpoint-2", root / "resumed-out/checkpoint-2")
+            cls.resumed = run_train_sh(write_config(
+                root, root / "data", "resumed", resume_from_checkpoint="latest", **common),
+                cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_the_checkpoint_holds_whole_tensors_and_no_shards(self):
+        self.assertEqual(self.full.returncode, 0, self.full.stderr[-4000:])
+        folder = self.root / "full-out/checkpoint-2"
+        names = {path.name for path in folder.glob("*.safetensors")}
+        self.assertEqual(names, {"model.safetensors", "optimizer.safetensors", "ema.safetensors"})
+        whole = sum(p.numel() for p in load_file(str(folder / "model.safetensors")).values())
+        ema = sum(p.numel() for p in load_file(str(folder / "ema.safetensors")).values())
+        self.assertEqual(whole, ema)
+
+    def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
+        self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-4000:])
+        self.assertLessEqual(largest_difference(self.root / "full-out" / UNET_WEIGHTS,
+                                                self.root / "resumed-out" / UNET_WEIGHTS), 1e-6)
+
+
 class Sd1xLoraFsdpTest(DdpFsdpPair, unittest.TestCase):
     options = {"model_type": "lora", "lora_rank": 4}
     weights = LORA_WEIGHTS
