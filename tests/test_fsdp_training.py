@@ -158,12 +158,15 @@ class Sd1xFullStateDictTest(unittest.TestCase):
 
 
 class Sd1xLoraFsdpTest(DdpFsdpPair, unittest.TestCase):
-    options = {"model_type": "lora", "lora_rank": 4}
+    # Accumulation: FSDP2 holds back its reduce-scatter as DDP's no_sync holds its all-reduce.
+    options = {"model_type": "lora", "lora_rank": 4, "train_batch_size": 1,
+               "gradient_accumulation_steps": 2, "gradient_checkpointing": True}
     weights = LORA_WEIGHTS
 
 
 class FluxFullFsdpTest(DdpFsdpPair, unittest.TestCase):
-    options = {"model_family": "flux", "pretrained_model_name_or_path": "builtin:tiny-flux"}
+    options = {"model_family": "flux", "pretrained_model_name_or_path": "builtin:tiny-flux",
+               "gradient_checkpointing": True}
     weights = TRANSFORMER_WEIGHTS
 
 
