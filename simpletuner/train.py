@@ -25,6 +25,7 @@ from simpletuner.helpers.together import RankFailure
 from simpletuner.models.base import ModelFolderError
 from simpletuner.training.lifecycle import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
+from simpletuner.training.sharding import ShardingError
 from simpletuner.training.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,
                                            EXIT_PREEMPTED, EXIT_TRAINED, Diverged, Preempted,
                                            record_exit_status)
@@ -35,7 +36,7 @@ logger = logging.getLogger("simpletuner.train")
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
                    ModelFolderError, LoraTargetError, CacheEntryError, RankFailure, Preempted,
-                   Diverged)
+                   Diverged, ShardingError)
 
 
 def build_accelerator(training) -> Accelerator:

@@ -28,9 +28,9 @@ def largest_difference(a: Path, b: Path) -> float:
     return max(float((first[k].float() - second[k].float()).abs().max()) for k in first)
 
 
-def tensor_bytes(path: Path, prefix: str = "") -> int:
+def tensor_bytes(path: Path) -> int:
     with safe_open(str(path), framework="pt") as handle:
-        tensors = [handle.get_tensor(k) for k in handle.keys() if k.startswith(prefix)]
+        tensors = [handle.get_tensor(k) for k in handle.keys()]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -39,7 +39,7 @@ class DdpFsdpPair:
 
     options: dict
     weights: str
-    extra_fsdp_runs: bool = False
+    extra_fsdp_runs: bool = False  # also a run resumed under FSDP2 from checkpoint-2
 
     @classmethod
     def setUpClass(cls):
