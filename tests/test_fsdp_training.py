@@ -97,9 +97,13 @@ class DdpFsdpPair:
 
 
 class Sd1xFullFsdpTest(DdpFsdpPair, unittest.TestCase):
-    options = {"use_ema": True}
+    options = {"use_ema": True, "validation_prompt": "a red circle", "validation_resolution": 64,
+               "validation_num_inference_steps": 1}
     weights = UNET_WEIGHTS
     extra_fsdp_runs = True
+
+    def test_validation_ran_on_the_gathered_network(self):
+        self.assertTrue(list((self.out("fsdp") / "validation/step-4").glob("*.png")))
 
     def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights_and_trace(self):
         self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-4000:])
