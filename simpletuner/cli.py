@@ -16,6 +16,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print only JSON on stdout")
     plan.add_argument("--num-processes", type=int, default=None,
                       help="also size the split for this many hypothetical ranks")
+    plan.add_argument("--memory", action="store_true",
+                      help="print the model's bytes per rank under DDP and FSDP2 instead")
 
     builtin = commands.add_parser("builtin", help="build a built-in tiny model, print its folder")
     builtin.add_argument("name")
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     if option_args and args.command != "check":
         _parser().error(f"unrecognized arguments: {' '.join(option_args)}")
     # Imported lazily so `plan` never pays for importing diffusers, and the reverse.
+    if args.command == "plan" and args.memory:
+        from simpletuner.memory_plan import run_memory_plan
+
+        return run_memory_plan(args.config, args.num_processes)
     if args.command == "plan":
         from simpletuner.planning import run_plan
 

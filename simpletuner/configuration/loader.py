@@ -92,6 +92,17 @@ def _check_loss_options_fit_the_family(values: dict[str, Any], where: str,
                         f"only; '{family}' has no guidance input. Remove it.")
 
 
+def _check_fsdp_options(values: dict[str, Any], where: str, problems: list[str]) -> None:
+    if not values.get("fsdp_enable", False):
+        return
+    if values.get("fsdp_version", 2) != 2:
+        problems.append(f"{where}: fsdp_version {values['fsdp_version']} is not supported; "
+                        "use fsdp_version 2 (torch's fully_shard), the only FSDP here")
+    if values.get("mixed_precision") == "fp16":
+        problems.append(f"{where}: fsdp_enable needs mixed_precision 'bf16' or 'no'; fp16's loss "
+                        "scaler does not handle sharded gradients")
+
+
 def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig | None:
     if not isinstance(raw, dict):
         problems.append(f"{where}: expected a JSON object of options, found {type(raw).__name__}")
@@ -105,6 +116,7 @@ def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig 
                             f"resolution_type '{resolution_type}' it must be a whole number of "
                             "pixels")
     _check_loss_options_fit_the_family(values, where, problems)
+    _check_fsdp_options(values, where, problems)
     if len(problems) > before:
         return None
     training = TrainingConfig(**values)

@@ -104,6 +104,21 @@ class TrainingConfig:
     flux_guidance_value: float = option(
         1.0, minimum=0.0, help="guidance input while training guidance-distilled Flux models")
 
+    # Sharded training (FSDP2, training/sharding.py): SimpleTuner's option names
+    fsdp_enable: bool = option(False, help="shard parameters, gradients and optimizer state "
+                               "across processes (FSDP2) instead of replicating them (DDP)")
+    fsdp_version: int = option(2, help="2 (torch's fully_shard); FSDP1 is not supported")
+    fsdp_reshard_after_forward: bool = option(
+        True, help="free gathered parameters after each block's forward (less memory, one more "
+        "all-gather in backward)")
+    fsdp_state_dict_type: Literal["SHARDED_STATE_DICT", "FULL_STATE_DICT"] = option(
+        "SHARDED_STATE_DICT", help="checkpoints: each rank writes its shard, or the main rank "
+        "writes the gathered whole")
+    fsdp_transformer_layer_cls_to_wrap: list[str] | None = option(
+        None, help="class names sharded as units; none = the network's repeated blocks")
+    fsdp_sharding: Literal["full", "hybrid"] = option(
+        "full", help="hybrid: shard within each node, replicate across nodes (needs > 1 node)")
+
     # Logging, checkpoints, validation
     report_to: Literal["none", "tensorboard", "wandb", "all"] = option(
         "none", help="all = tensorboard and wandb; wandb runs offline into output_dir/wandb "

@@ -21,6 +21,8 @@ from simpletuner.helpers.data_backend.atomic import atomic_write_json, fsync_dir
 from simpletuner.helpers.together import failing_together
 from simpletuner.training.manifest import (CheckpointError, has_manifest, naming_file,
                                            verify_checkpoint, write_manifest)
+from simpletuner.training.sharded_checkpoint import load_sharded, save_sharded
+from simpletuner.training.sharding import is_sharded
 from simpletuner.training.tensor_files import check_finite
 from simpletuner.training.train_state import (capture_rng, load_optimizer, load_weights,
                                               restore_rng, rng_file, save_optimizer, save_weights)
@@ -98,10 +100,12 @@ def read_trainer_state(folder: Path) -> TrainerState:
 def save_checkpoint(accelerator, output_dir: Path, state: TrainerState, *, network, optimizer,
                     sampler_state: dict[str, Any], ema=None, limit: int | None = None,
                     extra_json: dict[str, Any] | None = None,
-                    resumed_from: Path | None = None) -> Path:
+                    resumed_from: Path | None = None, gather_full: bool = False) -> Path:
     """Every rank calls this; returns the final folder. ``network`` is the unwrapped trained
     module; ``extra_json`` maps file names to JSON-able states (e.g. the LR scheduler's);
-    ``resumed_from`` (the checkpoint this run started from) is never pruned."""
+    ``resumed_from`` (the checkpoint this run started from) is never pruned. A network sharded
+    with FSDP2 is saved by sharded_checkpoint, one shard per rank unless ``gather_full``."""
+    sharded = is_sharded(network)
     final = output_dir / f"checkpoint-{state.step}"
     staging = output_dir / f".incomplete-checkpoint-{state.step}"
     main, what = accelerator.is_main_process, f"checkpoint at step {state.step}"
@@ -111,10 +115,16 @@ def save_checkpoint(accelerator, output_dir: Path, state: TrainerState, *, netwo
                 _empty_folder(staging)
         with failing_together(what):
             _write_json(staging / rng_file(accelerator.process_index), capture_rng())
-            if main:
+            if main and sharded:
+                _write_json_parts(staging, state, sampler_state, extra_json or {})
+            elif main:
                 _write_main_parts(staging, state, network=network, optimizer=optimizer,
                                   sampler_state=sampler_state, ema=ema,
                                   extra_json=extra_json or {})
+        if sharded:  # every rank writes its shard (collectives: DCP raises on every rank)
+            with failing_together(what):
+                save_sharded(staging, network=network, optimizer=optimizer, ema=ema,
+                             lora=state.model_type == "lora", main=main, full=gather_full)
         with failing_together(what):
             if main:
                 write_manifest(staging)
@@ -146,6 +156,11 @@ def _write_main_parts(staging: Path, state: TrainerState, *, network, optimizer,
     save_optimizer(optimizer, staging)
     if ema is not None:
         ema.save(staging / EMA_WEIGHTS)
+    _write_json_parts(staging, state, sampler_state, extra_json)
+
+
+def _write_json_parts(staging: Path, state: TrainerState, sampler_state: dict[str, Any],
+                      extra_json: dict[str, Any]) -> None:
     _write_json(staging / SAMPLER_STATE, sampler_state)
     for name, value in extra_json.items():
         _write_json(staging / name, value)
@@ -196,18 +211,30 @@ def load_checkpoint(folder: Path, *, rank: int, network, optimizer, ema=None
                     ) -> tuple[TrainerState, dict[str, Any]]:
     """Restore weights, optimizer, EMA and this rank's RNG; return trainer and sampler state.
     Every rank calls this: a file one rank cannot use stops every rank (failing_together)."""
-    with failing_together(f"resuming from {folder}"):
+    what = f"resuming from {folder}"
+    with failing_together(what):
         trainer_state = read_trainer_state(folder)
-        load_weights(network, folder, lora=trainer_state.model_type == "lora")
-        load_optimizer(optimizer, folder)
-        if ema is not None:
-            with naming_file(folder / EMA_WEIGHTS, "read"):
-                ema.load(folder / EMA_WEIGHTS)
-            check_finite(ema.shadow, folder / EMA_WEIGHTS)
+        if not is_sharded(network):
+            _load_tensor_parts(folder, trainer_state, network=network, optimizer=optimizer,
+                               ema=ema)
         _restore_rank_rng(folder, rank)
         with naming_file(folder / SAMPLER_STATE, "read"):
             sampler_state = json.loads((folder / SAMPLER_STATE).read_text(encoding="utf-8"))
+    if is_sharded(network):  # collectives, entered only once every rank read the rest
+        with failing_together(what):
+            load_sharded(folder, network=network, optimizer=optimizer, ema=ema,
+                         lora=trainer_state.model_type == "lora")
     return trainer_state, sampler_state
+
+
+def _load_tensor_parts(folder: Path, trainer_state: TrainerState, *, network, optimizer,
+                       ema) -> None:
+    load_weights(network, folder, lora=trainer_state.model_type == "lora")
+    load_optimizer(optimizer, folder)
+    if ema is not None:
+        with naming_file(folder / EMA_WEIGHTS, "read"):
+            ema.load(folder / EMA_WEIGHTS)
+        check_finite(ema.shadow, folder / EMA_WEIGHTS)
 
 
 def _restore_rank_rng(folder: Path, rank: int) -> None:

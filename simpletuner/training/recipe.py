@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from simpletuner.training.outcomes import Preempted
 from simpletuner.training.preemption import PreemptionWatcher
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
 from simpletuner.training.quantization import quantize_frozen_weights
+from simpletuner.training.sharding import accumulating, network_on_main, prepare, shard_network
 from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
                                              gradient_norm, nonfinite_warning, pack_step,
                                              reduce_step)
@@ -97,9 +97,12 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         adapter.move_to(accelerator.device)
         lora = training.model_type == "lora"
         if lora:  # freeze the network, train an adapter; checkpoints hold the adapter only
-            add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
-                     alpha=training.lora_alpha, dropout=training.lora_dropout,
-                     target_modules=training.lora_target_modules)
+            # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
+            with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
+                torch.manual_seed(stable_seed("lora init", seed) & (2**63 - 1))
+                add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
+                         alpha=training.lora_alpha, dropout=training.lora_dropout,
+                         target_modules=training.lora_target_modules)
         adapter.set_gradient_checkpointing(training.gradient_checkpointing)
     caches = prepare_caches(
         configuration.datasets, startup.indexes,
@@ -119,9 +122,11 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     # 4. Optimizer and schedule. The LR scheduler is not handed to accelerate (which would step
     # it once per process); its state is saved as JSON with each checkpoint.
     network = adapter.trainable
+    if training.fsdp_enable:  # before the optimizer is built: its parameters are the shards
+        shard_network(network, training, accelerator.device.type)
     optimizer = build_optimizer(network, training)
     lr_scheduler = build_lr_scheduler(training, optimizer, total_steps)
-    prepared_network, optimizer = accelerator.prepare(network, optimizer)
+    prepared_network, optimizer = prepare(accelerator, network, optimizer)
     ema = EMAWeights(network, training.ema_decay) if training.use_ema else None
 
     step, resumed = 0, preflight.resume_from is not None
@@ -158,23 +163,25 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                                optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
                                limit=training.checkpoints_total_limit,
                                extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()},
-                               resumed_from=preflight.resume_from)
+                               resumed_from=preflight.resume_from,
+                               gather_full=training.fsdp_state_dict_type == "FULL_STATE_DICT")
 
     def validate() -> None:
+        # With EMA weights swapped in on every rank (each swaps its own shards under FSDP2).
         # Main rank only; leaving the block is the barrier, and its error reaches every rank.
-        with failing_together(f"validation at step {step}"):
-            if main:
-                unwrapped = accelerator.unwrap_model(prepared_network)
-                swap = ema is not None
-                if swap:
-                    ema.swap(unwrapped)
-                try:
-                    run_validation(adapter, training, step, trainable=unwrapped,
+        if ema is not None:
+            ema.swap(network)
+        try:
+            trained = network_on_main(accelerator, prepared_network)
+            with failing_together(f"validation at step {step}"):
+                if main:
+                    run_validation(adapter, training, step,
+                                   trainable=trained.to(accelerator.device),
                                    accelerator=accelerator,
                                    autocast_dtype=weight_dtype(training.mixed_precision))
-                finally:
-                    if swap:
-                        ema.swap(unwrapped)
+        finally:
+            if ema is not None:
+                ema.swap(network)
 
     # 5. The loop: micro-batches from the lockstep sampler, one optimizer step per
     # `accumulation` of them (a group never crosses buckets or epochs, see the sampler).
@@ -197,7 +204,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                     step_samples += [f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples]
                     batch = caches.assembler(micro_batch)
                     sync = (micro_batch.step + 1) % accumulation == 0
-                    with nullcontext() if sync else accelerator.no_sync(prepared_network):
+                    with accumulating(accelerator, prepared_network, sync):
                         with accelerator.autocast():
                             loss = adapter.compute_loss(
                                 batch, _noise_generator(seed, rank, micro_batch.epoch,
@@ -259,11 +266,11 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     # 6. Export, with EMA weights when enabled: the full pipeline, or for LoRA only the
     # adapter file that load_lora_weights puts on the base model.
     pipeline_dir = None
+    if ema is not None:
+        ema.copy_to(network)
+    unwrapped = network_on_main(accelerator, prepared_network)  # gathered under FSDP2
     with failing_together("the export"):  # main rank only; the barrier on the way out
         if main:
-            unwrapped = accelerator.unwrap_model(prepared_network)
-            if ema is not None:
-                ema.copy_to(unwrapped)
             if lora:
                 exported = export_lora(type(adapter), unwrapped, output_dir)
             else:

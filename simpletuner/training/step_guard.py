@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from simpletuner.training.outcomes import Diverged
 
@@ -43,7 +44,9 @@ def gradient_norm(accelerator, parameters: Iterable[torch.Tensor],
                   max_grad_norm: float) -> torch.Tensor:
     """The total gradient norm before clipping; clips to ``max_grad_norm`` unless it is 0.
     Through accelerate, so fp16 gradients are unscaled and sharded ones measured whole."""
-    return accelerator.clip_grad_norm_(parameters, max_grad_norm or math.inf)
+    norm = accelerator.clip_grad_norm_(parameters, max_grad_norm or math.inf)
+    # With FSDP2 the norm of sharded gradients is a DTensor whose local value is partial.
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def pack_step(loss_sum: torch.Tensor, micro_batches: int, grad_norm: torch.Tensor,
