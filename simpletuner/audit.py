@@ -19,6 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.helpers.clean_exit import exit_process
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
@@ -131,4 +132,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 from accelerate import Accelerator
@@ -20,6 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from simpletuner.configuration import ConfigError
 from simpletuner.configuration.command_line import load_with_option_args
 from simpletuner.helpers.caching.storage import CacheEntryError
+from simpletuner.helpers.clean_exit import exit_process
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
@@ -99,22 +98,6 @@ def main(argv: list[str] | None = None) -> int:
         return status
     finally:
         accelerator.end_training()
-
-
-def exit_process(status: int) -> NoReturn:
-    """Exit without the interpreter's finalization, once everything is written and the process
-    group ended. gloo's worker threads outlive destroy_process_group; one still releasing the
-    tensors of the last collective (DCP's save ends with a broadcast) needs the GIL, and a
-    finalizing interpreter stops such a thread inside take_gil with pthread_exit, whose unwind
-    through a noexcept destructor ends in std::terminate: 'terminate called without an active
-    exception', SIGABRT, in 3 runs of 10 here (seen in gdb: pt_gloo_runloop in ~AsyncWork
-    while the main thread is in Py_FinalizeEx). A barrier before ending narrows the window but
-    does not close it. Nothing the run keeps is left to finalization: files are closed and
-    renamed by then, trackers finished by end_training; logs and stdio are flushed here."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.train import exit_process
+from simpletuner.helpers.clean_exit import exit_process
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.lora import add_lora
 from simpletuner.training.preflight import weight_dtype
