@@ -40,7 +40,8 @@ def busy_time(intervals: list[tuple[float, float]], start: float, end: float) ->
 
 def idle_share(events: list[dict], warmup: int) -> float | None:
     """1 - busy / wall between the ``warmup``-th step mark and the last one; None without marks."""
-    marks = sorted(e["ts"] for e in events if e.get("name") == STEP_MARK)
+    marks = sorted(e["ts"] for e in events  # the host's marks, not their GPU-timeline twins
+                   if e.get("name") == STEP_MARK and e.get("cat") == "user_annotation")
     if len(marks) <= warmup + 1:
         return None
     start, end = marks[warmup], marks[-1]

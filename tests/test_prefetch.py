@@ -4,12 +4,18 @@ with their sample ids, and no thread left behind."""
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import unittest
+from pathlib import Path
 
 import torch
 
+from simpletuner.helpers.caching.latents import LatentCache
+from simpletuner.helpers.caching.storage import CacheEntryError, entry_path, save_entry
+from simpletuner.helpers.caching.text_embeds import TextEmbedCache
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.multiaspect.dataset import BatchAssembler
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches, positions_after
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 from simpletuner.models.base import TrainingBatch
@@ -68,6 +74,22 @@ def first(iterable, count: int) -> list:
         if len(items) == count:
             break
     return items
+
+
+def real_assembler(folder: Path, damaged: str) -> BatchAssembler:
+    """The project's assembler over cache files for every sample of new_sampler(); the entry
+    of ``damaged`` holds garbage."""
+    latents = LatentCache(folder / "vae")
+    text = TextEmbedCache(folder / "text", "te")
+    for micro_batch in new_sampler():
+        for sample in micro_batch.samples:
+            path = entry_path(latents.folder, f"{len(latents.paths):064x}")
+            save_entry(path, {"latent": torch.randn(4, 8, 8),
+                              "geometry": torch.tensor([64, 64, 0, 0, 64, 64])})
+            latents.paths[sample.sample_id] = path
+            save_entry(text.path_for(sample.caption), {"prompt_embeds": torch.zeros(77, 32)})
+    latents.paths[damaged].write_bytes(b"damaged")
+    return BatchAssembler({"d": latents}, {"d": text})
 
 
 class PositionsAfterTest(unittest.TestCase):
@@ -162,6 +184,21 @@ class FailureTest(unittest.TestCase):
             self.assertIn(f"d/{sample.sample_id}", notes)
         self.assertIn("micro-batch 3 of epoch 0", notes)
         self.assertEqual(sampler.step, 4, "the sampler handed out the failing micro-batch")
+
+    def test_a_damaged_cache_entry_names_its_file_and_its_micro_batchs_samples(self):
+        failing = list(new_sampler())[2]
+        damaged = failing.samples[1].sample_id
+        with tempfile.TemporaryDirectory() as tmp:
+            assembler = real_assembler(Path(tmp), damaged)
+            consumed = []
+            with self.assertRaises(CacheEntryError) as raised:
+                for micro_batch, batch in PrefetchedBatches(new_sampler(), assembler):
+                    self.assertEqual(batch.latents.shape, (2, 4, 8, 8))
+                    consumed.append(micro_batch.step)
+        self.assertEqual(consumed, [0, 1])
+        self.assertIn(repr(damaged), str(raised.exception))
+        notes = "\n".join(raised.exception.__notes__)
+        self.assertIn(", ".join(f"d/{s.sample_id}" for s in failing.samples), notes)
 
     def test_an_error_in_the_loop_body_ends_the_thread(self):
         with self.assertRaises(RuntimeError):
