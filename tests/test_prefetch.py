@@ -7,6 +7,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import unittest
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -93,11 +94,11 @@ def real_assembler(folder: Path, damaged: str) -> BatchAssembler:
 
 
 class PositionsAfterTest(unittest.TestCase):
-    def test_stays_in_the_epoch_until_its_last_step(self):
+    def test_runs_on_into_the_next_epochs(self):
         self.assertEqual(positions_after(3, 0, 10, 2), [(3, 1), (3, 2)])
-        self.assertEqual(positions_after(3, 8, 10, 2), [(3, 9)])
+        self.assertEqual(positions_after(3, 8, 10, 2), [(3, 9), (4, 0)])
         self.assertEqual(positions_after(3, 9, 10, 2), [(4, 0), (4, 1)])
-        self.assertEqual(positions_after(0, 0, 1, 2), [(1, 0)])
+        self.assertEqual(positions_after(0, 0, 1, 2), [(1, 0), (2, 0)])
 
 
 class OrderAndPositionTest(unittest.TestCase):
@@ -199,6 +200,22 @@ class FailureTest(unittest.TestCase):
         self.assertIn(repr(damaged), str(raised.exception))
         notes = "\n".join(raised.exception.__notes__)
         self.assertIn(", ".join(f"d/{s.sample_id}" for s in failing.samples), notes)
+
+    def test_a_batch_read_ahead_for_another_plan_is_an_error_not_trained(self):
+        class Recaptioned(MultiAspectSampler):  # its own iteration differs from its plan's twin
+            def micro_batch(self, epoch, step):
+                batch = super().micro_batch(epoch, step)
+                return replace(batch, samples=tuple(replace(s, caption="other")
+                                                    for s in batch.samples))
+
+        plain = new_sampler()
+        changed = Recaptioned(plain.datasets, seed=plain.seed, processes=1, rank=0,
+                              accumulation=2)
+        consumed = []
+        with self.assertRaisesRegex(RuntimeError, "micro-batch 1 of epoch 0 was planned"):
+            for micro_batch, _ in PrefetchedBatches(changed, RecordingAssembler()):
+                consumed.append(micro_batch.step)
+        self.assertEqual(consumed, [0])  # the first is assembled for what was handed out
 
     def test_an_error_in_the_loop_body_ends_the_thread(self):
         with self.assertRaises(RuntimeError):

@@ -4,14 +4,15 @@ is ready when step i ends.
 
 The sampler is still iterated here, in the loop's thread, one micro-batch per loop iteration, so
 its position (what a checkpoint saves) counts the micro-batches the loop consumed, never those
-read ahead. The ones ahead come from ``sampler.micro_batch(epoch, step)``, the same pure function
-of the position the sampler's own iteration calls; a batch read ahead but not consumed before a
-checkpoint is simply assembled again after resume.
+read ahead; a batch read ahead but not consumed before a checkpoint is simply assembled again
+after resume. The worker finds the micro-batches ahead with a twin sampler of the same plan
+(``micro_batch(epoch, step)`` is a pure function of the position): the loop's thread does no
+more sampler work than before (its caption reads included), and the two threads never share the
+sampler's unlocked slice cache. Each batch read ahead is checked against the micro-batch the
+sampler then hands out.
 
 Iteration runs across epochs (the caller stops it), so the first batch of an epoch is read while
-the last one of the previous epoch trains. It reads into the next epoch only once the sampler has
-handed out the current epoch's last micro-batch, so the sampler's per-epoch slice cache is never
-switched back and forth.
+the last one of the previous epoch trains.
 """
 
 from __future__ import annotations
@@ -24,17 +25,24 @@ import torch
 
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.dataset import on_device, pinned
+from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler
 from simpletuner.models.base import TrainingBatch
 
 Assemble = Callable[[MicroBatch], TrainingBatch]
+Prepared = tuple[MicroBatch, TrainingBatch]
 
 
 def positions_after(epoch: int, step: int, per_epoch: int, count: int) -> list[tuple[int, int]]:
-    """Up to ``count`` (epoch, step) positions that follow ``(epoch, step)``; they enter the next
-    epoch only when ``step`` is the last of its epoch."""
-    if step + 1 < per_epoch:
-        return [(epoch, s) for s in range(step + 1, min(step + 1 + count, per_epoch))]
-    return [(epoch + 1, s) for s in range(min(count, per_epoch))]
+    """The ``count`` (epoch, step) positions that follow ``(epoch, step)``, across epochs."""
+    flat = epoch * per_epoch + step
+    return [divmod(flat + k, per_epoch) for k in range(1, count + 1)]
+
+
+def twin_of(sampler: MultiAspectSampler) -> MultiAspectSampler:
+    """A sampler with the same plan and caches of its own, for another thread."""
+    return MultiAspectSampler(sampler.datasets, seed=sampler.seed, processes=sampler.processes,
+                              rank=sampler.rank, accumulation=sampler.accumulation,
+                              evaluation=sampler.evaluation)
 
 
 class PrefetchedBatches:
@@ -47,8 +55,8 @@ class PrefetchedBatches:
     The worker thread ends when the iteration ends (exhausted, broken out of, or raised through).
     """
 
-    def __init__(self, sampler, assemble: Assemble, *, device: torch.device | str = "cpu",
-                 depth: int = 2):
+    def __init__(self, sampler: MultiAspectSampler, assemble: Assemble, *,
+                 device: torch.device | str = "cpu", depth: int = 2):
         if depth < 1:
             raise ValueError(f"prefetch depth must be at least 1, not {depth}")
         self.sampler = sampler
@@ -59,33 +67,37 @@ class PrefetchedBatches:
     def __iter__(self) -> Iterator[tuple[MicroBatch, TrainingBatch]]:
         if len(self.sampler) == 0:
             return
-        ahead: deque[tuple[MicroBatch, Future]] = deque()
+        twin = twin_of(self.sampler)
+        ahead: deque[tuple[tuple[int, int], Future]] = deque()  # (epoch, step), its Prepared
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch")
         try:
             while True:  # epoch after epoch, until the caller stops
                 for micro_batch in self.sampler:
                     future = self._take(ahead, micro_batch, worker)
-                    self._read_ahead(ahead, micro_batch, worker)
-                    yield micro_batch, self._ready(future.result())
+                    self._read_ahead(ahead, micro_batch, worker, twin)
+                    yield micro_batch, self._ready(micro_batch, future.result())
         finally:
             worker.shutdown(wait=True, cancel_futures=True)
 
     def _take(self, ahead: deque, micro_batch: MicroBatch, worker: ThreadPoolExecutor) -> Future:
-        """The batch read ahead for ``micro_batch``, else one submitted now."""
+        """The batch read ahead at ``micro_batch``'s position, else one submitted now."""
         while ahead:
-            queued, future = ahead.popleft()
-            if queued == micro_batch:
+            position, future = ahead.popleft()
+            if position == (micro_batch.epoch, micro_batch.step):
                 return future
             future.cancel()
         return worker.submit(self._prepare, micro_batch)
 
-    def _read_ahead(self, ahead: deque, consumed: MicroBatch, worker: ThreadPoolExecutor) -> None:
+    def _read_ahead(self, ahead: deque, consumed: MicroBatch, worker: ThreadPoolExecutor,
+                    twin: MultiAspectSampler) -> None:
         wanted = positions_after(consumed.epoch, consumed.step, len(self.sampler), self.depth)
-        for epoch, step in wanted[len(ahead):]:
-            micro_batch = self.sampler.micro_batch(epoch, step)
-            ahead.append((micro_batch, worker.submit(self._prepare, micro_batch)))
+        for position in wanted[len(ahead):]:
+            ahead.append((position, worker.submit(self._prepare_at, twin, position)))
 
-    def _prepare(self, micro_batch: MicroBatch) -> TrainingBatch:
+    def _prepare_at(self, twin: MultiAspectSampler, position: tuple[int, int]) -> Prepared:
+        return self._prepare(twin.micro_batch(*position))
+
+    def _prepare(self, micro_batch: MicroBatch) -> Prepared:
         """In the worker thread: read the caches, and pin the tensors for a CUDA copy."""
         try:
             batch = self.assemble(micro_batch)
@@ -94,8 +106,14 @@ class PrefetchedBatches:
             error.add_note(f"while assembling micro-batch {micro_batch.step} of epoch "
                            f"{micro_batch.epoch} (bucket {micro_batch.bucket}): {samples}")
             raise
-        return pinned(batch) if self.device.type == "cuda" else batch
+        return micro_batch, pinned(batch) if self.device.type == "cuda" else batch
 
-    def _ready(self, batch: TrainingBatch) -> TrainingBatch:
+    def _ready(self, micro_batch: MicroBatch, prepared: Prepared) -> TrainingBatch:
         """In the loop's thread, so the copy is queued on the stream the model runs on."""
+        assembled_for, batch = prepared
+        if assembled_for != micro_batch:
+            raise RuntimeError(
+                f"the batch read ahead for micro-batch {micro_batch.step} of epoch "
+                f"{micro_batch.epoch} was planned differently ({assembled_for}) from what the "
+                f"sampler handed out ({micro_batch}): the plan is not a function of the position")
         return on_device(batch, self.device) if self.device.type == "cuda" else batch
