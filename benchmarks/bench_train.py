@@ -1,6 +1,7 @@
 """Trainer overhead: the project's training loop against a bare hand-written loop.
 
-    python benchmarks/bench_train.py [--steps 60] [--rounds 2] [--batch-size 4] [--json]
+    python benchmarks/bench_train.py [--steps 60] [--rounds 3] [--batch-size 4] [--json]
+    python benchmarks/bench_train.py --device cuda       # on a machine with a GPU
 
 Both sides train builtin:tiny-sd1x on the demo dataset (108 captioned shapes, three aspect
 buckets at 64 px) from cached latents and text embeddings, with AdamW, gradient clipping and
@@ -11,16 +12,26 @@ a constant learning rate, in this one process and on the same threads:
   recipe is unchanged): ``autocast()`` when the micro-batch is ready, ``log()`` when the
   optimizer step is done. Data waiting is the time from one step's end to the next
   micro-batch being ready (sampler, batch assembly from the caches, the loop itself).
-* bare: the same micro-batches in the same order, assembled into memory beforehand, and a
-  plain loop of compute_loss, backward, clip, step, zero_grad on a freshly loaded model.
+* bare: the same micro-batches in the same order, assembled into memory (on the device)
+  beforehand, and a plain loop of compute_loss, backward, clip, step, zero_grad on a freshly
+  loaded model.
+
+Two cases, each with both sides: the tiny model's own batches, and "SDXL-sized assembly": the
+same training, but each micro-batch is assembled only after an SDXL-sized batch (1024 px
+latents, 2048-wide embeddings, with the text LRU) has been read for the same samples from other
+cache files, so assembling takes about as long as the tiny model's step and any of it that is
+not hidden behind the step shows as data waiting. The bare loop never assembles, so it is the
+same in both cases.
 
 The sides alternate for --rounds rounds; the first --warmup steps of each run are not counted,
-and each side's best round counts (other programs on the machine only ever add time).
+and each side's best round counts (other programs on the machine only ever add time). With
+--device cuda one more run of each side per case runs under torch.profiler, for the share of
+wall time in which the GPU ran nothing (device_idle.py).
 
 --model-only times the bare loop alone at other batch sizes or resolutions (what
 DESIGN.md quotes: a 64x64 batch of 4 trains in about 40-60 ms on two cores). --assembly-only
-times batch assembly alone from real cache files, also at SDXL size (1024 px latents, 2048-wide
-embeddings), with and without the text-embedding LRU: the data side of large models.
+times batch assembly alone from real cache files, also at SDXL size, with and without the
+text-embedding LRU: the data side of large models.
 """
 
 from __future__ import annotations
@@ -31,12 +42,17 @@ import statistics
 import sys
 import tempfile
 import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 import torch
 from accelerate import Accelerator
 
 from benchlib import data_folder, emit, format_table, machine, ratio, verdict
+from device_idle import mark_step, profiled
 from simpletuner.configuration import load_configuration
 from simpletuner.demo_data import ensure_demo_dataset
 from simpletuner.helpers.caching.latents import LatentCache
@@ -45,13 +61,23 @@ from simpletuner.helpers.caching.storage import entry_path, save_entry
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache
 from simpletuner.helpers.metadata.startup import build_sampler, start_data
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
-from simpletuner.helpers.multiaspect.dataset import BatchAssembler
+from simpletuner.helpers.multiaspect.dataset import BatchAssembler, on_device
 from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.training import recipe
 from simpletuner.training.recipe import run_training
 
 MODEL = "tiny-sd1x"
+CACHED_SAMPLES, CACHED_CAPTIONS = 64, 8  # of the extra cache files an assembly case reads
+
+# name: (latent shape, {embedding name: shape})
+ASSEMBLY_CASES = {
+    "tiny-sd1x 64px": ((4, 8, 8), {"prompt_embeds": (77, 32)}),
+    "sdxl 1024px": ((4, 128, 128), {"prompt_embeds": (77, 2048),
+                                    "pooled_prompt_embeds": (1280,)}),
+}
+TRAINING_CASES = {"tiny batch": None, "SDXL-sized assembly": "sdxl 1024px"}
 
 
 class TimedAccelerator(Accelerator):
@@ -68,6 +94,7 @@ class TimedAccelerator(Accelerator):
 
     def log(self, values, step=None, log_kwargs=None):
         self.done.append(time.perf_counter())
+        mark_step()
         return super().log(values, step=step, log_kwargs=log_kwargs or {})
 
 
@@ -89,6 +116,57 @@ def write_config(folder: Path, args) -> Path:
     return path
 
 
+def cache_assembler(folder: Path, latent_shape, embed_shapes, keep_in_memory: int):
+    """A BatchAssembler over generated cache files: samples "<i>.png", captions "caption <c>"."""
+    latents = LatentCache(folder / "vae")
+    text = TextEmbedCache(folder / "text", "te", keep_in_memory=keep_in_memory)
+    for i in range(CACHED_SAMPLES):
+        path = entry_path(latents.folder, f"{i:064x}")
+        save_entry(path, {"latent": torch.randn(latent_shape),
+                          "geometry": torch.tensor([64, 64, 0, 0, 64, 64])})
+        latents.paths[f"{i}.png"] = path
+    for c in range(CACHED_CAPTIONS):
+        save_entry(text.path_for(f"caption {c}"),
+                   {k: torch.randn(shape) for k, shape in embed_shapes.items()})
+    return BatchAssembler({"d": latents}, {"d": text})
+
+
+class HeavierAssembler:
+    """The real batch, assembled after reading a larger batch for the same samples from the
+    generated cache files (and dropping it): the trainer pays a large model's data cost."""
+
+    def __init__(self, real: BatchAssembler, larger: BatchAssembler):
+        self.real, self.larger = real, larger
+
+    def __call__(self, micro_batch: MicroBatch) -> TrainingBatch:
+        self.larger(MicroBatch(micro_batch.epoch, micro_batch.step, "d", micro_batch.bucket,
+                               tuple(self._stand_in(s) for s in micro_batch.samples)))
+        return self.real(micro_batch)
+
+    @staticmethod
+    def _stand_in(sample: BatchSample) -> BatchSample:
+        n = zlib.crc32(sample.sample_id.encode())
+        return replace(sample, dataset_id="d", sample_id=f"{n % CACHED_SAMPLES}.png",
+                       caption=f"caption {n % CACHED_CAPTIONS}")
+
+
+@contextmanager
+def assembling_like(case: str | None, folder: Path):
+    """Within: run_training's caches assemble like ``case`` of ASSEMBLY_CASES (None: as is)."""
+    if case is None:
+        yield
+        return
+    latent_shape, embed_shapes = ASSEMBLY_CASES[case]
+    larger = cache_assembler(folder, latent_shape, embed_shapes, keep_in_memory=64)
+
+    def prepare(*args, **kwargs):
+        caches = prepare_caches(*args, **kwargs)
+        return replace(caches, assembler=HeavierAssembler(caches.assembler, larger))
+
+    with mock.patch.object(recipe, "prepare_caches", prepare):
+        yield
+
+
 def trainer_run(config_path: Path, accelerator: TimedAccelerator) -> dict:
     accelerator.ready.clear()
     accelerator.done.clear()
@@ -101,11 +179,11 @@ def trainer_run(config_path: Path, accelerator: TimedAccelerator) -> dict:
 
 
 def bare_batches(config_path: Path, accelerator: Accelerator, count: int):
-    """The micro-batches the trainer trained on, in its order, assembled into memory."""
+    """The micro-batches the trainer trained on, in its order, assembled into device memory."""
     configuration = load_configuration(config_path)
     training = configuration.training
     startup = start_data(configuration, accelerator)
-    adapter = load_adapter(training)
+    adapter = load_adapter(training, torch.device("cpu"))
     caches = prepare_caches(
         configuration.datasets, startup.indexes,
         {i: b.caption_for for i, b in startup.backends.items()}, adapter.encode_images,
@@ -116,33 +194,34 @@ def bare_batches(config_path: Path, accelerator: Accelerator, count: int):
     batches: list[TrainingBatch] = []
     while len(batches) < count:
         batches.extend(caches.assembler(mb) for mb in sampler)
-    return batches[:count]
+    return [on_device(b, accelerator.device) for b in batches[:count]]
 
 
-def load_adapter(training):
+def load_adapter(training, device: torch.device):
     return get_adapter_class("sd1x").load(
-        ensure_builtin_model(MODEL), device=torch.device("cpu"), weight_dtype=torch.float32,
+        ensure_builtin_model(MODEL), device=device, weight_dtype=torch.float32,
         loss_settings=LossSettings.from_config(training))
 
 
-def bare_run(batches: list[TrainingBatch], training) -> dict:
-    adapter = load_adapter(training)
+def bare_run(batches: list[TrainingBatch], training, device: torch.device) -> dict:
+    adapter = load_adapter(training, device)
     network = adapter.trainable
     network.train()
     optimizer = torch.optim.AdamW(
         [p for p in network.parameters() if p.requires_grad], lr=training.learning_rate,
         betas=(training.adam_beta1, training.adam_beta2),
         weight_decay=training.adam_weight_decay, eps=training.adam_epsilon)
-    steps = []
+    done = [time.perf_counter()]
     for step, batch in enumerate(batches):
-        start = time.perf_counter()
         loss = adapter.compute_loss(batch, torch.Generator().manual_seed(step))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(network.parameters(), training.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        steps.append(time.perf_counter() - start)
-    return {"steps": steps[1:]}  # like the trainer's: the first step has no start mark
+        done.append(time.perf_counter())
+        mark_step()
+    # Like the trainer's: from one step's end to the next (the first step has no start mark).
+    return {"steps": [b - a for a, b in zip(done[1:], done[2:])]}
 
 
 def summary(run: dict, warmup: int) -> dict:
@@ -157,55 +236,78 @@ def summary(run: dict, warmup: int) -> dict:
 
 
 def measure(args) -> dict:
-    accelerator = TimedAccelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
-    trainer_rounds, bare_rounds = [], []
+    device = torch.device(args.device)
+    accelerator = TimedAccelerator(cpu=device.type == "cpu", mixed_precision="no")
+    rounds = {case: {"trainer": [], "bare": []} for case in TRAINING_CASES}
+    idle = {}
     with tempfile.TemporaryDirectory() as tmp:
         config_path = write_config(Path(tmp), args)
         training = load_configuration(config_path).training
         print("first trainer run (builds the caches, not counted)...", file=sys.stderr)
         trainer_run(config_path, accelerator)
         batches = bare_batches(config_path, accelerator, args.steps)
+        sides = {
+            "trainer": lambda case: trainer_in_case(case, config_path, accelerator, Path(tmp)),
+            "bare": lambda case: bare_run(batches, training, accelerator.device)}
         for round_ in range(args.rounds):
-            print(f"round {round_ + 1}/{args.rounds}: trainer, then bare loop...", file=sys.stderr)
-            trainer_rounds.append(summary(trainer_run(config_path, accelerator), args.warmup))
-            bare_rounds.append(summary(bare_run(batches, training), args.warmup))
+            for case in TRAINING_CASES:
+                print(f"round {round_ + 1}/{args.rounds}, {case}: trainer, then bare loop...",
+                      file=sys.stderr)
+                for side, run in sides.items():
+                    rounds[case][side].append(summary(run(case), args.warmup))
+        if device.type == "cuda":
+            print("one profiled run of each side per case...", file=sys.stderr)
+            idle = {case: {side: profiled(lambda: run(case), args.warmup)[1]
+                           for side, run in sides.items()} for case in TRAINING_CASES}
     accelerator.end_training()
-    trainer = min(trainer_rounds, key=lambda r: r["step_ms"])
-    bare = min(bare_rounds, key=lambda r: r["step_ms"])
+    cases = {case: case_result(rounds[case], idle.get(case)) for case in TRAINING_CASES}
     result = {
-        "model": MODEL, "batch_size": args.batch_size, "resolution": 64,
-        "steps_per_run": args.steps, "warmup_steps": args.warmup, "rounds": args.rounds,
-        "torch_threads": torch.get_num_threads(),
-        "trainer_step_ms": trainer["step_ms"], "bare_loop_step_ms": bare["step_ms"],
-        "trainer_median_step_ms": trainer["median_step_ms"],
-        "bare_loop_median_step_ms": bare["median_step_ms"],
-        "trainer_over_bare": ratio(trainer["step_ms"], bare["step_ms"]),
-        "data_wait_ms": trainer["data_wait_ms"], "max_data_wait_ms": trainer["max_data_wait_ms"],
-        "data_wait_share": round(trainer["data_wait_ms"] / trainer["step_ms"], 4),
-        "all_rounds": {"trainer": trainer_rounds, "bare": bare_rounds},
+        "model": MODEL, "device": str(accelerator.device), "batch_size": args.batch_size,
+        "resolution": 64, "steps_per_run": args.steps, "warmup_steps": args.warmup,
+        "rounds": args.rounds, "torch_threads": torch.get_num_threads(), "cases": cases,
     }
     result["targets"] = {
-        "trainer step within 5% of the bare loop": result["trainer_over_bare"] <= 1.05,
-        "data waiting under 5% of step time": result["data_wait_share"] < 0.05,
+        "tiny batch: trainer step within 2% of the bare loop":
+            cases["tiny batch"]["trainer_over_bare"] <= 1.02,
+        **{f"{case}: data waiting under 0.5% of step time": c["data_wait_share"] < 0.005
+           for case, c in cases.items()},
     }
     return result
 
 
+def trainer_in_case(case: str, config_path: Path, accelerator, folder: Path) -> dict:
+    with assembling_like(TRAINING_CASES[case], folder / "larger-cache"):
+        return trainer_run(config_path, accelerator)
+
+
+def case_result(rounds: dict, idle: dict | None) -> dict:
+    trainer = min(rounds["trainer"], key=lambda r: r["step_ms"])
+    bare = min(rounds["bare"], key=lambda r: r["step_ms"])
+    return {"trainer": trainer, "bare": bare,
+            "trainer_over_bare": ratio(trainer["step_ms"], bare["step_ms"]),
+            "data_wait_share": round(trainer["data_wait_ms"] / trainer["step_ms"], 4),
+            "device_idle_share": idle, "all_rounds": rounds}
+
+
 def render(result: dict) -> str:
-    m = result["machine"]
-    rows = [["bare loop (same batches, in memory)", result["bare_loop_step_ms"],
-             result["bare_loop_median_step_ms"], None, 1.0],
-            ["project trainer (run_training)", result["trainer_step_ms"],
-             result["trainer_median_step_ms"], result["data_wait_ms"],
-             result["trainer_over_bare"]]]
+    m, rows = result["machine"], []
+    with_idle = result["device"].startswith("cuda")
+    for case, c in result["cases"].items():
+        trainer, bare, idle = c["trainer"], c["bare"], c["device_idle_share"] or {}
+        rows.append([f"{case}: bare loop (batches in memory)", bare["step_ms"],
+                     bare["median_step_ms"], None, None, 1.0]
+                    + ([idle.get("bare")] if with_idle else []))
+        rows.append([f"{case}: project trainer", trainer["step_ms"], trainer["median_step_ms"],
+                     trainer["data_wait_ms"], f"{c['data_wait_share']:.2%}",
+                     c["trainer_over_bare"]] + ([idle.get("trainer")] if with_idle else []))
+    columns = ["", "mean step ms", "median ms", "data wait ms", "wait share", "x bare"]
     lines = [
-        f"Training steps: {result['model']}, batch {result['batch_size']} at 64 px, cached "
-        f"latents, {result['steps_per_run']} steps per run (first {result['warmup_steps']} not "
-        f"counted), best of {result['rounds']} rounds; {m['cpus']} CPUs, "
-        f"{result['torch_threads']} torch threads, load {m['load_average_1_5_15']}",
-        format_table(["", "mean step ms", "median ms", "data wait ms", "x bare"], rows),
-        f"data waiting: {result['data_wait_share']:.1%} of the trainer's step time "
-        f"(longest wait {result['max_data_wait_ms']} ms)",
+        f"Training steps on {result['device']}: {result['model']}, batch "
+        f"{result['batch_size']} at 64 px, cached latents, {result['steps_per_run']} steps per "
+        f"run (first {result['warmup_steps']} not counted), best of {result['rounds']} rounds; "
+        f"{m['cpus']} CPUs, {result['torch_threads']} torch threads, load "
+        f"{m['load_average_1_5_15']} before, {result['machine_after']} after",
+        format_table(columns + (["device idle"] if with_idle else []), rows),
     ]
     lines += [f"  {verdict(ok):6s} {name}" for name, ok in result["targets"].items()]
     return "\n".join(lines)
@@ -241,37 +343,18 @@ def model_only(args) -> None:
          f"(min {result['min_step_ms']} ms)")
 
 
-# name: (latent shape, {embedding name: shape}); captions repeat (8 distinct over 64 samples)
-ASSEMBLY_CASES = {
-    "tiny-sd1x 64px": ((4, 8, 8), {"prompt_embeds": (77, 32)}),
-    "sdxl 1024px": ((4, 128, 128), {"prompt_embeds": (77, 2048),
-                                    "pooled_prompt_embeds": (1280,)}),
-}
-
-
 def assembly_only(args) -> None:
     """BatchAssembler alone, from cache files written here; the page cache is warm, as in a
     running epoch."""
-    samples, rows, result = 64, [], {"machine": machine(), "batch_size": args.batch_size,
-                                     "cases": {}}
+    rows, result = [], {"machine": machine(), "batch_size": args.batch_size, "cases": {}}
     for name, (latent_shape, embed_shapes) in ASSEMBLY_CASES.items():
         for keep in (0, 64):
             with tempfile.TemporaryDirectory() as tmp:
-                latents = LatentCache(Path(tmp) / "vae")
-                text = TextEmbedCache(Path(tmp) / "text", "te", keep_in_memory=keep)
-                for i in range(samples):
-                    path = entry_path(latents.folder, f"{i:064x}")
-                    save_entry(path, {"latent": torch.randn(latent_shape),
-                                      "geometry": torch.tensor([64, 64, 0, 0, 64, 64])})
-                    latents.paths[f"{i}.png"] = path
-                for c in range(8):
-                    save_entry(text.path_for(f"caption {c}"),
-                               {k: torch.randn(shape) for k, shape in embed_shapes.items()})
-                assembler = BatchAssembler({"d": latents}, {"d": text})
+                assembler = cache_assembler(Path(tmp), latent_shape, embed_shapes, keep)
                 b = args.batch_size
                 batches = [MicroBatch(0, s, "d", "64x64", tuple(
-                    BatchSample("d", f"{(s * b + k) % samples}.png", "64x64", (64, 64),
-                                f"caption {(s + k) % 8}") for k in range(b)))
+                    BatchSample("d", f"{(s * b + k) % CACHED_SAMPLES}.png", "64x64", (64, 64),
+                                f"caption {(s + k) % CACHED_CAPTIONS}") for k in range(b)))
                     for s in range(200)]
                 assembler(batches[0])
                 start = time.perf_counter()
@@ -291,6 +374,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="steps not counted per run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where both sides train; cuda adds the device's idle share")
     parser.add_argument("--model-only", action="store_true",
                         help="time the bare step on synthetic latents only")
     parser.add_argument("--size", type=int, default=64, help="image side for --model-only")

@@ -21,6 +21,7 @@ from simpletuner.helpers.caching.prepare import prepare_caches
 from simpletuner.helpers.data_backend.atomic import atomic_write_text
 from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import build_sampler, report_skipped_files, start_data
+from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.helpers.together import failing_together
 from simpletuner.models.base import LossSettings
@@ -198,11 +199,11 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
     try:
         with PreemptionWatcher(training.preemption_signals) as watcher:
             while step < total_steps:
-                for micro_batch in sampler:
+                for micro_batch, batch in PrefetchedBatches(sampler, caches.assembler,
+                                                            device=accelerator.device):
                     if trace is not None:
                         trace.write(micro_batch)
                     step_samples += [f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples]
-                    batch = caches.assembler(micro_batch)
                     sync = (micro_batch.step + 1) % accumulation == 0
                     with accumulating(accelerator, prepared_network, sync):
                         with accelerator.autocast():
