@@ -1,5 +1,5 @@
 """The full fine-tuning recipe, top to bottom: data start-up, caches, sampler, model, optimizer,
-then the loop with checkpoints and validation, then the export.
+then the loop with checkpoints and validation, then the export (export.py).
 
 Every rank runs this same code. Collectives happen at the same points on every rank (start-up,
 caching, the one per-step reduce, checkpoint barriers), and every decision that could differ
@@ -18,20 +18,18 @@ from tqdm.auto import tqdm
 
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
-from simpletuner.helpers.data_backend.atomic import atomic_write_text
 from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import build_sampler, report_skipped_files, start_data
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.helpers.together import failing_together
 from simpletuner.models.base import LossSettings
-from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.evaluation import build_evaluator
-from simpletuner.training.lora import add_lora, export_lora
-from simpletuner.training.model_card import write_model_card
+from simpletuner.training.export import export_run
+from simpletuner.training.lora import add_lora
 from simpletuner.training.offload import release_frozen_components
 from simpletuner.training.optimizers import build_optimizer
 from simpletuner.training.outcomes import Preempted
@@ -264,27 +262,7 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
         if trace is not None:
             trace.close()
 
-    # 6. Export, with EMA weights when enabled: the full pipeline, or for LoRA only the
-    # adapter file that load_lora_weights puts on the base model.
-    pipeline_dir = None
-    if ema is not None:
-        ema.copy_to(network)
-    unwrapped = network_on_main(accelerator, prepared_network)  # gathered under FSDP2
-    with failing_together("the export"):  # main rank only; the barrier on the way out
-        if main:
-            if lora:
-                exported = export_lora(type(adapter), unwrapped, output_dir)
-            else:
-                exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
-                                                          output_dir)
-            # allow_nan=False: NaN is not JSON; final_loss is finite or None by construction.
-            summary = {"steps": step, "seed": seed, "final_loss": final_loss,
-                       "processes": world, "lora" if lora else "pipeline": str(exported)}
-            atomic_write_text(output_dir / "training_summary.json",
-                              json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
-            write_model_card(pipeline_dir or Path(exported).parent, training, summary,
-                             [d.id for d in configuration.datasets])
-            logger.info("done: %d steps, final loss %s, seed %d; exported the trained %s to %s",
-                        step, "n/a" if final_loss is None else f"{final_loss:.4f}", seed,
-                        "LoRA" if lora else "pipeline", exported)
+    # 6. Export, with EMA weights when enabled, the summary and the model card.
+    pipeline_dir = export_run(configuration, accelerator, adapter, network, prepared_network, ema,
+                              step=step, seed=seed, final_loss=final_loss)
     return TrainingResult(step, final_loss, pipeline_dir)
