@@ -91,18 +91,14 @@ def probe_image(path: str, max_pixels: int | None) -> Probe:
             file_size = os.fstat(handle.fileno()).st_size
             handle.seek(0)
             try:
-                with Image.open(handle) as im:
-                    width, height = im.size
-                    orientation = _orientation(im)
-                    image_format = im.format
+                width, height, orientation, image_format = _header(handle)
             except Image.DecompressionBombError:
-                return Probe(error=over_bomb_limit(max_pixels or Image.MAX_IMAGE_PIXELS or 0))
+                return _over_limit(max_pixels)
             except Exception:  # Pillow's plugins raise many kinds on malformed headers
                 return Probe(error=BAD_HEADER if _looks_like_image(head) else NOT_AN_IMAGE)
-            if width <= 0 or height <= 0:
-                return Probe(error=BAD_HEADER)
-            if max_pixels is not None and width * height > max_pixels:
-                return Probe(error=over_bomb_limit(max_pixels))
+            checked = _checked_size(width, height, max_pixels)
+            if checked.error:
+                return checked
             # A missing end marker is only a suspicion (some writers append data after it),
             # so such a file is decoded once to be sure. Complete files never are.
             complete = _end_marker_present(handle, image_format, file_size, head)
@@ -150,12 +146,9 @@ def probe_head(head: bytes, file_size: int, max_pixels: int | None) -> Probe | N
         return _checked_size(*webp, max_pixels)
     handle = io.BytesIO(head)
     try:
-        with Image.open(handle) as im:
-            width, height = im.size
-            orientation = _orientation(im)
-            image_format = im.format
+        width, height, orientation, image_format = _header(handle)
     except Image.DecompressionBombError:
-        return Probe(error=over_bomb_limit(max_pixels or Image.MAX_IMAGE_PIXELS or 0))
+        return _over_limit(max_pixels)
     except Exception:  # Pillow's plugins raise many kinds on malformed or cut-off headers
         if not complete:
             return None
@@ -169,6 +162,17 @@ def probe_head(head: bytes, file_size: int, max_pixels: int | None) -> Probe | N
     if orientation in _ROTATED_ORIENTATIONS:
         width, height = height, width
     return Probe(width, height)
+
+
+def _header(handle) -> tuple[int, int, int, str | None]:
+    """(width, height, EXIF orientation, format) from what Pillow reads of the header."""
+    with Image.open(handle) as im:
+        width, height = im.size
+        return width, height, _orientation(im), im.format
+
+
+def _over_limit(max_pixels: int | None) -> Probe:
+    return Probe(error=over_bomb_limit(max_pixels or Image.MAX_IMAGE_PIXELS or 0))
 
 
 def _checked_size(width: int, height: int, max_pixels: int | None) -> Probe:
