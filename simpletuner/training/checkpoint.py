@@ -23,7 +23,6 @@ from simpletuner.training.manifest import (CheckpointError, has_manifest, naming
                                            verify_checkpoint, write_manifest)
 from simpletuner.training.sharded_checkpoint import load_sharded, save_sharded
 from simpletuner.training.sharding import is_sharded
-from simpletuner.training.tensor_files import check_finite
 from simpletuner.training.train_state import (capture_rng, load_optimizer, load_weights,
                                               restore_rng, rng_file, save_optimizer, save_weights)
 
@@ -234,7 +233,6 @@ def _load_tensor_parts(folder: Path, trainer_state: TrainerState, *, network, op
     if ema is not None:
         with naming_file(folder / EMA_WEIGHTS, "read"):
             ema.load(folder / EMA_WEIGHTS)
-        check_finite(ema.shadow, folder / EMA_WEIGHTS)
 
 
 def _restore_rank_rng(folder: Path, rank: int) -> None:

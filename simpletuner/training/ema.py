@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from simpletuner.training.tensor_files import save_tensors
+from simpletuner.training.tensor_files import load_tensors, save_tensors
 
 
 class EMAWeights:
@@ -45,7 +44,7 @@ class EMAWeights:
         save_tensors(self.shadow, path)
 
     def load(self, path: Path) -> None:
-        loaded = load_file(str(path))
+        loaded = load_tensors(Path(path))  # refuses damaged and non-finite files
         missing = set(self.shadow) - set(loaded)
         if missing:
             raise ValueError(f"{path}: EMA weights lack {len(missing)} parameters "

@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
-from safetensors.torch import load_file
 
-from simpletuner.training.tensor_files import save_tensors
+from simpletuner.training.tensor_files import load_tensors, save_tensors
 
 LORA_DIR = "lora"
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
@@ -85,7 +84,7 @@ def save_adapter_weights(network: torch.nn.Module, path: Path) -> None:
 
 def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
     """Load what save_adapter_weights wrote into a network that has the same adapter."""
-    loaded = load_file(str(path))
+    loaded = load_tensors(Path(path))  # refuses damaged and non-finite files
     expected = set(get_peft_model_state_dict(network))
     if set(loaded) != expected:
         missing, extra = sorted(expected - set(loaded)), sorted(set(loaded) - expected)

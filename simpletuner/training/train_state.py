@@ -19,13 +19,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from peft.utils import get_peft_model_state_dict
 
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
 from simpletuner.training.lora import CHECKPOINT_WEIGHTS, load_adapter_weights, save_adapter_weights
 from simpletuner.training.manifest import naming_file
 from simpletuner.training.optimizer_state import optimizer_from_files, optimizer_to_files
-from simpletuner.training.tensor_files import check_finite, load_tensors, save_tensors
+from simpletuner.training.tensor_files import load_tensors, save_tensors
 
 FULL_WEIGHTS = "model.safetensors"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
@@ -48,7 +47,6 @@ def load_weights(network: torch.nn.Module, folder: Path, lora: bool) -> None:
         path = folder / CHECKPOINT_WEIGHTS
         with naming_file(path, "read"):
             load_adapter_weights(network, path)
-        check_finite(get_peft_model_state_dict(network), path)
     else:
         path = folder / FULL_WEIGHTS
         tensors = load_tensors(path)
