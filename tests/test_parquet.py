@@ -147,6 +147,52 @@ class TableIndexTest(unittest.TestCase):
         self.assertIn("row 5: empty 'caption' (caption_strategy 'parquet')",
                       reasons["sub/ünï.webp"])
 
+    def test_row_order_does_not_change_the_index(self):
+        listed = sorted(self.rows, key=lambda r: r["filename"])  # the listing's own order
+        expected = self.discovered().digest()
+        for name, rows in (("listing order", listed), ("reversed", listed[::-1])):
+            with self.subTest(name):
+                table = write_table(self.tmp / f"{name}.parquet", rows)
+                self.assertEqual(self.backend(table, output=name).refresh_index(False).digest(),
+                                 expected)
+        unnamed = [dict(r) for r in listed]
+        unnamed[1]["filename"] = None  # in listing order but for one row: that row names nothing
+        table = write_table(self.tmp / "unnamed.parquet", unnamed)
+        reasons = {s.path: s.reason for s in
+                   self.backend(table, output="unnamed").refresh_index(False).skipped}
+        self.assertIn("row 1: 'filename' is empty, missing or not text", reasons["<row 1>"])
+        self.assertIn("no row in the metadata table", reasons[listed[1]["filename"]])
+
+    def test_arrow_column_types(self):
+        names = [r["filename"] for r in self.rows]
+        table = self.tmp / "typed.parquet"
+        pyarrow.parquet.write_table(pyarrow.table({
+            "filename": pyarrow.array(["/" + names[0]] + names[1:]).dictionary_encode(),
+            "width": pyarrow.array([float(r["width"]) for r in self.rows[:-1]] + [64.5]),
+            "height": pyarrow.array([str(r["height"]) for r in self.rows]),
+            "caption": pyarrow.array(["  padded  ", "\t", None, "c", "d"], pyarrow.large_string()),
+            "alt": ["unused", "alt text", "alt 2", "unused", "unused"]}), table)
+        index = self.backend(table, caption_strategy="parquet",
+                             parquet={"fallback_caption_column": "alt"}).refresh_index(False)
+        reasons = {s.path: s.reason for s in index.skipped}
+        self.assertEqual(len(reasons), len(names), reasons)  # text heights: every row refused
+        self.assertIn("'width' x 'height' is 64.0 x '64'", reasons[names[0]])
+        self.assertIn("'width' x 'height' is 64.5 x '96'", reasons["rot.jpg"])
+        heights = [r["height"] for r in self.rows]
+        pyarrow.parquet.write_table(pyarrow.table({
+            "filename": pyarrow.array(["/" + names[0]] + names[1:]).dictionary_encode(),
+            "width": pyarrow.array([float(r["width"]) for r in self.rows[:-1]] + [64.5]),
+            "height": pyarrow.array(heights, pyarrow.int16()),
+            "caption": pyarrow.array(["  padded  ", "\t", None, "c", "d"], pyarrow.large_string()),
+            "alt": ["unused", "alt text", "alt 2", "unused", "unused"]}), table)
+        backend = self.backend(table, output="out-typed", caption_strategy="parquet",
+                               parquet={"fallback_caption_column": "alt"})
+        index = backend.refresh_index(False)
+        self.assertEqual([s.path for s in index.skipped], ["rot.jpg"])
+        self.assertEqual(dict(index.original_sizes)[names[0]], (64, 64))
+        self.assertEqual([backend.caption_for(n) for n in names[:4]],
+                         ["padded", "alt text", "alt 2", "c"])
+
     def test_the_index_is_reused_until_the_table_or_the_files_change(self):
         table = write_table(self.tmp / "meta.parquet", self.rows)
         backend = self.backend(table)

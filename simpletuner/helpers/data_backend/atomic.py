@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,5 +64,40 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, value: Any, *, indent: int | None = None) -> None:
     """Keys are sorted so the same value always gives the same bytes."""
+    if indent is None:  # the large caches: written as they are encoded, never whole in memory
+        atomic_write_with(path, lambda tmp_name: _write_json_file(tmp_name, value))
+        return
     text = json.dumps(value, indent=indent, sort_keys=True, ensure_ascii=False)
     atomic_write_text(path, text + "\n")
+
+
+LONG_LIST = 1 << 16  # a list longer than this is encoded a slice at a time
+
+
+def _write_json_file(path: str, value: Any) -> None:
+    with open(path, "w", encoding="utf-8", buffering=1 << 20) as out:
+        _write_json(value, out)
+        out.write("\n")
+
+
+def _write_json(value: Any, out) -> None:
+    """The text json.dumps(value, sort_keys=True, ensure_ascii=False) gives, in pieces: a
+    cache of a million file names and captions never exists as one string (nor as its bytes).
+    Long sequences may be any Sequence whose slices are lists (e.g. an Arrow column's view)."""
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        out.write("{")
+        for number, key in enumerate(sorted(value)):
+            out.write(", " if number else "")
+            out.write(json.dumps(key, ensure_ascii=False) + ": ")
+            _write_json(value[key], out)
+        out.write("}")
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and (
+            len(value) > LONG_LIST or not isinstance(value, (list, tuple))):
+        out.write("[")
+        for start in range(0, len(value), LONG_LIST):
+            part = list(value[start:start + LONG_LIST])
+            out.write((", " if start else "")
+                      + json.dumps(part, sort_keys=True, ensure_ascii=False)[1:-1])
+        out.write("]")
+    else:
+        out.write(json.dumps(value, sort_keys=True, ensure_ascii=False))

@@ -16,11 +16,20 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Iterator
 
+import numpy as np
+
 from simpletuner.helpers.data_backend.storage import ChangeKey, Listing
 from simpletuner.helpers.metadata.backends.discovery import Probe
 from simpletuner.helpers.metadata.split import SortedIds
 
 _COLUMNS = ("ids", "bytes", "change_key", "width", "height")
+
+
+def shared_ints(values) -> list[int]:
+    """An integer array as a list in which equal values are one int object: sizes repeat (a
+    few dozen distinct widths in a million rows), and an int object per row is 28 bytes."""
+    distinct, which = np.unique(np.asarray(values), return_inverse=True)
+    return list(map(distinct.tolist().__getitem__, which.tolist()))
 
 
 class FileTableFormatError(ValueError):

@@ -30,11 +30,11 @@ import json
 import logging
 import posixpath
 import secrets
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from accelerate.utils import broadcast_object_list, gather_object
 from PIL import Image
 
@@ -285,38 +285,51 @@ class MetadataBackend:
         """The index, and each bucket as rows of ``files`` (what the cache stores).
 
         ``files`` is in sample id order (the listing's), so every bucket is built sorted: a
-        SortedIds the split takes without checking it again."""
+        SortedIds the split takes without checking it again. Sizes repeat (one camera, one
+        export setting), so each distinct size is decided once and the rows follow in numpy."""
         files = found.files
-        rows: defaultdict[str, list[int]] = defaultdict(list)
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
         skipped += found.skipped
-        needs_caption = self.dataset.caption_strategy == "textfile"
-        # Sizes repeat (one camera, one export setting), so each distinct size is decided once.
-        by_size: dict[tuple[int, int], tuple[str | None, str | None]] = {}
-        for row, (sample_id, width, height) in enumerate(
-                zip(files.ids, files.widths, files.heights)):
-            if not width:  # the header could not be used
-                skipped.append(SkippedFile(sample_id, files.errors[sample_id]))
-                continue
-            decided = by_size.get((width, height))
-            if decided is None:
-                reason = self.filters.reason_to_skip(width, height)
-                decided = by_size[width, height] = (
-                    reason, None if reason else bucket_for(width, height, self.bucket_settings))
-            reason, key = decided
-            if (reason is None and needs_caption
-                    and caption_file_for(sample_id) not in listing.captions):
-                reason = MISSING_CAPTION
-            if reason is not None:
-                skipped.append(SkippedFile(sample_id, reason))
-                continue
-            rows[key].append(row)
+        widths, heights = np.asarray(files.widths, np.int64), np.asarray(files.heights, np.int64)
+        sized = np.flatnonzero(widths > 0)  # the others' headers could not be used
+        skipped += [SkippedFile(files.ids[row], files.errors[files.ids[row]])
+                    for row in np.flatnonzero(widths <= 0).tolist()]
+        distinct, which = np.unique(widths[sized] << 32 | heights[sized], return_inverse=True)
+        decisions = [self._decide(size >> 32, size & 0xFFFFFFFF) for size in distinct.tolist()]
+        keys = sorted({key for _, key in decisions if key is not None})
+        number = {key: n for n, key in enumerate(keys)}
+        bucket = np.array([number.get(key, -1) for _, key in decisions], np.int64)[which]
+        skipped += [SkippedFile(files.ids[sized[at]], decisions[which[at]][0])
+                    for at in np.flatnonzero(bucket < 0).tolist()]
+        if self.dataset.caption_strategy == "textfile":
+            bucket = self._without_caption_files(files.ids, sized, bucket, listing, skipped)
+        kept = bucket >= 0
+        order = sized[kept][np.argsort(bucket[kept], kind="stable")]
+        counts = np.bincount(bucket[kept], minlength=len(keys)).tolist()
+        ordered = {key: part.tolist() for key, part in
+                   zip(keys, np.split(order, np.cumsum(counts)[:-1])) if len(part)}
         skipped.sort(key=lambda s: (s.path, s.reason))
-        ordered = dict(sorted(rows.items()))
         buckets = {key: SortedIds(map(files.ids.__getitem__, r)) for key, r in ordered.items()}
         sizes = files.image_sizes({s.path for s in skipped})
         index = DatasetIndex(self.dataset.id, buckets, sizes, skipped)
         return index, ordered
+
+    def _decide(self, width: int, height: int) -> tuple[str | None, str | None]:
+        """(why an image of this size is skipped, or None; its bucket key, or None)."""
+        reason = self.filters.reason_to_skip(width, height)
+        return reason, None if reason else bucket_for(width, height, self.bucket_settings)
+
+    @staticmethod
+    def _without_caption_files(ids: list[str], sized, bucket, listing: Listing,
+                               skipped: list[SkippedFile]):
+        """``bucket`` with -1 for the samples whose caption file is not listed."""
+        bucket = bucket.copy()
+        for at in np.flatnonzero(bucket >= 0).tolist():
+            sample_id = ids[sized[at]]
+            if caption_file_for(sample_id) not in listing.captions:
+                bucket[at] = -1
+                skipped.append(SkippedFile(sample_id, MISSING_CAPTION))
+        return bucket
 
     def _cached_files(self, cache: dict[str, Any]) -> FileTable | None:
         try:

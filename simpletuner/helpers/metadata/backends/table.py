@@ -6,93 +6,30 @@ with its row number and what is wrong, and skipped: an empty file name, a size t
 positive whole number, a file the storage does not hold, a second row for the same file, no
 caption for caption_strategy 'parquet'. Listed images without a row are reported too. The
 result is the same FileTable header probes give, so the index is the one discovery builds.
+
+Every check runs on whole columns (Arrow, numpy): a million rows cost a few times what
+reading them costs, and the captions stay in one Arrow buffer instead of a million strings.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
-from itertools import repeat
 from pathlib import Path
 
 import numpy as np
 
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
-from simpletuner.helpers.metadata.file_table import FileTable
+from simpletuner.helpers.metadata.backends.table_columns import (
+    ArrowTexts, TableColumns, TableFormatError, positive_whole, read_table,
+)
+from simpletuner.helpers.metadata.file_table import FileTable, shared_ints
 from simpletuner.helpers.metadata.index import SkippedFile
 
+__all__ = ["TableFormatError", "TableSource"]
 
-class TableFormatError(ValueError):
-    """The table cannot be read or lacks a named column."""
-
-
-def read_columns(path: Path, names: list[str]) -> dict[str, list]:
-    """The named columns of a .parquet or .jsonl table as Python lists (row i at index i)."""
-    if path.suffix.lower() == ".jsonl":
-        columns, present = _read_jsonl(path, names)
-    else:
-        columns, present = _read_parquet(path, names)
-    missing = [name for name in names if name not in present]
-    if missing:
-        raise TableFormatError(
-            f"metadata table {path}: no column {', '.join(map(repr, missing))} (it has "
-            f"{', '.join(present)}); fix the parquet block's *_column keys")
-    return columns
-
-
-def _read_parquet(path: Path, names: list[str]) -> tuple[dict[str, list], list[str]]:
-    import pyarrow  # the 'parquet' extra
-    import pyarrow.parquet
-
-    try:
-        present = pyarrow.parquet.read_schema(path).names
-        if not set(names) <= set(present):
-            return {}, present
-        table = pyarrow.parquet.read_table(path, columns=names)
-    except (OSError, pyarrow.ArrowException) as exc:
-        raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
-    return {name: table.column(name).to_pylist() for name in names}, present
-
-
-def _read_jsonl(path: Path, names: list[str]) -> tuple[dict[str, list], list[str]]:
-    """One object a line, parsed line by line: a line with a value of the wrong type (or no
-    JSON at all) is one bad row to report, not a table that cannot be read."""
-    columns: dict[str, list] = {name: [] for name in names}
-    present: dict[str, None] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
-    for line in lines:
-        try:
-            row = json.loads(line) if line.strip() else {}
-        except ValueError:
-            row = {}
-        if not isinstance(row, dict):
-            row = {}
-        present.update(dict.fromkeys(row))
-        for name in names:
-            columns[name].append(row.get(name))
-    return columns, list(present)
-
-
-def _positive_whole(value) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _whole_pixels(values: list) -> "np.ndarray":
-    """A size column as int64, 0 where a value is not a positive whole number. A column of
-    plain ints (the usual table) converts in one step; anything else value by value."""
-    if all(type(v) is int for v in values):
-        array = np.array(values, dtype=np.int64)
-        return np.where(array > 0, array, 0)
-    return np.fromiter((_positive_whole(v) or 0 for v in values), np.int64, len(values))
+NOT_LISTED, NO_NAME = -1, -2  # a row's position when it names no listed file
 
 
 class TableSource:
@@ -125,72 +62,73 @@ class TableSource:
                 and listing.sizes == known.sizes and listing.change_keys == known.change_keys)
 
     def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
-        """Whole columns at a time (numpy), so a million rows cost about as much as reading
-        them; only the bad rows are looked at one by one, to say what is wrong with each."""
         c = self.config
-        names = [c.filename_column, c.width_column, c.height_column]
-        if self.wants_captions:
-            names += [n for n in (c.caption_column, c.fallback_caption_column) if n]
-        columns = read_columns(self.path, list(dict.fromkeys(names)))
-        files_in_table = columns[c.filename_column]
-        rows = len(files_in_table)
-        count = len(listing.sample_ids)
-        position = self._positions(listing, files_in_table)      # -1: not listed, -2: no name
-        widths = _whole_pixels(columns[c.width_column])           # 0: not a usable size
-        heights = _whole_pixels(columns[c.height_column])
-        captions_of = self._captions(columns, rows)
+        caption_columns = ([n for n in (c.caption_column, c.fallback_caption_column) if n]
+                           if self.wants_captions else [])
+        table = read_table(self.path, c.filename_column, c.width_column, c.height_column,
+                           caption_columns)
+        rows, count = len(table.widths), len(listing.sample_ids)
+        position = self._positions(listing, table.names)
         listed = position >= 0
         first_row = np.full(count, -1, dtype=np.int64)  # the first row naming each listed file
         named = np.flatnonzero(listed)[::-1]
         first_row[position[named]] = named
         duplicate = listed & (first_row[np.maximum(position, 0)] != np.arange(rows))
-        usable = listed & ~duplicate & (widths > 0) & (heights > 0)
+        usable = listed & ~duplicate & (table.widths > 0) & (table.heights > 0)
         if self.wants_captions:
-            usable &= np.fromiter((t is not None for t in captions_of), bool, rows)
-        table_widths = np.zeros(count, dtype=np.int64)
-        table_heights = np.zeros(count, dtype=np.int64)
-        table_widths[position[usable]] = widths[usable]
-        table_heights[position[usable]] = heights[usable]
+            usable &= table.captions.is_valid().to_numpy(zero_copy_only=False)
+        row_of_file = np.full(count, -1, dtype=np.int64)  # the usable row of each listed file
+        row_of_file[position[usable]] = np.flatnonzero(usable)
         files = FileTable(listing.sample_ids, listing.sizes, listing.change_keys,
-                          table_widths.tolist(), table_heights.tolist())
-        skipped = self._report_rows(np.flatnonzero(~usable), position, first_row, columns,
-                                    captions_of, files)
-        for row in np.flatnonzero(first_row < 0).tolist():
-            files.errors[listing.sample_ids[row]] = f"no row in the metadata table {self.path}"
+                          shared_ints(self._by_file(table.widths, row_of_file)),
+                          shared_ints(self._by_file(table.heights, row_of_file)))
+        skipped = self._report_rows(np.flatnonzero(~usable), position, first_row, table, files)
+        for at in np.flatnonzero(first_row < 0).tolist():
+            files.errors[listing.sample_ids[at]] = f"no row in the metadata table {self.path}"
         captions = None
         if self.wants_captions:  # a column beside the listing's rows
-            column = np.full(count, None, dtype=object)
-            column[position[usable]] = np.array(captions_of, dtype=object)[usable]
-            captions = column.tolist()
+            import pyarrow
+
+            captions = ArrowTexts(table.captions.take(
+                pyarrow.array(row_of_file, mask=row_of_file < 0)).combine_chunks())
         return FoundFiles(files, 0, 0, skipped, captions)
 
-    def _positions(self, listing: Listing, files_in_table: list) -> "np.ndarray":
-        """Each row's position in the listing: -1 when the storage lacks it, -2 without a name."""
+    @staticmethod
+    def _by_file(values: np.ndarray, row_of_file: np.ndarray) -> np.ndarray:
+        """A row-order column in listing order, 0 for files without a usable row."""
+        return np.where(row_of_file >= 0, values[np.maximum(row_of_file, 0)], 0)
+
+    def _positions(self, listing: Listing, names) -> np.ndarray:
+        """Each row's position in the listing: NOT_LISTED, or NO_NAME without a file name."""
+        import pyarrow
+        import pyarrow.compute as pc
+
         ids = listing.sample_ids
         if self.config.identifier_includes_extension:
-            by_name = dict(zip(ids, range(len(ids))))
+            known = pyarrow.array(ids, pyarrow.string())
+            if len(names) == len(ids) and pc.all(pc.equal(names, known),
+                                                 skip_nulls=False).as_py() is True:
+                return np.arange(len(ids), dtype=np.int64)  # a table in the listing's order
         else:  # 'a/img' names 'a/img.png'; with two such files the first in id order wins
-            by_name = {}
-            for row, sample_id in enumerate(ids):
-                by_name.setdefault(posixpath.splitext(sample_id)[0], row)
-
-        # dict.get through map runs in C: the usual row (its exact sample id) costs no Python
-        # call; the few rows it misses are looked at again below.
-        try:
-            found = np.fromiter(map(by_name.get, files_in_table, repeat(-1)), np.int64,
-                                len(files_in_table))
-        except TypeError:  # an unhashable name (a list in a JSONL line): one by one
-            found = np.fromiter((by_name.get(n, -1) if isinstance(n, str) else -1
-                                 for n in files_in_table), np.int64, len(files_in_table))
-        for row in np.flatnonzero(found < 0).tolist():
-            name = files_in_table[row]
-            if not isinstance(name, str) or not name.strip("/"):
-                found[row] = -2
-            else:
-                found[row] = by_name.get(name.lstrip("/"), -1)
+            known = pyarrow.array([posixpath.splitext(i)[0] for i in ids], pyarrow.string())
+        found = self._lookup(names, known)
+        missed = np.flatnonzero(found < 0)
+        if len(missed):  # '/a.png' names 'a.png'; '', '/' and non-text name nothing
+            stripped = pc.utf8_ltrim(names.take(pyarrow.array(missed)), characters="/")
+            empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True)
+            found[missed] = np.where(empty.to_numpy(zero_copy_only=False), NO_NAME,
+                                     self._lookup(stripped, known))
         return found
 
-    def _report_rows(self, bad_rows, position, first_row, columns, captions_of,
+    @staticmethod
+    def _lookup(names, known) -> np.ndarray:
+        """The first position of each name in ``known`` (a hash of ``known``), else NOT_LISTED."""
+        import pyarrow.compute as pc
+
+        found = pc.index_in(names, value_set=known)
+        return pc.fill_null(found, NOT_LISTED).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def _report_rows(self, bad_rows, position, first_row, table: TableColumns,
                      files: FileTable) -> list[SkippedFile]:
         """What is wrong with each unusable row; a listed file's own problem goes to its
         FileTable row (reported as a skip of that file), the others are skips of their own."""
@@ -198,40 +136,26 @@ class TableSource:
         skipped: list[SkippedFile] = []
         for row in bad_rows.tolist():
             where = f"{self.path} row {row}"
-            name, at = columns[c.filename_column][row], int(position[row])
-            if at == -2:
+            at = int(position[row])
+            if at == NO_NAME:
                 skipped.append(SkippedFile(f"<row {row}>", f"{where}: {c.filename_column!r} is "
                                                            "empty, missing or not text"))
-            elif at == -1:
-                skipped.append(SkippedFile(name, f"{where}: no such image in "
-                                                 f"{self.storage.location}"))
+            elif at == NOT_LISTED:
+                skipped.append(SkippedFile(table.value_of(c.filename_column, row),
+                                           f"{where}: no such image in {self.storage.location}"))
             elif first_row[at] != row:
-                sample_id = files.ids[at]
-                skipped.append(SkippedFile(sample_id, f"{where}: a second row for this file "
-                                                      f"(first: row {first_row[at]}); ignored"))
+                skipped.append(SkippedFile(files.ids[at], f"{where}: a second row for this file "
+                                                          f"(first: row {first_row[at]}); ignored"))
             else:
-                problem = self._row_problem(columns[c.width_column][row],
-                                            columns[c.height_column][row], captions_of[row])
-                files.errors[files.ids[at]] = f"{where}: {problem}"
+                files.errors[files.ids[at]] = f"{where}: {self._row_problem(table, row)}"
         return skipped
 
-    def _captions(self, columns: dict[str, list], count: int) -> list[str | None]:
-        """Each row's caption: caption_column, else fallback_caption_column where empty."""
+    def _row_problem(self, table: TableColumns, row: int) -> str:
         c = self.config
-        if not self.wants_captions:
-            return [None] * count
-        primary = columns[c.caption_column]
-        fallback = columns[c.fallback_caption_column] if c.fallback_caption_column else primary
-        return [p.strip() if isinstance(p, str) and p.strip() else
-                (f.strip() if isinstance(f, str) and f.strip() else None)
-                for p, f in zip(primary, fallback)]
-
-    def _row_problem(self, width, height, caption) -> str | None:
-        c = self.config
-        if _positive_whole(width) is None or _positive_whole(height) is None:
+        width = table.value_of(c.width_column, row)
+        height = table.value_of(c.height_column, row)
+        if positive_whole(width) is None or positive_whole(height) is None:
             return (f"{c.width_column!r} x {c.height_column!r} is {width!r} x {height!r}; "
                     "expected positive whole numbers of pixels")
-        if self.wants_captions and caption is None:
-            fallback = f" and {c.fallback_caption_column!r}" if c.fallback_caption_column else ""
-            return f"empty {c.caption_column!r}{fallback} (caption_strategy 'parquet')"
-        return None
+        fallback = f" and {c.fallback_caption_column!r}" if c.fallback_caption_column else ""
+        return f"empty {c.caption_column!r}{fallback} (caption_strategy 'parquet')"

@@ -1,0 +1,186 @@
+"""A metadata table's columns as Arrow arrays, read in batches so a million rows never exist as
+Python objects: file names as text (null where not text), sizes as positive whole pixels (0
+where not), captions trimmed (null where empty). Only the few bad rows are looked at again as
+Python values, to say what is wrong with each.
+
+.parquet is read with pyarrow in record batches; .jsonl is parsed line by line (a line with a
+value of the wrong type, or no JSON at all, is one bad row to report, not a table that cannot
+be read) and its columns converted once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+BATCH_ROWS = 1 << 17
+MAX_PIXELS_SIDE = 1 << 31  # a side beyond this is no image size (and would not fit int64 math)
+
+
+class TableFormatError(ValueError):
+    """The table cannot be read or lacks a named column."""
+
+
+@dataclass
+class TableColumns:
+    names: Any                     # pyarrow ChunkedArray of strings; null: empty, missing, not text
+    widths: np.ndarray             # int64; 0: not a positive whole number
+    heights: np.ndarray
+    captions: Any | None           # pyarrow ChunkedArray of strings, trimmed; null: no caption
+    value_of: Callable[[str, int], Any]  # a cell as Python, for the message of a bad row
+
+
+class ArrowTexts(Sequence):
+    """A string column read as Python one cell (or one slice) at a time."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, item):
+        if isinstance(item, slice):
+            start, stop, step = item.indices(len(self.array))
+            return self.array.slice(start, max(0, stop - start)).to_pylist()[::step]
+        return self.array[item].as_py()
+
+
+def read_table(path: Path, filename: str, width: str, height: str,
+               captions: list[str]) -> TableColumns:
+    """``captions``: the caption column, then its fallback (empty: no captions wanted)."""
+    names = list(dict.fromkeys([filename, width, height, *captions]))
+    if path.suffix.lower() == ".jsonl":
+        return _from_python(_read_jsonl(path, names), filename, width, height, captions)
+    return _read_parquet(path, names, filename, width, height, captions)
+
+
+def _missing_columns(path: Path, wanted: list[str], present: list[str]) -> None:
+    missing = [name for name in wanted if name not in present]
+    if missing:
+        raise TableFormatError(
+            f"metadata table {path}: no column {', '.join(map(repr, missing))} (it has "
+            f"{', '.join(present)}); fix the parquet block's *_column keys")
+
+
+def _read_parquet(path, names, filename, width, height, captions) -> TableColumns:
+    import pyarrow  # the 'parquet' extra
+    import pyarrow.parquet
+
+    try:
+        table_file = pyarrow.parquet.ParquetFile(path)
+        _missing_columns(path, names, table_file.schema_arrow.names)
+        parts: dict[str, list] = {"names": [], "widths": [], "heights": [], "captions": []}
+        for batch in table_file.iter_batches(batch_size=BATCH_ROWS, columns=names):
+            parts["names"].append(_text(batch.column(filename)))
+            parts["widths"].append(batch.column(width))
+            parts["heights"].append(batch.column(height))
+            if captions:
+                parts["captions"].append(_caption_text([batch.column(n) for n in captions]))
+    except (OSError, pyarrow.ArrowException) as exc:
+        raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
+    kinds = {"names": pyarrow.string(), "widths": pyarrow.int64(),
+             "heights": pyarrow.int64(), "captions": pyarrow.string()}
+    column = {key: pyarrow.chunked_array(chunks, type=chunks[0].type if chunks else kinds[key])
+              for key, chunks in parts.items()}
+    if not captions:
+        column["captions"] = None
+    raw = {width: column["widths"], height: column["heights"], filename: column["names"]}
+    return TableColumns(column["names"], _pixels(column["widths"]), _pixels(column["heights"]),
+                        column["captions"], lambda name, row: raw[name][row].as_py())
+
+
+def _read_jsonl(path: Path, names: list[str]) -> dict[str, list]:
+    columns: dict[str, list] = {name: [] for name in names}
+    present: dict[str, None] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
+    for line in lines:
+        try:
+            row = json.loads(line) if line.strip() else {}
+        except ValueError:
+            row = {}
+        if not isinstance(row, dict):
+            row = {}
+        present.update(dict.fromkeys(row))
+        for name in names:
+            columns[name].append(row.get(name))
+    _missing_columns(path, names, list(present))
+    return columns
+
+
+def _from_python(columns: dict[str, list], filename, width, height, captions) -> TableColumns:
+    import pyarrow
+
+    def text(values: list):
+        return pyarrow.array([v if isinstance(v, str) else None for v in values],
+                             pyarrow.string())
+
+    captioned = _caption_text([text(columns[n]) for n in captions]) if captions else None
+    return TableColumns(  # one-chunk columns, as a parquet table of one batch gives
+        pyarrow.chunked_array([text(columns[filename])]), _python_pixels(columns[width]),
+        _python_pixels(columns[height]),
+        pyarrow.chunked_array([captioned]) if captioned is not None else None,
+        lambda name, row: columns[name][row])
+
+
+def positive_whole(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and 0 < value < MAX_PIXELS_SIDE else None
+
+
+def _python_pixels(values: list) -> np.ndarray:
+    return np.fromiter((positive_whole(v) or 0 for v in values), np.int64, len(values))
+
+
+def _pixels(column) -> np.ndarray:
+    """A size column as int64, 0 where a cell is not a positive whole number (null, negative,
+    fractional, text, boolean: reported as such)."""
+    import pyarrow
+    import pyarrow.compute
+
+    kind = column.type
+    if pyarrow.types.is_integer(kind):
+        values = pyarrow.compute.fill_null(column, 0).to_numpy().astype(np.int64)
+        return np.where((values > 0) & (values < MAX_PIXELS_SIDE), values, 0)
+    if pyarrow.types.is_floating(kind):
+        values = pyarrow.compute.fill_null(column, 0.0).to_numpy().astype(np.float64)
+        whole = (values > 0) & (values < MAX_PIXELS_SIDE) & (values == np.floor(values))
+        return np.where(whole, values, 0).astype(np.int64)
+    return np.zeros(len(column), dtype=np.int64)
+
+
+def _text(column):
+    """Text cells as strings; anything else (numbers, lists) null, i.e. 'not text'."""
+    import pyarrow
+
+    kind = column.type
+    if pyarrow.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pyarrow.types.is_string(kind) or pyarrow.types.is_large_string(kind):
+        return column.cast(pyarrow.string())
+    return pyarrow.nulls(len(column), pyarrow.string())
+
+
+def _caption_text(columns: list):
+    """The first column's caption, trimmed, else the next one's where it is empty."""
+    import pyarrow
+    import pyarrow.compute as pc
+
+    chosen = None
+    for column in columns:
+        trimmed = pc.utf8_trim_whitespace(_text(column))
+        trimmed = pc.if_else(pc.greater(pc.utf8_length(trimmed), 0), trimmed,
+                             pyarrow.scalar(None, pyarrow.string()))
+        chosen = trimmed if chosen is None else pc.coalesce(chosen, trimmed)
+    return chosen
