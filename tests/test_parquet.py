@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pyarrow
 import pyarrow.parquet
+import torch.nn.functional as F
 
 from discovery_fixtures import encode, image, rotated_jpeg, training_config, write
 from simpletuner.configuration import DatasetConfig
+from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.storage import Listing
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.backends.table import TableFormatError, TableSource
@@ -192,6 +194,30 @@ class TableIndexTest(unittest.TestCase):
         self.assertEqual(dict(index.original_sizes)[names[0]], (64, 64))
         self.assertEqual([backend.caption_for(n) for n in names[:4]],
                          ["padded", "alt text", "alt 2", "c"])
+
+    def test_a_trusted_table_is_the_file_list(self):
+        write(self.data, "unlisted.png", encode(image(64, 64), "PNG"))  # in the folder only
+        rows = self.rows + [{"filename": "/gone.png", "width": 64, "height": 64, "caption": "x"},
+                            {"filename": "", "width": 64, "height": 64, "caption": "x"}]
+        table = write_table(self.tmp / "meta.jsonl", rows)
+        listed = {s.path: s.reason for s in self.backend(table).refresh_index(False).skipped}
+        self.assertIn("no row in the metadata table", listed["unlisted.png"])
+        trusted = {"caption_strategy": "parquet", "parquet": {"trust_table": True}}
+        backend = self.backend(table, output="out-trusted", **trusted)
+        with self.assertLogs("simpletuner", "INFO") as logs:
+            index = backend.refresh_index(False)
+        self.assertIn("parquet.trust_table", "\n".join(logs.output))
+        trained = sorted(s for ids in index.buckets.values() for s in ids)
+        self.assertEqual(trained, sorted([r["filename"] for r in self.rows] + ["gone.png"]))
+        self.assertEqual([s.path for s in index.skipped], ["<row 6>"])
+        vae = self.tmp / "vae-trusted"
+        cached = cache_latents(index, LatentSettings("photos", backend.storage, vae, "m"),
+                               lambda pixels: F.avg_pool2d(pixels, 8), progress=False)
+        self.assertEqual(list(cached.failures), ["gone.png"])
+        self.assertIn("FileNotFoundError", cached.failures["gone.png"])
+        again = self.backend(table, output="out-trusted", **trusted)
+        self.assertEqual(again.refresh_index(False).digest(), index.digest())
+        self.assertEqual(again.last_refresh.reused, len(trained))
 
     def test_the_index_is_reused_until_the_table_or_the_files_change(self):
         table = write_table(self.tmp / "meta.parquet", self.rows)

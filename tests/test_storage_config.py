@@ -64,6 +64,22 @@ class StorageConfigTest(unittest.TestCase):
         self.assertIn("expected a .parquet or .jsonl file", text)
         self.assertIn("(id 'f'): key 'metadata_backend' is 'tabular'", text)
 
+    def test_a_trusted_table_needs_what_a_listing_would_give(self):
+        text = self.problems(
+            {"id": "t", "instance_data_dir": "images", "metadata_backend": "parquet",
+             "caption_strategy": "textfile", "parquet": {"path": "m.parquet", "trust_table": True}},
+            {"id": "u", "instance_data_dir": "images", "metadata_backend": "parquet",
+             "parquet": {"path": "m.parquet", "trust_table": True,
+                         "identifier_includes_extension": False}})
+        self.assertIn("(id 't'): parquet.trust_table does not list the storage, so caption "
+                      "files cannot be found", text)
+        self.assertIn("(id 'u'): parquet.trust_table needs file names with their extension",
+                      text)
+        config = self.load({"id": "v", "instance_data_dir": "images", "metadata_backend": "parquet",
+                            "caption_strategy": "filename",
+                            "parquet": {"path": "m.parquet", "trust_table": True}})
+        self.assertTrue(config.datasets[0].parquet_config().trust_table)
+
     def test_discovery_is_the_explicit_default_and_table_paths_are_resolved(self):
         config = self.load(
             {"id": "a", "instance_data_dir": "images", "metadata_backend": "discovery"},

@@ -174,6 +174,33 @@ class S3DiscoveryTest(unittest.TestCase):
         self.assertEqual({s.path for s in index.skipped},
                          {"broken.png", "uncaptioned.png"})  # no row / no caption file
 
+    def test_a_trusted_table_lists_nothing(self):
+        discovered = self.backend("out-discovered-trust").refresh_index(show_progress=False)
+        rows = [{"filename": s, "width": w, "height": h}
+                for s, (w, h) in discovered.original_sizes.items()]
+        rows.append({"filename": "never/uploaded.png", "width": 64, "height": 64})
+        table = self.tmp / "trusted-table.parquet"
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), table)
+        backend = self.backend("out-trusted", metadata_backend="parquet",
+                               caption_strategy="filename",
+                               parquet={"path": str(table), "trust_table": True})
+        client = backend.storage.storage.client  # the S3 storage below the table's listing
+        requests = []
+        client.meta.events.register("provide-client-params.s3.*",
+                                    lambda params, model, **_: requests.append(model.name))
+        with self.assertLogs("simpletuner", "INFO") as logs:
+            index = backend.refresh_index(show_progress=False)
+        self.assertIn("is not listed", "\n".join(logs.output))
+        self.assertEqual(requests, ["GetObject"], "a trusted table's index sends one request")
+        self.assertEqual(sorted(s for ids in index.buckets.values() for s in ids),
+                         sorted([*discovered.original_sizes, "never/uploaded.png"]))
+        settings = LatentSettings("photos", backend.storage, self.tmp / "vae-trusted", "m")
+        cached = cache_latents(index, settings, lambda pixels: F.avg_pool2d(pixels, 8),
+                               progress=False)
+        self.assertEqual(list(cached.failures), ["never/uploaded.png"])
+        self.assertNotIn("ListObjectsV2", requests)
+        self.assertEqual(cached.encoded, index.sample_count - 1)
+
     def test_only_new_or_changed_objects_are_read_again(self):
         backend = MetadataBackend.from_config(
             DatasetConfig(id="changing", **self.server.dataset(BUCKET, "changing")),
@@ -252,6 +279,17 @@ class S3DiscoveryTest(unittest.TestCase):
     def test_missing_bucket_is_named(self):
         self.assert_clear_failure(self.backend("out-no-bucket", aws_bucket_name="no-such-bucket"),
                                   "bucket 'no-such-bucket' does not exist", "aws_bucket_name")
+
+    def test_a_trusted_table_still_names_a_wrong_key_or_bucket(self):
+        table = self.tmp / "trusted-names.parquet"
+        pyarrow.parquet.write_table(pyarrow.table({"filename": ["a.png"], "width": [64],
+                                                   "height": [64]}), table)
+        trusted = {"metadata_backend": "parquet", "caption_strategy": "filename",
+                   "parquet": {"path": str(table), "trust_table": True}}
+        self.assert_clear_failure(self.backend("out-trusted-key", aws_secret_access_key="not-it-0",
+                                               **trusted), "refused the credentials")
+        self.assert_clear_failure(self.backend("out-trusted-bucket", aws_bucket_name="no-such",
+                                               **trusted), "bucket 'no-such' does not exist")
 
     def test_throttling_is_retried_with_backoff_then_named(self):
         with ThrottlingServer() as server:

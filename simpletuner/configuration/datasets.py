@@ -25,6 +25,10 @@ class ParquetConfig:
     width_column: str = option("width")
     height_column: str = option("height")
     identifier_includes_extension: bool = option(True, help="false: 'a/img' names 'a/img.png'")
+    trust_table: bool = option(
+        False, help="true: the table is the file list, the storage is not listed (for buckets "
+        "where listing is slow); a missing image is dropped when its latent is cached, a "
+        "changed one is not re-encoded")
 
 
 @dataclass
@@ -121,6 +125,16 @@ def check_storage_keys(ds: DatasetConfig, where: str, problems: list[str]) -> No
     if (ds.caption_strategy == "parquet" and isinstance(ds.parquet, dict)
             and not ds.parquet.get("caption_column")):
         problems.append(f"{where}: caption_strategy 'parquet' needs parquet.caption_column")
+    if ds.metadata_backend == "parquet" and isinstance(ds.parquet, dict) and ds.parquet.get(
+            "trust_table"):
+        if ds.caption_strategy == "textfile":
+            problems.append(f"{where}: parquet.trust_table does not list the storage, so caption "
+                            "files cannot be found; use caption_strategy 'parquet' (or "
+                            "'filename', 'instanceprompt'), or set trust_table false")
+        if ds.parquet.get("identifier_includes_extension") is False:
+            problems.append(f"{where}: parquet.trust_table needs file names with their "
+                            "extension (identifier_includes_extension true): without a "
+                            "listing nothing says which file 'a/img' is")
     for choice in (ds.type, ds.metadata_backend):
         if choice in _EXTRAS and importlib.util.find_spec(_EXTRAS[choice][0]) is None:
             module, extra = _EXTRAS[choice]

@@ -1,4 +1,5 @@
-"""The storage a dataset's ``type`` names: 'local' (a folder) or 'aws' (S3-compatible)."""
+"""The storage a dataset's ``type`` names: 'local' (a folder) or 'aws' (S3-compatible);
+listed by its metadata table instead of by itself with ``parquet.trust_table``."""
 
 from __future__ import annotations
 
@@ -11,5 +12,11 @@ def open_storage(dataset) -> Storage:
     if dataset.type == "aws":
         from simpletuner.helpers.data_backend.s3 import S3Settings, S3Storage  # the 's3' extra
 
-        return S3Storage(S3Settings.for_dataset(dataset))
-    return LocalStorage(dataset.instance_data_dir)
+        storage = S3Storage(S3Settings.for_dataset(dataset))
+    else:
+        storage = LocalStorage(dataset.instance_data_dir)
+    if dataset.metadata_backend == "parquet" and dataset.parquet_config().trust_table:
+        from simpletuner.helpers.metadata.backends.table_listed import TableListedStorage
+
+        return TableListedStorage(storage, dataset)
+    return storage

@@ -53,7 +53,7 @@ class TableSource:
                                                          stat.st_mtime_ns],
                 "columns": [c.filename_column, c.width_column, c.height_column,
                             c.caption_column, c.fallback_caption_column,
-                            c.identifier_includes_extension]}
+                            c.identifier_includes_extension, c.trust_table]}
 
     def unchanged(self, listing: Listing, known: FileTable) -> bool:
         """The cached index holds for ``listing``: same files as when it was built (the table's

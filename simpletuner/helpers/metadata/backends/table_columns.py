@@ -116,16 +116,18 @@ def _read_jsonl(path: Path, names: list[str]) -> dict[str, list]:
     return columns
 
 
+def _python_text(values: list):
+    import pyarrow
+
+    return pyarrow.array([v if isinstance(v, str) else None for v in values], pyarrow.string())
+
+
 def _from_python(columns: dict[str, list], filename, width, height, captions) -> TableColumns:
     import pyarrow
 
-    def text(values: list):
-        return pyarrow.array([v if isinstance(v, str) else None for v in values],
-                             pyarrow.string())
-
-    captioned = _caption_text([text(columns[n]) for n in captions]) if captions else None
+    captioned = _caption_text([_python_text(columns[n]) for n in captions]) if captions else None
     return TableColumns(  # one-chunk columns, as a parquet table of one batch gives
-        pyarrow.chunked_array([text(columns[filename])]), _python_pixels(columns[width]),
+        pyarrow.chunked_array([_python_text(columns[filename])]), _python_pixels(columns[width]),
         _python_pixels(columns[height]),
         pyarrow.chunked_array([captioned]) if captioned is not None else None,
         lambda name, row: columns[name][row])
@@ -184,3 +186,27 @@ def _caption_text(columns: list):
                              pyarrow.scalar(None, pyarrow.string()))
         chosen = trimmed if chosen is None else pc.coalesce(chosen, trimmed)
     return chosen
+
+
+def read_file_names(path: str | Path, column: str) -> list[str]:
+    """The distinct file names a table's rows give (a leading '/' dropped), sorted as a
+    listing is; rows without a usable name are left out (the index reports them)."""
+    import pyarrow
+    import pyarrow.compute as pc
+
+    path = Path(path)
+    if path.suffix.lower() == ".jsonl":
+        names = _python_text(_read_jsonl(path, [column])[column])
+    else:
+        try:
+            import pyarrow.parquet
+
+            table_file = pyarrow.parquet.ParquetFile(path)
+            _missing_columns(path, [column], table_file.schema_arrow.names)
+            names = _text(table_file.read(columns=[column]).column(column))
+        except (OSError, pyarrow.ArrowException) as exc:
+            raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
+    names = pc.unique(pc.utf8_ltrim(names, characters="/")).drop_null()
+    names = names.filter(pc.greater(pc.utf8_length(names), 0))
+    # Arrow orders strings by their UTF-8 bytes, which is code point order: Python's order.
+    return names.take(pc.sort_indices(names)).to_pylist()
