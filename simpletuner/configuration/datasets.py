@@ -19,11 +19,11 @@ class ParquetConfig:
     """The ``parquet`` block of ``metadata_backend: parquet`` (a .parquet or .jsonl table)."""
 
     path: str = option(required=True, help="the table; relative to the working directory")
-    filename_column: str = option("filename")
+    filename_column: str = option("filename", help="the file's path within the storage")
     caption_column: str | None = option(None, help="read for caption_strategy 'parquet'")
     fallback_caption_column: str | None = option(None, help="used where caption_column is empty")
-    width_column: str = option("width")
-    height_column: str = option("height")
+    width_column: str = option("width", help="pixels as displayed (after EXIF rotation)")
+    height_column: str = option("height", help="pixels as displayed (after EXIF rotation)")
     identifier_includes_extension: bool = option(True, help="false: 'a/img' names 'a/img.png'")
     trust_table: bool = option(
         False, help="true: the table is the file list, the storage is not listed (for buckets "
@@ -49,7 +49,7 @@ class DatasetConfig:
     aws_max_pool_connections: int = option(128, minimum=1, help="parallel requests")
     metadata_backend: Literal["discovery", "parquet"] = option(
         "discovery", help="'discovery' reads image headers; 'parquet' reads sizes from a table")
-    parquet: dict | None = option(None, help="see ParquetConfig")
+    parquet: dict | None = option(None, help="the table's path and columns (the parquet block)")
     # None = inherit from config.json
     resolution: float | None = option(None, minimum=0.0001)
     resolution_type: Literal["pixel", "area", "pixel_area"] | None = option(

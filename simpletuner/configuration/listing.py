@@ -10,7 +10,7 @@ import dataclasses
 import json
 import typing
 
-from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.datasets import DatasetConfig, ParquetConfig
 from simpletuner.configuration.embed_entries import EmbedCacheEntry
 from simpletuner.configuration.fields import REQUIRED, RANGE, type_name
 from simpletuner.configuration.options import TrainingConfig
@@ -77,6 +77,8 @@ def options_markdown() -> str:
         "## config.json\n", *option_table(TrainingConfig, CONFIG_JSON), "",
         "## multidatabackend.json: image and eval datasets\n",
         *option_table(DatasetConfig, MULTIDATABACKEND_JSON), "",
+        "## multidatabackend.json: a dataset's `parquet` block (`metadata_backend: parquet`)\n",
+        *option_table(ParquetConfig, MULTIDATABACKEND_JSON), "",
         "## multidatabackend.json: `text_embeds` and `image_embeds` entries\n",
         *option_table(EmbedCacheEntry, MULTIDATABACKEND_JSON), "",
         "## SimpleTuner options not supported here (config.json)\n",
