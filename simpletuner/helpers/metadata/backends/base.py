@@ -47,7 +47,9 @@ from simpletuner.helpers.metadata.backends.captions import (
 )
 from simpletuner.helpers.metadata.backends.headers import FoundFiles, HeaderSource
 from simpletuner.helpers.metadata.backends.table import TableSource
-from simpletuner.helpers.metadata.buckets import BucketSettings, SizeFilters, bucket_for
+from simpletuner.helpers.metadata.buckets import (
+    BucketSettings, SizeFilters, bucket_for, sample_bucket,
+)
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
 from simpletuner.helpers.metadata.split import (
@@ -118,6 +120,7 @@ class MetadataBackend:
             "resolution": s.resolution, "resolution_type": s.resolution_type,
             "aspect_bucket_alignment": s.alignment, "crop": ds.crop, "crop_aspect": ds.crop_aspect,
             "crop_aspect_buckets": list(s.aspect_buckets),
+            "crop_aspect_weights": list(s.aspect_weights),
             "minimum_image_size": ds.minimum_image_size,
             "maximum_image_size": ds.maximum_image_size,
             "minimum_aspect_ratio": ds.minimum_aspect_ratio,
@@ -291,7 +294,9 @@ class MetadataBackend:
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
         skipped += found.skipped
         needs_caption = self.dataset.caption_strategy == "textfile"
-        # Sizes repeat (one camera, one export setting), so each distinct size is decided once.
+        settings, dataset_id = self.bucket_settings, self.dataset.id
+        # Sizes repeat (one camera, one export setting), so each distinct size is decided once;
+        # a bucket drawn per sample (crop_aspect 'random') is not a function of the size.
         by_size: dict[tuple[int, int], tuple[str | None, str | None]] = {}
         for row, (sample_id, width, height) in enumerate(
                 zip(files.ids, files.widths, files.heights)):
@@ -301,9 +306,12 @@ class MetadataBackend:
             decided = by_size.get((width, height))
             if decided is None:
                 reason = self.filters.reason_to_skip(width, height)
+                per_size = reason is None and not settings.draws_aspect
                 decided = by_size[width, height] = (
-                    reason, None if reason else bucket_for(width, height, self.bucket_settings))
+                    reason, bucket_for(width, height, settings) if per_size else None)
             reason, key = decided
+            if reason is None and settings.draws_aspect:
+                key = sample_bucket(dataset_id, sample_id, width, height, settings)
             if (reason is None and needs_caption
                     and caption_file_for(sample_id) not in listing.captions):
                 reason = MISSING_CAPTION
