@@ -1,5 +1,5 @@
-"""One run per output_dir: a lock naming the run that holds it, and no fresh start over an
-earlier run's checkpoints.
+"""One run per output_dir: a lock naming the run that holds it (the refusal of a fresh start
+over an earlier run's checkpoints is in launch_checks.py: it needs no lock and no collective).
 
 The lock is `output_dir/.simpletuner.lock`, JSON naming the holder's pid, host and start time.
 Only the global main process takes it, before any heavy work, and removes it when the run ends
@@ -13,7 +13,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,8 +29,6 @@ from simpletuner.helpers.together import failing_together
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".simpletuner.lock"
-# Any folder named like a checkpoint, complete or not, is evidence of an earlier run.
-_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
 
 
 def _process_start(pid: int) -> str | None:
@@ -170,24 +167,3 @@ def output_dir_claimed(output_dir: Path, accelerator, where: str) -> Iterator[No
         if lock is not None:
             lock.release()
 
-
-def earlier_run_checkpoints(output_dir: Path) -> list[str]:
-    """Names of the checkpoint-<step> folders in output_dir, by step."""
-    if not output_dir.is_dir():
-        return []
-    names = [c.name for c in output_dir.iterdir() if _CHECKPOINT_NAME.match(c.name) and c.is_dir()]
-    return sorted(names, key=lambda name: int(name.split("-")[1]))
-
-
-def fresh_run_problem(resume_from_checkpoint: str | None, output_dir: Path) -> str | None:
-    """A run that does not resume must not start over an earlier run's checkpoints: it would
-    overwrite some, and a later 'latest' would pick up the old run's."""
-    if resume_from_checkpoint is not None:
-        return None
-    found = earlier_run_checkpoints(output_dir)
-    if not found:
-        return None
-    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-    return (f"key 'resume_from_checkpoint' is not set, but output_dir {output_dir} holds an "
-            f"earlier run's checkpoints ({shown}). Set resume_from_checkpoint to 'latest' to "
-            "continue that run, or use a new or emptied output_dir to start a fresh one")
