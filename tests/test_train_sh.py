@@ -14,7 +14,7 @@ import time
 import unittest
 from pathlib import Path
 
-from simpletuner.training.lifecycle import LOCK_NAME
+from simpletuner.training.lifecycle import LOCK_NAME, OutputDirLock
 from simpletuner.training.outcomes import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
 
 from training_fixtures import REPO, environment, make_shapes, run_train_sh, write_config
@@ -82,9 +82,23 @@ class TrainShTest(unittest.TestCase):
         self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
         self.assertIn("earlier run's checkpoints (checkpoint-3)", output)
         self.assertIn("set 'max_train_steps' or 'num_train_epochs'", output)  # all at once
+        self.assert_not_launched(output)
+        self.assertFalse((self.root / "fresh-out" / LOCK_NAME).exists())
+
+    def test_an_output_dir_in_use_is_refused_before_launch(self):
+        config = write_config(self.root, self.root / "data", "in-use")
+        holder = OutputDirLock(self.root / "in-use-out")  # this test process: alive
+        self.assertIsNone(holder.try_acquire())
+        self.addCleanup(holder.release)
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn(f"is in use by another run (pid {os.getpid()}", output)
+        self.assert_not_launched(output)
+
+    def assert_not_launched(self, output: str) -> None:
         for launched in ("Traceback", "CalledProcessError", "training stopped", "accelerate"):
             self.assertNotIn(launched, output)
-        self.assertFalse((self.root / "fresh-out" / LOCK_NAME).exists())
 
     def test_a_plain_failure_is_status_1(self):
         # Two images and batches of four: the bucket cannot fill one batch.

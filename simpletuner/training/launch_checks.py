@@ -2,7 +2,7 @@
 
 ``python -m simpletuner check`` (what ./train.sh runs before starting accelerate) reports them,
 so such a mistake prints its report alone and not inside the launcher's traceback; the preflight
-runs them again on every rank, for runs started with accelerate launch directly.
+runs static_problems again on every rank, for runs started with accelerate launch directly.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from simpletuner.configuration import Configuration
+from simpletuner.training.lifecycle import OutputDirLock
 from simpletuner.training.trackers import tracker_problems
 
 # Any folder named like a checkpoint, complete or not, is evidence of an earlier run.
@@ -18,7 +19,17 @@ _CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
 
 
 def launch_problems(configuration: Configuration) -> list[str]:
-    """Every problem found, each prefixed with the config file."""
+    """``check``'s: static_problems, and an output_dir locked by a run that is still going.
+    The preflight runs inside the run's own lock, so it cannot ask the lock this."""
+    problems = static_problems(configuration)
+    in_use = OutputDirLock(Path(configuration.training.output_dir)).in_use_problem()
+    if in_use:
+        problems.append(f"{configuration.config_path}: key 'output_dir': {in_use}")
+    return problems
+
+
+def static_problems(configuration: Configuration) -> list[str]:
+    """Every problem the config and the filesystem show, each prefixed with the config file."""
     training = configuration.training
     where = str(configuration.config_path)
     problems: list[str] = []

@@ -1,5 +1,7 @@
 """One run per output_dir: a lock naming the run that holds it (the refusal of a fresh start
 over an earlier run's checkpoints is in launch_checks.py: it needs no lock and no collective).
+Files only, no collective: output_dir_claim.py takes the lock for a run of many ranks, and
+``python -m simpletuner check`` looks at it before launch without taking it.
 
 The lock is `output_dir/.simpletuner.lock`, JSON naming the holder's pid, host and start time.
 Only the global main process takes it, before any heavy work, and removes it when the run ends
@@ -14,17 +16,11 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from accelerate.utils import broadcast_object_list
-
-from simpletuner.configuration import ConfigError
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
-from simpletuner.helpers.together import failing_together
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +95,20 @@ class OutputDirLock:
         except OSError as exc:
             return (f"cannot write the run's lock file {self.path} ({exc.strerror or exc}); "
                     "choose a folder you can write to")
+        return self._in_use(holder)
+
+    def in_use_problem(self) -> str | None:
+        """Without taking the lock: why a run starting now would be refused it, if it would.
+        A lock that cannot be read is left to try_acquire, which says what to do."""
+        try:
+            holder = self._read_holder()
+        except (OSError, ValueError):
+            return None
+        if holder is None or holder.is_gone():
+            return None
+        return self._in_use(holder)
+
+    def _in_use(self, holder: LockOwner | None) -> str:
         who = holder.describe() if holder is not None else "a run that just ended"
         return (f"output_dir {self.output_dir} is in use by another run ({who}; lock file "
                 f"{self.path}). Wait for that run to end or use another output_dir; if no run "
@@ -146,24 +156,4 @@ class OutputDirLock:
             return False
         finally:
             private.unlink()
-
-
-@contextmanager
-def output_dir_claimed(output_dir: Path, accelerator, where: str) -> Iterator[None]:
-    """The global main process holds the lock for the block. A held lock becomes the same
-    ConfigError on every rank (key 'output_dir' of ``where``); an unexpected failure while
-    taking it becomes the same RankFailure on every rank."""
-    lock = OutputDirLock(output_dir) if accelerator.is_main_process else None
-    problem = None
-    with failing_together("taking the output_dir lock"):
-        if lock is not None:
-            problem = lock.try_acquire()
-    (problem,) = broadcast_object_list([problem])
-    if problem is not None:
-        raise ConfigError([f"{where}: key 'output_dir': {problem}"])
-    try:
-        yield
-    finally:
-        if lock is not None:
-            lock.release()
 

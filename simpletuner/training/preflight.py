@@ -19,7 +19,7 @@ from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import read_trainer_state, resolve_resume
-from simpletuner.training.launch_checks import launch_problems
+from simpletuner.training.launch_checks import static_problems
 from simpletuner.training.optimizers import optimizer_problems
 from simpletuner.training.quantization import precision_problems
 
@@ -57,7 +57,7 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     every file) and the seed are taken from it rather than hashed again by every rank."""
     training = configuration.training
     where = str(configuration.config_path)
-    problems = launch_problems(configuration)
+    problems = static_problems(configuration)
     if training.mixed_precision == "fp16" and not torch.cuda.is_available():
         problems.append(f"{where}: key 'mixed_precision' is 'fp16', which needs a CUDA device; "
                         "use 'bf16' or 'no' on this machine")
