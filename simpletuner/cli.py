@@ -25,19 +25,24 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("options", help="list every option (Markdown, as in docs/OPTIONS.md)")
 
     check = commands.add_parser(
-        "check", help="validate the config (with --option value overrides); print the number of "
-        "processes to launch", allow_abbrev=False)
+        "check", help="validate the config (with --option value overrides) and what it says "
+        "about output_dir; print the number of processes to launch", allow_abbrev=False)
     check.add_argument("--config", default="config/config.json")
     return parser
 
 
 def _check(config: str, option_args: list[str]) -> int:
-    """train.sh runs this before starting the launcher: a mistake prints only the report."""
+    """train.sh runs this before starting the launcher: a mistake prints only the report. The
+    config file first, then what the config and the filesystem alone show (launch_checks.py)."""
     from simpletuner.configuration import ConfigError
     from simpletuner.configuration.command_line import load_with_option_args
+    from simpletuner.training.launch_checks import launch_problems
 
     try:
         configuration = load_with_option_args(config, option_args)
+        problems = launch_problems(configuration)
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

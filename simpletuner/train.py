@@ -24,7 +24,7 @@ from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.helpers.together import RankFailure
 from simpletuner.models.base import ModelFolderError
-from simpletuner.training.lifecycle import output_dir_claimed
+from simpletuner.training.output_dir_claim import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
 from simpletuner.training.sharding import ShardingError
 from simpletuner.training.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,

@@ -6,11 +6,16 @@ from __future__ import annotations
 import json
 import tempfile
 import unittest
+from collections import Counter
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from training_fixtures import ResumedRunPair, make_shapes, run_train_sh, write_config
+from simpletuner.helpers.metadata.buckets import parse_bucket_key
+
+from training_fixtures import (
+    ResumedRunPair, make_shapes, read_jsonl, run_train_sh, run_training, write_config,
+)
 
 
 class CaptionDropoutResumeTest(ResumedRunPair, unittest.TestCase):
@@ -58,6 +63,41 @@ class DataOptionsThroughTrainShTest(unittest.TestCase):
                      (root / "data" / s.replace(".png", ".txt")).read_text().splitlines()}
             text_entries = list((out / "cache" / "text").rglob("*.safetensors"))
             self.assertEqual(len(text_entries), len(texts) + 1)
+
+
+class RandomCropAspectTrainingTest(unittest.TestCase):
+    def test_each_sample_trains_at_the_size_of_its_drawn_bucket(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            make_shapes(root / "data", per_size=8)  # 64x64 and 96x64 images
+            dataset = {"id": "shapes", "instance_data_dir": str(root / "data"),
+                       "caption_strategy": "textfile", "crop": True, "crop_aspect": "random",
+                       "crop_aspect_buckets": [0.75, {"aspect_bucket": 1.5, "weight": 1}]}
+            config = write_config(root, root / "data", datasets=[dataset], max_train_steps=6,
+                                  trace_samples=True)
+            result = run_training(config, tmp)
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            out = root / "config-out"
+            buckets = json.loads((out / "cache" / "metadata" / "shapes.json").read_text())
+            files = buckets["files"]["ids"]
+            members = {key: {files[row] for row in rows}
+                       for key, rows in buckets["index"]["buckets"].items()}
+            # Closest would put every 64x64 image into 64x80 and every 96x64 one into 96x64.
+            self.assertEqual(set(members), {"64x80", "96x64"})
+            self.assertTrue(any(s.startswith("64x64") for s in members["96x64"]), members)
+            self.assertTrue(any(s.startswith("96x64") for s in members["64x80"]), members)
+            self.assert_latents_have_their_bucket_sizes(out, members)
+            for record in read_jsonl(out / "trace" / "rank-0.jsonl"):
+                self.assertLessEqual(set(record["samples"]), members[record["bucket"]])
+
+    def assert_latents_have_their_bucket_sizes(self, out: Path, members: dict[str, set]):
+        expected = Counter({parse_bucket_key(key)[::-1]: len(ids) for key, ids in members.items()})
+        entries = [load_file(str(p)) for p in (out / "cache" / "vae").rglob("*.safetensors")]
+        targets = Counter(tuple(e["geometry"][4:].tolist()) for e in entries)
+        self.assertEqual(targets, expected)  # (height, width) per sample
+        scales = {(e["geometry"][4].item() / e["latent"].shape[-2],
+                   e["geometry"][5].item() / e["latent"].shape[-1]) for e in entries}
+        self.assertEqual(len(scales), 1, scales)  # every latent at its target size
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import time
 import unittest
 from pathlib import Path
 
-from simpletuner.training.lifecycle import LOCK_NAME
+from simpletuner.training.lifecycle import LOCK_NAME, OutputDirLock
 from simpletuner.training.outcomes import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
 
 from training_fixtures import REPO, environment, make_shapes, run_train_sh, write_config
@@ -62,15 +62,43 @@ class TrainShTest(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_a_config_error_on_two_processes_is_status_2(self):
-        config = write_config(self.root, self.root / "data", "config-error", num_processes=2)
-        (self.root / "config-error-out" / "checkpoint-3").mkdir(parents=True)
+        # A missing model folder is found by the preflight, after launch, on every rank.
+        config = write_config(self.root, self.root / "data", "config-error", num_processes=2,
+                              pretrained_model_name_or_path=str(self.root / "no-such-model"))
         result = run_train_sh(config, self.tmp, timeout=180)
         self.assertEqual(result.returncode, EXIT_CONFIG, result.stderr[-3000:])
         for rank in (0, 1):
             self.assertIn(f"[rank {rank}] training stopped (exit status 2)", result.stderr)
-        self.assertIn("earlier run's checkpoints (checkpoint-3)", result.stderr)
+        self.assertIn("no-such-model' is not a local folder", result.stderr)
         # Refused after the lock was taken: released on the way out.
         self.assertFalse((self.root / "config-error-out" / LOCK_NAME).exists())
+
+    def test_a_fresh_run_over_checkpoints_is_refused_before_launch(self):
+        config = write_config(self.root, self.root / "data", "fresh", num_processes=2,
+                              max_train_steps=None)
+        (self.root / "fresh-out" / "checkpoint-3").mkdir(parents=True)
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn("earlier run's checkpoints (checkpoint-3)", output)
+        self.assertIn("set 'max_train_steps' or 'num_train_epochs'", output)  # all at once
+        self.assert_not_launched(output)
+        self.assertFalse((self.root / "fresh-out" / LOCK_NAME).exists())
+
+    def test_an_output_dir_in_use_is_refused_before_launch(self):
+        config = write_config(self.root, self.root / "data", "in-use")
+        holder = OutputDirLock(self.root / "in-use-out")  # this test process: alive
+        self.assertIsNone(holder.try_acquire())
+        self.addCleanup(holder.release)
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn(f"is in use by another run (pid {os.getpid()}", output)
+        self.assert_not_launched(output)
+
+    def assert_not_launched(self, output: str) -> None:
+        for launched in ("Traceback", "CalledProcessError", "training stopped", "accelerate"):
+            self.assertNotIn(launched, output)
 
     def test_a_plain_failure_is_status_1(self):
         # Two images and batches of four: the bucket cannot fill one batch.

@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
-from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.datasets import ASPECT_KEY, WEIGHT_KEY, DatasetConfig
 
 
 def check_caption_and_crop_options(ds: DatasetConfig, where: str, problems: list[str]) -> None:
     for key in ("prepend_instance_prompt", "only_instance_prompt"):
         if getattr(ds, key) and not ds.instance_prompt:
             problems.append(f"{where}: key '{key}' needs 'instance_prompt'")
-    if ds.crop_aspect == "closest":
-        if not ds.crop:
-            problems.append(f"{where}: key 'crop_aspect' 'closest' needs 'crop': true")
-        if not ds.crop_aspect_buckets:
-            problems.append(f"{where}: key 'crop_aspect' 'closest' needs 'crop_aspect_buckets' "
-                            "(aspect ratios W/H, e.g. [0.75, 1.0, 1.5])")
+    if ds.crop_aspect in ("closest", "random"):
+        _check_aspect_buckets(ds, where, problems)
     elif ds.crop_aspect_buckets is not None:
         problems.append(f"{where}: key 'crop_aspect_buckets' is used with crop_aspect "
-                        f"'closest' only; crop_aspect is '{ds.crop_aspect}'")
-    if any(aspect <= 0 for aspect in ds.crop_aspect_buckets or []):
+                        f"'closest' or 'random' only; crop_aspect is '{ds.crop_aspect}'")
+
+
+def _check_aspect_buckets(ds: DatasetConfig, where: str, problems: list[str]) -> None:
+    mode = ds.crop_aspect
+    if not ds.crop:
+        problems.append(f"{where}: key 'crop_aspect' '{mode}' needs 'crop': true")
+    if not ds.crop_aspect_buckets:
+        problems.append(f"{where}: key 'crop_aspect' '{mode}' needs 'crop_aspect_buckets' "
+                        "(aspect ratios W/H, e.g. [0.75, 1.0, 1.5])")
+        return
+    entries = ds.crop_aspect_buckets
+    weighted = [entry for entry in entries if isinstance(entry, dict)]
+    if weighted and mode != "random":
+        problems.append(f"{where}: key 'crop_aspect_buckets': weights are used with crop_aspect "
+                        "'random' only; list plain aspect ratios for 'closest'")
+    if any(set(entry) != {ASPECT_KEY, WEIGHT_KEY} or not all(
+            _is_number(entry[key]) for key in (ASPECT_KEY, WEIGHT_KEY)) for entry in weighted):
+        problems.append(f"{where}: key 'crop_aspect_buckets': a weighted entry is "
+                        f"{{\"{ASPECT_KEY}\": <W/H>, \"{WEIGHT_KEY}\": <number >= 0>}}")
+        return
+    pairs = ds.weighted_crop_aspects()
+    if any(aspect <= 0 for aspect, _ in pairs):
         problems.append(f"{where}: key 'crop_aspect_buckets' must hold positive aspect ratios")
+    if any(weight < 0 for _, weight in pairs) or sum(weight for _, weight in pairs) <= 0:
+        problems.append(f"{where}: key 'crop_aspect_buckets': weights must be >= 0, and not "
+                        "all 0")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

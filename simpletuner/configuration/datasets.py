@@ -10,6 +10,8 @@ from simpletuner.configuration.fields import option, parse_fields
 
 STORAGE_TYPES = ("local", "aws")
 TABLE_SUFFIXES = (".parquet", ".jsonl")
+# SimpleTuner's weighted crop_aspect_buckets entry: {"aspect_bucket": 1.5, "weight": 0.25}
+ASPECT_KEY, WEIGHT_KEY = "aspect_bucket", "weight"
 # storage type / metadata backend -> (module it needs, the extra that brings it)
 _EXTRAS = {"aws": ("boto3", "s3"), "parquet": ("pyarrow", "parquet")}
 
@@ -61,9 +63,10 @@ class DatasetConfig:
     crop: bool = option(False)
     crop_style: Literal["center", "random", "corner"] = option(
         "center", help="corner: keep the bottom-right part (SimpleTuner's corner crop)")
-    crop_aspect: Literal["preserve", "square", "closest"] = option(
+    crop_aspect: Literal["preserve", "square", "closest", "random"] = option(
         "preserve", help="closest: crop to the aspect (W/H) in crop_aspect_buckets nearest the "
-        "image's")
+        "image's; random: to one drawn per sample by weight from a digest of (dataset id, "
+        "sample id), so the same on every rank, run and resume")
     caption_strategy: Literal["textfile", "filename", "instanceprompt", "parquet"] = option(
         "textfile", help="'parquet': the caption columns of the metadata table")
     instance_prompt: str | None = option(None)
@@ -86,11 +89,18 @@ class DatasetConfig:
     only_instance_prompt: bool = option(
         False, help="train every sample with instance_prompt (caption_strategy 'textfile' still "
         "needs the caption files; 'instanceprompt' needs none)")
-    crop_aspect_buckets: list[float] | None = option(
-        None, help="aspect ratios (W/H) for crop_aspect 'closest', e.g. [0.75, 1.0, 1.5]")
+    crop_aspect_buckets: list[float | dict] | None = option(
+        None, help="aspect ratios (W/H) for crop_aspect 'closest' or 'random', e.g. [0.75, 1.0, "
+        "1.5]; for 'random' an entry may be {\"aspect_bucket\": 1.5, \"weight\": 2} (relative "
+        "weights; a plain number weighs 1)")
     max_num_samples: int | None = option(
         None, minimum=1, help="keep this many samples: a fixed subset chosen by a digest of "
         "(dataset id, sample id), the same on every rank and run")
+
+    def weighted_crop_aspects(self) -> list[tuple[float, float]]:
+        """crop_aspect_buckets as (aspect, weight) pairs, as checked by dataset_checks.py."""
+        return [(float(entry[ASPECT_KEY]), float(entry[WEIGHT_KEY])) if isinstance(entry, dict)
+                else (entry, 1.0) for entry in self.crop_aspect_buckets or ()]
 
     def parquet_config(self) -> ParquetConfig:
         """The checked ``parquet`` block (the loader reported any problem in it)."""

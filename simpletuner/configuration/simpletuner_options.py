@@ -158,8 +158,6 @@ _DATASET_VALUES: dict[str, dict[str, str]] = {
     "caption_strategy": {"huggingface": "use 'textfile' (a .txt beside each image)",
                          "csv": "use 'textfile' (a .txt beside each image)"},
     "crop_style": {"face": "use 'center', 'random' or 'corner'"},
-    "crop_aspect": {"random": "use 'closest' (buckets must not depend on chance here: every "
-                              "rank and run sees the same index)"},
 }
 
 # Options that exist here under SimpleTuner's name but do not mean the same thing.

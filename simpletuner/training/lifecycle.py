@@ -1,5 +1,7 @@
-"""One run per output_dir: a lock naming the run that holds it, and no fresh start over an
-earlier run's checkpoints.
+"""One run per output_dir: a lock naming the run that holds it (the refusal of a fresh start
+over an earlier run's checkpoints is in launch_checks.py: it needs no lock and no collective).
+Files only, no collective: output_dir_claim.py takes the lock for a run of many ranks, and
+``python -m simpletuner check`` looks at it before launch without taking it.
 
 The lock is `output_dir/.simpletuner.lock`, JSON naming the holder's pid, host and start time.
 Only the global main process takes it, before any heavy work, and removes it when the run ends
@@ -13,25 +15,16 @@ import fcntl
 import json
 import logging
 import os
-import re
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from accelerate.utils import broadcast_object_list
-
-from simpletuner.configuration import ConfigError
 from simpletuner.helpers.data_backend.atomic import atomic_write_json
-from simpletuner.helpers.together import failing_together
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".simpletuner.lock"
-# Any folder named like a checkpoint, complete or not, is evidence of an earlier run.
-_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
 
 
 def _process_start(pid: int) -> str | None:
@@ -102,6 +95,20 @@ class OutputDirLock:
         except OSError as exc:
             return (f"cannot write the run's lock file {self.path} ({exc.strerror or exc}); "
                     "choose a folder you can write to")
+        return self._in_use(holder)
+
+    def in_use_problem(self) -> str | None:
+        """Without taking the lock: why a run starting now would be refused it, if it would.
+        A lock that cannot be read is left to try_acquire, which says what to do."""
+        try:
+            holder = self._read_holder()
+        except (OSError, ValueError):
+            return None
+        if holder is None or holder.is_gone():
+            return None
+        return self._in_use(holder)
+
+    def _in_use(self, holder: LockOwner | None) -> str:
         who = holder.describe() if holder is not None else "a run that just ended"
         return (f"output_dir {self.output_dir} is in use by another run ({who}; lock file "
                 f"{self.path}). Wait for that run to end or use another output_dir; if no run "
@@ -150,44 +157,3 @@ class OutputDirLock:
         finally:
             private.unlink()
 
-
-@contextmanager
-def output_dir_claimed(output_dir: Path, accelerator, where: str) -> Iterator[None]:
-    """The global main process holds the lock for the block. A held lock becomes the same
-    ConfigError on every rank (key 'output_dir' of ``where``); an unexpected failure while
-    taking it becomes the same RankFailure on every rank."""
-    lock = OutputDirLock(output_dir) if accelerator.is_main_process else None
-    problem = None
-    with failing_together("taking the output_dir lock"):
-        if lock is not None:
-            problem = lock.try_acquire()
-    (problem,) = broadcast_object_list([problem])
-    if problem is not None:
-        raise ConfigError([f"{where}: key 'output_dir': {problem}"])
-    try:
-        yield
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def earlier_run_checkpoints(output_dir: Path) -> list[str]:
-    """Names of the checkpoint-<step> folders in output_dir, by step."""
-    if not output_dir.is_dir():
-        return []
-    names = [c.name for c in output_dir.iterdir() if _CHECKPOINT_NAME.match(c.name) and c.is_dir()]
-    return sorted(names, key=lambda name: int(name.split("-")[1]))
-
-
-def fresh_run_problem(resume_from_checkpoint: str | None, output_dir: Path) -> str | None:
-    """A run that does not resume must not start over an earlier run's checkpoints: it would
-    overwrite some, and a later 'latest' would pick up the old run's."""
-    if resume_from_checkpoint is not None:
-        return None
-    found = earlier_run_checkpoints(output_dir)
-    if not found:
-        return None
-    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-    return (f"key 'resume_from_checkpoint' is not set, but output_dir {output_dir} holds an "
-            f"earlier run's checkpoints ({shown}). Set resume_from_checkpoint to 'latest' to "
-            "continue that run, or use a new or emptied output_dir to start a fresh one")

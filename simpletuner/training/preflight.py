@@ -1,5 +1,6 @@
 """Checks that need no model and no data pass: run on every rank before any heavy work, so a
-mistake is reported at once, every problem together, and identically on every rank."""
+mistake is reported at once, every problem together, and identically on every rank. The
+cheapest of them (launch_checks.py) also run before launch, in ``python -m simpletuner check``."""
 
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import read_trainer_state, resolve_resume
-from simpletuner.training.lifecycle import fresh_run_problem
+from simpletuner.training.launch_checks import static_problems
 from simpletuner.training.optimizers import optimizer_problems
 from simpletuner.training.quantization import precision_problems
-from simpletuner.training.trackers import tracker_problems
 
 
 @dataclass
@@ -57,28 +57,14 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     every file) and the seed are taken from it rather than hashed again by every rank."""
     training = configuration.training
     where = str(configuration.config_path)
-    problems: list[str] = []
-    if training.max_train_steps is None and training.num_train_epochs is None:
-        problems.append(f"{where}: set 'max_train_steps' or 'num_train_epochs' "
-                        "(how long to train)")
-    if training.validation_resolution % training.aspect_bucket_alignment:
-        problems.append(
-            f"{where}: key 'validation_resolution' is {training.validation_resolution}; it must "
-            f"be a multiple of aspect_bucket_alignment ({training.aspect_bucket_alignment})")
+    problems = static_problems(configuration)
     if training.mixed_precision == "fp16" and not torch.cuda.is_available():
         problems.append(f"{where}: key 'mixed_precision' is 'fp16', which needs a CUDA device; "
                         "use 'bf16' or 'no' on this machine")
-    if training.model_type == "lora" and training.lora_target_modules == []:
-        problems.append(f"{where}: key 'lora_target_modules' is an empty list; name the "
-                        "modules to adapt, or leave it unset for the family's defaults")
     problems += [f"{where}: {problem}" for problem in _memory_option_problems(training)]
-    problems += [f"{where}: {problem}" for problem in tracker_problems(training.report_to)]
     output_problem = _check_output_dir(Path(training.output_dir))
     if output_problem:
         problems.append(f"{where}: key 'output_dir': {output_problem}")
-    fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
-    if fresh_problem:
-        problems.append(f"{where}: {fresh_problem}")
 
     model_folder = None
     try:

@@ -10,11 +10,16 @@ exact aspect, so the relative aspect error is at most alignment / (2 * short edg
 ``resolution**2``; it is ``area`` at ``resolution**2 / 1e6`` megapixels, size filters included
 (an edge length ``m`` keeps images of at least ``m**2`` pixels).
 Cropping to ``crop_aspect: closest`` trains each image at the aspect of ``crop_aspect_buckets``
-nearest its own (ties: the smaller aspect), sized as above.
+nearest its own (ties: the smaller aspect), sized as above. ``crop_aspect: random`` draws the
+aspect per sample instead, by weight, from a SHA-256 of (dataset id, sample id): the same sample
+gets the same bucket on every rank, run and resume, whatever its own aspect.
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -29,7 +34,13 @@ class BucketSettings:
     resolution_type: str   # "pixel" | "area"
     alignment: int
     square: bool           # crop with crop_aspect 'square': every image goes to one square bucket
-    aspect_buckets: tuple[float, ...] = ()  # crop_aspect 'closest': the aspects (W/H) allowed
+    aspect_buckets: tuple[float, ...] = ()  # crop_aspect 'closest'/'random': the aspects (W/H)
+    aspect_weights: tuple[float, ...] = ()  # crop_aspect 'random': each aspect's weight, else ()
+
+    @property
+    def draws_aspect(self) -> bool:
+        """crop_aspect 'random': the bucket depends on the sample, not on the image size."""
+        return bool(self.aspect_weights)
 
     @classmethod
     def for_dataset(cls, dataset: DatasetConfig, training: TrainingConfig) -> "BucketSettings":
@@ -37,13 +48,16 @@ class BucketSettings:
         resolution_type = dataset.resolution_type or training.resolution_type
         if resolution_type == "pixel_area":
             resolution, resolution_type = float(resolution) ** 2 / MEGAPIXEL, "area"
-        closest = dataset.crop and dataset.crop_aspect == "closest"
+        listed = dataset.crop and dataset.crop_aspect in ("closest", "random")
+        weighted = sorted(dataset.weighted_crop_aspects()) if listed else []
         return cls(
             resolution=float(resolution),
             resolution_type=resolution_type,
             alignment=training.aspect_bucket_alignment,
             square=dataset.crop and dataset.crop_aspect == "square",
-            aspect_buckets=tuple(sorted(dataset.crop_aspect_buckets or ())) if closest else (),
+            aspect_buckets=tuple(aspect for aspect, _ in weighted),
+            aspect_weights=(tuple(weight for _, weight in weighted)
+                            if dataset.crop_aspect == "random" else ()),
         )
 
 
@@ -61,12 +75,30 @@ def target_size(width: int, height: int, settings: BucketSettings) -> tuple[int,
     """(W, H) in pixels the image is trained at; both multiples of the alignment."""
     if width <= 0 or height <= 0:
         raise ValueError(f"image size must be positive, got {width}x{height}")
-    al = settings.alignment
+    if settings.draws_aspect:
+        raise ValueError("crop_aspect 'random' decides per sample: use sample_bucket")
     aspect = width / height
     if settings.square:
         aspect = 1.0
     elif settings.aspect_buckets:
         aspect = min(settings.aspect_buckets, key=lambda a: abs(a - aspect))
+    return size_at_aspect(aspect, settings)
+
+
+def drawn_aspect(dataset_id: str, sample_id: str, settings: BucketSettings) -> float:
+    """crop_aspect 'random': the sample's aspect, drawn by weight from a digest of its ids.
+    The tag keeps the draw independent of max_num_samples, which digests the same ids."""
+    payload = f"crop_aspect\x00{dataset_id}\x00{sample_id}".encode("utf-8")
+    # 53 bits: exactly representable, so the point stays below 1 and zero weights are never hit
+    unit = (int.from_bytes(hashlib.sha256(payload).digest()[:8], "big") >> 11) / 2**53
+    cumulative = list(itertools.accumulate(settings.aspect_weights))
+    chosen = bisect.bisect_right(cumulative, unit * cumulative[-1])
+    return settings.aspect_buckets[min(chosen, len(cumulative) - 1)]
+
+
+def size_at_aspect(aspect: float, settings: BucketSettings) -> tuple[int, int]:
+    """(W, H) of the bucket for ``aspect`` (W/H) at the settings' resolution."""
+    al = settings.alignment
     ratio = max(aspect, 1 / aspect)
     if settings.resolution_type == "pixel":
         short = align(settings.resolution, al)
@@ -94,6 +126,14 @@ def parse_bucket_key(key: str) -> tuple[int, int]:
 
 def bucket_for(width: int, height: int, settings: BucketSettings) -> str:
     return bucket_key(target_size(width, height, settings))
+
+
+def sample_bucket(dataset_id: str, sample_id: str, width: int, height: int,
+                  settings: BucketSettings) -> str:
+    """The bucket of one sample: drawn for crop_aspect 'random', else by its size."""
+    if settings.draws_aspect:
+        return bucket_key(size_at_aspect(drawn_aspect(dataset_id, sample_id, settings), settings))
+    return bucket_for(width, height, settings)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,9 @@ from simpletuner.helpers.metadata.backends.captions import (
 )
 from simpletuner.helpers.metadata.backends.headers import FoundFiles, HeaderSource
 from simpletuner.helpers.metadata.backends.table import TableSource
-from simpletuner.helpers.metadata.buckets import BucketSettings, SizeFilters, bucket_for
+from simpletuner.helpers.metadata.buckets import (
+    BucketSettings, SizeFilters, bucket_for, sample_bucket,
+)
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
 from simpletuner.helpers.metadata.split import (
@@ -118,6 +120,7 @@ class MetadataBackend:
             "resolution": s.resolution, "resolution_type": s.resolution_type,
             "aspect_bucket_alignment": s.alignment, "crop": ds.crop, "crop_aspect": ds.crop_aspect,
             "crop_aspect_buckets": list(s.aspect_buckets),
+            "crop_aspect_weights": list(s.aspect_weights),
             "minimum_image_size": ds.minimum_image_size,
             "maximum_image_size": ds.maximum_image_size,
             "minimum_aspect_ratio": ds.minimum_aspect_ratio,
@@ -296,11 +299,10 @@ class MetadataBackend:
                     for row in np.flatnonzero(widths <= 0).tolist()]
         distinct, which = np.unique(widths[sized] << 32 | heights[sized], return_inverse=True)
         decisions = [self._decide(size >> 32, size & 0xFFFFFFFF) for size in distinct.tolist()]
-        keys = sorted({key for _, key in decisions if key is not None})
-        number = {key: n for n, key in enumerate(keys)}
-        bucket = np.array([number.get(key, -1) for _, key in decisions], np.int64)[which]
+        refused = np.array([reason is not None for reason, _ in decisions], bool)[which]
         skipped += [SkippedFile(files.ids[sized[at]], decisions[which[at]][0])
-                    for at in np.flatnonzero(bucket < 0).tolist()]
+                    for at in np.flatnonzero(refused).tolist()]
+        bucket, keys = self._bucket_numbers(files, sized, which, decisions, refused)
         if self.dataset.caption_strategy == "textfile":
             bucket = self._without_caption_files(files.ids, sized, bucket, listing, skipped)
         kept = bucket >= 0
@@ -315,9 +317,26 @@ class MetadataBackend:
         return index, ordered
 
     def _decide(self, width: int, height: int) -> tuple[str | None, str | None]:
-        """(why an image of this size is skipped, or None; its bucket key, or None)."""
+        """(why an image of this size is skipped, or None; its bucket key, or None when
+        skipped or drawn per sample)."""
         reason = self.filters.reason_to_skip(width, height)
-        return reason, None if reason else bucket_for(width, height, self.bucket_settings)
+        per_size = reason is None and not self.bucket_settings.draws_aspect
+        return reason, bucket_for(width, height, self.bucket_settings) if per_size else None
+
+    def _bucket_numbers(self, files: FileTable, sized, which, decisions, refused):
+        """(each sized row's bucket number, -1 if refused; the sorted bucket keys). A size's
+        bucket is decided once, unless crop_aspect 'random' draws it per sample."""
+        if self.bucket_settings.draws_aspect:
+            names = [None if no else sample_bucket(self.dataset.id, files.ids[row],
+                                                   files.widths[row], files.heights[row],
+                                                   self.bucket_settings)
+                     for row, no in zip(sized.tolist(), refused.tolist())]
+        else:
+            names = [key for _, key in decisions]
+        keys = sorted({key for key in names if key is not None})
+        number = {key: n for n, key in enumerate(keys)}
+        bucket = np.array([number.get(key, -1) for key in names], np.int64)
+        return (bucket if self.bucket_settings.draws_aspect else bucket[which]), keys
 
     @staticmethod
     def _without_caption_files(ids: list[str], sized, bucket, listing: Listing,

@@ -1,0 +1,71 @@
+"""Checks that read only the configuration and the filesystem: no torch, no model, no collective.
+
+``python -m simpletuner check`` (what ./train.sh runs before starting accelerate) reports them,
+so such a mistake prints its report alone and not inside the launcher's traceback; the preflight
+runs static_problems again on every rank, for runs started with accelerate launch directly.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from simpletuner.configuration import Configuration
+from simpletuner.training.lifecycle import OutputDirLock
+from simpletuner.training.trackers import tracker_problems
+
+# Any folder named like a checkpoint, complete or not, is evidence of an earlier run.
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
+
+
+def launch_problems(configuration: Configuration) -> list[str]:
+    """``check``'s: static_problems, and an output_dir locked by a run that is still going.
+    The preflight runs inside the run's own lock, so it cannot ask the lock this."""
+    problems = static_problems(configuration)
+    in_use = OutputDirLock(Path(configuration.training.output_dir)).in_use_problem()
+    if in_use:
+        problems.append(f"{configuration.config_path}: key 'output_dir': {in_use}")
+    return problems
+
+
+def static_problems(configuration: Configuration) -> list[str]:
+    """Every problem the config and the filesystem show, each prefixed with the config file."""
+    training = configuration.training
+    where = str(configuration.config_path)
+    problems: list[str] = []
+    if training.max_train_steps is None and training.num_train_epochs is None:
+        problems.append("set 'max_train_steps' or 'num_train_epochs' (how long to train)")
+    if training.validation_resolution % training.aspect_bucket_alignment:
+        problems.append(
+            f"key 'validation_resolution' is {training.validation_resolution}; it must be a "
+            f"multiple of aspect_bucket_alignment ({training.aspect_bucket_alignment})")
+    if training.model_type == "lora" and training.lora_target_modules == []:
+        problems.append("key 'lora_target_modules' is an empty list; name the modules to "
+                        "adapt, or leave it unset for the family's defaults")
+    problems += tracker_problems(training.report_to)
+    fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
+    if fresh_problem:
+        problems.append(fresh_problem)
+    return [f"{where}: {problem}" for problem in problems]
+
+
+def earlier_run_checkpoints(output_dir: Path) -> list[str]:
+    """Names of the checkpoint-<step> folders in output_dir, by step."""
+    if not output_dir.is_dir():
+        return []
+    names = [c.name for c in output_dir.iterdir() if _CHECKPOINT_NAME.match(c.name) and c.is_dir()]
+    return sorted(names, key=lambda name: int(name.split("-")[1]))
+
+
+def fresh_run_problem(resume_from_checkpoint: str | None, output_dir: Path) -> str | None:
+    """A run that does not resume must not start over an earlier run's checkpoints: it would
+    overwrite some, and a later 'latest' would pick up the old run's."""
+    if resume_from_checkpoint is not None:
+        return None
+    found = earlier_run_checkpoints(output_dir)
+    if not found:
+        return None
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return (f"key 'resume_from_checkpoint' is not set, but output_dir {output_dir} holds an "
+            f"earlier run's checkpoints ({shown}). Set resume_from_checkpoint to 'latest' to "
+            "continue that run, or use a new or emptied output_dir to start a fresh one")
