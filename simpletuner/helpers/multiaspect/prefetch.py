@@ -30,9 +30,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from simpletuner.helpers.multiaspect.batch import MicroBatch
-from simpletuner.helpers.multiaspect.dataset import on_device, pinned
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler
 from simpletuner.models.base import TrainingBatch
+from simpletuner.models.transfer import batch_pinned_for, batch_to_device
 
 Assemble = Callable[[MicroBatch], TrainingBatch]
 Prepared = tuple[MicroBatch, TrainingBatch]
@@ -116,7 +116,7 @@ class PrefetchedBatches:
             error.add_note(f"while assembling micro-batch {micro_batch.step} of epoch "
                            f"{micro_batch.epoch} (bucket {micro_batch.bucket}): {samples}")
             raise
-        return micro_batch, pinned(batch) if self.device.type == "cuda" else batch
+        return micro_batch, batch_pinned_for(batch, self.device)
 
     def _ready(self, micro_batch: MicroBatch, prepared: Prepared) -> TrainingBatch:
         """In the loop's thread, so the copy is queued on the stream the model runs on."""
@@ -126,4 +126,4 @@ class PrefetchedBatches:
                 f"the batch read ahead for micro-batch {micro_batch.step} of epoch "
                 f"{micro_batch.epoch} was planned differently ({assembled_for}) from what the "
                 f"sampler handed out ({micro_batch}): the plan is not a function of the position")
-        return on_device(batch, self.device) if self.device.type == "cuda" else batch
+        return batch_to_device(batch, self.device)
