@@ -61,10 +61,11 @@ from simpletuner.helpers.caching.storage import entry_path, save_entry
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache
 from simpletuner.helpers.metadata.startup import build_sampler, start_data
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
-from simpletuner.helpers.multiaspect.dataset import BatchAssembler, on_device
+from simpletuner.helpers.multiaspect.dataset import BatchAssembler
 from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.models.transfer import batch_to_device
 from simpletuner.training import recipe
 from simpletuner.training.recipe import run_training
 
@@ -194,7 +195,7 @@ def bare_batches(config_path: Path, accelerator: Accelerator, count: int):
     batches: list[TrainingBatch] = []
     while len(batches) < count:
         batches.extend(caches.assembler(mb) for mb in sampler)
-    return [on_device(b, accelerator.device) for b in batches[:count]]
+    return [batch_to_device(b, accelerator.device) for b in batches[:count]]
 
 
 def load_adapter(training, device: torch.device):

@@ -1,6 +1,6 @@
-"""PrefetchedBatches: the sampler's order across epochs, batches read ahead on another thread, a
-checkpoint position that counts only what the loop consumed, errors at their own micro-batch
-with their sample ids, and no thread left behind."""
+"""PrefetchedBatches: the sampler's order across epochs, batches (and captions) read ahead on
+another thread, a checkpoint position that counts only what the loop consumed, errors at their
+own micro-batch with their sample ids, and no thread left behind."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from simpletuner.helpers.caching.latents import LatentCache
 from simpletuner.helpers.caching.storage import CacheEntryError, entry_path, save_entry
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches, positions_after
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
@@ -24,10 +25,15 @@ from simpletuner.models.base import TrainingBatch
 WAIT_S = 10  # generous: the machine is shared; a correct run never waits this long
 
 
-def new_sampler(seed: int = 5) -> MultiAspectSampler:
+def caption_of(sample_id: str) -> str:
+    return f"caption of {sample_id}"
+
+
+def new_sampler(seed: int = 5, caption_for=caption_of) -> MultiAspectSampler:
     index = DatasetIndex("d", {"64x64": [f"sq/{i:02d}.png" for i in range(12)],
                                "128x64": [f"wide/{i:02d}.png" for i in range(8)]}, {})
-    return MultiAspectSampler([SamplerDataset(index, lambda s: f"caption of {s}", 2)],
+    policy = CaptionPolicy(dropout_probability=0.3)  # captions that change with the epoch
+    return MultiAspectSampler([SamplerDataset(index, caption_for, 2, captions=policy)],
                               seed=seed, processes=1, rank=0, accumulation=2)
 
 
@@ -122,6 +128,25 @@ class OrderAndPositionTest(unittest.TestCase):
         self.assertNotIn(threading.current_thread().name, assembler.threads,
                          "assembly ran on the loop's thread")
 
+    def test_yields_the_samplers_micro_batches_captions_included(self):
+        plain = new_sampler()
+        expected = [m for _ in range(2) for m in plain]
+        got = first(PrefetchedBatches(new_sampler(), RecordingAssembler()), len(expected))
+        self.assertEqual([m for m, _ in got], expected)
+        self.assertIn("", [s.caption for m in expected for s in m.samples])  # some dropped
+
+    def test_captions_are_read_by_the_worker_not_the_loops_thread(self):
+        threads = set()
+
+        def recording_caption(sample_id: str) -> str:
+            threads.add(threading.current_thread().name)
+            return caption_of(sample_id)
+
+        first(PrefetchedBatches(new_sampler(caption_for=recording_caption),
+                                RecordingAssembler()), 5)
+        self.assertTrue(threads)
+        self.assertTrue(all(name.startswith("batch-prefetch") for name in threads), threads)
+
     def test_reads_ahead_while_the_loop_holds_a_batch(self):
         assembler = RecordingAssembler()
         batches = iter(PrefetchedBatches(new_sampler(), assembler, depth=2))
@@ -186,6 +211,25 @@ class FailureTest(unittest.TestCase):
         self.assertIn("micro-batch 3 of epoch 0", notes)
         self.assertEqual(sampler.step, 4, "the sampler handed out the failing micro-batch")
 
+    def test_a_caption_read_error_surfaces_at_its_micro_batch_naming_its_samples(self):
+        failing = list(new_sampler())[2]
+        unreadable = failing.samples[0].sample_id
+
+        def caption_for(sample_id: str) -> str:
+            if sample_id == unreadable:
+                raise OSError(f"caption file of {sample_id} cannot be read")
+            return caption_of(sample_id)
+
+        consumed = []
+        with self.assertRaises(OSError) as raised:
+            for micro_batch, _ in PrefetchedBatches(new_sampler(caption_for=caption_for),
+                                                    RecordingAssembler()):
+                consumed.append(micro_batch.step)
+        self.assertEqual(consumed, [0, 1])
+        notes = "\n".join(raised.exception.__notes__)
+        self.assertIn("micro-batch 2 of epoch 0", notes)
+        self.assertIn(f"d/{unreadable}", notes)
+
     def test_a_damaged_cache_entry_names_its_file_and_its_micro_batchs_samples(self):
         failing = list(new_sampler())[2]
         damaged = failing.samples[1].sample_id
@@ -202,15 +246,16 @@ class FailureTest(unittest.TestCase):
         self.assertIn(", ".join(f"d/{s.sample_id}" for s in failing.samples), notes)
 
     def test_a_batch_read_ahead_for_another_plan_is_an_error_not_trained(self):
-        class Recaptioned(MultiAspectSampler):  # its own iteration differs from its plan's twin
-            def micro_batch(self, epoch, step):
-                batch = super().micro_batch(epoch, step)
-                return replace(batch, samples=tuple(replace(s, caption="other")
-                                                    for s in batch.samples))
+        class Replanned(MultiAspectSampler):  # its own plans differ from its twin's after step 0
+            def plan(self, epoch, step):
+                batch = super().plan(epoch, step)
+                if step == 0:
+                    return batch
+                return replace(batch, samples=tuple(reversed(batch.samples)))
 
         plain = new_sampler()
-        changed = Recaptioned(plain.datasets, seed=plain.seed, processes=1, rank=0,
-                              accumulation=2)
+        changed = Replanned(plain.datasets, seed=plain.seed, processes=1, rank=0,
+                            accumulation=2)
         consumed = []
         with self.assertRaisesRegex(RuntimeError, "micro-batch 1 of epoch 0 was planned"):
             for micro_batch, _ in PrefetchedBatches(changed, RecordingAssembler()):

@@ -146,6 +146,22 @@ class ResumeTest(unittest.TestCase):
         self.assertEqual((s.state_dict()["epoch"], s.state_dict()["step"]), (1, 0))
 
 
+class PlanTest(unittest.TestCase):
+    def test_plans_advance_like_iteration_and_read_no_caption(self):
+        reads = []
+        index = DatasetIndex("d", {"64x64": ids(20, "sq")}, {})
+        counting = [SamplerDataset(index, lambda s: reads.append(s) or f"caption of {s}", 2)]
+        planning, iterating = sampler(counting), sampler(counting)
+        plans = [p for _ in range(2) for p in planning.plans()]
+        self.assertEqual(reads, [])
+        full = [m for _ in range(2) for m in iterating]
+        self.assertEqual((planning.epoch, planning.step), (2, 0))
+        self.assertEqual(planning.state_dict(), iterating.state_dict())
+        self.assertEqual(plans, [m.without_captions() for m in full])
+        self.assertEqual([planning.with_captions(p) for p in plans], full)
+        self.assertTrue(all(s.caption is None for p in plans for s in p.samples))
+
+
 class FingerprintTest(unittest.TestCase):
     def saved_state(self):
         return sampler(two_datasets()).state_dict()

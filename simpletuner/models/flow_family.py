@@ -16,6 +16,7 @@ from simpletuner.models.components import checked_folder, load_component, load_f
 from simpletuner.models.flow_objective import (
     flow_noisy_and_target, resolution_shift, sample_sigmas)
 from simpletuner.models.noise_objective import draw_noise, weighted_mse
+from simpletuner.models.transfer import batch_to_device
 
 
 class FlowFamilyAdapter(ModelAdapter):
@@ -85,12 +86,14 @@ class FlowFamilyAdapter(ModelAdapter):
     @abstractmethod
     def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
-        """The network's velocity prediction, shaped like ``noisy``."""
+        """The network's velocity prediction, shaped like ``noisy``; ``batch`` is on the device
+        already (compute_loss moved it)."""
 
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
                      network: torch.nn.Module | None = None) -> torch.Tensor:
         settings = self.loss_settings
-        latents = batch.latents.to(self.device, dtype=torch.float32)
+        batch = batch_to_device(batch, self.device)  # also a host batch (evaluation): no wait
+        latents = batch.latents.to(torch.float32)
         noise = draw_noise(latents.shape, device=self.device, generator=generator,
                            noise_offset=settings.noise_offset)
         sigmas = sample_sigmas(latents.shape[0], sampling=settings.flow_timestep_sampling,

@@ -8,6 +8,8 @@ import math
 
 import torch
 
+from simpletuner.models.transfer import to_device
+
 TIMESTEP_SAMPLINGS = ("uniform", "logit_normal")
 
 
@@ -44,7 +46,7 @@ def sample_sigmas(count: int, *, sampling: str, logit_mean: float = 0.0, logit_s
     else:
         raise ValueError(f"flow_timestep_sampling {sampling!r} is not one of "
                          + ", ".join(TIMESTEP_SAMPLINGS))
-    return shift_sigmas(sigmas, shift).to(device)
+    return to_device(shift_sigmas(sigmas, shift), device)
 
 
 def flow_noisy_and_target(latents: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor

@@ -10,6 +10,7 @@ from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokeniz
 
 from simpletuner.models.base import TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
+from simpletuner.models.transfer import to_device
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -59,16 +60,16 @@ class FluxAdapter(FlowFamilyAdapter):
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
         count, _, height, width = noisy.shape
         embeds = batch.prompt_embeds
-        prompt_embeds = embeds["prompt_embeds"].to(self.device, dtype=dtype)
+        prompt_embeds = embeds["prompt_embeds"].to(dtype)
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((count,), self.loss_settings.flux_guidance_value,
                                   device=self.device, dtype=torch.float32)
         tokens = network(
             hidden_states=pack_latents(noisy), timestep=sigmas.to(dtype), guidance=guidance,
-            pooled_projections=embeds["pooled_prompt_embeds"].to(self.device, dtype=dtype),
+            pooled_projections=embeds["pooled_prompt_embeds"].to(dtype),
             encoder_hidden_states=prompt_embeds,
             txt_ids=torch.zeros(prompt_embeds.shape[1], 3, device=self.device, dtype=dtype),
-            img_ids=image_position_ids(height // 2, width // 2).to(self.device, dtype=dtype),
+            img_ids=to_device(image_position_ids(height // 2, width // 2), self.device).to(dtype),
             return_dict=False)[0]
         return unpack_latents(tokens, height, width)

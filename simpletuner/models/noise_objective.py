@@ -1,11 +1,14 @@
 """Pieces of the denoising objective that do not depend on the network: noise, timesteps,
 targets and min-SNR weights. Random draws come from an explicit generator when one is given,
-drawn on the generator's device and then moved, so a fixed seed gives the same batch loss."""
+drawn on the generator's device and then moved (transfer.to_device: no host wait on CUDA), so a
+fixed seed gives the same batch loss."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from simpletuner.models.transfer import to_device
 
 
 def draw_noise(shape: torch.Size, *, device: torch.device, generator: torch.Generator | None,
@@ -18,7 +21,7 @@ def draw_noise(shape: torch.Size, *, device: torch.device, generator: torch.Gene
         offset = torch.randn((shape[0], shape[1]) + (1,) * (len(shape) - 2),
                              generator=generator, device=draw_on)
         noise = noise + noise_offset * offset
-    return noise.to(device)
+    return to_device(noise, device)
 
 
 def draw_timesteps(count: int, num_train_timesteps: int, *, device: torch.device,
@@ -27,7 +30,7 @@ def draw_timesteps(count: int, num_train_timesteps: int, *, device: torch.device
     draw_on = generator.device if generator is not None else device
     timesteps = torch.randint(0, num_train_timesteps, (count,), generator=generator,
                               device=draw_on)
-    return timesteps.to(device)
+    return to_device(timesteps, device)
 
 
 def min_snr_weights(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, gamma: float,

@@ -44,7 +44,6 @@ class SD3Adapter(FlowFamilyAdapter):
         embeds = batch.prompt_embeds
         timesteps = sigmas * self.scheduler.config.num_train_timesteps
         return network(hidden_states=noisy, timestep=timesteps.to(dtype),
-                       encoder_hidden_states=embeds["prompt_embeds"].to(self.device, dtype=dtype),
-                       pooled_projections=embeds["pooled_prompt_embeds"].to(self.device,
-                                                                            dtype=dtype),
+                       encoder_hidden_states=embeds["prompt_embeds"].to(dtype),
+                       pooled_projections=embeds["pooled_prompt_embeds"].to(dtype),
                        return_dict=False)[0]

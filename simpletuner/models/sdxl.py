@@ -8,6 +8,7 @@ from diffusers import StableDiffusionXLPipeline
 from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 from simpletuner.models.base import TrainingBatch
+from simpletuner.models.transfer import to_device
 from simpletuner.models.unet_family import UNetFamilyAdapter
 
 
@@ -43,10 +44,10 @@ class SDXLAdapter(UNetFamilyAdapter):
 
     def _unet_conditioning(self, batch: TrainingBatch, dtype: torch.dtype) -> dict:
         embeds = batch.prompt_embeds
-        return {"encoder_hidden_states": embeds["prompt_embeds"].to(self.device, dtype=dtype),
+        return {"encoder_hidden_states": embeds["prompt_embeds"].to(dtype),
                 "added_cond_kwargs": {
-                    "text_embeds": embeds["pooled_prompt_embeds"].to(self.device, dtype=dtype),
-                    "time_ids": add_time_ids(batch).to(self.device, dtype=dtype)}}
+                    "text_embeds": embeds["pooled_prompt_embeds"].to(dtype),
+                    "time_ids": to_device(add_time_ids(batch), self.device).to(dtype)}}
 
     def _pipeline_options(self) -> dict:
         # Invisible watermarks would make validation images differ from what the model made.

@@ -15,6 +15,7 @@ from simpletuner.models.base import LossSettings, ModelAdapter, ModelFolderError
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.noise_objective import (
     draw_noise, draw_timesteps, min_snr_weights, weighted_mse)
+from simpletuner.models.transfer import batch_to_device
 
 SUPPORTED_PREDICTION_TYPES = ("epsilon", "v_prediction")
 
@@ -86,14 +87,15 @@ class UNetFamilyAdapter(ModelAdapter):
         return latents * self.vae.config.scaling_factor
 
     def _unet_conditioning(self, batch: TrainingBatch, dtype: torch.dtype) -> dict:
-        """Keyword arguments of the UNet call besides the noisy latents and timesteps."""
-        return {"encoder_hidden_states":
-                batch.prompt_embeds["prompt_embeds"].to(self.device, dtype=dtype)}
+        """Keyword arguments of the UNet call besides the noisy latents and timesteps; ``batch``
+        is on the device already (compute_loss moved it)."""
+        return {"encoder_hidden_states": batch.prompt_embeds["prompt_embeds"].to(dtype)}
 
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
                      network: torch.nn.Module | None = None) -> torch.Tensor:
         dtype = self.unet.dtype
-        latents = batch.latents.to(self.device, dtype=torch.float32)
+        batch = batch_to_device(batch, self.device)  # also a host batch (evaluation): no wait
+        latents = batch.latents.to(torch.float32)
         noise = draw_noise(latents.shape, device=self.device, generator=generator,
                            noise_offset=self.loss_settings.noise_offset)
         timesteps = draw_timesteps(latents.shape[0],

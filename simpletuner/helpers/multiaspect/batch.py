@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -11,7 +11,7 @@ class BatchSample:
     sample_id: str                 # path relative to the dataset root, '/' separators
     bucket: str                    # "WxH"
     target_size: tuple[int, int]   # (width, height) in pixels, parsed from the bucket key
-    caption: str
+    caption: str | None            # None in a plan (MultiAspectSampler.plans)
 
 
 @dataclass(frozen=True)
@@ -23,3 +23,7 @@ class MicroBatch:
     dataset_id: str
     bucket: str
     samples: tuple[BatchSample, ...]
+
+    def without_captions(self) -> "MicroBatch":
+        """The plan alone, as MultiAspectSampler.plans hands it out."""
+        return replace(self, samples=tuple(replace(s, caption=None) for s in self.samples))

@@ -5,9 +5,6 @@ no decoding and no model calls."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
-
-import torch
 
 from simpletuner.helpers.caching.latents import LatentCache
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache
@@ -39,16 +36,3 @@ class BatchAssembler:
             target_sizes=cached.target_sizes,
         )
 
-
-def pinned(batch: TrainingBatch) -> TrainingBatch:
-    """The batch in page-locked host memory, which a CUDA copy can read without the host
-    waiting for it (a copy from ordinary memory blocks until the device has caught up)."""
-    return replace(batch, latents=batch.latents.pin_memory(),
-                   prompt_embeds={k: v.pin_memory() for k, v in batch.prompt_embeds.items()})
-
-
-def on_device(batch: TrainingBatch, device: torch.device) -> TrainingBatch:
-    """Copies of a pinned batch queued on the current stream; the host does not wait for them."""
-    return replace(batch, latents=batch.latents.to(device, non_blocking=True),
-                   prompt_embeds={k: v.to(device, non_blocking=True)
-                                  for k, v in batch.prompt_embeds.items()})

@@ -5,11 +5,12 @@ is ready when step i ends.
 The sampler is still iterated here, in the loop's thread, one micro-batch per loop iteration, so
 its position (what a checkpoint saves) counts the micro-batches the loop consumed, never those
 read ahead; a batch read ahead but not consumed before a checkpoint is simply assembled again
-after resume. The worker finds the micro-batches ahead with a twin sampler of the same plan
-(``micro_batch(epoch, step)`` is a pure function of the position): the loop's thread does no
-more sampler work than before (its caption reads included), and the two threads never share the
-sampler's unlocked slice cache. Each batch read ahead is checked against the micro-batch the
-sampler then hands out.
+after resume. The loop's thread only plans (``sampler.plans()``: which samples, no captions);
+the worker plans the same positions with a twin sampler (``plan(epoch, step)`` is a pure
+function of the position), reads their captions (a pure choice per sample and epoch, see
+captions.py) and assembles them, so caption reads leave the loop's thread and the two threads
+never share the sampler's unlocked slice cache. Each batch read ahead is checked against the
+plan the sampler then hands out, and the loop gets the worker's micro-batch, captions included.
 
 Iteration runs across epochs (the caller stops it), so the first batch of an epoch is read while
 the last one of the previous epoch trains.
@@ -30,9 +31,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from simpletuner.helpers.multiaspect.batch import MicroBatch
-from simpletuner.helpers.multiaspect.dataset import on_device, pinned
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler
 from simpletuner.models.base import TrainingBatch
+from simpletuner.models.transfer import batch_pinned_for, batch_to_device
 
 Assemble = Callable[[MicroBatch], TrainingBatch]
 Prepared = tuple[MicroBatch, TrainingBatch]
@@ -54,7 +55,8 @@ def twin_of(sampler: MultiAspectSampler) -> MultiAspectSampler:
 
 class PrefetchedBatches:
     """``for micro_batch, batch in PrefetchedBatches(sampler, assembler, device=...)``: the
-    sampler's micro-batches in its order, each with its assembled batch, ``depth`` read ahead.
+    sampler's micro-batches (as its iteration gives them, captions included) in its order, each
+    with its assembled batch, ``depth`` read ahead.
 
     On CUDA the worker pins the batch's tensors and the loop's thread starts non-blocking copies
     to the device, so neither the read nor the copy makes the host wait for the device. An
@@ -79,21 +81,23 @@ class PrefetchedBatches:
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch")
         try:
             while True:  # epoch after epoch, until the caller stops
-                for micro_batch in self.sampler:
-                    future = self._take(ahead, micro_batch, worker)
-                    self._read_ahead(ahead, micro_batch, worker, twin)
-                    yield micro_batch, self._ready(micro_batch, future.result())
+                for planned in self.sampler.plans():
+                    future = self._take(ahead, planned, worker, twin)
+                    self._read_ahead(ahead, planned, worker, twin)
+                    yield self._ready(planned, future.result())
         finally:
             worker.shutdown(wait=True, cancel_futures=True)
 
-    def _take(self, ahead: deque, micro_batch: MicroBatch, worker: ThreadPoolExecutor) -> Future:
-        """The batch read ahead at ``micro_batch``'s position, else one submitted now."""
+    def _take(self, ahead: deque, planned: MicroBatch, worker: ThreadPoolExecutor,
+              twin: MultiAspectSampler) -> Future:
+        """The batch read ahead at ``planned``'s position, else one submitted now."""
+        position = (planned.epoch, planned.step)
         while ahead:
-            position, future = ahead.popleft()
-            if position == (micro_batch.epoch, micro_batch.step):
+            ahead_at, future = ahead.popleft()
+            if ahead_at == position:
                 return future
             future.cancel()
-        return worker.submit(self._prepare, micro_batch)
+        return worker.submit(self._prepare_at, twin, position, time.monotonic())
 
     def _read_ahead(self, ahead: deque, consumed: MicroBatch, worker: ThreadPoolExecutor,
                     twin: MultiAspectSampler) -> None:
@@ -105,25 +109,27 @@ class PrefetchedBatches:
     def _prepare_at(self, twin: MultiAspectSampler, position: tuple[int, int],
                     start: float) -> Prepared:
         time.sleep(max(0.0, start - time.monotonic()))
-        return self._prepare(twin.micro_batch(*position))
+        return self._prepare(twin, twin.plan(*position))
 
-    def _prepare(self, micro_batch: MicroBatch) -> Prepared:
-        """In the worker thread: read the caches, and pin the tensors for a CUDA copy."""
+    def _prepare(self, twin: MultiAspectSampler, planned: MicroBatch) -> Prepared:
+        """In the worker thread: read the captions and the caches, and pin the tensors for a
+        CUDA copy."""
         try:
+            micro_batch = twin.with_captions(planned)
             batch = self.assemble(micro_batch)
         except Exception as error:
-            samples = ", ".join(f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples)
-            error.add_note(f"while assembling micro-batch {micro_batch.step} of epoch "
-                           f"{micro_batch.epoch} (bucket {micro_batch.bucket}): {samples}")
+            samples = ", ".join(f"{s.dataset_id}/{s.sample_id}" for s in planned.samples)
+            error.add_note(f"while assembling micro-batch {planned.step} of epoch "
+                           f"{planned.epoch} (bucket {planned.bucket}): {samples}")
             raise
-        return micro_batch, pinned(batch) if self.device.type == "cuda" else batch
+        return micro_batch, batch_pinned_for(batch, self.device)
 
-    def _ready(self, micro_batch: MicroBatch, prepared: Prepared) -> TrainingBatch:
+    def _ready(self, planned: MicroBatch, prepared: Prepared) -> Prepared:
         """In the loop's thread, so the copy is queued on the stream the model runs on."""
         assembled_for, batch = prepared
-        if assembled_for != micro_batch:
+        if assembled_for.without_captions() != planned:
             raise RuntimeError(
-                f"the batch read ahead for micro-batch {micro_batch.step} of epoch "
-                f"{micro_batch.epoch} was planned differently ({assembled_for}) from what the "
-                f"sampler handed out ({micro_batch}): the plan is not a function of the position")
-        return on_device(batch, self.device) if self.device.type == "cuda" else batch
+                f"the batch read ahead for micro-batch {planned.step} of epoch "
+                f"{planned.epoch} was planned differently ({assembled_for}) from what the "
+                f"sampler handed out ({planned}): the plan is not a function of the position")
+        return assembled_for, batch_to_device(batch, self.device)

@@ -12,7 +12,7 @@ the files that changed.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -80,6 +80,7 @@ class MultiAspectSampler:
             raise NoDatasetError(f"no {kind} dataset to sample from: add one to the dataset "
                                  "file (multidatabackend.json) or set 'disabled': false")
         self.datasets = sorted(chosen, key=lambda d: d.index.dataset_id)
+        self._by_id = {d.index.dataset_id: d for d in self.datasets}
         self.seed = seed
         self.processes = processes
         self.rank = rank
@@ -145,12 +146,20 @@ class MultiAspectSampler:
 
     def __iter__(self) -> Iterator[MicroBatch]:
         """The rest of the current epoch; ``step`` counts micro-batches already handed out."""
+        return self._walk(self.micro_batch)
+
+    def plans(self) -> Iterator[MicroBatch]:
+        """As iteration, position included, but without captions: for a caller that resolves
+        them on another thread (prefetch.py), so this one reads no caption."""
+        return self._walk(self.plan)
+
+    def _walk(self, at: Callable[[int, int], MicroBatch]) -> Iterator[MicroBatch]:
         epoch = self.epoch
         total = len(self)
         if self.rank == 0 and self.step < total:  # the main rank speaks for all
             logger.info(self.trim_report(epoch))
         while self.step < total:
-            batch = self.micro_batch(epoch, self.step)
+            batch = at(epoch, self.step)
             self.step += 1
             yield batch
         self.epoch, self.step = epoch + 1, 0
@@ -171,6 +180,11 @@ class MultiAspectSampler:
                 f"{len(trimmed)} buckets: {buckets}{more}")
 
     def micro_batch(self, epoch: int, step: int) -> MicroBatch:
+        """Micro-batch ``step`` of ``epoch``, each sample with its caption for the epoch."""
+        return self.with_captions(self.plan(epoch, step))
+
+    def plan(self, epoch: int, step: int) -> MicroBatch:
+        """Micro-batch ``step`` of ``epoch`` with captions None: which samples, no caption read."""
         groups, ordinals = self._epoch_schedule(epoch)
         group, offset = divmod(step, self.accumulation)
         which = int(groups[group])
@@ -178,9 +192,16 @@ class MultiAspectSampler:
         dataset, key = self.buckets[which]
         ids = piece.micro_batch(int(ordinals[group]) * self.accumulation + offset)
         size = parse_bucket_key(key)
-        samples = tuple(BatchSample(dataset.index.dataset_id, sample_id, key, size,
-                                    self._caption(dataset, sample_id, epoch)) for sample_id in ids)
+        samples = tuple(BatchSample(dataset.index.dataset_id, sample_id, key, size, None)
+                        for sample_id in ids)
         return MicroBatch(epoch, step, dataset.index.dataset_id, key, samples)
+
+    def with_captions(self, planned: MicroBatch) -> MicroBatch:
+        """``planned`` with each sample's caption for its epoch (reads the caption files)."""
+        dataset = self._by_id[planned.dataset_id]
+        return replace(planned, samples=tuple(
+            replace(s, caption=self._caption(dataset, s.sample_id, planned.epoch))
+            for s in planned.samples))
 
     def _caption(self, dataset: SamplerDataset, sample_id: str, epoch: int) -> str:
         return dataset.captions.choose(dataset.caption_for(sample_id), seed=self.seed,
