@@ -86,6 +86,12 @@ class BuiltinDeterminismTest(unittest.TestCase):
 
 
 class BuiltinNamesTest(BuiltinCacheCase):
+    def test_the_names_check_knows_are_the_models_built(self):
+        from simpletuner.models.builtin import BUILTIN_RECIPES
+        from simpletuner.models.model_path import BUILTIN_NAMES
+
+        self.assertEqual(tuple(BUILTIN_RECIPES), BUILTIN_NAMES)
+
     def test_unknown_builtin_lists_the_known_ones(self):
         with self.assertRaises(UnknownBuiltinError) as caught:
             resolve_model_path("builtin:tiny-sd5")

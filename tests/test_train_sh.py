@@ -62,14 +62,14 @@ class TrainShTest(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_a_config_error_on_two_processes_is_status_2(self):
-        # A missing model folder is found by the preflight, after launch, on every rank.
+        # fp16 without CUDA is found by the preflight (it asks torch), after launch, on every rank.
         config = write_config(self.root, self.root / "data", "config-error", num_processes=2,
-                              pretrained_model_name_or_path=str(self.root / "no-such-model"))
+                              mixed_precision="fp16")
         result = run_train_sh(config, self.tmp, timeout=180)
         self.assertEqual(result.returncode, EXIT_CONFIG, result.stderr[-3000:])
         for rank in (0, 1):
             self.assertIn(f"[rank {rank}] training stopped (exit status 2)", result.stderr)
-        self.assertIn("no-such-model' is not a local folder", result.stderr)
+        self.assertIn("'fp16', which needs a CUDA device", result.stderr)
         # Refused after the lock was taken: released on the way out.
         self.assertFalse((self.root / "config-error-out" / LOCK_NAME).exists())
 
@@ -84,6 +84,15 @@ class TrainShTest(unittest.TestCase):
         self.assertIn("set 'max_train_steps' or 'num_train_epochs'", output)  # all at once
         self.assert_not_launched(output)
         self.assertFalse((self.root / "fresh-out" / LOCK_NAME).exists())
+
+    def test_a_wrong_model_path_is_refused_before_launch(self):
+        config = write_config(self.root, self.root / "data", "no-model", num_processes=2,
+                              pretrained_model_name_or_path=str(self.root / "no-such-model"))
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn("no-such-model' is not a local folder", output)
+        self.assert_not_launched(output)
 
     def test_an_output_dir_in_use_is_refused_before_launch(self):
         config = write_config(self.root, self.root / "data", "in-use")

@@ -15,10 +15,12 @@ from typing import Callable
 import torch
 
 from simpletuner.models.base import ModelFolderError
+from simpletuner.models.model_path import (
+    BUILTIN_PREFIX, known_builtins, model_path_problem,
+)
 from simpletuner.models.tiny_tokenizer import write_tiny_t5_tokenizer, write_tiny_tokenizer_files
 from simpletuner.models.tiny_vae import pretrained_tiny_vae
 
-BUILTIN_PREFIX = "builtin:"
 BUILD_SEED = 0
 # Bumped when a recipe changes what it builds, so older cached builds are replaced, not reused.
 # 2: SD 1.x/2.x/SDXL get a pretrained VAE and one-group norms in the UNet.
@@ -185,8 +187,8 @@ BUILTIN_RECIPES: dict[str, Callable[[Path], object]] = {
 
 
 def _unknown(name: str) -> UnknownBuiltinError:
-    known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_RECIPES)
-    return UnknownBuiltinError(f"unknown built-in model '{BUILTIN_PREFIX}{name}'; known: {known}")
+    return UnknownBuiltinError(f"unknown built-in model '{BUILTIN_PREFIX}{name}'; known: "
+                               f"{known_builtins()}")
 
 
 def _is_current(folder: Path) -> bool:
@@ -263,18 +265,10 @@ def resolve_model_path(name_or_path: str) -> Path:
     """Map ``builtin:NAME`` to its built folder, or check that a local folder exists."""
     if name_or_path.startswith(BUILTIN_PREFIX):
         return ensure_builtin_model(name_or_path[len(BUILTIN_PREFIX):])
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    if path.exists():
-        raise ModelFolderError(f"pretrained_model_name_or_path {name_or_path!r} is a file; it "
-                               "must be a diffusers model folder (with model_index.json)")
-    known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_RECIPES)
-    raise ModelFolderError(
-        f"pretrained_model_name_or_path {name_or_path!r} is not a local folder. Models load "
-        "from local folders only; nothing is downloaded. Download it yourself (for example "
-        "`huggingface-cli download ID --local-dir DIR`) and give that folder, or use a "
-        f"built-in model: {known}")
+    problem = model_path_problem(name_or_path)
+    if problem:
+        raise ModelFolderError(problem)
+    return Path(name_or_path).expanduser().resolve()
 
 
 def run_builtin_command(name: str) -> int:

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from simpletuner.configuration import Configuration
+from simpletuner.models.model_path import model_path_problem
 from simpletuner.training.lifecycle import OutputDirLock
 from simpletuner.training.trackers import tracker_problems
 
@@ -43,6 +44,9 @@ def static_problems(configuration: Configuration) -> list[str]:
         problems.append("key 'lora_target_modules' is an empty list; name the modules to "
                         "adapt, or leave it unset for the family's defaults")
     problems += tracker_problems(training.report_to)
+    model_problem = model_path_problem(training.pretrained_model_name_or_path)
+    if model_problem:
+        problems.append(f"key 'pretrained_model_name_or_path': {model_problem}")
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
         problems.append(fresh_problem)

@@ -17,6 +17,7 @@ from simpletuner.helpers.together import failing_together
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.layout import check_model_folder
+from simpletuner.models.model_path import model_path_problem
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpoint import read_trainer_state, resolve_resume
 from simpletuner.training.launch_checks import static_problems
@@ -67,14 +68,15 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
         problems.append(f"{where}: key 'output_dir': {output_problem}")
 
     model_folder = None
-    try:
-        adapter_class = get_adapter_class(training.model_family)
-        model_folder = resolve_model_path(training.pretrained_model_name_or_path)
-        check_model_folder(model_folder, training.model_family,
-                           adapter_class.required_subfolders(),
-                           adapter_class.forbidden_subfolders)
-    except (ModelFolderError, ValueError) as exc:
-        problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
+    if model_path_problem(training.pretrained_model_name_or_path) is None:  # else named above
+        try:
+            adapter_class = get_adapter_class(training.model_family)
+            model_folder = resolve_model_path(training.pretrained_model_name_or_path)
+            check_model_folder(model_folder, training.model_family,
+                               adapter_class.required_subfolders(),
+                               adapter_class.forbidden_subfolders)
+        except (ModelFolderError, ValueError) as exc:
+            problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
 
     if main_result is not None:
         if problems:

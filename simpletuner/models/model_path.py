@@ -1,0 +1,33 @@
+"""Whether ``pretrained_model_name_or_path`` names a model, decided without torch: ``check``
+(run by ./train.sh before the launcher) reports a wrong path alone, not inside the launcher's
+traceback. builtin.py builds the built-in models; layout.py checks a folder's subfolders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_NAMES = ("tiny-sd1x", "tiny-sd2x", "tiny-sdxl", "tiny-sd3", "tiny-flux")
+
+
+def known_builtins() -> str:
+    return ", ".join(BUILTIN_PREFIX + name for name in BUILTIN_NAMES)
+
+
+def model_path_problem(name_or_path: str) -> str | None:
+    """Why ``name_or_path`` is neither a built-in model nor a local folder; None if it is one."""
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        name = name_or_path[len(BUILTIN_PREFIX):]
+        if name in BUILTIN_NAMES:
+            return None
+        return f"unknown built-in model '{BUILTIN_PREFIX}{name}'; known: {known_builtins()}"
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return None
+    if path.exists():
+        return (f"pretrained_model_name_or_path {name_or_path!r} is a file; it must be a "
+                "diffusers model folder (with model_index.json)")
+    return (f"pretrained_model_name_or_path {name_or_path!r} is not a local folder. Models load "
+            "from local folders only; nothing is downloaded. Download it yourself (for example "
+            "`huggingface-cli download ID --local-dir DIR`) and give that folder, or use a "
+            f"built-in model: {known_builtins()}")
