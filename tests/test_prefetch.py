@@ -147,6 +147,27 @@ class OrderAndPositionTest(unittest.TestCase):
         self.assertTrue(threads)
         self.assertTrue(all(name.startswith("batch-prefetch") for name in threads), threads)
 
+    def test_the_worker_assembles_with_one_torch_thread_and_leaves_the_loops_alone(self):
+        # A second thread's parallel regions (torch.stack of large latents) on top of the
+        # model's compute threads oversubscribe the cores: SDXL-sized assembly took 3x the
+        # step on two cores. One thread in the worker; the loop keeps its own count.
+        seen = []
+
+        class CountingAssembler(RecordingAssembler):
+            def __call__(self, micro_batch):
+                seen.append(torch.get_num_threads())
+                return super().__call__(micro_batch)
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            first(PrefetchedBatches(new_sampler(), CountingAssembler()), 4)
+            self.assertEqual(torch.get_num_threads(), 2)
+        finally:
+            torch.set_num_threads(before)
+        self.assertTrue(seen)
+        self.assertEqual(set(seen), {1})
+
     def test_reads_ahead_while_the_loop_holds_a_batch(self):
         assembler = RecordingAssembler()
         batches = iter(PrefetchedBatches(new_sampler(), assembler, depth=2))

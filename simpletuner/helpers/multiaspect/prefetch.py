@@ -19,6 +19,10 @@ A batch read ahead is started a few milliseconds after it is asked for, once the
 way: between steps the loop's thread runs Python, and a worker that started at once took the
 GIL from it at its first blocking call and kept it for its own reads, up to Python's 5 ms switch
 interval (tiny model, 2 cores: data wait 1.1 ms per step when starting at once, 0.26 ms so).
+
+The worker runs torch with one intra-op thread (set per thread; the loop's count is untouched):
+with the default, stacking an SDXL-sized batch opened a parallel region of its own next to the
+model's, four busy threads on two cores, and the step took 3.1x the bare loop's instead of 1.1x.
 """
 
 from __future__ import annotations
@@ -78,7 +82,10 @@ class PrefetchedBatches:
             return
         twin = twin_of(self.sampler)
         ahead: deque[tuple[tuple[int, int], Future]] = deque()  # (epoch, step), its Prepared
-        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch")
+        # One torch thread in the worker: its parallel regions (stacking large latents) on top
+        # of the model's compute threads oversubscribed the cores (see the module docstring).
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch",
+                                    initializer=torch.set_num_threads, initargs=(1,))
         try:
             while True:  # epoch after epoch, until the caller stops
                 for planned in self.sampler.plans():
