@@ -239,9 +239,10 @@ def run_training(configuration: Configuration, accelerator) -> TrainingResult:
                     if guard.diverged:
                         raise diverged_error(guard.bad_steps, training)
                     lr = lr_scheduler.get_last_lr()[0]
-                    progress.update(1)
+                    # Redrawn by update() at tqdm's interval, not forced every step.
                     progress.set_postfix(loss=f"{totals.mean_loss:.4f}", lr=f"{lr:.2e}",
-                                         epoch=micro_batch.epoch)
+                                         epoch=micro_batch.epoch, refresh=False)
+                    progress.update(1)
                     accelerator.log({"train/loss": totals.mean_loss, "train/lr": lr}, step=step)
                     saved = None
                     if training.checkpointing_steps and step % training.checkpointing_steps == 0:
