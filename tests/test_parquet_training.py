@@ -77,5 +77,48 @@ class ParquetTrainingTest(unittest.TestCase):
             self.assertEqual(seen, sorted(self.ids), f"epoch {epoch}")
 
 
+
+class TrustedTableTrainingTest(unittest.TestCase):
+    """parquet.trust_table: the folder is never listed; a row whose image is missing trains
+    nothing and is reported once its latent could not be cached."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="st-trusted-")
+        root = Path(cls.tmp)
+        cls.ids = make_shapes(root / "data", per_size=4)
+        rows = []
+        for sample_id in cls.ids:
+            with Image.open(root / "data" / sample_id) as im:
+                rows.append({"file": sample_id, "w": im.width, "h": im.height,
+                             "text": f"table caption of {sample_id}"})
+        rows.append({"file": "missing.png", "w": 64, "h": 64, "text": "gone"})
+        table = root / "meta.parquet"
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), table)
+        dataset = {"id": "shapes", "instance_data_dir": str(root / "data"),
+                   "metadata_backend": "parquet", "caption_strategy": "parquet",
+                   "parquet": {"path": str(table), "filename_column": "file",
+                               "width_column": "w", "height_column": "h",
+                               "caption_column": "text", "trust_table": True}}
+        config = write_config(root, root, "trusted", datasets=[dataset], trace_samples=True,
+                              num_train_epochs=1, max_train_steps=None)
+        cls.result = run_train_sh(config, cls.tmp)
+        cls.out = root / "trusted-out"
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_training_succeeds_and_says_the_folder_was_not_listed(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr[-4000:])
+        self.assertIn("parquet.trust_table", self.result.stderr)
+
+    def test_the_missing_image_is_reported_and_every_other_row_trained_once(self):
+        trace = read_jsonl(self.out / "trace" / "rank-0.jsonl")
+        self.assertEqual(sorted(s for m in trace for s in m["samples"]), sorted(self.ids))
+        skipped = json.loads((self.out / "skipped_files.json").read_text())["shapes"]
+        self.assertEqual([s["path"] for s in skipped], ["missing.png"])
+        self.assertIn("FileNotFoundError", skipped[0]["reason"])
+
 if __name__ == "__main__":
     unittest.main()
