@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -68,22 +68,29 @@ def _missing_columns(path: Path, wanted: list[str], present: list[str]) -> None:
             f"{', '.join(present)}); fix the parquet block's *_column keys")
 
 
-def _read_parquet(path, names, filename, width, height, captions) -> TableColumns:
+def _parquet_batches(path: Path, names: list[str]) -> Iterator:
+    """The named columns of a .parquet table, a record batch at a time."""
     import pyarrow  # the 'parquet' extra
     import pyarrow.parquet
 
     try:
         table_file = pyarrow.parquet.ParquetFile(path)
         _missing_columns(path, names, table_file.schema_arrow.names)
-        parts: dict[str, list] = {"names": [], "widths": [], "heights": [], "captions": []}
-        for batch in table_file.iter_batches(batch_size=BATCH_ROWS, columns=names):
-            parts["names"].append(_text(batch.column(filename)))
-            parts["widths"].append(batch.column(width))
-            parts["heights"].append(batch.column(height))
-            if captions:
-                parts["captions"].append(_caption_text([batch.column(n) for n in captions]))
+        yield from table_file.iter_batches(batch_size=BATCH_ROWS, columns=names)
     except (OSError, pyarrow.ArrowException) as exc:
         raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
+
+
+def _read_parquet(path, names, filename, width, height, captions) -> TableColumns:
+    import pyarrow
+
+    parts: dict[str, list] = {"names": [], "widths": [], "heights": [], "captions": []}
+    for batch in _parquet_batches(path, names):
+        parts["names"].append(_text(batch.column(filename)))
+        parts["widths"].append(batch.column(width))
+        parts["heights"].append(batch.column(height))
+        if captions:
+            parts["captions"].append(_caption_text([batch.column(n) for n in captions]))
     kinds = {"names": pyarrow.string(), "widths": pyarrow.int64(),
              "heights": pyarrow.int64(), "captions": pyarrow.string()}
     column = {key: pyarrow.chunked_array(chunks, type=chunks[0].type if chunks else kinds[key])
@@ -198,14 +205,9 @@ def read_file_names(path: str | Path, column: str) -> list[str]:
     if path.suffix.lower() == ".jsonl":
         names = _python_text(_read_jsonl(path, [column])[column])
     else:
-        try:
-            import pyarrow.parquet
-
-            table_file = pyarrow.parquet.ParquetFile(path)
-            _missing_columns(path, [column], table_file.schema_arrow.names)
-            names = _text(table_file.read(columns=[column]).column(column))
-        except (OSError, pyarrow.ArrowException) as exc:
-            raise TableFormatError(f"metadata table {path}: cannot be read ({exc})") from exc
+        names = pyarrow.chunked_array([_text(batch.column(column))
+                                       for batch in _parquet_batches(path, [column])],
+                                      type=pyarrow.string())
     names = pc.unique(pc.utf8_ltrim(names, characters="/")).drop_null()
     names = names.filter(pc.greater(pc.utf8_length(names), 0))
     # Arrow orders strings by their UTF-8 bytes, which is code point order: Python's order.
