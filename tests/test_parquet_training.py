@@ -19,27 +19,34 @@ import test_distributed
 from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
 
 
+def shapes_with_a_table(root: Path, **parquet) -> tuple[list[str], dict]:
+    """Generated shapes with their sizes and captions in a parquet table (caption files
+    removed), plus a row for an image that does not exist; (sample ids, dataset entry)."""
+    ids = make_shapes(root / "data", per_size=4)
+    rows = []
+    for sample_id in ids:
+        with Image.open(root / "data" / sample_id) as im:
+            width, height = im.size
+        (root / "data" / sample_id).with_suffix(".txt").unlink()  # captions: the table's
+        rows.append({"file": sample_id, "w": width, "h": height,
+                     "text": f"table caption of {sample_id}"})
+    rows.append({"file": "missing.png", "w": 64, "h": 64, "text": "gone"})
+    table = root / "meta.parquet"
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), table)
+    dataset = {"id": "shapes", "instance_data_dir": str(root / "data"),
+               "metadata_backend": "parquet", "caption_strategy": "parquet",
+               "parquet": {"path": str(table), "filename_column": "file",
+                           "width_column": "w", "height_column": "h",
+                           "caption_column": "text", **parquet}}
+    return ids, dataset
+
+
 class ParquetTrainingTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="st-parquet-")
         root = Path(cls.tmp)
-        cls.ids = make_shapes(root / "data", per_size=4)
-        rows = []
-        for sample_id in cls.ids:
-            with Image.open(root / "data" / sample_id) as im:
-                width, height = im.size
-            (root / "data" / sample_id).with_suffix(".txt").unlink()  # captions: the table's
-            rows.append({"file": sample_id, "w": width, "h": height,
-                         "text": f"table caption of {sample_id}"})
-        rows.append({"file": "missing.png", "w": 64, "h": 64, "text": "gone"})
-        table = root / "meta.parquet"
-        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), table)
-        dataset = {"id": "shapes", "instance_data_dir": str(root / "data"),
-                   "metadata_backend": "parquet", "caption_strategy": "parquet",
-                   "parquet": {"path": str(table), "filename_column": "file",
-                               "width_column": "w", "height_column": "h",
-                               "caption_column": "text"}}
+        cls.ids, dataset = shapes_with_a_table(root)
         config = write_config(root, root, "parquet", datasets=[dataset], trace_samples=True,
                               num_train_epochs=1, max_train_steps=None)
         cls.result = run_train_sh(config, cls.tmp)
@@ -86,20 +93,7 @@ class TrustedTableTrainingTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="st-trusted-")
         root = Path(cls.tmp)
-        cls.ids = make_shapes(root / "data", per_size=4)
-        rows = []
-        for sample_id in cls.ids:
-            with Image.open(root / "data" / sample_id) as im:
-                rows.append({"file": sample_id, "w": im.width, "h": im.height,
-                             "text": f"table caption of {sample_id}"})
-        rows.append({"file": "missing.png", "w": 64, "h": 64, "text": "gone"})
-        table = root / "meta.parquet"
-        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), table)
-        dataset = {"id": "shapes", "instance_data_dir": str(root / "data"),
-                   "metadata_backend": "parquet", "caption_strategy": "parquet",
-                   "parquet": {"path": str(table), "filename_column": "file",
-                               "width_column": "w", "height_column": "h",
-                               "caption_column": "text", "trust_table": True}}
+        cls.ids, dataset = shapes_with_a_table(root, trust_table=True)
         config = write_config(root, root, "trusted", datasets=[dataset], trace_samples=True,
                               num_train_epochs=1, max_train_steps=None)
         cls.result = run_train_sh(config, cls.tmp)
