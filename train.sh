@@ -55,7 +55,7 @@ else
 fi
 
 # accelerate launch reports every failure as 1 (measured: 1 and N processes), so each training
-# process leaves its own status in this folder (simpletuner/training/outcomes.py).
+# process leaves its own status in this folder (simpletuner/training/run/outcomes.py).
 status_dir="$(mktemp -d "${TMPDIR:-/tmp}/simpletuner-status.XXXXXX")"
 trap 'rm -rf "$status_dir"' EXIT
 export SIMPLETUNER_EXIT_STATUS_DIR="$status_dir"

@@ -24,7 +24,7 @@ import torch
 from diffusers import AutoencoderKL, FluxTransformer2DModel, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-from simpletuner.training.optimizers import OPTIMIZERS
+from simpletuner.training.optimization.optimizers import OPTIMIZERS
 
 GIB = 1024 ** 3
 PRECISIONS = ("no_change", "int8-torchao", "int8-quanto", "int4-quanto", "fp8-torchao",

@@ -19,8 +19,8 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.helpers.clean_exit import exit_process
-from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.common.clean_exit import exit_process
+from simpletuner.common.atomic import atomic_write_json
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.helpers.metadata.startup import (DataStartup, DataStartupError, build_sampler,
@@ -28,7 +28,7 @@ from simpletuner.helpers.metadata.startup import (DataStartup, DataStartupError,
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, NoDatasetError
 from simpletuner.helpers.multiaspect.trace import TraceWriter, read_trace
 from simpletuner.helpers.multiaspect.verify import build_plan, verify
-from simpletuner.helpers.together import RankFailure, failing_together
+from simpletuner.common.together import RankFailure, failing_together
 
 logger = logging.getLogger("simpletuner.audit")
 

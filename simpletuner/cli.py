@@ -36,7 +36,7 @@ def _check(config: str, option_args: list[str]) -> int:
     config file first, then what the config and the filesystem alone show (launch_checks.py)."""
     from simpletuner.configuration import ConfigError
     from simpletuner.configuration.command_line import load_with_option_args
-    from simpletuner.training.launch_checks import launch_problems
+    from simpletuner.training.run.launch_checks import launch_problems
 
     try:
         configuration = load_with_option_args(config, option_args)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"unrecognized arguments: {' '.join(option_args)}")
     # Imported lazily so `plan` never pays for importing diffusers, and the reverse.
     if args.command == "plan" and args.memory:
-        from simpletuner.memory_plan import run_memory_plan
+        from simpletuner.training.memory.plan import run_memory_plan
 
         return run_memory_plan(args.config, args.num_processes)
     if args.command == "plan":

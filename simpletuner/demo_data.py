@@ -18,7 +18,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_bytes, atomic_write_text
+from simpletuner.common.atomic import atomic_write_bytes, atomic_write_text
 
 VERSION = 2  # 2: 'an orange ...' captions
 IMAGE_COUNT = 108

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
+from simpletuner.common.atomic import atomic_write_bytes
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import DatasetSpec

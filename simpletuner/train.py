@@ -1,5 +1,5 @@
 """`python -m simpletuner.train --config CONFIG`, normally started by ./train.sh through
-accelerate launch. Exit status (simpletuner/training/outcomes.py): 0 trained, 1 failure,
+accelerate launch. Exit status (simpletuner/training/run/outcomes.py): 0 trained, 1 failure,
 2 configuration problem (including an output_dir in use or holding an earlier run's
 checkpoints), 3 diverged, 75 preempted (resumable with resume_from_checkpoint 'latest')."""
 
@@ -18,20 +18,20 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from simpletuner.configuration import ConfigError
 from simpletuner.configuration.command_line import load_with_option_args
 from simpletuner.helpers.caching.storage import CacheEntryError
-from simpletuner.helpers.clean_exit import exit_process
+from simpletuner.common.clean_exit import exit_process
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
-from simpletuner.helpers.together import RankFailure
+from simpletuner.common.together import RankFailure
 from simpletuner.models.base import ModelFolderError
-from simpletuner.training.output_dir_claim import output_dir_claimed
+from simpletuner.training.run.output_dir_claim import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
-from simpletuner.training.sharding import ShardingError
-from simpletuner.training.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,
+from simpletuner.training.memory.sharding import ShardingError
+from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,
                                            EXIT_PREEMPTED, EXIT_TRAINED, Diverged, Preempted,
                                            record_exit_status)
 from simpletuner.training.recipe import run_training
-from simpletuner.training.trackers import start_trackers, tracker_names
+from simpletuner.training.reporting.trackers import start_trackers, tracker_names
 
 logger = logging.getLogger("simpletuner.train")
 

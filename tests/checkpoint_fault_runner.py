@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from simpletuner.training.checkpoint import TrainerState, save_checkpoint
+from simpletuner.training.checkpointing.checkpoint import TrainerState, save_checkpoint
 
 
 def save(accelerator: Accelerator, out: Path, step: int, network, optimizer) -> Path:

@@ -1,6 +1,6 @@
 """Shards a small network with FSDP2, trains one step, saves a sharded checkpoint through the
 real save_checkpoint, ends the process group and exits as the trainer does
-(helpers/clean_exit.py), or, with ``--bare``, through the interpreter's finalization (the exit
+(common/clean_exit.py), or, with ``--bare``, through the interpreter's finalization (the exit
 that aborted).
 
     torchrun --standalone --nproc_per_node 2 fsdp_exit_runner.py OUT [--bare]"""
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import torch
 from accelerate import Accelerator
 
-from simpletuner.helpers.clean_exit import exit_process
-from simpletuner.training.checkpoint import TrainerState, save_checkpoint
-from simpletuner.training.outcomes import EXIT_TRAINED
-from simpletuner.training.sharding import shard_network
+from simpletuner.common.clean_exit import exit_process
+from simpletuner.training.checkpointing.checkpoint import TrainerState, save_checkpoint
+from simpletuner.training.run.outcomes import EXIT_TRAINED
+from simpletuner.training.memory.sharding import shard_network
 
 SETTINGS = SimpleNamespace(fsdp_transformer_layer_cls_to_wrap=None, fsdp_sharding="full",
                            fsdp_reshard_after_forward=True, mixed_precision="no")

@@ -1,6 +1,6 @@
 """In-process training for the optimizer and quantization tests: a config-like namespace with
 the memory options, a few optimizer steps on a fixed batch, and the checkpoint round trip
-through the trainer's own pickle-free files (train_state.py)."""
+through the trainer's own pickle-free files (checkpointing/tensor_state.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import torch
 
-from simpletuner.training.optimizers import build_optimizer
-from simpletuner.training.train_state import (load_optimizer, load_weights, save_optimizer,
+from simpletuner.training.optimization.optimizers import build_optimizer
+from simpletuner.training.checkpointing.tensor_state import (load_optimizer, load_weights, save_optimizer,
                                               save_weights)
 
 

@@ -18,11 +18,11 @@ from accelerate import Accelerator
 from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.helpers.clean_exit import exit_process
+from simpletuner.common.clean_exit import exit_process
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.lora import add_lora
 from simpletuner.training.preflight import weight_dtype
-from simpletuner.training.sharding import local, shard_network
+from simpletuner.training.memory.sharding import local, shard_network
 
 
 def nbytes(tensor: torch.Tensor) -> int:

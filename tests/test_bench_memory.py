@@ -11,8 +11,8 @@ import unittest
 import torch
 
 from simpletuner.training.lora import add_lora
-from simpletuner.training.optimizers import build_optimizer
-from simpletuner.training.quantization import quantize_frozen_weights
+from simpletuner.training.optimization.optimizers import build_optimizer
+from simpletuner.training.memory.quantization import quantize_frozen_weights
 
 from lean_fixtures import TinyDenoiser, memory_settings
 from model_fixtures import TinyModelCase, random_batch

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from simpletuner.training.manifest import verify_checkpoint
+from simpletuner.training.checkpointing.manifest import verify_checkpoint
 from training_fixtures import make_shapes, run_training, write_config
 
 OPTIONS = dict(max_train_steps=4, checkpointing_steps=2)

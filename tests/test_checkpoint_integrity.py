@@ -17,16 +17,16 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import save_file
 
-from simpletuner.helpers.together import RankFailure
-from simpletuner.training.checkpoint import (TrainerState, load_checkpoint, resolve_resume,
+from simpletuner.common.together import RankFailure
+from simpletuner.training.checkpointing.checkpoint import (TrainerState, load_checkpoint, resolve_resume,
                                              save_checkpoint)
 from simpletuner.training.ema import EMAWeights
-from simpletuner.training.manifest import CheckpointError, verify_checkpoint, write_manifest
-from simpletuner.training.train_state import FULL_WEIGHTS, load_weights
+from simpletuner.training.checkpointing.manifest import CheckpointError, verify_checkpoint, write_manifest
+from simpletuner.training.checkpointing.tensor_state import FULL_WEIGHTS, load_weights
 
 TESTS = Path(__file__).resolve().parent
 RUNNER = TESTS / "checkpoint_fault_runner.py"
-LOGGER = "simpletuner.training.checkpoint"
+LOGGER = "simpletuner.training.checkpointing.checkpoint"
 
 
 class SmallRun:

@@ -24,7 +24,7 @@ from simpletuner.configuration import load_configuration
 from simpletuner.helpers.caching.prepare import read_captions
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.backends.captions import CaptionError
-from simpletuner.helpers.together import RankFailure, describe_failures
+from simpletuner.common.together import RankFailure, describe_failures
 from simpletuner.training.preflight import merge_rank_problems
 
 LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"

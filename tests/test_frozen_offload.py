@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import torch
 
-from simpletuner.training.offload import release_frozen_components
-from simpletuner.training.validation import run_validation
+from simpletuner.training.memory.offload import release_frozen_components
+from simpletuner.training.reporting.validation import run_validation
 
 from lean_fixtures import memory_settings
 from model_fixtures import CPU, TinyModelCase

@@ -1,6 +1,6 @@
 """Two gloo processes that save a sharded checkpoint and end, repeated: every exit is clean.
 Exiting through the interpreter's finalization right after the last collective aborted about
-1 run in 4 here ('terminate called without an active exception', see helpers/clean_exit.py);
+1 run in 4 here ('terminate called without an active exception', see common/clean_exit.py);
 twelve clean runs in a row would happen by chance about 1 time in 30 without the fix."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import unittest
 from collections.abc import Sequence
 from pathlib import Path
 
-from simpletuner.helpers.data_backend.atomic import LONG_LIST, atomic_write_json
+from simpletuner.common.atomic import LONG_LIST, atomic_write_json
 from simpletuner.helpers.metadata.file_table import shared_ints
 
 

@@ -15,9 +15,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.training.checkpoint import TRAINER_STATE
-from simpletuner.training.lifecycle import LOCK_NAME, LockOwner, OutputDirLock, _process_start
-from simpletuner.training.manifest import write_manifest
+from simpletuner.training.checkpointing.checkpoint import TRAINER_STATE
+from simpletuner.training.run.output_dir_lock import LOCK_NAME, LockOwner, OutputDirLock, _process_start
+from simpletuner.training.checkpointing.manifest import write_manifest
 from simpletuner.training.preflight import run_preflight
 
 from training_fixtures import make_shapes, run_training, write_config
@@ -86,7 +86,7 @@ class LockTest(unittest.TestCase):
     def test_a_stale_lock_is_taken_over_with_a_warning(self):
         path = write_lock(self.output_dir, owner_of(dead_pid()))
         lock = OutputDirLock(self.output_dir)
-        with self.assertLogs("simpletuner.training.lifecycle", "WARNING") as logs:
+        with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING") as logs:
             self.assertIsNone(lock.try_acquire())
         self.assertIn("no longer runs; taking it over", logs.output[0])
         self.assertEqual(LockOwner(**json.loads(path.read_text())), lock.owner)
@@ -101,7 +101,7 @@ class LockTest(unittest.TestCase):
         # A restarted container: the lock's pid now belongs to another process.
         reused = replace(owner_of(self.live_process()), process_start="1")
         write_lock(self.output_dir, reused)
-        with self.assertLogs("simpletuner.training.lifecycle", "WARNING"):
+        with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING"):
             self.assertIsNone(OutputDirLock(self.output_dir).try_acquire())
 
     def test_a_lock_from_another_host_is_not_taken_over(self):
@@ -119,7 +119,7 @@ class LockTest(unittest.TestCase):
         lock = OutputDirLock(self.output_dir)
         self.assertIsNone(lock.try_acquire())
         other = write_lock(self.output_dir, owner_of(self.live_process()))
-        with self.assertLogs("simpletuner.training.lifecycle", "WARNING"):
+        with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING"):
             lock.release()
         self.assertTrue(other.exists())
 

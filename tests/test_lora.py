@@ -17,7 +17,7 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.training.lora import (
     CHECKPOINT_WEIGHTS, LoraTargetError, add_lora, adapter_state_dict, export_lora,
     load_adapter_weights, save_adapter_weights)
-from simpletuner.training.train_state import load_weights, save_weights
+from simpletuner.training.checkpointing.tensor_state import load_weights, save_weights
 
 class LoraCase(TinyModelCase):
     def setUp(self):

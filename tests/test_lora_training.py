@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from simpletuner.training.manifest import write_manifest
+from simpletuner.training.checkpointing.manifest import write_manifest
 
 from training_fixtures import (
     ResumedRunPair, environment, make_shapes, run_training, write_config)

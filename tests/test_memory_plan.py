@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import torch
 
-from simpletuner.memory_plan import frozen_component_bytes, meta_network, rank_bytes
+from simpletuner.training.memory.plan import frozen_component_bytes, meta_network, rank_bytes
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from training_fixtures import environment

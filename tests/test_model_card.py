@@ -9,7 +9,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard
 
 from simpletuner.configuration import TrainingConfig
-from simpletuner.training.model_card import write_model_card
+from simpletuner.training.reporting.model_card import write_model_card
 
 SUMMARY = {"steps": 12, "seed": 7, "final_loss": 0.125, "processes": 2}
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from simpletuner.training.optimizers import build_optimizer, parse_optimizer_config
-from simpletuner.training.train_state import OPTIMIZER_TENSORS, OPTIMIZER_VALUES
+from simpletuner.training.optimization.optimizers import build_optimizer, parse_optimizer_config
+from simpletuner.training.checkpointing.tensor_state import OPTIMIZER_TENSORS, OPTIMIZER_VALUES
 
 from lean_fixtures import (TinyDenoiser, evaluation_loss, largest_difference, memory_settings,
                            resume_training, save_training, train_steps, trained_tensors)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from simpletuner.training.preemption import PreemptionWatcher
+from simpletuner.training.run.preemption import PreemptionWatcher
 from training_fixtures import REPO, environment, make_shapes, read_jsonl, write_config
 
 TIMEOUT = 240

@@ -15,8 +15,8 @@ from diffusers import DiffusionPipeline
 
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.training.lora import add_lora, export_lora
-from simpletuner.training.optimizers import build_optimizer
-from simpletuner.training.quantization import quantize_frozen_weights
+from simpletuner.training.optimization.optimizers import build_optimizer
+from simpletuner.training.memory.quantization import quantize_frozen_weights
 
 from lean_fixtures import (evaluation_loss, largest_difference, memory_settings,
                            resume_training, save_training, train_steps, trained_tensors)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import unittest
 from types import SimpleNamespace
 
-from simpletuner.training.run_warnings import ema_warning, process_count_warning, run_warnings
+from simpletuner.training.run.run_warnings import ema_warning, process_count_warning, run_warnings
 
 
 class RunWarningsTest(unittest.TestCase):

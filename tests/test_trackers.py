@@ -12,7 +12,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from simpletuner.training.trackers import tracker_problems, wandb_settings
+from simpletuner.training.reporting.trackers import tracker_problems, wandb_settings
 
 from training_fixtures import make_shapes, run_training, write_config
 

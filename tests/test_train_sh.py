@@ -14,8 +14,8 @@ import time
 import unittest
 from pathlib import Path
 
-from simpletuner.training.lifecycle import LOCK_NAME, OutputDirLock
-from simpletuner.training.outcomes import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
+from simpletuner.training.run.output_dir_lock import LOCK_NAME, OutputDirLock
+from simpletuner.training.run.outcomes import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
 
 from training_fixtures import REPO, environment, make_shapes, run_train_sh, write_config
 

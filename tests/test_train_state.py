@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from simpletuner.training.train_state import (capture_rng, load_optimizer, load_weights,
+from simpletuner.training.checkpointing.tensor_state import (capture_rng, load_optimizer, load_weights,
                                               restore_rng, save_optimizer, save_weights)
 
 

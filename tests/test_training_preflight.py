@@ -9,8 +9,8 @@ import unittest
 from pathlib import Path
 
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.training.checkpoint import TRAINER_STATE, complete_checkpoints, resolve_resume
-from simpletuner.training.manifest import write_manifest
+from simpletuner.training.checkpointing.checkpoint import TRAINER_STATE, complete_checkpoints, resolve_resume
+from simpletuner.training.checkpointing.manifest import write_manifest
 from simpletuner.training.preflight import run_preflight
 
 from training_fixtures import make_shapes, run_training, write_config

@@ -17,7 +17,7 @@ from PIL import Image
 
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.pipelines import generate_validation_images
-from simpletuner.training.schedules import build_lr_scheduler
+from simpletuner.training.optimization.schedules import build_lr_scheduler
 from training_fixtures import REPO, environment, make_shapes, write_config
 
 

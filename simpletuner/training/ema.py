@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from simpletuner.training.tensor_files import load_tensors, save_tensors
+from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 
 
 class EMAWeights:

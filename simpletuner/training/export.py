@@ -9,12 +9,12 @@ import json
 import logging
 from pathlib import Path
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_text
-from simpletuner.helpers.together import failing_together
+from simpletuner.common.atomic import atomic_write_text
+from simpletuner.common.together import failing_together
 from simpletuner.models.pipelines import export_pipeline
 from simpletuner.training.lora import export_lora
-from simpletuner.training.model_card import write_model_card
-from simpletuner.training.sharding import network_on_main
+from simpletuner.training.reporting.model_card import write_model_card
+from simpletuner.training.memory.sharding import network_on_main
 
 logger = logging.getLogger(__name__)
 

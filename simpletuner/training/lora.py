@@ -16,7 +16,7 @@ import torch
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
-from simpletuner.training.tensor_files import load_tensors, save_tensors
+from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 
 LORA_DIR = "lora"
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"

@@ -13,16 +13,16 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from simpletuner.configuration import ConfigError, Configuration
-from simpletuner.helpers.together import failing_together
+from simpletuner.common.together import failing_together
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.model_path import model_path_problem
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.training.checkpoint import read_trainer_state, resolve_resume
-from simpletuner.training.launch_checks import static_problems
-from simpletuner.training.optimizers import optimizer_problems
-from simpletuner.training.quantization import precision_problems
+from simpletuner.training.checkpointing.checkpoint import read_trainer_state, resolve_resume
+from simpletuner.training.run.launch_checks import static_problems
+from simpletuner.training.optimization.optimizers import optimizer_problems
+from simpletuner.training.memory.quantization import precision_problems
 
 
 @dataclass

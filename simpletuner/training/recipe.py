@@ -22,27 +22,27 @@ from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import build_sampler, report_skipped_files, start_data
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
-from simpletuner.helpers.together import failing_together
+from simpletuner.common.together import failing_together
 from simpletuner.models.base import LossSettings
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.training.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from simpletuner.training.checkpointing.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from simpletuner.training.ema import EMAWeights
-from simpletuner.training.evaluation import build_evaluator
+from simpletuner.training.reporting.evaluation import build_evaluator
 from simpletuner.training.export import export_run
 from simpletuner.training.lora import add_lora
-from simpletuner.training.offload import release_frozen_components
-from simpletuner.training.optimizers import build_optimizer
-from simpletuner.training.outcomes import Preempted
-from simpletuner.training.preemption import PreemptionWatcher
+from simpletuner.training.memory.offload import release_frozen_components
+from simpletuner.training.optimization.optimizers import build_optimizer
+from simpletuner.training.run.outcomes import Preempted
+from simpletuner.training.run.preemption import PreemptionWatcher
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
-from simpletuner.training.quantization import quantize_frozen_weights
-from simpletuner.training.sharding import accumulating, network_on_main, prepare, shard_network
+from simpletuner.training.memory.quantization import quantize_frozen_weights
+from simpletuner.training.memory.sharding import accumulating, network_on_main, prepare, shard_network
 from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
                                              gradient_norm, nonfinite_warning, pack_step,
                                              reduce_step)
-from simpletuner.training.run_warnings import run_warnings
-from simpletuner.training.schedules import build_lr_scheduler
-from simpletuner.training.validation import (is_validation_step, run_validation,
+from simpletuner.training.run.run_warnings import run_warnings
+from simpletuner.training.optimization.schedules import build_lr_scheduler
+from simpletuner.training.reporting.validation import (is_validation_step, run_validation,
                                              validation_prompts)
 
 logger = logging.getLogger(__name__)

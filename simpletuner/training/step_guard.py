@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from simpletuner.training.outcomes import Diverged
+from simpletuner.training.run.outcomes import Diverged
 
 logger = logging.getLogger(__name__)
 

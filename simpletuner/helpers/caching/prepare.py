@@ -19,7 +19,7 @@ from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.captions import EMPTY_CAPTION, CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
-from simpletuner.helpers.together import failing_together
+from simpletuner.common.together import failing_together
 
 logger = logging.getLogger(__name__)
 

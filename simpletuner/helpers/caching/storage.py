@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
+from simpletuner.common.atomic import atomic_write_bytes
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
+from simpletuner.common.atomic import atomic_write_bytes
 from simpletuner.helpers.data_backend.storage import (
     CAPTION_EXTENSION, IMAGE_EXTENSIONS, FileVersion, Listing, is_image_name,
 )

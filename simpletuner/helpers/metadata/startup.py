@@ -25,7 +25,7 @@ from typing import Mapping
 from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import Configuration, TrainingConfig
-from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.common.atomic import atomic_write_json
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import check_bucket_sizes

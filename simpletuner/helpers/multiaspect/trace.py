@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_bytes
+from simpletuner.common.atomic import atomic_write_bytes
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 
 

@@ -39,7 +39,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from PIL import Image
 
 from simpletuner.configuration import DatasetConfig, TrainingConfig
-from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.common.atomic import atomic_write_json
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.captions import (

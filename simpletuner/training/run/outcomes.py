@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_text
+from simpletuner.common.atomic import atomic_write_text
 
 EXIT_TRAINED = 0
 EXIT_FAILED = 1      # anything else; the message says what and where

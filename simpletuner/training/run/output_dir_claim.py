@@ -1,4 +1,4 @@
-"""The output_dir lock for a run of many ranks: the global main process takes it (lifecycle.py)
+"""The output_dir lock for a run of many ranks: the global main process takes it (output_dir_lock.py)
 and every rank learns whether it was taken, so every rank stops with the same message."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import ConfigError
-from simpletuner.helpers.together import failing_together
-from simpletuner.training.lifecycle import OutputDirLock
+from simpletuner.common.together import failing_together
+from simpletuner.training.run.output_dir_lock import OutputDirLock
 
 
 @contextmanager

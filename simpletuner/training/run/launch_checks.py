@@ -12,8 +12,8 @@ from pathlib import Path
 
 from simpletuner.configuration import Configuration
 from simpletuner.models.model_path import model_path_problem
-from simpletuner.training.lifecycle import OutputDirLock
-from simpletuner.training.trackers import tracker_problems
+from simpletuner.training.run.output_dir_lock import OutputDirLock
+from simpletuner.training.reporting.trackers import tracker_problems
 
 # Any folder named like a checkpoint, complete or not, is evidence of an earlier run.
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")

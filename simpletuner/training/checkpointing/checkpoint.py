@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_json, fsync_directory
-from simpletuner.helpers.together import failing_together
-from simpletuner.training.manifest import (CheckpointError, has_manifest, naming_file,
+from simpletuner.common.atomic import atomic_write_json, fsync_directory
+from simpletuner.common.together import failing_together
+from simpletuner.training.checkpointing.manifest import (CheckpointError, has_manifest, naming_file,
                                            verify_checkpoint, write_manifest)
-from simpletuner.training.sharded_checkpoint import load_sharded, save_sharded
-from simpletuner.training.sharding import is_sharded
-from simpletuner.training.train_state import (capture_rng, load_optimizer, load_weights,
+from simpletuner.training.checkpointing.sharded import load_sharded, save_sharded
+from simpletuner.training.memory.sharding import is_sharded
+from simpletuner.training.checkpointing.tensor_state import (capture_rng, load_optimizer, load_weights,
                                               restore_rng, rng_file, save_optimizer, save_weights)
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_with
-from simpletuner.training.manifest import CheckpointError, naming_file
+from simpletuner.common.atomic import atomic_write_with
+from simpletuner.training.checkpointing.manifest import CheckpointError, naming_file
 
 
 def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:

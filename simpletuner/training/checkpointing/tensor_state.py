@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.common.atomic import atomic_write_json
 from simpletuner.training.lora import CHECKPOINT_WEIGHTS, load_adapter_weights, save_adapter_weights
-from simpletuner.training.manifest import naming_file
-from simpletuner.training.optimizer_state import optimizer_from_files, optimizer_to_files
-from simpletuner.training.tensor_files import load_tensors, save_tensors
+from simpletuner.training.checkpointing.manifest import naming_file
+from simpletuner.training.checkpointing.optimizer_state import optimizer_from_files, optimizer_to_files
+from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 
 FULL_WEIGHTS = "model.safetensors"
 OPTIMIZER_TENSORS = "optimizer.safetensors"

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_json, fsync_directory
+from simpletuner.common.atomic import atomic_write_json, fsync_directory
 
 MANIFEST = "manifest.json"
 FORMAT = 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_text
+from simpletuner.common.atomic import atomic_write_text
 
 CARD_NAME = "README.md"
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from simpletuner.models.components import load_frozen_components
-from simpletuner.training.quantization import quantize_text_encoder
+from simpletuner.training.memory.quantization import quantize_text_encoder
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from simpletuner.configuration import TrainingConfig
 from simpletuner.models.pipelines import generate_validation_images, save_validation_images
-from simpletuner.training.trackers import log_images
+from simpletuner.training.reporting.trackers import log_images
 
 logger = logging.getLogger(__name__)
 

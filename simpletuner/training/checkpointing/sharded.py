@@ -29,10 +29,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_json
-from simpletuner.training.manifest import CheckpointError, naming_file
-from simpletuner.training.sharding import local, whole
-from simpletuner.training.tensor_files import first_non_finite, load_tensors, save_tensors
+from simpletuner.common.atomic import atomic_write_json
+from simpletuner.training.checkpointing.manifest import CheckpointError, naming_file
+from simpletuner.training.memory.sharding import local, whole
+from simpletuner.training.checkpointing.tensor_files import first_non_finite, load_tensors, save_tensors
 
 OPTIMIZER_GROUPS = "optimizer.json"
 SHARD_PATTERN = "shard-*.safetensors"

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from simpletuner.helpers.data_backend.atomic import atomic_write_json
+from simpletuner.common.atomic import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
