@@ -7,7 +7,7 @@ Both sides train builtin:tiny-sd1x on the demo dataset (108 captioned shapes, th
 buckets at 64 px) from cached latents and text embeddings, with AdamW, gradient clipping and
 a constant learning rate, in this one process and on the same threads:
 
-* trainer: simpletuner.training.recipe.run_training on a config with those settings. Its steps
+* trainer: simpletuner.training.recipe.Trainer on a config with those settings. Its steps
   are timed at the two calls every step makes into the Accelerator (a subclass here, the
   recipe is unchanged): ``autocast()`` when the micro-batch is ready, ``log()`` when the
   optimizer step is done. Data waiting is the time from one step's end to the next
@@ -43,10 +43,8 @@ import sys
 import tempfile
 import time
 import zlib
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from unittest import mock
 
 import torch
 from accelerate import Accelerator
@@ -66,8 +64,7 @@ from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.models.transfer import batch_to_device
-from simpletuner.training import recipe
-from simpletuner.training.recipe import run_training
+from simpletuner.training.recipe import Trainer
 
 MODEL = "tiny-sd1x"
 CACHED_SAMPLES, CACHED_CAPTIONS = 64, 8  # of the extra cache files an assembly case reads
@@ -151,27 +148,26 @@ class HeavierAssembler:
                        caption=f"caption {n % CACHED_CAPTIONS}")
 
 
-@contextmanager
-def assembling_like(case: str | None, folder: Path):
-    """Within: run_training's caches assemble like ``case`` of ASSEMBLY_CASES (None: as is)."""
-    if case is None:
-        yield
-        return
-    latent_shape, embed_shapes = ASSEMBLY_CASES[case]
-    larger = cache_assembler(folder, latent_shape, embed_shapes, keep_in_memory=64)
+class TrainerAssemblingLike(Trainer):
+    """The real trainer whose caches assemble like an ASSEMBLY_CASES entry: each micro-batch
+    also assembles a stand-in batch of that case's sizes (``larger``), then the real one."""
 
-    def prepare(*args, **kwargs):
-        caches = prepare_caches(*args, **kwargs)
-        return replace(caches, assembler=HeavierAssembler(caches.assembler, larger))
+    def __init__(self, configuration, accelerator, larger: BatchAssembler | None):
+        super().__init__(configuration, accelerator)
+        self.larger = larger
 
-    with mock.patch.object(recipe, "prepare_caches", prepare):
-        yield
+    def _prepare_caches(self):
+        caches = super()._prepare_caches()
+        if self.larger is None:
+            return caches
+        return replace(caches, assembler=HeavierAssembler(caches.assembler, self.larger))
 
 
-def trainer_run(config_path: Path, accelerator: TimedAccelerator) -> dict:
+def trainer_run(config_path: Path, accelerator: TimedAccelerator,
+                larger: BatchAssembler | None = None) -> dict:
     accelerator.ready.clear()
     accelerator.done.clear()
-    run_training(load_configuration(config_path), accelerator)
+    TrainerAssemblingLike(load_configuration(config_path), accelerator, larger).run()
     done, ready = accelerator.done, accelerator.ready
     # Step i (i >= 1) runs from done[i-1] to done[i]; its data wait ends at ready[i].
     steps = [b - a for a, b in zip(done, done[1:])]
@@ -183,7 +179,7 @@ def bare_batches(config_path: Path, accelerator: Accelerator, count: int):
     """The micro-batches the trainer trained on, in its order, assembled into device memory."""
     configuration = load_configuration(config_path)
     training = configuration.training
-    startup = start_data(configuration, accelerator)
+    startup = start_data(configuration, accelerator, seed=configuration.training.seed)
     adapter = load_adapter(training, torch.device("cpu"))
     caches = prepare_caches(
         configuration.datasets, startup.indexes,
@@ -277,8 +273,13 @@ def measure(args) -> dict:
 
 
 def trainer_in_case(case: str, config_path: Path, accelerator, folder: Path) -> dict:
-    with assembling_like(TRAINING_CASES[case], folder / "larger-cache"):
-        return trainer_run(config_path, accelerator)
+    shapes = TRAINING_CASES[case]
+    larger = None
+    if shapes is not None:
+        latent_shape, embed_shapes = ASSEMBLY_CASES[shapes]
+        larger = cache_assembler(folder / "larger-cache", latent_shape, embed_shapes,
+                                 keep_in_memory=64)
+    return trainer_run(config_path, accelerator, larger)
 
 
 def case_result(rounds: dict, idle: dict | None) -> dict:

@@ -87,7 +87,7 @@ def _audit(accelerator: Accelerator, config_path: str, output: Path, epochs: int
     block: its error reaches every rank before the next collective."""
     rank, main = accelerator.process_index, accelerator.is_main_process
     config = load_configuration(config_path)
-    startup = start_data(config, accelerator)
+    startup = start_data(config, accelerator, seed=config.training.seed)
     sampler = build_sampler(startup, config.training, accelerator)
     # One line per rank, so a log shows that every rank runs with the same seed and length.
     print(f"[rank {rank}] seed {sampler.seed}, {len(sampler)} micro-batches per epoch",

@@ -1,4 +1,4 @@
-"""Saves two checkpoints of a small model through the real save_checkpoint, the second with a
+"""Saves two checkpoints of a small model through the real Checkpointer, the second with a
 real write fault on one rank: that rank's files may grow to at most FSIZE_LIMIT bytes
 (RLIMIT_FSIZE with SIGXFSZ ignored, so an oversized write fails with EFBIG).
 
@@ -17,13 +17,15 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from simpletuner.training.checkpointing.checkpoint import TrainerState, save_checkpoint
+from simpletuner.training.checkpointing.checkpointer import Checkpointer
+from simpletuner.training.run_state import RunState
+from checkpoint_parts import parts_for
 
 
 def save(accelerator: Accelerator, out: Path, step: int, network, optimizer) -> Path:
-    state = TrainerState(step=step, epoch=0, seed=1, fingerprint={}, model_type="full")
-    return save_checkpoint(accelerator, out, state, network=network, optimizer=optimizer,
-                           sampler_state={"epoch": 0, "step": step})
+    state = RunState(step=step, epoch=0, seed=1, fingerprint={}, model_type="full")
+    return Checkpointer(accelerator, out).save(state, parts_for(network, optimizer, epoch=0,
+                                                                step=step))
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 """Shards a small network with FSDP2, trains one step, saves a sharded checkpoint through the
-real save_checkpoint, ends the process group and exits as the trainer does
+real Checkpointer, ends the process group and exits as the trainer does
 (common/clean_exit.py), or, with ``--bare``, through the interpreter's finalization (the exit
 that aborted).
 
@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from accelerate import Accelerator
 
 from simpletuner.common.clean_exit import exit_process
-from simpletuner.training.checkpointing.checkpoint import TrainerState, save_checkpoint
+from simpletuner.training.checkpointing.checkpointer import Checkpointer
+from simpletuner.training.run_state import RunState
+from checkpoint_parts import parts_for
 from simpletuner.training.run.outcomes import EXIT_TRAINED
 from simpletuner.training.memory.sharding import shard_network
+from simpletuner.training.settings import ShardingSettings
+from settings_fixtures import settings
 
-SETTINGS = SimpleNamespace(fsdp_transformer_layer_cls_to_wrap=None, fsdp_sharding="full",
-                           fsdp_reshard_after_forward=True, mixed_precision="no")
+SETTINGS = settings(ShardingSettings, fsdp_enable=True)
 
 
 class Blocks(torch.nn.Module):
@@ -43,9 +45,8 @@ def main() -> int:
     optimizer = torch.optim.AdamW(network.parameters())
     network(torch.randn(4, 16)).sum().backward()
     optimizer.step()
-    state = TrainerState(step=1, epoch=0, seed=1, fingerprint={}, model_type="full")
-    save_checkpoint(accelerator, out, state, network=network, optimizer=optimizer,
-                    sampler_state={"epoch": 0, "step": 1})
+    state = RunState(step=1, epoch=0, seed=1, fingerprint={}, model_type="full")
+    Checkpointer(accelerator, out).save(state, parts_for(network, optimizer, epoch=0, step=1))
     accelerator.end_training()
     if not bare:
         exit_process(EXIT_TRAINED)

@@ -10,7 +10,6 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from accelerate import Accelerator
@@ -23,6 +22,8 @@ from simpletuner.training.ema import EMAWeights
 from simpletuner.training.lora import add_lora
 from simpletuner.training.preflight import weight_dtype
 from simpletuner.training.memory.sharding import local, shard_network
+from simpletuner.training.settings import ShardingSettings
+from settings_fixtures import settings
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -63,9 +64,8 @@ def measure(case: dict, device: torch.device) -> dict:
     unsharded = held(network, frozen)
     for parameter in network.parameters():
         parameter.grad = None
-    shard_network(network, SimpleNamespace(fsdp_transformer_layer_cls_to_wrap=None,
-                                           fsdp_sharding="full", fsdp_reshard_after_forward=True,
-                                           mixed_precision=case["precision"]), device.type)
+    shard_network(network, settings(ShardingSettings, fsdp_enable=True,
+                                    mixed_precision=case["precision"]), device.type)
     return {"ddp": unsharded, "fsdp": held(network, frozen)}
 
 

@@ -18,19 +18,21 @@ from accelerate import Accelerator
 from safetensors.torch import save_file
 
 from simpletuner.common.together import RankFailure
-from simpletuner.training.checkpointing.checkpoint import (TrainerState, load_checkpoint, resolve_resume,
-                                             save_checkpoint)
+from simpletuner.training.checkpointing.checkpointer import Checkpointer
+from simpletuner.training.checkpointing.folders import resolve_resume
 from simpletuner.training.ema import EMAWeights
+from simpletuner.training.run_state import RunState
+from checkpoint_parts import parts_for
 from simpletuner.training.checkpointing.manifest import CheckpointError, verify_checkpoint, write_manifest
 from simpletuner.training.checkpointing.tensor_state import FULL_WEIGHTS, load_weights
 
 TESTS = Path(__file__).resolve().parent
 RUNNER = TESTS / "checkpoint_fault_runner.py"
-LOGGER = "simpletuner.training.checkpointing.checkpoint"
+LOGGER = "simpletuner.training.checkpointing.folders"
 
 
 class SmallRun:
-    """A trained Linear layer with optimizer state and EMA, saved by the real save_checkpoint."""
+    """A trained Linear layer with optimizer state and EMA, saved by the real Checkpointer."""
 
     def __init__(self, features: int = 64):
         torch.manual_seed(0)
@@ -42,10 +44,15 @@ class SmallRun:
         self.accelerator = Accelerator(cpu=True)
 
     def save(self, out: Path, step: int, **options) -> Path:
-        state = TrainerState(step=step, epoch=0, seed=3, fingerprint={}, model_type="full")
-        return save_checkpoint(self.accelerator, out, state, network=self.network,
-                               optimizer=self.optimizer, sampler_state={"step": step},
-                               ema=self.ema, **options)
+        state = RunState(step=step, epoch=0, seed=3, fingerprint={}, model_type="full")
+        checkpointer = Checkpointer(self.accelerator, out, **options)
+        return checkpointer.save(state, parts_for(self.network, self.optimizer, ema=self.ema,
+                                                  step=step))
+
+    def load(self, folder: Path) -> tuple[RunState, dict]:
+        parts = parts_for(self.network, self.optimizer, ema=self.ema)
+        state = Checkpointer(self.accelerator, folder.parent).load(folder, parts)
+        return state, parts.sampler.state_dict()
 
 
 def overwrite_with_random_bytes(folder: Path) -> Path:
@@ -135,8 +142,7 @@ class DamagedCheckpointTest(unittest.TestCase):
         write_manifest(folder)
         self.assertEqual(resolve_resume("latest", out), folder)
         with self.assertRaises(RankFailure) as caught:
-            load_checkpoint(folder, rank=0, network=self.run.network,
-                            optimizer=self.run.optimizer, ema=self.run.ema)
+            self.run.load(folder)
         self.assertIn(str(folder / FULL_WEIGHTS), str(caught.exception))
         self.assertIn("'weight'", str(caught.exception))
 
@@ -152,9 +158,7 @@ class DamagedCheckpointTest(unittest.TestCase):
         expected = self.run.network.weight.detach().clone()
         with torch.no_grad():
             self.run.network.weight.zero_()
-        state, sampler = load_checkpoint(resolve_resume("latest", out), rank=0,
-                                         network=self.run.network,
-                                         optimizer=self.run.optimizer, ema=self.run.ema)
+        state, sampler = self.run.load(resolve_resume("latest", out))
         self.assertEqual((state.step, sampler), (4, {"step": 4}))
         self.assertTrue(torch.equal(self.run.network.weight, expected))
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import tempfile
 import unittest
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.reporting.validation import run_validation
+from simpletuner.training.settings import OffloadSettings, ValidationSettings
 
-from lean_fixtures import memory_settings
+from settings_fixtures import settings
 from model_fixtures import CPU, TinyModelCase
 
 
@@ -23,12 +23,10 @@ def frozen_devices(adapter) -> set[torch.device]:
     return {p.device for module in modules for p in module.parameters()}
 
 
-def validation_settings(output_dir: Path) -> SimpleNamespace:
-    return SimpleNamespace(validation_prompt=["a red circle", "a blue square"],
-                           validation_resolution=64, validation_num_inference_steps=2,
-                           validation_guidance_scale=1.0, validation_seed=0,
-                           validation_negative_prompt=None,
-                           output_dir=str(output_dir))
+def validation_settings(output_dir: Path) -> ValidationSettings:
+    return settings(ValidationSettings, validation_prompt=["a red circle", "a blue square"],
+                    validation_resolution=64, validation_num_inference_steps=2,
+                    validation_guidance_scale=1.0, validation_seed=0, output_dir=str(output_dir))
 
 
 class FreedFrozenComponentsTest(TinyModelCase):
@@ -36,8 +34,8 @@ class FreedFrozenComponentsTest(TinyModelCase):
 
     def check_family(self, family: str, **precisions):
         adapter = self.load(family)
-        settings = memory_settings(frozen_components_after_caching="free", **precisions)
-        release_frozen_components(adapter, settings, torch.float32)
+        offload = settings(OffloadSettings, frozen_components_after_caching="free", **precisions)
+        release_frozen_components(adapter, offload, torch.float32)
         self.assertEqual(frozen_devices(adapter), {torch.device("meta")})
         self.assertNotIn(CPU, frozen_devices(adapter))
         with adapter.frozen_components_on_device():
@@ -64,8 +62,8 @@ class FreedFrozenComponentsTest(TinyModelCase):
 
     def test_keep_leaves_them_on_the_device(self):
         adapter = self.load("sd1x")
-        release_frozen_components(adapter, memory_settings(
-            frozen_components_after_caching="keep"), torch.float32)
+        release_frozen_components(adapter, settings(
+            OffloadSettings, frozen_components_after_caching="keep"), torch.float32)
         self.assertEqual(frozen_devices(adapter), {CPU})
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.training.checkpointing.checkpoint import TRAINER_STATE
+from simpletuner.training.checkpointing.checkpointer import RUN_STATE
 from simpletuner.training.run.output_dir_lock import LOCK_NAME, LockOwner, OutputDirLock, _process_start
 from simpletuner.training.checkpointing.manifest import write_manifest
 from simpletuner.training.preflight import run_preflight
@@ -44,7 +44,7 @@ def dead_pid() -> int:
 def make_checkpoint(output_dir: Path, step: int) -> None:
     folder = output_dir / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    (folder / TRAINER_STATE).write_text(json.dumps(
+    (folder / RUN_STATE).write_text(json.dumps(
         {"step": step, "epoch": 0, "seed": 7, "fingerprint": {}, "model_type": "full"}))
     write_manifest(folder)  # only a manifest makes a folder a checkpoint
 

@@ -9,7 +9,8 @@ import unittest
 from pathlib import Path
 
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.training.checkpointing.checkpoint import TRAINER_STATE, complete_checkpoints, resolve_resume
+from simpletuner.training.checkpointing.checkpointer import RUN_STATE
+from simpletuner.training.checkpointing.folders import complete_checkpoints, resolve_resume
 from simpletuner.training.checkpointing.manifest import write_manifest
 from simpletuner.training.preflight import run_preflight
 
@@ -105,7 +106,7 @@ class LatestCheckpointTest(unittest.TestCase):
             out = Path(tmp)
             for step in (4, 8):
                 (out / f"checkpoint-{step}").mkdir()
-                (out / f"checkpoint-{step}" / TRAINER_STATE).write_text(json.dumps({"step": step}))
+                (out / f"checkpoint-{step}" / RUN_STATE).write_text(json.dumps({"step": step}))
                 write_manifest(out / f"checkpoint-{step}")
             # A save interrupted before its rename, and a folder without the manifest.
             (out / ".incomplete-checkpoint-12").mkdir()

@@ -18,6 +18,8 @@ from PIL import Image
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.pipelines import generate_validation_images
 from simpletuner.training.optimization.schedules import build_lr_scheduler
+from simpletuner.training.settings import ScheduleSettings
+from settings_fixtures import settings
 from training_fixtures import REPO, environment, make_shapes, write_config
 
 
@@ -57,11 +59,9 @@ class ValidationConfigTest(unittest.TestCase):
 
 
 def schedule_with(**options):
-    defaults = dict(lr_scheduler="constant", lr_warmup_steps=0, lr_end=1e-7, lr_power=1.0,
-                    lr_num_cycles=1)
-    training = SimpleNamespace(**{**defaults, **options})
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = build_lr_scheduler(training, optimizer, total_steps=100)
+    scheduler = build_lr_scheduler(settings(ScheduleSettings, **options), optimizer,
+                                   total_steps=100)
 
     def lr_at(step: int) -> float:
         while scheduler.last_epoch < step:

@@ -19,7 +19,8 @@ from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.model_path import model_path_problem
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.training.checkpointing.checkpoint import read_trainer_state, resolve_resume
+from simpletuner.training.checkpointing.checkpointer import read_run_state
+from simpletuner.training.checkpointing.folders import resolve_resume
 from simpletuner.training.run.launch_checks import static_problems
 from simpletuner.training.optimization.optimizers import optimizer_problems
 from simpletuner.training.memory.quantization import precision_problems
@@ -88,7 +89,7 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     except ValueError as exc:
         problems.append(f"{where}: key 'resume_from_checkpoint': {exc}")
     if resume_from is not None:
-        saved = read_trainer_state(resume_from)
+        saved = read_run_state(resume_from)
         if saved.model_type != training.model_type:
             problems.append(
                 f"{where}: key 'resume_from_checkpoint': {resume_from} was saved by a "

@@ -1,5 +1,6 @@
-"""The full fine-tuning recipe, top to bottom: data start-up, caches, sampler, model, optimizer,
-then the loop with checkpoints and validation, then the export (export.py).
+"""The training run as an object, read top to bottom: ``set_up`` (preflight, data, model,
+caches, sampler, optimization, checkpointer, resume), ``train`` (a flat loop of ``train_step``,
+one optimizer step, and ``after_step``, what follows it), then ``export``.
 
 Every rank runs this same code. Collectives happen at the same points on every rank (start-up,
 caching, the one per-step reduce, checkpoint barriers), and every decision that could differ
@@ -8,46 +9,50 @@ between ranks (skip a non-finite step, stop on a signal) is made from data every
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from simpletuner.common.together import failing_together
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
 from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import build_sampler, report_skipped_files, start_data
+from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
-from simpletuner.common.together import failing_together
-from simpletuner.models.base import LossSettings
+from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.training.checkpointing.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
-from simpletuner.training.reporting.evaluation import build_evaluator
 from simpletuner.training.export import export_run
 from simpletuner.training.lora import add_lora
 from simpletuner.training.memory.offload import release_frozen_components
+from simpletuner.training.memory.quantization import quantize_frozen_weights
+from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
+                                                  shard_network)
 from simpletuner.training.optimization.optimizers import build_optimizer
+from simpletuner.training.optimization.schedules import build_lr_scheduler
+from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
+from simpletuner.training.reporting.evaluation import build_evaluator
+from simpletuner.training.reporting.validation import is_validation_step, run_validation
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
-from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
-from simpletuner.training.memory.quantization import quantize_frozen_weights
-from simpletuner.training.memory.sharding import accumulating, network_on_main, prepare, shard_network
-from simpletuner.training.step_guard import (NonFiniteGuard, back_off_loss_scale, diverged_error,
-                                             gradient_norm, nonfinite_warning, pack_step,
-                                             reduce_step)
 from simpletuner.training.run.run_warnings import run_warnings
-from simpletuner.training.optimization.schedules import build_lr_scheduler
-from simpletuner.training.reporting.validation import (is_validation_step, run_validation,
-                                             validation_prompts)
+from simpletuner.training.run_state import RunState
+from simpletuner.training.settings import RunSettings
+from simpletuner.training.step_guard import (NonFiniteGuard, StepTotals, back_off_loss_scale,
+                                             clip_gradients, diverged_error, nonfinite_warning,
+                                             pack_step, reduce_step)
 
 logger = logging.getLogger(__name__)
 
-LR_SCHEDULER_STATE = "lr_scheduler.json"
+MicroBatches = Iterator[tuple[MicroBatch, TrainingBatch]]
 
 
 @dataclass
@@ -57,213 +62,290 @@ class TrainingResult:
     pipeline_dir: Path | None
 
 
-def _noise_generator(seed: int, rank: int, epoch: int, step: int) -> torch.Generator:
+def noise_generator(seed: int, rank: int, epoch: int, step: int) -> torch.Generator:
     """Noise and timesteps of a micro-batch depend only on where it is in the run, so a
     resumed run draws exactly what the uninterrupted one drew."""
     return torch.Generator(device="cpu").manual_seed(
         stable_seed("noise", seed, rank, epoch, step) & (2**63 - 1))
 
 
-def _total_steps(training, steps_per_epoch: int) -> int:
+def total_steps(training, steps_per_epoch: int) -> int:
     if training.max_train_steps is not None:
         return training.max_train_steps
     return training.num_train_epochs * steps_per_epoch
 
 
-def run_training(configuration: Configuration, accelerator) -> TrainingResult:
-    training = configuration.training
-    output_dir = Path(training.output_dir)
-    rank, world = accelerator.process_index, accelerator.num_processes
-    main = accelerator.is_main_process
+class Trainer:
+    """One run. ``set_up`` leaves on the object: ``preflight``, ``data`` (the start-up indexes
+    and the shared ``seed``), ``adapter`` (the model family), ``caches``, ``sampler``,
+    ``parts`` (what a checkpoint saves besides the state) and ``prepared`` (the network as
+    accelerate wraps it), ``checkpointer``, ``state`` (RunState: step, epoch, seed, final loss,
+    the guard's bad steps), ``guard``, ``watcher``, ``evaluator`` and ``trace``."""
 
-    # 1. Everything that can be checked cheaply, on every rank, before any heavy work.
-    preflight = run_preflight_on_all_ranks(configuration, accelerator)
-    training.seed = preflight.seed
+    def __init__(self, configuration: Configuration, accelerator):
+        self.configuration = configuration
+        self.training = configuration.training
+        self.accelerator = accelerator
+        self.settings = RunSettings.from_config(self.training)
+        self.output_dir = Path(self.training.output_dir)
+        self.weight_dtype = weight_dtype(self.training.mixed_precision)
 
-    # 2. Data: index, agree, shared seed (collectives inside, same on every rank).
-    startup = start_data(configuration, accelerator)
-    seed = startup.seed
+    def run(self) -> TrainingResult:
+        self.set_up()
+        self.train()
+        return self.export()
 
-    # 3. Model and caches. The caches drop undecodable images on every rank alike.
-    # Loaded, cast and quantized on the CPU, then moved: the device never holds an fp32 copy.
-    # A rank that cannot load the model stops every rank before the caches' collectives.
-    with failing_together("loading the model"):
-        adapter = get_adapter_class(training.model_family).load(
-            preflight.model_folder, device=torch.device("cpu"),
-            weight_dtype=weight_dtype(training.mixed_precision),
-            loss_settings=LossSettings.from_config(training))
-        quantize_frozen_weights(adapter, training, weight_dtype(training.mixed_precision))
-        adapter.move_to(accelerator.device)
-        lora = training.model_type == "lora"
-        if lora:  # freeze the network, train an adapter; checkpoints hold the adapter only
-            # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
-            with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
-                torch.manual_seed(stable_seed("lora init", seed) & (2**63 - 1))
-                add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
-                         alpha=training.lora_alpha, dropout=training.lora_dropout,
-                         target_modules=training.lora_target_modules)
-        adapter.set_gradient_checkpointing(training.gradient_checkpointing)
-    caches = prepare_caches(
-        configuration.datasets, startup.indexes,
-        {i: b.caption_for for i, b in startup.backends.items()},
-        adapter.encode_images, adapter.encode_prompts, model_folder=preflight.model_folder,
-        family=training.model_family, output_dir=output_dir, seed=seed, rank=rank,
-        world_size=world, progress=accelerator.is_local_main_process)
-    release_frozen_components(adapter, training, weight_dtype(training.mixed_precision))
-    sampler = build_sampler(startup, training, accelerator, indexes=caches.indexes)
-    accumulation = sampler.accumulation
-    if len(sampler) == 0:
-        raise ValueError("the datasets give no micro-batch to train on; run "
-                         "`python -m simpletuner plan` to see the buckets")
-    steps_per_epoch = len(sampler) // accumulation
-    total_steps = _total_steps(training, steps_per_epoch)
+    # ---- set-up, in the order every rank runs it -------------------------------------------
 
-    # 4. Optimizer and schedule. The LR scheduler is not handed to accelerate (which would step
-    # it once per process); its state is saved as JSON with each checkpoint.
-    network = adapter.trainable
-    if training.fsdp_enable:  # before the optimizer is built: its parameters are the shards
-        shard_network(network, training, accelerator.device.type)
-    optimizer = build_optimizer(network, training)
-    lr_scheduler = build_lr_scheduler(training, optimizer, total_steps)
-    prepared_network, optimizer = prepare(accelerator, network, optimizer)
-    ema = EMAWeights(network, training.ema_decay) if training.use_ema else None
+    def set_up(self) -> None:
+        # Everything that can be checked cheaply, on every rank, before any heavy work.
+        self.preflight = run_preflight_on_all_ranks(self.configuration, self.accelerator)
+        # Index, agree, shared seed (collectives inside, same on every rank).
+        self.data = start_data(self.configuration, self.accelerator, seed=self.preflight.seed)
+        self.seed = self.data.seed
+        self.adapter = self._load_model()
+        self.caches = self._prepare_caches()
+        release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)
+        self.sampler = self._build_sampler()
+        self.total_steps = total_steps(self.training, len(self.sampler) // self.accumulation)
+        self.parts, self.prepared = self._build_optimization()
+        self.checkpointer = Checkpointer(
+            self.accelerator, self.output_dir, limit=self.training.checkpoints_total_limit,
+            gather_full=self.settings.sharding.fsdp_state_dict_type == "FULL_STATE_DICT",
+            resumed_from=self.preflight.resume_from)
+        self.state = self._resume_or_start()
+        self.guard = NonFiniteGuard(self.training.max_nonfinite_steps,
+                                    loss_scaled=self.accelerator.scaler is not None,
+                                    bad_steps=self.state.nonfinite_steps)
+        self.watcher = PreemptionWatcher(self.training.preemption_signals)
+        self.evaluator = build_evaluator(self.training, self.data, self.caches, self.adapter,
+                                         self.parts.network, self.accelerator)
+        self.trace = self._open_trace()
+        self._report_start()
 
-    step, resumed = 0, preflight.resume_from is not None
-    if resumed:
-        state, sampler_state = load_checkpoint(preflight.resume_from, rank=rank,
-                                               network=network, optimizer=optimizer, ema=ema)
-        lr_scheduler.load_state_dict(
-            json.loads((preflight.resume_from / LR_SCHEDULER_STATE).read_text()))
-        sampler.load_state_dict(sampler_state)
-        step = state.step
-        logger.info("resumed from %s at step %d (epoch %d)", preflight.resume_from, step,
-                    sampler.epoch)
+    def _load_model(self):
+        """Loaded, cast and quantized on the CPU, then moved: the device never holds an fp32
+        copy. A rank that cannot load the model stops every rank before the caches' collectives."""
+        training = self.training
+        with failing_together("loading the model"):
+            adapter = get_adapter_class(training.model_family).load(
+                self.preflight.model_folder, device=torch.device("cpu"),
+                weight_dtype=self.weight_dtype, loss_settings=LossSettings.from_config(training))
+            quantize_frozen_weights(adapter, training, self.weight_dtype)
+            adapter.move_to(self.accelerator.device)
+            if training.model_type == "lora":  # checkpoints hold the adapter only
+                # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
+                with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
+                    torch.manual_seed(stable_seed("lora init", self.seed) & (2**63 - 1))
+                    add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
+                             alpha=training.lora_alpha, dropout=training.lora_dropout,
+                             target_modules=training.lora_target_modules)
+            adapter.set_gradient_checkpointing(training.gradient_checkpointing)
+        return adapter
 
-    evaluator = build_evaluator(training, startup, caches, adapter, network, accelerator)
-    if main:
-        for warning in run_warnings(training, world, total_steps - step):
+    def _prepare_caches(self):
+        """VAE latents and text embeddings; undecodable images are dropped on every rank alike."""
+        return prepare_caches(
+            self.configuration.datasets, self.data.indexes,
+            {i: b.caption_for for i, b in self.data.backends.items()},
+            self.adapter.encode_images, self.adapter.encode_prompts,
+            model_folder=self.preflight.model_folder, family=self.training.model_family,
+            output_dir=self.output_dir, seed=self.seed, rank=self.accelerator.process_index,
+            world_size=self.accelerator.num_processes,
+            progress=self.accelerator.is_local_main_process)
+
+    def _build_sampler(self):
+        sampler = build_sampler(self.data, self.training, self.accelerator,
+                                indexes=self.caches.indexes)
+        if len(sampler) == 0:
+            raise ValueError("the datasets give no micro-batch to train on; run "
+                             "`python -m simpletuner plan` to see the buckets")
+        self.accumulation = sampler.accumulation
+        return sampler
+
+    def _build_optimization(self) -> tuple[TrainedParts, torch.nn.Module]:
+        """The LR scheduler is not handed to accelerate (which would step it once per process);
+        the checkpointer saves its state as JSON."""
+        network = self.adapter.trainable
+        if self.settings.sharding.fsdp_enable:  # before the optimizer: its parameters are shards
+            shard_network(network, self.settings.sharding, self.accelerator.device.type)
+        optimizer = build_optimizer(network, self.training)
+        lr_scheduler = build_lr_scheduler(self.settings.schedule, optimizer, self.total_steps)
+        prepared, optimizer = prepare(self.accelerator, network, optimizer)
+        ema = EMAWeights(network, self.training.ema_decay) if self.training.use_ema else None
+        return TrainedParts(network, optimizer, lr_scheduler, self.sampler, ema), prepared
+
+    def _resume_or_start(self) -> RunState:
+        resume_from = self.preflight.resume_from
+        if resume_from is None:
+            return RunState(step=0, epoch=0, seed=self.seed,
+                            fingerprint=self.sampler.fingerprint(),
+                            model_type=self.training.model_type)
+        state = self.checkpointer.load(resume_from, self.parts)
+        logger.info("resumed from %s at step %d (epoch %d)", resume_from, state.step,
+                    self.sampler.epoch)
+        return RunState(step=state.step, epoch=self.sampler.epoch, seed=self.seed,
+                        fingerprint=self.sampler.fingerprint(),
+                        model_type=self.training.model_type, final_loss=state.final_loss,
+                        nonfinite_steps=state.nonfinite_steps)
+
+    def _open_trace(self) -> TraceWriter | None:
+        if not self.training.trace_samples:
+            return None
+        resumed = self.preflight.resume_from is not None
+        return TraceWriter(self.output_dir / "trace", self.accelerator.process_index,
+                           resume_at=(self.sampler.epoch, self.sampler.step) if resumed else None)
+
+    def _report_start(self) -> None:
+        training, main = self.training, self.accelerator.is_main_process
+        world = self.accelerator.num_processes
+        with failing_together("writing the skipped files' report"):
+            if main:
+                report_skipped_files(self.caches.indexes, self.output_dir)
+        if not main:
+            return
+        for warning in run_warnings(training, world, self.total_steps - self.state.step):
             logger.warning(warning)
-    trace = (TraceWriter(output_dir / "trace", rank,
-                         resume_at=(sampler.epoch, sampler.step) if resumed else None)
-             if training.trace_samples else None)
-    if main:
-        report_skipped_files(caches.indexes, output_dir)
-    if main:
         logger.info("training %s (%s) for %d steps: %d micro-batches of up to %d per rank per "
                     "epoch, accumulation %d, %d processes, seed %d", training.model_family,
-                    training.model_type, total_steps, len(sampler), training.train_batch_size,
-                    accumulation, world, seed)
+                    training.model_type, self.total_steps, len(self.sampler),
+                    training.train_batch_size, self.accumulation, world, self.seed)
 
-    def checkpoint() -> Path:
-        state = TrainerState(step=step, epoch=sampler.epoch, seed=seed,
-                             fingerprint=sampler.fingerprint(), model_type=training.model_type)
-        # save_checkpoint logs the folder once
-        return save_checkpoint(accelerator, output_dir, state, network=network,
-                               optimizer=optimizer, sampler_state=sampler.state_dict(), ema=ema,
-                               limit=training.checkpoints_total_limit,
-                               extra_json={LR_SCHEDULER_STATE: lr_scheduler.state_dict()},
-                               resumed_from=preflight.resume_from,
-                               gather_full=training.fsdp_state_dict_type == "FULL_STATE_DICT")
+    # ---- the loop ---------------------------------------------------------------------------
 
-    def validate() -> None:
-        # With EMA weights swapped in on every rank (each swaps its own shards under FSDP2).
-        # Main rank only; leaving the block is the barrier, and its error reaches every rank.
+    def train(self) -> None:
+        """Micro-batches from the lockstep sampler, one optimizer step per ``accumulation`` of
+        them (a group never crosses buckets or epochs, see the sampler)."""
+        validation = self.settings.validation
+        if validation.validation_on_startup and validation.prompts:
+            self.validate()  # SimpleTuner's validation_on_startup: the starting weights
+        self.parts.network.train()
+        with ExitStack() as stack:
+            stack.enter_context(self.watcher)
+            self.progress = stack.enter_context(tqdm(
+                total=self.total_steps, initial=self.state.step, desc="steps",
+                disable=not self.accelerator.is_main_process))
+            if self.trace is not None:
+                stack.enter_context(self.trace)
+            micro_batches = stack.enter_context(closing(iter(PrefetchedBatches(
+                self.sampler, self.caches.assembler, device=self.accelerator.device))))
+            while self.state.step < self.total_steps:
+                self.after_step(self.train_step(micro_batches))
+
+    def train_step(self, micro_batches: MicroBatches) -> StepTotals:
+        """One optimizer step: accumulate, clip, then one reduce tells every rank the loss,
+        whether anything was non-finite and whether a stop signal arrived anywhere, so all skip,
+        stop or diverge at the same step. A skipped step still advances the step, as the
+        sampler has advanced past its data: step count and sample sequence stay those of an
+        uninterrupted run. Only applied steps move the LR schedule and the EMA."""
+        loss_sum = torch.zeros((), device=self.accelerator.device)  # read once, in the reduce
+        samples: list[str] = []
+        for index in range(self.accumulation):
+            micro_batch, batch = next(micro_batches)
+            loss_sum += self._forward_backward(micro_batch, batch,
+                                               sync=index == self.accumulation - 1)
+            samples += [f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples]
+        norm = clip_gradients(self.accelerator, self.prepared.parameters(),
+                              self.training.max_grad_norm)
+        local, totals = reduce_step(self.accelerator, pack_step(
+            loss_sum, self.accumulation, norm, stopping=self.watcher.requested is not None))
+        self.state.step += 1
+        self.state.epoch = self.sampler.epoch
+        if self.guard.should_apply(totals, self.state.step):
+            self._apply(totals)
+        else:
+            self._skip(totals, local, samples, micro_batch.epoch)
+        self.parts.optimizer.zero_grad(set_to_none=True)
+        self.state.nonfinite_steps = list(self.guard.bad_steps)
+        if self.guard.diverged:
+            raise diverged_error(self.guard.bad_steps, self.training)
+        return totals
+
+    def _forward_backward(self, micro_batch: MicroBatch, batch: TrainingBatch, *,
+                          sync: bool) -> torch.Tensor:
+        if self.trace is not None:
+            self.trace.write(micro_batch)
+        with accumulating(self.accelerator, self.prepared, sync):
+            with self.accelerator.autocast():
+                loss = self.adapter.compute_loss(
+                    batch, noise_generator(self.seed, self.accelerator.process_index,
+                                           micro_batch.epoch, micro_batch.step),
+                    network=self.prepared)
+            self.accelerator.backward(loss / self.accumulation)
+        return loss.detach().float()
+
+    def _apply(self, totals: StepTotals) -> None:
+        self.parts.optimizer.step()
+        self.parts.lr_scheduler.step()
+        if self.parts.ema is not None:
+            self.parts.ema.update(self.parts.network)
+        self.state.final_loss = totals.mean_loss
+
+    def _skip(self, totals: StepTotals, local: StepTotals, samples: list[str],
+              epoch: int) -> None:
+        logger.warning(nonfinite_warning(
+            totals, local, step=self.state.step, epoch=epoch,
+            world=self.accelerator.num_processes, consecutive=len(self.guard.bad_steps),
+            limit=self.training.max_nonfinite_steps, samples=samples))
+        back_off_loss_scale(self.accelerator)
+
+    def after_step(self, totals: StepTotals) -> None:
+        """Log, checkpoint, stop on a signal (with a checkpoint), validate, evaluate."""
+        step = self.state.step
+        self._log_step(totals)
+        saved = None
+        if self.training.checkpointing_steps and step % self.training.checkpointing_steps == 0:
+            saved = self.checkpoint()
+        if totals.stopping:
+            with self.watcher.aborting_on_signal():
+                saved = saved or self.checkpoint()
+            raise Preempted(self.watcher.requested or "a stop signal on another rank", step,
+                            saved)
+        if is_validation_step(self.settings.validation, step, self.total_steps):
+            self.validate()
+        if self.evaluator is not None and self.evaluator.is_due(step):
+            self.evaluator.run(step)
+
+    def _log_step(self, totals: StepTotals) -> None:
+        lr = self.parts.lr_scheduler.get_last_lr()[0]
+        # Redrawn by update() at tqdm's interval, not forced every step.
+        self.progress.set_postfix(loss=f"{totals.mean_loss:.4f}", lr=f"{lr:.2e}",
+                                  epoch=self.state.epoch, refresh=False)
+        self.progress.update(1)
+        self.accelerator.log({"train/loss": totals.mean_loss, "train/lr": lr},
+                             step=self.state.step)
+
+    def checkpoint(self) -> Path:
+        return self.checkpointer.save(self.state, self.parts)
+
+    def validate(self) -> None:
+        """With EMA weights swapped in on every rank (each swaps its own shards under FSDP2).
+        Main rank only; leaving the block is the barrier, and its error reaches every rank."""
+        ema, network = self.parts.ema, self.parts.network
         if ema is not None:
             ema.swap(network)
         try:
-            trained = network_on_main(accelerator, prepared_network)
-            with failing_together(f"validation at step {step}"):
-                if main:
-                    run_validation(adapter, training, step,
-                                   trainable=trained.to(accelerator.device),
-                                   accelerator=accelerator,
-                                   autocast_dtype=weight_dtype(training.mixed_precision))
+            trained = network_on_main(self.accelerator, self.prepared)
+            with failing_together(f"validation at step {self.state.step}"):
+                if self.accelerator.is_main_process:
+                    run_validation(self.adapter, self.settings.validation, self.state.step,
+                                   trainable=trained.to(self.accelerator.device),
+                                   accelerator=self.accelerator,
+                                   autocast_dtype=self.weight_dtype)
         finally:
             if ema is not None:
                 ema.swap(network)
 
-    # 5. The loop: micro-batches from the lockstep sampler, one optimizer step per
-    # `accumulation` of them (a group never crosses buckets or epochs, see the sampler).
-    # At each step one reduce tells every rank the loss, whether anything was non-finite and
-    # whether a stop signal arrived anywhere, so all skip, stop or diverge at the same step.
-    if training.validation_on_startup and validation_prompts(training):
-        validate()  # SimpleTuner's validation_on_startup: images of the starting weights
-    progress = tqdm(total=total_steps, initial=step, desc="steps", disable=not main)
-    guard = NonFiniteGuard(training.max_nonfinite_steps, loss_scaled=accelerator.scaler is not None)
-    loss_sum = torch.zeros((), device=accelerator.device)  # read once per step, in the reduce
-    step_samples: list[str] = []
-    final_loss = None  # the mean loss of the last applied step: always finite
-    network.train()
-    try:
-        with PreemptionWatcher(training.preemption_signals) as watcher:
-            while step < total_steps:
-                for micro_batch, batch in PrefetchedBatches(sampler, caches.assembler,
-                                                            device=accelerator.device):
-                    if trace is not None:
-                        trace.write(micro_batch)
-                    step_samples += [f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples]
-                    sync = (micro_batch.step + 1) % accumulation == 0
-                    with accumulating(accelerator, prepared_network, sync):
-                        with accelerator.autocast():
-                            loss = adapter.compute_loss(
-                                batch, _noise_generator(seed, rank, micro_batch.epoch,
-                                                        micro_batch.step),
-                                network=prepared_network)
-                        accelerator.backward(loss / accumulation)
-                    loss_sum += loss.detach().float()
-                    if not sync:
-                        continue
-                    norm = gradient_norm(accelerator, prepared_network.parameters(),
-                                         training.max_grad_norm)
-                    local, totals = reduce_step(accelerator, pack_step(
-                        loss_sum, accumulation, norm, stopping=watcher.requested is not None))
-                    # A skipped step still advances `step`, as the sampler has advanced past its
-                    # data: step count and sample sequence stay those of an uninterrupted run, so
-                    # resume stays exact. Only applied steps move the LR schedule and the EMA.
-                    step += 1
-                    if guard.should_apply(totals, step):
-                        optimizer.step()
-                        lr_scheduler.step()
-                        if ema is not None:
-                            ema.update(network)
-                        final_loss = totals.mean_loss
-                    else:
-                        logger.warning(nonfinite_warning(
-                            totals, local, step=step, epoch=micro_batch.epoch, world=world,
-                            consecutive=len(guard.bad_steps),
-                            limit=training.max_nonfinite_steps, samples=step_samples))
-                        back_off_loss_scale(accelerator)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss_sum.zero_()
-                    step_samples.clear()
-                    if guard.diverged:
-                        raise diverged_error(guard.bad_steps, training)
-                    lr = lr_scheduler.get_last_lr()[0]
-                    # Redrawn by update() at tqdm's interval, not forced every step.
-                    progress.set_postfix(loss=f"{totals.mean_loss:.4f}", lr=f"{lr:.2e}",
-                                         epoch=micro_batch.epoch, refresh=False)
-                    progress.update(1)
-                    accelerator.log({"train/loss": totals.mean_loss, "train/lr": lr}, step=step)
-                    saved = None
-                    if training.checkpointing_steps and step % training.checkpointing_steps == 0:
-                        saved = checkpoint()
-                    if totals.stopping:
-                        with watcher.aborting_on_signal():
-                            saved = saved or checkpoint()
-                        raise Preempted(watcher.requested or "a stop signal on another rank",
-                                        step, saved)
-                    if is_validation_step(training, step, total_steps):
-                        validate()
-                    if evaluator is not None and evaluator.is_due(step):
-                        evaluator.run(step)
-                    if step >= total_steps:
-                        break
-    finally:
-        progress.close()
-        if trace is not None:
-            trace.close()
+    # ---- the end ----------------------------------------------------------------------------
 
-    # 6. Export, with EMA weights when enabled, the summary and the model card.
-    pipeline_dir = export_run(configuration, accelerator, adapter, network, prepared_network, ema,
-                              step=step, seed=seed, final_loss=final_loss)
-    return TrainingResult(step, final_loss, pipeline_dir)
+    def export(self) -> TrainingResult:
+        """The trained pipeline (EMA weights when enabled), the summary and the model card."""
+        parts = self.parts
+        pipeline_dir = export_run(self.configuration, self.accelerator, self.adapter,
+                                  parts.network, self.prepared, parts.ema, step=self.state.step,
+                                  seed=self.seed, final_loss=self.state.final_loss)
+        return TrainingResult(self.state.step, self.state.final_loss, pipeline_dir)
+
+
+def run_training(configuration: Configuration, accelerator) -> TrainingResult:
+    return Trainer(configuration, accelerator).run()

@@ -40,8 +40,8 @@ class StepTotals:
         return self.loss_sum / self.micro_batches
 
 
-def gradient_norm(accelerator, parameters: Iterable[torch.Tensor],
-                  max_grad_norm: float) -> torch.Tensor:
+def clip_gradients(accelerator, parameters: Iterable[torch.Tensor],
+                   max_grad_norm: float) -> torch.Tensor:
     """The total gradient norm before clipping; clips to ``max_grad_norm`` unless it is 0.
     Through accelerate, so fp16 gradients are unscaled and sharded ones measured whole."""
     norm = accelerator.clip_grad_norm_(parameters, max_grad_norm or math.inf)
@@ -73,10 +73,12 @@ class NonFiniteGuard:
     With an fp16 loss scaler, an overflowing gradient with a finite loss is the scaler's normal
     search for its scale (``loss_scaled``): that step is skipped but not counted."""
 
-    def __init__(self, max_consecutive: int, *, loss_scaled: bool = False):
+    def __init__(self, max_consecutive: int, *, loss_scaled: bool = False,
+                 bad_steps: list[int] | None = None):
         self.max_consecutive = max_consecutive
         self.loss_scaled = loss_scaled
-        self.bad_steps: list[int] = []   # the current run of consecutive non-finite steps
+        # The current run of consecutive non-finite steps (a resumed run's, from its state).
+        self.bad_steps: list[int] = list(bad_steps or [])
 
     def should_apply(self, totals: StepTotals, step: int) -> bool:
         if totals.finite:

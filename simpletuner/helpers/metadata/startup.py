@@ -78,8 +78,9 @@ def _load_elsewhere(backends: dict[str, MetadataBackend], accelerator,
         return {}, f"{type(exc).__name__}: {exc}"
 
 
-def start_data(config: Configuration, accelerator) -> DataStartup:
-    """Index, agree, check and seed; ``accelerator`` is an accelerate Accelerator (or state)."""
+def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataStartup:
+    """Index, agree, check and seed; ``accelerator`` is an accelerate Accelerator (or state).
+    ``seed``: the configured seed (or a resumed run's); None = drawn on the main rank."""
     backends = {ds.id: MetadataBackend.from_config(ds, config.training) for ds in config.datasets}
     indexes = _refresh_on_main(backends, accelerator)
     indexes, load_error = _load_elsewhere(backends, accelerator, indexes)
@@ -89,11 +90,11 @@ def start_data(config: Configuration, accelerator) -> DataStartup:
     notes = check_bucket_sizes(
         [backends[i].split_spec(index) for i, index in indexes.items()],
         accelerator.num_processes, config.training.gradient_accumulation_steps)
-    seed = MetadataBackend.resolve_shared_seed(config.training.seed, accelerator)
+    shared_seed = MetadataBackend.resolve_shared_seed(seed, accelerator)
     if accelerator.is_main_process:
         for note in notes:
             logger.info(note)
-    return DataStartup(backends, indexes, seed, config.training.seed is None, notes)
+    return DataStartup(backends, indexes, shared_seed, seed is None, notes)
 
 
 def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *,

@@ -16,6 +16,7 @@ import torch
 
 from simpletuner.models.components import load_frozen_components
 from simpletuner.training.memory.quantization import quantize_text_encoder
+from simpletuner.training.settings import OffloadSettings
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +67,14 @@ class FrozenComponentsAway:
             self.leave_device()
 
 
-def release_frozen_components(adapter, training, text_encoder_dtype: torch.dtype) -> None:
+def release_frozen_components(adapter, settings: OffloadSettings,
+                              text_encoder_dtype: torch.dtype) -> None:
     """Called once the caches are complete: move (or free) the VAE and text encoders as
     ``frozen_components_after_caching`` says; "keep" leaves them where they are."""
-    mode = training.frozen_components_after_caching
+    mode = settings.frozen_components_after_caching
     if mode == "keep":
         return
-    precisions = [getattr(training, f"text_encoder_{n}_precision")
+    precisions = [settings.text_encoder_precision(n)
                   for n in range(1, len(adapter.text_encoders) + 1)]
     adapter.frozen_away = FrozenComponentsAway(adapter, mode, precisions, text_encoder_dtype)
     adapter.frozen_away.leave_device()

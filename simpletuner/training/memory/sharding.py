@@ -20,6 +20,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from simpletuner.training.settings import ShardingSettings
+
 
 class ShardingError(ValueError):
     """An fsdp_* option that does not fit this network or this launch."""
@@ -80,18 +82,18 @@ def precision_policy(mixed_precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def shard_network(network: torch.nn.Module, training, device_type: str) -> None:
+def shard_network(network: torch.nn.Module, settings: ShardingSettings, device_type: str) -> None:
     """Shard ``network`` in place: each block, then the root (which holds what is left).
     Call before the optimizer is built: its parameters must be the shards."""
-    blocks = (named_blocks(network, training.fsdp_transformer_layer_cls_to_wrap)
-              if training.fsdp_transformer_layer_cls_to_wrap else repeated_blocks(network))
+    classes = settings.fsdp_transformer_layer_cls_to_wrap
+    blocks = named_blocks(network, classes) if classes else repeated_blocks(network)
     _take_main_ranks_values(network)
-    settings = {"mesh": device_mesh(training.fsdp_sharding, device_type),
-                "mp_policy": precision_policy(training.mixed_precision)}
+    placement = {"mesh": device_mesh(settings.fsdp_sharding, device_type),
+                 "mp_policy": precision_policy(settings.mixed_precision)}
     for block in blocks:
-        fully_shard(block, reshard_after_forward=training.fsdp_reshard_after_forward, **settings)
+        fully_shard(block, reshard_after_forward=settings.fsdp_reshard_after_forward, **placement)
     # The root's parameters are gathered for the whole forward and backward anyway.
-    fully_shard(network, reshard_after_forward=False, **settings)
+    fully_shard(network, reshard_after_forward=False, **placement)
 
 
 @torch.no_grad()

@@ -6,40 +6,33 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from simpletuner.configuration import TrainingConfig
 from simpletuner.models.pipelines import generate_validation_images, save_validation_images
 from simpletuner.training.reporting.trackers import log_images
+from simpletuner.training.settings import ValidationSettings
 
 logger = logging.getLogger(__name__)
 
 
-def validation_prompts(training: TrainingConfig) -> list[str]:
-    prompt = training.validation_prompt
-    if prompt is None:
-        return []
-    return [prompt] if isinstance(prompt, str) else list(prompt)
-
-
-def is_validation_step(training: TrainingConfig, step: int, last_step: int) -> bool:
+def is_validation_step(settings: ValidationSettings, step: int, last_step: int) -> bool:
     """Every validation_steps steps (0 = only at the end), and always at the end."""
-    if not validation_prompts(training):
+    if not settings.prompts:
         return False
     if step == last_step:
         return True
-    return bool(training.validation_steps) and step % training.validation_steps == 0
+    return bool(settings.validation_steps) and step % settings.validation_steps == 0
 
 
-def run_validation(adapter, training: TrainingConfig, step: int, *, trainable=None,
+def run_validation(adapter, settings: ValidationSettings, step: int, *, trainable=None,
                    accelerator=None, autocast_dtype=None) -> list[Path]:
     """Generate and save one image per prompt into output_dir/validation/step-<n>/."""
-    prompts = validation_prompts(training)
+    prompts = settings.prompts
     with adapter.frozen_components_on_device():  # only for as long as sampling runs
         images = generate_validation_images(
-            adapter.build_pipeline(trainable), prompts, resolution=training.validation_resolution,
-            num_inference_steps=training.validation_num_inference_steps,
-            guidance_scale=training.validation_guidance_scale, seed=training.validation_seed,
-            autocast_dtype=autocast_dtype, negative_prompt=training.validation_negative_prompt)
-    folder = Path(training.output_dir) / "validation" / f"step-{step}"
+            adapter.build_pipeline(trainable), prompts, resolution=settings.validation_resolution,
+            num_inference_steps=settings.validation_num_inference_steps,
+            guidance_scale=settings.validation_guidance_scale, seed=settings.validation_seed,
+            autocast_dtype=autocast_dtype, negative_prompt=settings.validation_negative_prompt)
+    folder = Path(settings.output_dir) / "validation" / f"step-{step}"
     paths = save_validation_images(images, prompts, folder)
     if accelerator is not None:
         log_images(accelerator, {f"validation/{i:02d}": image for i, image in enumerate(images)},

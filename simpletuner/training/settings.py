@@ -1,0 +1,128 @@
+"""What each training component reads from config.json, built in one place (RunSettings).
+
+A component receives its own small settings, never the whole TrainingConfig: what it depends on
+is visible in its signature, and a test builds the real settings from a real TrainingConfig
+(``OptimizerSettings.from_config(TrainingConfig(...))``), so a renamed option breaks it. The
+fields keep the options' names (SimpleTuner's vocabulary), like models.base.LossSettings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TypeVar
+
+Settings = TypeVar("Settings")
+
+
+class _FromConfig:
+    @classmethod
+    def from_config(cls: type[Settings], training) -> Settings:
+        """The fields of this class read from a TrainingConfig (same names)."""
+        return cls(**{field.name: getattr(training, field.name) for field in fields(cls)})
+
+
+@dataclass(frozen=True)
+class OptimizerSettings(_FromConfig):
+    optimizer: str
+    optimizer_config: str | None
+    learning_rate: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_weight_decay: float
+    adam_epsilon: float
+    mixed_precision: str        # adamw_bf16 keeps bf16 weights: it needs bf16
+
+
+@dataclass(frozen=True)
+class ScheduleSettings(_FromConfig):
+    lr_scheduler: str
+    lr_warmup_steps: int
+    lr_end: float
+    lr_power: float
+    lr_num_cycles: int
+
+
+@dataclass(frozen=True)
+class PrecisionSettings(_FromConfig):
+    """Frozen-weight precisions: the network under a LoRA and each text encoder."""
+
+    model_family: str
+    model_type: str
+    mixed_precision: str
+    base_model_precision: str
+    text_encoder_1_precision: str
+    text_encoder_2_precision: str
+    text_encoder_3_precision: str
+
+    def text_encoder_precision(self, number: int) -> str:
+        return getattr(self, f"text_encoder_{number}_precision")
+
+
+@dataclass(frozen=True)
+class OffloadSettings(_FromConfig):
+    """Where the frozen parts go after caching; a freed text encoder comes back quantized."""
+
+    frozen_components_after_caching: str
+    text_encoder_1_precision: str
+    text_encoder_2_precision: str
+    text_encoder_3_precision: str
+
+    def text_encoder_precision(self, number: int) -> str:
+        return getattr(self, f"text_encoder_{number}_precision")
+
+
+@dataclass(frozen=True)
+class ShardingSettings(_FromConfig):
+    fsdp_enable: bool
+    fsdp_reshard_after_forward: bool
+    fsdp_sharding: str
+    fsdp_transformer_layer_cls_to_wrap: list[str] | None
+    fsdp_state_dict_type: str
+    mixed_precision: str
+
+
+@dataclass(frozen=True)
+class ValidationSettings(_FromConfig):
+    validation_prompt: str | list[str] | None
+    validation_steps: int
+    validation_num_inference_steps: int
+    validation_resolution: int | None
+    validation_guidance_scale: float
+    validation_seed: int
+    validation_negative_prompt: str | None
+    validation_on_startup: bool
+    output_dir: str
+
+    @property
+    def prompts(self) -> list[str]:
+        prompt = self.validation_prompt
+        if prompt is None:
+            return []
+        return [prompt] if isinstance(prompt, str) else list(prompt)
+
+
+@dataclass(frozen=True)
+class EvaluationSettings(_FromConfig):
+    eval_steps_interval: int
+    output_dir: str
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    optimizer: OptimizerSettings
+    schedule: ScheduleSettings
+    precision: PrecisionSettings
+    offload: OffloadSettings
+    sharding: ShardingSettings
+    validation: ValidationSettings
+    evaluation: EvaluationSettings
+
+    @classmethod
+    def from_config(cls, training) -> "RunSettings":
+        return cls(optimizer=OptimizerSettings.from_config(training),
+                   schedule=ScheduleSettings.from_config(training),
+                   precision=PrecisionSettings.from_config(training),
+                   offload=OffloadSettings.from_config(training),
+                   sharding=ShardingSettings.from_config(training),
+                   validation=ValidationSettings.from_config(training),
+                   evaluation=EvaluationSettings.from_config(training))

@@ -1,0 +1,110 @@
+"""The trainer driven in-process on the tiny SD 1.x model: set-up leaves explicit state, one
+``train_step`` is one optimizer step over ``accumulation`` micro-batches, a non-finite step is
+skipped and recorded in the run state, and a checkpoint resumed by a second trainer continues
+with the first one's weights, schedule, guard and sampler position."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import unittest
+from contextlib import closing
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from simpletuner.configuration import load_configuration
+from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
+from simpletuner.training.recipe import Trainer
+from training_fixtures import make_shapes, write_config
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.parts.network.state_dict().items()}
+
+
+def micro_batches(trainer: Trainer):
+    return closing(iter(PrefetchedBatches(trainer.sampler, trainer.caches.assembler)))
+
+
+class TrainerInProcessTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = Path(tempfile.mkdtemp(prefix="st-trainer-"))
+        cls.data = cls.root / "data"
+        make_shapes(cls.data, per_size=8, sizes=((64, 64),))
+        cls.accelerator = Accelerator(cpu=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.root, ignore_errors=True)
+
+    def trainer(self, name: str, **options) -> Trainer:
+        settings = {"gradient_accumulation_steps": 2, "max_train_steps": 6,
+                    "lr_scheduler": "linear", "use_ema": True, **options}
+        config = write_config(self.root, self.data, name=name, **settings)
+        trainer = Trainer(load_configuration(config), self.accelerator)
+        trainer.set_up()
+        return trainer
+
+    def test_set_up_resolves_the_seed_without_writing_it_into_the_configuration(self):
+        trainer = self.trainer("unseeded", seed=None)
+        self.assertIsNone(trainer.configuration.training.seed)
+        self.assertIsInstance(trainer.state.seed, int)
+        self.assertEqual(trainer.state.seed, trainer.sampler.seed)
+        self.assertEqual((trainer.state.step, trainer.state.final_loss), (0, None))
+        self.assertEqual(trainer.total_steps, 6)
+
+    def test_one_train_step_is_one_optimizer_step_over_the_accumulated_micro_batches(self):
+        trainer = self.trainer("one-step")
+        before = weights(trainer)
+        with micro_batches(trainer) as batches:
+            totals = trainer.train_step(batches)
+        self.assertEqual((trainer.sampler.epoch, trainer.sampler.step), (0, 2))
+        self.assertEqual(totals.micro_batches, 2)
+        self.assertEqual(trainer.state.step, 1)
+        self.assertEqual(trainer.state.final_loss, totals.mean_loss)
+        self.assertTrue(torch.isfinite(torch.tensor(totals.mean_loss)))
+        self.assertEqual(trainer.parts.lr_scheduler.last_epoch, 1)
+        after = weights(trainer)
+        self.assertTrue(any(not torch.equal(before[k], after[k]) for k in before))
+
+    def test_a_non_finite_batch_is_skipped_and_recorded_in_the_run_state(self):
+        trainer = self.trainer("nan")
+        before = weights(trainer)
+        with micro_batches(trainer) as batches:
+            poisoned = ((mb, replace(batch, latents=torch.full_like(batch.latents, float("nan"))))
+                        for mb, batch in batches)
+            totals = trainer.train_step(poisoned)
+        self.assertFalse(totals.finite)
+        self.assertEqual(trainer.state.step, 1)
+        self.assertEqual(trainer.state.nonfinite_steps, [1])
+        self.assertIsNone(trainer.state.final_loss)
+        self.assertEqual(trainer.parts.lr_scheduler.last_epoch, 0)
+        after = weights(trainer)
+        self.assertTrue(all(torch.equal(before[k], after[k]) for k in before))
+
+    def test_a_resumed_trainer_continues_where_the_checkpoint_stopped(self):
+        first = self.trainer("resume")
+        with micro_batches(first) as batches:
+            for _ in range(2):
+                first.train_step(batches)
+            first.checkpoint()
+            first.train_step(batches)
+        second = self.trainer("resume", resume_from_checkpoint="latest")
+        self.assertEqual(second.state.step, 2)
+        self.assertEqual((second.sampler.epoch, second.sampler.step), (0, 4))
+        self.assertEqual(second.parts.lr_scheduler.last_epoch, 2)
+        with micro_batches(second) as batches:
+            second.train_step(batches)
+        self.assertEqual(second.state.final_loss, first.state.final_loss)
+        expected, resumed = weights(first), weights(second)
+        for name in expected:
+            torch.testing.assert_close(resumed[name], expected[name], rtol=0, atol=1e-6,
+                                       msg=name)
+
+
+if __name__ == "__main__":
+    unittest.main()
