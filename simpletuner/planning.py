@@ -44,22 +44,11 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     if num_processes is not None and num_processes < 1:
         print(f"--num-processes is {num_processes}; expected 1 or more", file=sys.stderr)
         return 2
-    indexes: list[DatasetIndex] = []
-    split_specs = []
-    for dataset in config.datasets:
-        backend = MetadataBackend.from_config(dataset, config.training)
-        try:
-            index = limit_samples(backend.refresh_index(show_progress=True),
-                                  dataset.max_num_samples)
-        except OSError as exc:
-            print(f"dataset '{dataset.id}': discovery failed: {exc}", file=sys.stderr)
-            return 1
-        report = backend.last_refresh
-        logger.info("dataset '%s': %d image files, %d headers read, %d reused from cache, "
-                    "%d images in %d buckets, %d skipped", dataset.id, report.listed, report.read,
-                    report.reused, index.sample_count, len(index.buckets), len(index.skipped))
-        indexes.append(index)
-        split_specs.append(backend.split_spec(index))
+    try:
+        indexes, split_specs = _index_datasets(config)
+    except OSError as exc:  # the dataset is named in the message
+        print(exc, file=sys.stderr)
+        return 1
 
     # Undersized: cannot fill one effective batch on the planned (or configured) processes.
     processes = num_processes or config.training.num_processes
@@ -76,19 +65,7 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     if num_processes is not None:
         sizing = split_sizing(split_specs, num_processes,
                               config.training.gradient_accumulation_steps)
-    if as_json:
-        output = _plan_json(indexes)
-        if sizing is not None:
-            output["split"] = sizing
-        print(json.dumps(output, indent=2, ensure_ascii=False))
-    else:
-        for index in indexes:
-            print(f"\ndataset '{index.dataset_id}'")
-            print(bucket_table(index))
-            print(skip_summary(index))
-        if sizing is not None:
-            print()
-            print(sizing_table(sizing))
+    _print_plan(indexes, sizing, as_json)
     if sizing is not None and sizing["problem"]:
         print(sizing["problem"], file=sys.stderr)
         return 1
@@ -97,3 +74,40 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
         print(f"dataset '{dataset_id}' has no usable image; see the skipped files above "
               "or fix instance_data_dir", file=sys.stderr)
     return 1 if empty else 0
+
+
+def _index_datasets(config) -> tuple[list[DatasetIndex], list]:
+    """Each dataset's index (refreshed: discovery runs here) and split spec, logged."""
+    indexes: list[DatasetIndex] = []
+    split_specs = []
+    for dataset in config.datasets:
+        backend = MetadataBackend.from_config(dataset, config.training)
+        try:
+            index = limit_samples(backend.refresh_index(show_progress=True),
+                                  dataset.max_num_samples)
+        except OSError as exc:
+            raise OSError(f"dataset '{dataset.id}': discovery failed: {exc}") from exc
+        report = backend.last_refresh
+        logger.info("dataset '%s': %d image files, %d headers read, %d reused from cache, "
+                    "%d images in %d buckets, %d skipped", dataset.id, report.listed, report.read,
+                    report.reused, index.sample_count, len(index.buckets), len(index.skipped))
+        indexes.append(index)
+        split_specs.append(backend.split_spec(index))
+    return indexes, split_specs
+
+
+def _print_plan(indexes: list[DatasetIndex], sizing: dict | None, as_json: bool) -> None:
+    """stdout: the bucket tables (and the split on --num-processes), or only JSON."""
+    if as_json:
+        output = _plan_json(indexes)
+        if sizing is not None:
+            output["split"] = sizing
+        print(json.dumps(output, indent=2, ensure_ascii=False))
+        return
+    for index in indexes:
+        print(f"\ndataset '{index.dataset_id}'")
+        print(bucket_table(index))
+        print(skip_summary(index))
+    if sizing is not None:
+        print()
+        print(sizing_table(sizing))
