@@ -5,7 +5,10 @@ with the first one's weights, schedule, guard and sampler position."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import tempfile
 import unittest
 from contextlib import closing
@@ -18,6 +21,7 @@ from accelerate import Accelerator
 from simpletuner.configuration import load_configuration
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.training.recipe import Trainer
+from simpletuner.training.run.outcomes import Preempted
 from training_fixtures import make_shapes, write_config
 
 
@@ -29,7 +33,9 @@ def micro_batches(trainer: Trainer):
     return closing(iter(PrefetchedBatches(trainer.sampler, trainer.caches.assembler)))
 
 
-class TrainerInProcessTest(unittest.TestCase):
+class TrainerCase(unittest.TestCase):
+    """A dataset of eight 64 px shapes and trainers over it, each with an output_dir of its own."""
+
     @classmethod
     def setUpClass(cls):
         cls.root = Path(tempfile.mkdtemp(prefix="st-trainer-"))
@@ -49,6 +55,8 @@ class TrainerInProcessTest(unittest.TestCase):
         trainer.set_up()
         return trainer
 
+
+class TrainerInProcessTest(TrainerCase):
     def test_set_up_resolves_the_seed_without_writing_it_into_the_configuration(self):
         trainer = self.trainer("unseeded", seed=None)
         self.assertIsNone(trainer.configuration.training.seed)
@@ -104,6 +112,47 @@ class TrainerInProcessTest(unittest.TestCase):
         for name in expected:
             torch.testing.assert_close(resumed[name], expected[name], rtol=0, atol=1e-6,
                                        msg=name)
+
+
+class SignalledDuringValidation(Trainer):
+    """Receives a real SIGTERM while its validation of the last step runs."""
+
+    def validate(self) -> None:
+        if self.state.step == self.total_steps:
+            os.kill(os.getpid(), signal.SIGTERM)
+        super().validate()
+
+
+class EndOfTrainingTest(TrainerCase):
+    """The end of training is a checkpoint, a signal during the last validation is honoured,
+    and a finished run resumed and exported again keeps its final loss."""
+
+    def test_the_last_step_is_saved_whatever_checkpointing_steps_is(self):
+        trainer = self.trainer("last", max_train_steps=3, checkpointing_steps=2, use_ema=False)
+        trainer.train()
+        out = trainer.output_dir
+        self.assertEqual(sorted(p.name for p in out.glob("checkpoint-*")),
+                         ["checkpoint-2", "checkpoint-3"])
+        first = trainer.export()
+        again = self.trainer("last", max_train_steps=3, checkpointing_steps=2, use_ema=False,
+                             resume_from_checkpoint="latest")
+        self.assertEqual(again.state.step, 3)
+        again.train()
+        self.assertEqual(again.export().final_loss, first.final_loss)
+        summary = json.loads((out / "training_summary.json").read_text())
+        self.assertEqual(summary["final_loss"], first.final_loss)
+        self.assertIsNotNone(first.final_loss)
+
+    def test_a_signal_during_the_last_validation_stops_as_preempted(self):
+        config = write_config(self.root, self.data, name="signalled", max_train_steps=2,
+                              validation_prompt="a red circle", validation_num_inference_steps=1)
+        trainer = SignalledDuringValidation(load_configuration(config), self.accelerator)
+        trainer.set_up()
+        with self.assertRaises(Preempted) as caught:
+            trainer.train()
+        self.assertEqual((caught.exception.signal_name, caught.exception.step), ("SIGTERM", 2))
+        self.assertEqual(caught.exception.checkpoint, trainer.output_dir / "checkpoint-2")
+        self.assertTrue((trainer.output_dir / "checkpoint-2" / "manifest.json").is_file())
 
 
 if __name__ == "__main__":

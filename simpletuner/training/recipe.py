@@ -48,7 +48,7 @@ from simpletuner.training.run_state import RunState
 from simpletuner.training.settings import RunSettings
 from simpletuner.training.step_guard import (NonFiniteGuard, StepTotals, back_off_loss_scale,
                                              clip_gradients, diverged_error, nonfinite_warning,
-                                             pack_step, reduce_step)
+                                             pack_step, reduce_step, stop_requested_anywhere)
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ class Trainer:
             gather_full=self.settings.sharding.fsdp_state_dict_type == "FULL_STATE_DICT",
             resumed_from=self.preflight.resume_from)
         self.state = self._resume_or_start()
+        self.last_checkpoint = self.preflight.resume_from  # (a folder of this step or None)
         self.guard = NonFiniteGuard(self.training.max_nonfinite_steps,
                                     loss_scaled=self.accelerator.scaler is not None,
                                     bad_steps=self.state.nonfinite_steps)
@@ -231,6 +232,7 @@ class Trainer:
                 self.sampler, self.caches.assembler, device=self.accelerator.device))))
             while self.state.step < self.total_steps:
                 self.after_step(self.train_step(micro_batches))
+            self._stop_if_signalled_after_the_last_step()
 
     def train_step(self, micro_batches: MicroBatches) -> StepTotals:
         """One optimizer step: accumulate, clip, then one reduce tells every rank the loss,
@@ -294,7 +296,9 @@ class Trainer:
         step = self.state.step
         self._log_step(totals)
         saved = None
-        if self.training.checkpointing_steps and step % self.training.checkpointing_steps == 0:
+        every = self.training.checkpointing_steps
+        # The last step is always saved: a finished run can be continued with more steps.
+        if (every and step % every == 0) or step == self.total_steps:
             saved = self.checkpoint()
         if totals.stopping:
             with self.watcher.aborting_on_signal():
@@ -306,6 +310,13 @@ class Trainer:
         if self.evaluator is not None and self.evaluator.is_due(step):
             self.evaluator.run(step)
 
+    def _stop_if_signalled_after_the_last_step(self) -> None:
+        """A signal during the last step's validation or evaluation reached no step's reduce:
+        every rank agrees here, and the run stops as preempted (its last step is saved)."""
+        if stop_requested_anywhere(self.accelerator, self.watcher.requested is not None):
+            raise Preempted(self.watcher.requested or "a stop signal on another rank",
+                            self.state.step, self.last_checkpoint)
+
     def _log_step(self, totals: StepTotals) -> None:
         lr = self.parts.lr_scheduler.get_last_lr()[0]
         # Redrawn by update() at tqdm's interval, not forced every step.
@@ -316,7 +327,8 @@ class Trainer:
                              step=self.state.step)
 
     def checkpoint(self) -> Path:
-        return self.checkpointer.save(self.state, self.parts)
+        self.last_checkpoint = self.checkpointer.save(self.state, self.parts)
+        return self.last_checkpoint
 
     def validate(self) -> None:
         """With EMA weights swapped in on every rank (each swaps its own shards under FSDP2).

@@ -66,6 +66,12 @@ def reduce_step(accelerator, packed: torch.Tensor) -> tuple[StepTotals, StepTota
     return StepTotals(*local_values), StepTotals(*total_values)
 
 
+def stop_requested_anywhere(accelerator, requested: bool) -> bool:
+    """Outside a step (after the last one): whether any rank received a stop signal."""
+    flag = torch.tensor(float(requested), device=accelerator.device)
+    return accelerator.reduce(flag, reduction="sum").item() > 0
+
+
 class NonFiniteGuard:
     """Decides, from the reduced totals, whether a step is applied, and counts the run of
     consecutive non-finite steps. Every rank holds one and feeds it the same totals.
