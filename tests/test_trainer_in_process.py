@@ -114,6 +114,43 @@ class TrainerInProcessTest(TrainerCase):
                                        msg=name)
 
 
+class EveryOptimizerResumesTest(TrainerCase):
+    """Each optimizer the trainer accepts on this machine saves, verifies and resumes to the
+    uninterrupted run's weights, under a schedule that changes the rate every step."""
+
+    OPTIMIZERS = {"adamw": {}, "adamw_bf16": {"mixed_precision": "bf16"}, "ao-adamw8bit": {},
+                  "prodigy": {"learning_rate": 1.0}, "adafactor": {}, "lion": {}}
+
+    def test_every_optimizer(self):
+        for name, options in self.OPTIMIZERS.items():
+            with self.subTest(optimizer=name):
+                self.check_resume(name, options)
+
+    def check_resume(self, name: str, options: dict) -> None:
+        settings = {"optimizer": name, "lr_scheduler": "cosine", "lr_warmup_steps": 1,
+                    "max_train_steps": 4, "use_ema": False, **options}
+        first = self.trainer(f"opt-{name}", **settings)
+        with micro_batches(first) as batches:
+            for _ in range(2):
+                first.train_step(batches)
+            saved = first.checkpoint()
+            first.train_step(batches)
+        self.assertTrue((saved / "manifest.json").is_file())
+        second = self.trainer(f"opt-{name}", resume_from_checkpoint="latest", **settings)
+        self.assertEqual(second.parts.lr_scheduler.get_last_lr(),
+                         [float(lr) for lr in first_rates(saved)])
+        with micro_batches(second) as batches:
+            second.train_step(batches)
+        expected, resumed = weights(first), weights(second)
+        for key in expected:
+            torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=1e-6,
+                                       msg=f"{name}: {key}")
+
+
+def first_rates(checkpoint: Path) -> list[float]:
+    return json.loads((checkpoint / "lr_scheduler.json").read_text())["_last_lr"]
+
+
 class SignalledDuringValidation(Trainer):
     """Receives a real SIGTERM while its validation of the last step runs."""
 

@@ -66,6 +66,18 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
 
 
+def plain_numbers(value: Any) -> Any:
+    """``value`` with tensors as numbers (lists for larger ones): torchao's optimizers keep the
+    learning rate as a tensor, so the LR schedule's state holds tensors."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, dict):
+        return {key: plain_numbers(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_numbers(item) for item in value]
+    return value
+
+
 def _write_json(path: Path, value: Any) -> None:
     with naming_file(path, "write"):
         atomic_write_json(path, value)
@@ -122,7 +134,7 @@ class Checkpointer:
             if parts.ema is not None:
                 parts.ema.save(staging / EMA_WEIGHTS)
         _write_json(staging / SAMPLER_STATE, parts.sampler.state_dict())
-        _write_json(staging / LR_SCHEDULER_STATE, parts.lr_scheduler.state_dict())
+        _write_json(staging / LR_SCHEDULER_STATE, plain_numbers(parts.lr_scheduler.state_dict()))
         _write_json(staging / RUN_STATE, asdict(state))
 
     def load(self, folder: Path, parts: TrainedParts) -> RunState:
