@@ -36,7 +36,7 @@ def split_all(sample_ids, *, repeats, eff, epoch=0, seed=7, oversub=False, bucke
 
 def expected_trim(n: int, repeats: int, b: int, w: int, g: int, *, evaluation: bool = False,
                   oversub: bool = False) -> int:
-    """DESIGN.md's rule, derived here rather than read from the split: occurrences mod E, with
+    """docs/DESIGN.md's rule, derived here rather than read from the split: occurrences mod E, with
     E = B*W*G (W for evaluation); oversubscription (no manual repeats) trims nothing."""
     e = w if evaluation else b * w * g
     occurrences = n * (repeats + 1)

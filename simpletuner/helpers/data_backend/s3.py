@@ -70,8 +70,8 @@ class S3Storage:
         self.location = f"s3://{self.bucket}/{self.prefix}{where}"
         self.max_connections = settings.max_pool_connections
         session = botocore.session.get_session()
-        # Timestamps stay text: parsing each LastModified with dateutil was 40 % of a listing's
-        # time, and a change key only needs to compare equal.
+        # Timestamps stay text: parsing each LastModified with dateutil was a large part of a
+        # listing's time (benchmarks/PERFORMANCE.md), and a change key only needs to compare equal.
         session.get_component("response_parser_factory").set_parser_defaults(
             timestamp_parser=str)
         self.client = boto3.session.Session(botocore_session=session).client(

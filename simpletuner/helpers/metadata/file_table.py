@@ -3,8 +3,8 @@
 A row is valid while the file's byte size and change key (local: mtime_ns; S3: ETag) are
 unchanged. Columns instead of a record
 per file keep a warm start of a large dataset cheap: the JSON holds a few long lists of strings
-and ints, which parse about 3x faster than a list per file and leave nothing for the garbage
-collector to walk (benchmarks/bench_discovery.py measures it).
+and ints, which parse faster than a list per file and leave nothing for the garbage collector
+to walk (benchmarks/PERFORMANCE.md, bench_discovery.py).
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ def _ids_of(ids: Sequence[str], occurrences: np.ndarray, counts: BucketCounts,
             repeats: int) -> list[str]:
     """Canonical occurrence o is sample o // (repeats+1); an extended bucket cycles: o % n."""
     index = occurrences % len(ids) if counts.extended else occurrences // (repeats + 1)
-    return list(map(ids.__getitem__, index.tolist()))  # a C loop: ~2x a comprehension
+    return list(map(ids.__getitem__, index.tolist()))  # a C loop: faster than a comprehension
 
 
 def split_bucket(sample_ids: Sequence[str], *, dataset_id: str, bucket: str, epoch: int,

@@ -17,12 +17,13 @@ the last one of the previous epoch trains.
 
 A batch read ahead is started a few milliseconds after it is asked for, once the step is under
 way: between steps the loop's thread runs Python, and a worker that started at once took the
-GIL from it at its first blocking call and kept it for its own reads, up to Python's 5 ms switch
-interval (tiny model, 2 cores: data wait 1.1 ms per step when starting at once, 0.26 ms so).
+GIL from it at its first blocking call and kept it for its own reads, up to Python's switch
+interval, so the loop waited for its data.
 
 The worker runs torch with one intra-op thread (set per thread; the loop's count is untouched):
 with the default, stacking an SDXL-sized batch opened a parallel region of its own next to the
-model's, four busy threads on two cores, and the step took 3.1x the bare loop's instead of 1.1x.
+model's and oversubscribed the cores, slowing every step. The figures behind both choices are in
+benchmarks/PERFORMANCE.md (bench_train.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The sample lists a sampler state carries, so a resume on changed data can name the files.
 
 Per dataset and bucket the sample ids are grouped by folder: ``{folder: [file names]}``, so a
-folder path is stored once, not once per file. A million ids of ~30 characters in a few dozen
-folders take ~18 MB of JSON (the plain list: ~33 MB) and ~0.5 s to write and read back;
-front-coding every id got to ~13 MB but took ~5 s in Python, on every rank. Plain JSON, no
-compression library.
+folder path is stored once, not once per file: about half the JSON of the plain list, quick to
+write and read back; front-coding every id saved a little more but was much slower in Python,
+on every rank (figures: benchmarks/PERFORMANCE.md). Plain JSON, no compression library.
 """
 
 from __future__ import annotations

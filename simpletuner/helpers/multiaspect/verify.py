@@ -7,7 +7,7 @@ bucket, sample): ``unique`` adds ``min(x, y)``, ``missing`` adds ``x - y`` when 
 
 The trim is not taken on trust from the split that produced the plan: each bucket's trimmed
 count is checked against its occurrences modulo ``E``, re-derived here from the index and the
-settings (DESIGN.md), so a split that trims too much cannot hide behind its own report.
+settings (docs/DESIGN.md), so a split that trims too much cannot hide behind its own report.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Why processes, not threads: a header read is a little Python work between many small system
 calls (open, read, fstat, seek, close), and with the GIL a thread coming back from each call
-waits for the others. On the 2-core development machine 8 threads read headers 2x slower than
-one thread, while 2 processes read them 1.7x faster (benchmarks/bench_discovery.py).
+waits for the others: more threads read headers slower than one, while processes read them
+faster (figures: benchmarks/PERFORMANCE.md, bench_discovery.py).
 
 Why plain ``python -m`` subprocesses, not a multiprocessing pool: a spawned pool re-imports the
 launching module in every worker (for the trainer that is torch and diffusers, seconds each),
@@ -34,8 +34,8 @@ from simpletuner.helpers.metadata.backends.discovery import Probe, probe_image
 
 logger = logging.getLogger(__name__)
 
-# A worker's start-up (Python and Pillow, 0.15-0.3 s here) pays off from about this many
-# files per worker; measured with workers=1 against workers=2 on 500-10 000 files.
+# A worker's start-up (Python and Pillow) pays off from about this many files per worker
+# (workers=1 against workers=2: benchmarks/PERFORMANCE.md).
 MIN_FILES_PER_WORKER = 2500
 MAX_WORKERS = 8
 REPORT_EVERY = 64  # probes per line a worker writes: the progress bar's granularity
