@@ -28,8 +28,8 @@ and each side's best round counts (other programs on the machine only ever add t
 --device cuda one more run of each side per case runs under torch.profiler, for the share of
 wall time in which the GPU ran nothing (device_idle.py).
 
---model-only times the bare loop alone at other batch sizes or resolutions (what
-DESIGN.md quotes: a 64x64 batch of 4 trains in about 40-60 ms on two cores). --assembly-only
+--model-only times the bare loop alone at other batch sizes or resolutions (the figures are in
+benchmarks/PERFORMANCE.md). --assembly-only
 times batch assembly alone from real cache files, also at SDXL size, with and without the
 text-embedding LRU: the data side of large models.
 """
