@@ -41,6 +41,7 @@ from simpletuner.training.optimization.schedules import build_lr_scheduler
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
 from simpletuner.training.reporting.evaluation import build_evaluator
 from simpletuner.training.reporting.validation import is_validation_step, run_validation
+from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
 from simpletuner.training.run.run_warnings import run_warnings
@@ -80,26 +81,37 @@ class Trainer:
     and the shared ``seed``), ``adapter`` (the model family), ``caches``, ``sampler``,
     ``parts`` (what a checkpoint saves besides the state) and ``prepared`` (the network as
     accelerate wraps it), ``checkpointer``, ``state`` (RunState: step, epoch, seed, final loss,
-    the guard's bad steps), ``guard``, ``watcher``, ``evaluator`` and ``trace``."""
+    the guard's bad steps), ``guard``, ``evaluator`` and ``trace``. ``watcher`` (stop signals)
+    is there from the start: before the first step a signal stops the run at once, in the loop
+    at the next step with a checkpoint, during the export once the export is complete."""
 
-    def __init__(self, configuration: Configuration, accelerator):
+    def __init__(self, configuration: Configuration, accelerator,
+                 watcher: PreemptionWatcher | None = None):
+        """``watcher``: the entry point's, installed before the accelerator was built."""
         self.configuration = configuration
         self.training = configuration.training
         self.accelerator = accelerator
         self.settings = RunSettings.from_config(self.training)
         self.output_dir = Path(self.training.output_dir)
         self.weight_dtype = weight_dtype(self.training.mixed_precision)
+        self.watcher = watcher or PreemptionWatcher(self.training.preemption_signals)
 
     def run(self) -> TrainingResult:
-        self.set_up()
-        self.train()
-        return self.export()
+        with self.watcher:
+            with self.watcher.stopping_at_once():  # nothing to checkpoint before the first step
+                self.set_up()
+            self.train()
+            with self.watcher.finishing("the export"):
+                return self.export()
 
     # ---- set-up, in the order every rank runs it -------------------------------------------
 
     def set_up(self) -> None:
         # Everything that can be checked cheaply, on every rank, before any heavy work.
         self.preflight = run_preflight_on_all_ranks(self.configuration, self.accelerator)
+        with failing_together("removing what an earlier run left"):  # this run holds the lock
+            if self.accelerator.is_main_process:
+                remove_leftovers(self.output_dir)
         # Index, agree, shared seed (collectives inside, same on every rank).
         self.data = start_data(self.configuration, self.accelerator, seed=self.preflight.seed)
         self.seed = self.data.seed
@@ -118,7 +130,6 @@ class Trainer:
         self.guard = NonFiniteGuard(self.training.max_nonfinite_steps,
                                     loss_scaled=self.accelerator.scaler is not None,
                                     bad_steps=self.state.nonfinite_steps)
-        self.watcher = PreemptionWatcher(self.training.preemption_signals)
         self.evaluator = build_evaluator(self.training, self.data, self.caches, self.adapter,
                                          self.parts.network, self.accelerator)
         self.trace = self._open_trace()
