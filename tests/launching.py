@@ -52,9 +52,10 @@ def marked_processes(launch_id: str) -> list[int]:
     return found
 
 
-def send(kill, target: int) -> None:
+def sigkill(send, target: int) -> None:
+    """``send`` (os.kill or os.killpg) SIGKILL to ``target``."""
     try:
-        kill(target, signal.SIGKILL)
+        send(target, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # already gone (a group whose members all ended cannot be signalled)
 
@@ -105,26 +106,26 @@ class Launch:
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(self.timeout_report(timeout)) from None
+            self._kill()
+            raise AssertionError(self._timeout_report(timeout)) from None
 
-    def timeout_report(self, timeout: float) -> str:
+    def _timeout_report(self, timeout: float) -> str:
         return (f"{' '.join(self.command)[:300]}\ndid not end within {timeout:.0f} s; every "
                 f"process it started was killed.\n--- end of its stdout ---\n"
                 f"{self.stdout()[-OUTPUT_TAIL:]}\n--- end of its stderr ---\n"
                 f"{self.stderr()[-OUTPUT_TAIL:]}")
 
-    def kill(self) -> None:
+    def _kill(self) -> None:
         """SIGKILL to the session's group and to every marked process, repeated until none is
         left (one may fork between a look and the kill), then reap the command. The group only
         while the command is unreaped: until then no other process can hold its number."""
         deadline = time.monotonic() + KILL_WAIT_S
         while True:
             if self.process.returncode is None:
-                send(os.killpg, self.pid)
+                sigkill(os.killpg, self.pid)
             left = self.processes()
             for pid in left:
-                send(os.kill, pid)
+                sigkill(os.kill, pid)
             if not left:
                 break
             if time.monotonic() > deadline:
@@ -134,7 +135,7 @@ class Launch:
 
     def close(self) -> None:
         try:
-            self.kill()
+            self._kill()
         finally:
             self._close_outputs()
 
