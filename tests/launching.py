@@ -1,6 +1,7 @@
 """Every process a test starts goes through here: in a session of its own, with a private
-TMPDIR, its stdout and stderr in files (no pipe to fill), and bounded by a timeout after which
-every process it started is killed and the test fails with the end of its output.
+TMPDIR, its stdout and stderr drained into memory as they come (no pipe fills; not files,
+which a test's RLIMIT_FSIZE would cut), and bounded by a timeout after which every process it
+started is killed and the test fails with the end of its output.
 
 "Every process it started" is more than its process group: torchrun starts each worker in a
 session of its own and ./train.sh gives the launcher its own group, so a launch is also found
@@ -18,6 +19,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -60,15 +62,31 @@ def sigkill(send, target: int) -> None:
         pass  # already gone (a group whose members all ended cannot be signalled)
 
 
-def read_all(file: IO[bytes]) -> str:
-    """What the process wrote to ``file`` so far, without moving the offset it shares."""
-    return os.pread(file.fileno(), os.fstat(file.fileno()).st_size, 0).decode(errors="replace")
+class Drained:
+    """A pipe read by a thread of its own until every writer has closed it."""
+
+    def __init__(self, pipe: IO[bytes]):
+        self._chunks: list[bytes] = []
+        self._thread = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, pipe: IO[bytes]) -> None:
+        with pipe:
+            while chunk := pipe.read1():
+                self._chunks.append(chunk)
+
+    def text(self) -> str:
+        return b"".join(self._chunks).decode(errors="replace")
+
+    def join(self) -> None:
+        self._thread.join(KILL_WAIT_S)
 
 
 class Launch:
     """``command`` started in a new session under ``cwd``, with ``env`` (default: this
     process's) and TMPDIR=``tmpdir``. Leaving the ``with`` block (or ``close``) kills whatever
-    of it still runs, then reaps it; ``process`` is the Popen, for polls and signals."""
+    of it still runs, then reaps it; ``process`` is the Popen, for polls and signals. Its
+    output is complete once it is closed or a wait has timed out."""
 
     def __init__(self, command: Sequence[str | os.PathLike], *, tmpdir: str | Path,
                  env: Mapping[str, str] | None = None, cwd: str | Path = REPO):
@@ -77,24 +95,22 @@ class Launch:
         tmp = private_tmpdir(tmpdir)
         full_env = {**(os.environ if env is None else env), "TMPDIR": tmp,
                     MARKER: self.launch_id}
-        self._outputs = [tempfile.TemporaryFile(dir=tmp) for _ in range(2)]
-        try:
-            self.process = subprocess.Popen(
-                self.command, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
-                stdout=self._outputs[0], stderr=self._outputs[1], start_new_session=True)
-        except BaseException:
-            self._close_outputs()
-            raise
+        self.process = subprocess.Popen(
+            self.command, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self._stdout, self._stderr = Drained(self.process.stdout), Drained(self.process.stderr)
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     def stdout(self) -> str:
-        return read_all(self._outputs[0])
+        """What it wrote to stdout so far."""
+        return self._stdout.text()
 
     def stderr(self) -> str:
-        return read_all(self._outputs[1])
+        """What it wrote to stderr so far."""
+        return self._stderr.text()
 
     def processes(self) -> list[int]:
         """The pids of this launch still running: the command and everything it started."""
@@ -106,7 +122,7 @@ class Launch:
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self._kill()
+            self.close()
             raise AssertionError(self._timeout_report(timeout)) from None
 
     def _timeout_report(self, timeout: float) -> str:
@@ -115,10 +131,11 @@ class Launch:
                 f"{self.stdout()[-OUTPUT_TAIL:]}\n--- end of its stderr ---\n"
                 f"{self.stderr()[-OUTPUT_TAIL:]}")
 
-    def _kill(self) -> None:
+    def close(self) -> None:
         """SIGKILL to the session's group and to every marked process, repeated until none is
-        left (one may fork between a look and the kill), then reap the command. The group only
-        while the command is unreaped: until then no other process can hold its number."""
+        left (one may fork between a look and the kill), then reap the command and read its
+        output to the end. The group only while the command is unreaped: until then no other
+        process can hold its number."""
         deadline = time.monotonic() + KILL_WAIT_S
         while True:
             if self.process.returncode is None:
@@ -132,16 +149,8 @@ class Launch:
                 raise RuntimeError(f"processes {left} of {self.command[:3]} survive SIGKILL")
             time.sleep(0.05)
         self.process.wait()
-
-    def close(self) -> None:
-        try:
-            self._kill()
-        finally:
-            self._close_outputs()
-
-    def _close_outputs(self) -> None:
-        for file in self._outputs:
-            file.close()
+        self._stdout.join()
+        self._stderr.join()
 
     def __enter__(self) -> "Launch":
         return self
@@ -157,5 +166,4 @@ def run_bounded(command: Sequence[str | os.PathLike], *, tmpdir: str | Path, tim
     past ``timeout`` seconds the test fails (AssertionError) with the end of that output."""
     with Launch(command, tmpdir=tmpdir, env=env, cwd=cwd) as launch:
         status = launch.wait(timeout)
-        return subprocess.CompletedProcess(launch.command, status, launch.stdout(),
-                                           launch.stderr())
+    return subprocess.CompletedProcess(launch.command, status, launch.stdout(), launch.stderr())

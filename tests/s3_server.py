@@ -51,11 +51,12 @@ class RcloneS3Server:
                 return self
             except OSError:
                 time.sleep(0.1)
-        problem = (f"rclone serve s3 exited: {self.launch.stderr()!r}"
-                   if self.launch.process.poll() is not None else
-                   f"rclone serve s3 did not listen on {self.port} within {START_TIMEOUT_S}s")
+        exited = self.launch.process.poll() is not None
         self.__exit__()
-        raise RuntimeError(problem)
+        if exited:
+            raise RuntimeError(f"rclone serve s3 exited: {self.launch.stderr()!r}")
+        raise RuntimeError(f"rclone serve s3 did not listen on {self.port} within "
+                           f"{START_TIMEOUT_S}s")
 
     def __exit__(self, *exc_info) -> None:
         """Ends the server (SIGKILL: a PUT it answered is already written)."""

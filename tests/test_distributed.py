@@ -84,8 +84,8 @@ def launch(args: list[str], world: int, tmpdir: str,
             launches.append(runs.enter_context(Launch(
                 [sys.executable, "-m", "simpletuner.audit", *rank_args], tmpdir=tmpdir, env=env)))
         deadline = time.monotonic() + TIMEOUT_S
-        return [(run.wait(max(1.0, deadline - time.monotonic())), run.stdout(), run.stderr())
-                for run in launches]
+        statuses = [run.wait(max(1.0, deadline - time.monotonic())) for run in launches]
+    return [(status, run.stdout(), run.stderr()) for status, run in zip(statuses, launches)]
 
 
 class DistributedAuditTest(unittest.TestCase):

@@ -1,6 +1,6 @@
 """tests/launching.py: a launch that outlives its timeout takes every process it started with it,
 whether that process ignores SIGTERM, left the group or left the session; a launch that ends
-gives back its status and output and leaves nothing running."""
+gives back its status and all its output and leaves nothing running."""
 
 from __future__ import annotations
 
@@ -92,6 +92,11 @@ class LaunchingTest(unittest.TestCase):
                              env={"PATH": "/usr/bin:/bin", "TMPDIR": "/elsewhere"})
         self.assertEqual((result.returncode, result.stdout, result.stderr),
                          (3, f"{self.tmp}\n", "to stderr\n"))
+
+    def test_output_larger_than_a_pipe_holds_neither_blocks_nor_is_cut(self):
+        script = "import sys; sys.stdout.write('o' * 10**6); sys.stderr.write('e' * 10**6)"
+        result = run_bounded([sys.executable, "-c", script], tmpdir=self.tmp, timeout=30)
+        self.assertEqual((result.stdout, result.stderr), ("o" * 10**6, "e" * 10**6))
 
     def test_what_a_finished_command_left_running_is_killed(self):
         script = ("import subprocess, sys; print(subprocess.Popen("

@@ -131,11 +131,11 @@ class BuiltinCommandLineTest(BuiltinCacheCase):
         with ExitStack() as both:
             runs = [both.enter_context(Launch(command, tmpdir=self.cache, env=env))
                     for _ in range(2)]
-            outputs = [(run.wait(timeout=300), run.stdout(), run.stderr()) for run in runs]
+            statuses = [run.wait(timeout=300) for run in runs]
         expected = self.cache / "builtin" / "tiny-sd1x"
-        for status, stdout, stderr in outputs:
-            self.assertEqual(status, 0, stderr)
-            self.assertEqual(stdout.strip().splitlines()[-1], str(expected))
+        for status, run in zip(statuses, runs):
+            self.assertEqual(status, 0, run.stderr())
+            self.assertEqual(run.stdout().strip().splitlines()[-1], str(expected))
         self.assertTrue((expected / "unet" / "diffusion_pytorch_model.safetensors").is_file())
         debris = [p.name for p in (self.cache / "builtin").iterdir() if p.name != "tiny-sd1x"]
         self.assertEqual(debris, [])

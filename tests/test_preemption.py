@@ -47,7 +47,8 @@ def start(config: Path, processes: int, tmpdir: str) -> Launch:
 def finish(run: Launch) -> tuple[int, str]:
     """The run's status and stderr; a run past TIMEOUT fails with every process killed."""
     with run:
-        return run.wait(TIMEOUT), run.stderr()
+        status = run.wait(TIMEOUT)
+    return status, run.stderr()
 
 
 def worker_pid(run: Launch, rank: int) -> int | None:

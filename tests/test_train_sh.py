@@ -127,7 +127,7 @@ class TrainShTest(unittest.TestCase):
             status = launcher_script.wait(timeout=120)
             # Whatever its session or parent now: every process started under train.sh ended.
             wait_until(lambda: not launcher_script.processes(), 10, "the process tree to end")
-            output = launcher_script.stderr()
+        output = launcher_script.stderr()
         # The progress bar may share the line (it ends in \r, not \n).
         (forwarded,) = re.findall(r"train\.sh: forwarding SIGTERM to ([\d ]+)$", output, re.M)
         self.assertEqual(sorted(map(int, forwarded.split())), sorted(training))
