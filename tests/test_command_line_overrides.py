@@ -5,14 +5,14 @@ through ./train.sh: test_validation_options)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 import unittest
 from pathlib import Path
 
 from simpletuner.configuration import ConfigError
 from simpletuner.configuration.command_line import load_with_option_args, parse_override_args
-from training_fixtures import REPO, environment, make_shapes, write_config
+from launching import REPO, run_bounded
+from training_fixtures import environment, make_shapes, write_config
 
 
 class ParseOverrideArgsTest(unittest.TestCase):
@@ -70,9 +70,8 @@ class TrainShOverridesTest(unittest.TestCase):
             root = Path(tmp)
             make_shapes(root / "data", per_size=2)
             config = write_config(root, root / "data")
-            result = subprocess.run(
-                [str(REPO / "train.sh"), str(config), "--train_batch_size", "two"], cwd=REPO,
-                env=environment(tmp), capture_output=True, text=True, timeout=120)
+            result = run_bounded([REPO / "train.sh", config, "--train_batch_size", "two"],
+                                 tmpdir=tmp, env=environment(tmp), timeout=120)
             self.assertEqual(result.returncode, 2, result.stderr[-2000:])
             self.assertEqual(result.stderr.strip().splitlines(), [
                 "1 configuration problem:",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from launching import run_bounded
 from simpletuner.demo_data import COLOURS, MARKER, ensure_demo_dataset
 
 
@@ -30,8 +30,9 @@ class DemoDatasetTest(unittest.TestCase):
     def test_two_generations_are_byte_identical(self):
         # A separate interpreter, so nothing cached in this process can make them agree.
         second = self.tmp / "second"
-        subprocess.run([sys.executable, "-m", "simpletuner.demo_data", str(second)],
-                       check=True, capture_output=True, timeout=120)
+        made = run_bounded([sys.executable, "-m", "simpletuner.demo_data", second],
+                           tmpdir=self.tmp, timeout=120)
+        self.assertEqual(made.returncode, 0, made.stderr[-3000:])
         self.assertEqual(file_hashes(self.folder), file_hashes(second))
 
     def test_about_a_hundred_images_in_three_aspect_ratios(self):

@@ -1,17 +1,17 @@
 """Real processes (gloo on CPU, 4 ranks): the audit through the real MetadataBackend and sampler.
 
 Ranks are started the way torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), one
-subprocess each, so every rank's exit status and output can be checked on its own. Each launch
-is bounded by a timeout and runs with a private TMPDIR.
+process each (tests/launching.py: bounded, a private TMPDIR), so every rank's exit status and
+output can be checked on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +21,8 @@ from pathlib import Path
 
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
+from launching import REPO, Launch
+
 WORLD = 4
 TIMEOUT_S = 120
 # dataset id -> (images, sizes cycled, repeats, per-dataset batch)
@@ -66,34 +67,25 @@ def free_port() -> int:
 
 def launch(args: list[str], world: int, tmpdir: str,
            per_rank: dict[int, list[str]] | None = None) -> list[tuple[int, str, str]]:
-    """(exit status, stdout, stderr) per rank; every rank is killed if the run outlives the limit.
+    """(exit status, stdout, stderr) per rank; past the limit every rank is killed and the test
+    fails (a hang).
 
     ``per_rank`` replaces the arguments of some ranks (to make one rank see other data).
     """
     port = str(free_port())
-    procs = []
-    for rank in range(world):
-        rank_args = (per_rank or {}).get(rank, args)
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "LOCAL_WORLD_SIZE": str(world), "TMPDIR": tmpdir, "OMP_NUM_THREADS": "1",
-               "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "simpletuner.audit", *rank_args],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    deadline = time.monotonic() + TIMEOUT_S
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            results.append((proc.returncode, out, err))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        for proc in procs:
-            proc.communicate()
-        raise AssertionError(f"the {world}-rank audit did not finish within {TIMEOUT_S}s (hang)")
-    return results
+    with contextlib.ExitStack() as runs:  # leaving it kills every rank still running
+        launches = []
+        for rank in range(world):
+            rank_args = (per_rank or {}).get(rank, args)
+            env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                   "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
+                   "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(REPO)}
+            launches.append(runs.enter_context(Launch(
+                [sys.executable, "-m", "simpletuner.audit", *rank_args], tmpdir=tmpdir, env=env)))
+        deadline = time.monotonic() + TIMEOUT_S
+        statuses = [run.wait(max(1.0, deadline - time.monotonic())) for run in launches]
+    return [(status, run.stdout(), run.stderr()) for status, run in zip(statuses, launches)]
 
 
 class DistributedAuditTest(unittest.TestCase):

@@ -7,10 +7,8 @@ the main rank's work; a patched function where it cannot."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +16,8 @@ import unittest
 from pathlib import Path
 
 from fault_launcher import injected_message
-from training_fixtures import REPO, environment, make_shapes, run_training, write_config
+from launching import run_bounded
+from training_fixtures import environment, make_shapes, run_training, write_config
 
 from simpletuner.configuration import load_configuration
 from simpletuner.helpers.caching.prepare import read_captions
@@ -32,20 +31,6 @@ RUN_TIMEOUT = 150  # one run takes ~10 s; past this the ranks are taken to hang
 LATIN1_CAPTION = "a caf\u00e9 circle".encode("latin-1")
 # Sorted sample ids 64x64-00..03: caching gives rank 0 the even ones, rank 1 the odd ones.
 CAPTION_OF_RANK = {0: "64x64-00.txt", 1: "64x64-01.txt"}
-
-
-def run_bounded(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Run ``command`` in its own process group; on timeout kill the whole group (torchrun and
-    every rank) and report the hang as a test failure, not a stuck CI job."""
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        raise AssertionError(f"ranks hung for {RUN_TIMEOUT} s:\n{stderr[-3000:]}") from None
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 class FailTogetherTest(unittest.TestCase):
@@ -82,7 +67,7 @@ class FailTogetherTest(unittest.TestCase):
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
             "2", "--monitor-interval", "1", "--log-dir", str(self.root / "logs"),
             "--redirects", "2", str(LAUNCHER), str(self.status_dir), *injection,
-            entry, *entry_args], self.env)
+            entry, *entry_args], tmpdir=self.tmp, env=self.env, timeout=RUN_TIMEOUT)
 
     def train(self, **launch_options) -> subprocess.CompletedProcess:
         return self.launch("train", ["--config", str(self.config())], **launch_options)

@@ -11,6 +11,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from launching import run_bounded
 from training_fixtures import environment
 
 RUNNER = Path(__file__).with_name("fsdp_exit_runner.py")
@@ -18,9 +19,9 @@ RUNS = 12
 
 
 def run_pair(tmp: str, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node", "2", str(RUNNER), str(out)],
-                          env=environment(tmp), capture_output=True, text=True, timeout=120)
+    return run_bounded([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", RUNNER, out],
+                       tmpdir=tmp, env=environment(tmp), timeout=120)
 
 
 class CleanExitTest(unittest.TestCase):

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -20,6 +19,7 @@ from simpletuner.training.run.output_dir_lock import LOCK_NAME, LockOwner, Outpu
 from simpletuner.training.checkpointing.manifest import write_manifest
 from simpletuner.training.preflight import run_preflight
 
+from launching import Launch
 from training_fixtures import make_shapes, run_training, write_config
 
 
@@ -35,10 +35,17 @@ def owner_of(pid: int, host: str | None = None) -> LockOwner:
                      _process_start(pid))
 
 
-def dead_pid() -> int:
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
+def dead_pid(tmpdir: Path) -> int:
+    with Launch([sys.executable, "-c", "pass"], tmpdir=tmpdir) as finished:
+        finished.wait(timeout=60)
     return finished.pid
+
+
+def live_process(test: unittest.TestCase, tmpdir: Path) -> int:
+    """The pid of a process that runs until ``test`` has ended."""
+    sleeper = Launch([sys.executable, "-c", "import time; time.sleep(120)"], tmpdir=tmpdir)
+    test.addCleanup(sleeper.close)
+    return sleeper.pid
 
 
 def make_checkpoint(output_dir: Path, step: int) -> None:
@@ -51,14 +58,9 @@ def make_checkpoint(output_dir: Path, step: int) -> None:
 
 class LockTest(unittest.TestCase):
     def setUp(self):
-        self.output_dir = Path(tempfile.mkdtemp(prefix="st-lock-")) / "out"
-        self.addCleanup(shutil.rmtree, self.output_dir.parent, ignore_errors=True)
-
-    def live_process(self) -> int:
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        self.addCleanup(sleeper.wait)
-        self.addCleanup(sleeper.kill)
-        return sleeper.pid
+        self.tmp = Path(tempfile.mkdtemp(prefix="st-lock-"))
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        self.output_dir = self.tmp / "out"
 
     def test_a_free_output_dir_is_taken_and_released(self):
         lock = OutputDirLock(self.output_dir)
@@ -70,7 +72,7 @@ class LockTest(unittest.TestCase):
         self.assertFalse((self.output_dir / LOCK_NAME).exists())
 
     def test_a_lock_held_by_a_live_process_is_refused_naming_it(self):
-        holder = owner_of(self.live_process())
+        holder = owner_of(live_process(self, self.tmp))
         path = write_lock(self.output_dir, holder)
         problem = OutputDirLock(self.output_dir).try_acquire()
         self.assertIsNotNone(problem)
@@ -84,7 +86,7 @@ class LockTest(unittest.TestCase):
         self.assertIn(f"pid {os.getpid()}", OutputDirLock(self.output_dir).try_acquire())
 
     def test_a_stale_lock_is_taken_over_with_a_warning(self):
-        path = write_lock(self.output_dir, owner_of(dead_pid()))
+        path = write_lock(self.output_dir, owner_of(dead_pid(self.tmp)))
         lock = OutputDirLock(self.output_dir)
         with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING") as logs:
             self.assertIsNone(lock.try_acquire())
@@ -92,20 +94,20 @@ class LockTest(unittest.TestCase):
         self.assertEqual(LockOwner(**json.loads(path.read_text())), lock.owner)
 
     def test_a_stale_lock_another_run_took_over_first_is_left_alone(self):
-        stale = owner_of(dead_pid())
-        taken_over = write_lock(self.output_dir, owner_of(self.live_process()))
+        stale = owner_of(dead_pid(self.tmp))
+        taken_over = write_lock(self.output_dir, owner_of(live_process(self, self.tmp)))
         OutputDirLock(self.output_dir)._remove_stale(stale)  # what the slower of two runs does
         self.assertTrue(taken_over.exists())
 
     def test_a_pid_reused_by_a_later_process_is_stale(self):
         # A restarted container: the lock's pid now belongs to another process.
-        reused = replace(owner_of(self.live_process()), process_start="1")
+        reused = replace(owner_of(live_process(self, self.tmp)), process_start="1")
         write_lock(self.output_dir, reused)
         with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING"):
             self.assertIsNone(OutputDirLock(self.output_dir).try_acquire())
 
     def test_a_lock_from_another_host_is_not_taken_over(self):
-        write_lock(self.output_dir, owner_of(dead_pid(), host="elsewhere.example"))
+        write_lock(self.output_dir, owner_of(dead_pid(self.tmp), host="elsewhere.example"))
         self.assertIn("on host elsewhere.example", OutputDirLock(self.output_dir).try_acquire())
 
     def test_an_unreadable_lock_is_refused_with_what_to_do(self):
@@ -118,7 +120,7 @@ class LockTest(unittest.TestCase):
     def test_release_leaves_a_lock_that_is_not_ours(self):
         lock = OutputDirLock(self.output_dir)
         self.assertIsNone(lock.try_acquire())
-        other = write_lock(self.output_dir, owner_of(self.live_process()))
+        other = write_lock(self.output_dir, owner_of(live_process(self, self.tmp)))
         with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING"):
             lock.release()
         self.assertTrue(other.exists())
@@ -189,14 +191,12 @@ class EntryPointLockTest(unittest.TestCase):
         self.assertFalse((self.root / "done-out" / LOCK_NAME).exists())
 
     def test_a_run_on_a_locked_output_dir_is_refused(self):
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        self.addCleanup(sleeper.wait)
-        self.addCleanup(sleeper.kill)
+        sleeper = live_process(self, self.root)
         config = write_config(self.root, self.root / "data", "locked")
-        lock = write_lock(self.root / "locked-out", owner_of(sleeper.pid))
+        lock = write_lock(self.root / "locked-out", owner_of(sleeper))
         result = run_training(config, self.tmp, timeout=120)
         self.assertEqual(result.returncode, 2, result.stderr[-3000:])
-        self.assertIn(f"is in use by another run (pid {sleeper.pid} on host", result.stderr)
+        self.assertIn(f"is in use by another run (pid {sleeper} on host", result.stderr)
         self.assertIn("key 'output_dir'", result.stderr)
         self.assertTrue(lock.exists())
         self.assertFalse((self.root / "locked-out" / "cache").exists())  # no heavy work

@@ -145,5 +145,6 @@ class LoraBadInputTest(unittest.TestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertFalse((self.root / "targets-out" / "cache" / "vae").exists())  # no caching
 
+
 if __name__ == "__main__":
     unittest.main()

@@ -5,7 +5,6 @@ on two real gloo processes; real-size configurations give their published parame
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -17,6 +16,7 @@ import torch
 from simpletuner.training.memory.plan import frozen_component_bytes, meta_network, rank_bytes
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.registry import get_adapter_class
+from launching import run_bounded
 from training_fixtures import environment
 
 RUNNER = Path(__file__).with_name("memory_measure_runner.py")
@@ -48,10 +48,10 @@ class PredictedEqualsHeldTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory(prefix="st-memory-")
         out = Path(cls.tmp.name) / "measured"
-        cls.result = subprocess.run(
+        cls.result = run_bounded(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-             "2", str(RUNNER), str(out), json.dumps(CASES)], env=environment(cls.tmp.name),
-            capture_output=True, text=True, timeout=400)
+             "2", RUNNER, out, json.dumps(CASES)], tmpdir=cls.tmp.name,
+            env=environment(cls.tmp.name), timeout=400)
         cls.measured = [json.loads((out / f"rank-{r}.json").read_text()) if
                         (out / f"rank-{r}.json").exists() else None for r in (0, 1)]
 
@@ -114,10 +114,9 @@ class FluxSizedPlanCommandTest(unittest.TestCase):
             config = write_config(root, root / "data", model_family="flux",
                                   pretrained_model_name_or_path=str(write_flux_dev_folder(root)),
                                   mixed_precision="bf16", use_ema=True)
-            result = subprocess.run(
-                [sys.executable, "-m", "simpletuner", "plan", "--memory", "--config",
-                 str(config), "--num-processes", "8"], env=environment(tmp),
-                capture_output=True, text=True, timeout=300)
+            result = run_bounded(
+                [sys.executable, "-m", "simpletuner", "plan", "--memory", "--config", config,
+                 "--num-processes", "8"], tmpdir=tmp, env=environment(tmp), timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertIn("11.89 B parameters", result.stdout)
         self.assertIn("FSDP2 (x8)", result.stdout)

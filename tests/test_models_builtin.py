@@ -5,22 +5,20 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import ExitStack, redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
 
 import torch
 from safetensors.torch import load_file
 
+from launching import Launch
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.builtin import (
     UnknownBuiltinError, ensure_builtin_model, resolve_model_path, run_builtin_command)
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class BuiltinCacheCase(unittest.TestCase):
@@ -128,15 +126,16 @@ class BuiltinNamesTest(BuiltinCacheCase):
 class BuiltinCommandLineTest(BuiltinCacheCase):
     def test_concurrent_commands_agree_and_print_the_folder_last(self):
         """Two processes build the same model at once: both succeed, one folder, no debris."""
-        env = dict(os.environ, SIMPLETUNER_CACHE=str(self.cache), TMPDIR=str(self.cache))
+        env = dict(os.environ, SIMPLETUNER_CACHE=str(self.cache))
         command = [sys.executable, "-m", "simpletuner", "builtin", "tiny-sd1x"]
-        processes = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for _ in range(2)]
-        outputs = [process.communicate(timeout=300) for process in processes]
+        with ExitStack() as both:
+            runs = [both.enter_context(Launch(command, tmpdir=self.cache, env=env))
+                    for _ in range(2)]
+            statuses = [run.wait(timeout=300) for run in runs]
         expected = self.cache / "builtin" / "tiny-sd1x"
-        for process, (stdout, stderr) in zip(processes, outputs):
-            self.assertEqual(process.returncode, 0, stderr)
-            self.assertEqual(stdout.strip().splitlines()[-1], str(expected))
+        for status, run in zip(statuses, runs):
+            self.assertEqual(status, 0, run.stderr())
+            self.assertEqual(run.stdout().strip().splitlines()[-1], str(expected))
         self.assertTrue((expected / "unet" / "diffusion_pytorch_model.safetensors").is_file())
         debris = [p.name for p in (self.cache / "builtin").iterdir() if p.name != "tiny-sd1x"]
         self.assertEqual(debris, [])

@@ -114,5 +114,6 @@ class TrustedTableTrainingTest(unittest.TestCase):
         self.assertEqual([s["path"] for s in skipped], ["missing.png"])
         self.assertIn("FileNotFoundError", skipped[0]["reason"])
 
+
 if __name__ == "__main__":
     unittest.main()

@@ -13,6 +13,7 @@ from pathlib import Path
 from PIL import Image
 
 from discovery_fixtures import encode, image, rotated_jpeg, write
+from launching import run_bounded
 
 ALIGNMENT = 16
 SHAPES = [(64, 64), (96, 64), (64, 96), (128, 64), (64, 128), (80, 60), (60, 80), (150, 100), (70, 130)]
@@ -20,8 +21,8 @@ FORMATS = [("JPEG", ".jpg"), ("PNG", ".png"), ("WEBP", ".webp"), ("BMP", ".bmp")
 
 
 def run_plan(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simpletuner", "plan", "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=120, cwd=config.parent)
+    return run_bounded([sys.executable, "-m", "simpletuner", "plan", "--config", config, *args],
+                       tmpdir=config.parent, cwd=config.parent, timeout=120)
 
 
 class PlanCommandTest(unittest.TestCase):

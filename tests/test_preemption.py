@@ -1,7 +1,8 @@
 """Preemption: a stop signal sent to a real training process at a random step becomes a
 checkpoint at the next step boundary and exit status 75; resuming with 'latest' ends exactly as
 the uninterrupted run (weights and sample trace). With two processes the signal goes to one
-rank only, and the agreement makes both stop at the same step."""
+rank only, and the agreement makes both stop at the same step. The step is seeded: a failure
+names its seed, and TEST_PREEMPTION_SEED=that seed signals at the same step again."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,9 +20,11 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from simpletuner.training.run.preemption import PreemptionWatcher
-from training_fixtures import REPO, environment, make_shapes, read_jsonl, write_config
+from launching import Launch
+from training_fixtures import environment, make_shapes, read_jsonl, write_config
 
 TIMEOUT = 240
+SEED_VARIABLE = "TEST_PREEMPTION_SEED"  # set to a failure's seed to signal at its micro-batch
 PREEMPTED = re.compile(
     r"\[rank (\d)\] training stopped \(exit status 75\): preempted by (.+?) at step (\d+)")
 
@@ -36,45 +38,35 @@ def train_command(config: Path, processes: int) -> list[str]:
             "-m", "simpletuner.train", "--config", str(config)]
 
 
-def start(config: Path, processes: int, tmpdir: str, log: Path) -> subprocess.Popen:
+def start(config: Path, processes: int, tmpdir: str) -> Launch:
     env = environment(tmpdir)
     env["ACCELERATE_USE_CPU"] = "true"
-    with open(log, "w") as stderr:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(train_command(config, processes), cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=stderr,
-                                start_new_session=True)
+    return Launch(train_command(config, processes), tmpdir=tmpdir, env=env)
 
 
-def finish(process: subprocess.Popen, log: Path) -> tuple[int, str]:
-    try:
-        code = process.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the launcher and every worker it started
-        process.wait()
-        raise
-    return code, log.read_text()
+def finish(run: Launch) -> tuple[int, str]:
+    """The run's status and stderr; a run past TIMEOUT fails with every process killed."""
+    with run:
+        status = run.wait(TIMEOUT)
+    return status, run.stderr()
 
 
-def worker_pid(launcher: int, rank: int) -> int | None:
-    """The descendant of ``launcher`` that accelerate started as ``rank``."""
-    pending = [launcher]
-    while pending:
-        pid = pending.pop()
+def worker_pid(run: Launch, rank: int) -> int | None:
+    """The process of ``run`` that accelerate started as ``rank``."""
+    for pid in run.processes():
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             continue
-        if pid != launcher and f"RANK={rank}".encode() in environ:
+        if pid != run.pid and f"RANK={rank}".encode() in environ:
             return pid
-        pending += [int(child) for child in children]
     return None
 
 
-def signal_at_line(process: subprocess.Popen, trace: Path, line: int, target: int) -> None:
+def signal_at_line(run: Launch, trace: Path, line: int, target: int) -> None:
     """Send SIGTERM to ``target`` once ``trace`` shows ``line`` micro-batches."""
     deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline and process.poll() is None:
+    while time.monotonic() < deadline and run.process.poll() is None:
         if trace.is_file() and len(trace.read_text().splitlines()) >= line:
             os.kill(target, signal.SIGTERM)
             return
@@ -86,9 +78,16 @@ def unet(folder: Path) -> dict:
     return load_file(str(folder / "pipeline" / "unet" / "diffusion_pytorch_model.safetensors"))
 
 
+def preemption_seed() -> int:
+    """The seed of the signalled micro-batch: SEED_VARIABLE's, to repeat a run, else new."""
+    given = os.environ.get(SEED_VARIABLE)
+    return int(given) if given else random.SystemRandom().randrange(2**32)
+
+
 class PreemptedRun:
-    """Mixed into a TestCase: an uninterrupted run alongside one signalled at a random
-    micro-batch, then the signalled run resumed in its own output folder with 'latest'."""
+    """Mixed into a TestCase: an uninterrupted run alongside one signalled at a seeded random
+    micro-batch, then the signalled run resumed in its own output folder with 'latest'. Every
+    failure names the micro-batch and how to repeat it (``rerun``)."""
 
     processes: int
     signalled_rank: int
@@ -98,32 +97,41 @@ class PreemptedRun:
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="st-preempt-")
         cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
-        root = Path(cls.tmp)
-        make_shapes(root / "data", per_size=4)
         lines = cls.options["max_train_steps"] * cls.options["gradient_accumulation_steps"]
-        cls.line = random.randrange(2, lines // 2)
+        seed = preemption_seed()
+        cls.line = random.Random(seed).randrange(2, lines // 2)
+        cls.rerun = (f"signalled at micro-batch {cls.line}; to repeat: {SEED_VARIABLE}={seed} "
+                     f"python -m pytest tests/test_preemption.py -k {cls.__name__}")
+        try:
+            cls.run_all(Path(cls.tmp))
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}\n{cls.rerun}") from None
+
+    @classmethod
+    def run_all(cls, root: Path) -> None:
+        make_shapes(root / "data", per_size=4)
         common = dict(cls.options, num_processes=cls.processes, trace_samples=True)
         cls.full_out, cls.out = root / "full-out", root / "stopped-out"
-        full = start(write_config(root, root / "data", "full", **common), cls.processes, cls.tmp,
-                     root / "full.log")
+        full = start(write_config(root, root / "data", "full", **common), cls.processes, cls.tmp)
+        cls.addClassCleanup(full.close)
         stopped = start(write_config(root, root / "data", "stopped", **common), cls.processes,
-                        cls.tmp, root / "stopped.log")
+                        cls.tmp)
+        cls.addClassCleanup(stopped.close)
         target = stopped.pid if cls.processes == 1 else None
         try:
-            while target is None and stopped.poll() is None:
-                target = worker_pid(stopped.pid, cls.signalled_rank)
+            while target is None and stopped.process.poll() is None:
+                target = worker_pid(stopped, cls.signalled_rank)
                 time.sleep(0.05)
             if target is None:
                 raise AssertionError(f"no worker of rank {cls.signalled_rank} was found")
             signal_at_line(stopped, cls.out / "trace" / f"rank-{cls.signalled_rank}.jsonl",
                            cls.line, target)
         finally:
-            cls.stopped = finish(stopped, root / "stopped.log")
-            cls.full = finish(full, root / "full.log")
+            cls.stopped = finish(stopped)
+            cls.full = finish(full)
         again = write_config(root, root / "data", "stopped", resume_from_checkpoint="latest",
                              **common)
-        resumed = start(again, cls.processes, cls.tmp, root / "resumed.log")
-        cls.resumed = finish(resumed, root / "resumed.log")
+        cls.resumed = finish(start(again, cls.processes, cls.tmp))
 
     def stops(self) -> dict[int, tuple[str, int]]:
         """rank -> (signal named, step) from each rank's 'preempted' line."""
@@ -131,32 +139,34 @@ class PreemptedRun:
                 for rank, name, step in PREEMPTED.findall(self.stopped[1])}
 
     def test_every_rank_stops_at_one_step_with_a_checkpoint(self):
-        self.assertEqual(self.full[0], 0, self.full[1][-3000:])
+        self.assertEqual(self.full[0], 0, f"{self.full[1][-3000:]}\n{self.rerun}")
         stops = self.stops()
-        self.assertEqual(sorted(stops), list(range(self.processes)), self.stopped[1][-3000:])
-        self.assertEqual(stops[self.signalled_rank][0], "SIGTERM")
+        self.assertEqual(sorted(stops), list(range(self.processes)),
+                         f"{self.stopped[1][-3000:]}\n{self.rerun}")
+        self.assertEqual(stops[self.signalled_rank][0], "SIGTERM", self.rerun)
         (step,) = {step for _, step in stops.values()}
         accumulation = self.options["gradient_accumulation_steps"]
-        self.assertGreaterEqual(step * accumulation, self.line, f"signalled at line {self.line}")
-        self.assertLess(step, self.options["max_train_steps"])
-        self.assertTrue((self.out / f"checkpoint-{step}" / "trainer_state.json").is_file())
-        self.assertNotIn("exported the trained", self.stopped[1])
+        self.assertGreaterEqual(step * accumulation, self.line, self.rerun)
+        self.assertLess(step, self.options["max_train_steps"], self.rerun)
+        self.assertTrue((self.out / f"checkpoint-{step}" / "trainer_state.json").is_file(),
+                        self.rerun)
+        self.assertNotIn("exported the trained", self.stopped[1], self.rerun)
 
     def test_resumed_run_ends_with_the_uninterrupted_weights(self):
-        self.assertEqual(self.resumed[0], 0, self.resumed[1][-3000:])
-        self.assertIn("resumed from", self.resumed[1])
+        self.assertEqual(self.resumed[0], 0, f"{self.resumed[1][-3000:]}\n{self.rerun}")
+        self.assertIn("resumed from", self.resumed[1], self.rerun)
         full, resumed = unet(self.full_out), unet(self.out)
-        self.assertEqual(full.keys(), resumed.keys())
+        self.assertEqual(full.keys(), resumed.keys(), self.rerun)
         worst = max((full[k] - resumed[k]).abs().max().item() for k in full)
-        self.assertLessEqual(worst, 1e-6, f"signalled at line {self.line}")
+        self.assertLessEqual(worst, 1e-6, self.rerun)
 
     def test_interrupted_and_resumed_traces_equal_the_uninterrupted_one(self):
         for rank in range(self.processes):
             full = read_jsonl(self.full_out / "trace" / f"rank-{rank}.jsonl")
             joined = read_jsonl(self.out / "trace" / f"rank-{rank}.jsonl")
             self.assertEqual(len(full), self.options["max_train_steps"]
-                             * self.options["gradient_accumulation_steps"])
-            self.assertEqual(joined, full, f"rank {rank}, signalled at line {self.line}")
+                             * self.options["gradient_accumulation_steps"], self.rerun)
+            self.assertEqual(joined, full, f"rank {rank}, {self.rerun}")
 
 
 class OneProcessPreemptionTest(PreemptedRun, unittest.TestCase):
@@ -165,7 +175,7 @@ class OneProcessPreemptionTest(PreemptedRun, unittest.TestCase):
                    lr_warmup_steps=3, use_ema=True, ema_decay=0.9)
 
     def test_exit_status_is_preempted(self):
-        self.assertEqual(self.stopped[0], 75, self.stopped[1][-3000:])
+        self.assertEqual(self.stopped[0], 75, f"{self.stopped[1][-3000:]}\n{self.rerun}")
 
 
 class TwoProcessPreemptionTest(PreemptedRun, unittest.TestCase):
@@ -177,7 +187,7 @@ class TwoProcessPreemptionTest(PreemptedRun, unittest.TestCase):
 
     def test_workers_exit_as_preempted(self):
         # The launcher itself reports a failed worker as 1; what it reports is the workers' 75.
-        self.assertRegex(self.stopped[1], r"exitcode\s*:\s*75\b")
+        self.assertRegex(self.stopped[1], r"exitcode\s*:\s*75\b", self.rerun)
 
 
 class WatcherTest(unittest.TestCase):

@@ -60,10 +60,6 @@ class SizingTest(unittest.TestCase):
         self.assertIn("extended (oversubscription)", sizing_table(sizing))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class PlanCommandTest(unittest.TestCase):
     """`plan --num-processes` end to end on a tiny folder (discovery is the real one)."""
 
@@ -88,3 +84,7 @@ class PlanCommandTest(unittest.TestCase):
         self.assertEqual(split["datasets"]["d"]["buckets"]["64x64"]["trimmed"], 1)
         self.assertEqual(split["datasets"]["d"]["buckets"]["64x128"]["kept"], 3)
         self.assertEqual(split["micro_batches_per_epoch"], 3)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -6,8 +6,8 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
+import tempfile
 import textwrap
 import unittest
 from collections import Counter
@@ -15,6 +15,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from launching import run_bounded
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import (DatasetSpec, EffectiveBatch, SortedIds,
                                                 UndersizedBucketsError, canonical_ids,
@@ -224,8 +225,9 @@ class IndependenceTest(unittest.TestCase):
         outputs = set()
         for hash_seed in ("0", "1", "4242"):
             env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-            done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                                  text=True, timeout=60, check=True)
+            with tempfile.TemporaryDirectory(prefix="st-split-") as tmp:
+                done = run_bounded([sys.executable, "-c", script], tmpdir=tmp, env=env, timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
             outputs.add(done.stdout)
         self.assertEqual(len(outputs), 1, "the split depends on PYTHONHASHSEED")
         self.assertEqual(len(json.loads(outputs.pop())[0]), 28)  # 90 occurrences, 84 kept, 3 ranks

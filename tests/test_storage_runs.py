@@ -34,7 +34,7 @@ class S3RunsTest(unittest.TestCase):
                           for sample_id in make_shapes(data / folder, per_size=4)])
         cls.private_tmp = cls.tmp / "tmp"
         cls.private_tmp.mkdir()
-        cls.server = RcloneS3Server(cls.tmp / "served").__enter__()
+        cls.server = RcloneS3Server(cls.tmp / "served", cls.private_tmp).__enter__()
 
     @classmethod
     def tearDownClass(cls):

@@ -105,7 +105,7 @@ class S3DiscoveryTest(unittest.TestCase):
         populate(cls.tmp / "served" / BUCKET / "changing")  # changed through the server
         write(cls.tmp / "served" / BUCKET / "photos 2026-other", "x.png",
               encode(image(64, 64), "PNG"))  # shares the prefix's text, not its folder
-        cls.server = RcloneS3Server(cls.tmp / "served").__enter__()
+        cls.server = RcloneS3Server(cls.tmp / "served", cls.tmp).__enter__()
 
     @classmethod
     def tearDownClass(cls):

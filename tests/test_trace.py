@@ -4,8 +4,6 @@ trace of a crashed-and-resumed run equals the uninterrupted run's, line for line
 from __future__ import annotations
 
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -14,7 +12,8 @@ from pathlib import Path
 
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 from simpletuner.helpers.multiaspect.trace import TraceWriter, read_trace, trace_path
-from training_fixtures import REPO, environment, make_shapes, run_training, write_config
+from launching import Launch
+from training_fixtures import environment, make_shapes, run_training, write_config
 
 
 def batch(epoch: int, step: int) -> MicroBatch:
@@ -105,19 +104,15 @@ class KilledAndResumedTrainingTest(unittest.TestCase):
                               **cls.OPTIONS)
         trace = cls.crashed_out / "trace" / "rank-0.jsonl"
         checkpoint = cls.crashed_out / f"checkpoint-{cls.CHECKPOINT_STEP}"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "simpletuner.train", "--config", str(config)], cwd=REPO,
-            env=environment(cls.tmp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 300
-        try:
-            while process.poll() is None and time.monotonic() < deadline:
+        # Leaving the block is the crash: SIGKILL to the run and everything it started.
+        with Launch([sys.executable, "-m", "simpletuner.train", "--config", config],
+                    tmpdir=cls.tmp, env=environment(cls.tmp)) as run:
+            deadline = time.monotonic() + 300
+            while run.process.poll() is None and time.monotonic() < deadline:
                 if (checkpoint.is_dir() and trace.is_file()
                         and len(trace.read_text().splitlines()) >= cls.KILL_AFTER_LINES):
                     break
                 time.sleep(0.02)
-        finally:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
         # As if the crash came before any later checkpoint: resume must use checkpoint-3.
         for later in cls.crashed_out.glob("checkpoint-*"):
             if later != checkpoint:

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 import unittest
@@ -17,26 +16,17 @@ from pathlib import Path
 from simpletuner.training.run.output_dir_lock import LOCK_NAME, OutputDirLock
 from simpletuner.training.run.outcomes import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
 
-from training_fixtures import REPO, environment, make_shapes, run_train_sh, write_config
+from launching import REPO, Launch
+from training_fixtures import environment, make_shapes, run_train_sh, write_config
 
 
-def children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    return [int(line) for line in found.stdout.split()]
-
-
-def descendants(pid: int) -> list[int]:
-    found = children(pid)
-    return found + [d for child in found for d in descendants(child)]
-
-
-def is_running(pid: int) -> bool:
-    """A zombie has ended: it only waits for a parent (maybe a non-reaping init) to collect it."""
+def is_training(pid: int) -> bool:
+    """A training process, not the launcher that started it."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return state != "Z"
+    return b"simpletuner.train" in command and b"launch" not in command
 
 
 def wait_until(condition, timeout: float, what: str, alive=None) -> None:
@@ -127,29 +117,17 @@ class TrainShTest(unittest.TestCase):
         # Two images: one per rank and micro-batch, so two processes fill a batch.
         config = write_config(self.root, self.root / "data", name, max_train_steps=100000,
                               num_processes=processes, train_batch_size=1)
-        log = self.root / f"{name}.log"
-        with open(log, "w") as stderr:
-            launcher_script = subprocess.Popen(
-                [str(REPO / "train.sh"), str(config)], cwd=REPO, env=environment(self.tmp),
-                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-        tree: list[int] = []
-        try:
-            wait_until(lambda: "training sd1x" in log.read_text(), 180, "the training loop",
-                       alive=launcher_script)
-            tree = descendants(launcher_script.pid)
-            training = [p for p in tree if b"simpletuner.train" in
-                        Path(f"/proc/{p}/cmdline").read_bytes() and b"launch" not in
-                        Path(f"/proc/{p}/cmdline").read_bytes()]
-            self.assertEqual(len(training), processes, tree)
-            launcher_script.send_signal(signal.SIGTERM)
+        with Launch([REPO / "train.sh", config], tmpdir=self.tmp,
+                    env=environment(self.tmp)) as launcher_script:
+            wait_until(lambda: "training sd1x" in launcher_script.stderr(), 180,
+                       "the training loop", alive=launcher_script.process)
+            training = [p for p in launcher_script.processes() if is_training(p)]
+            self.assertEqual(len(training), processes, launcher_script.processes())
+            launcher_script.process.send_signal(signal.SIGTERM)
             status = launcher_script.wait(timeout=120)
-            wait_until(lambda: not any(map(is_running, tree)), 10, "the process tree to end")
-        finally:
-            for pid in [launcher_script.pid] + tree:
-                if is_running(pid):
-                    os.kill(pid, signal.SIGKILL)
-            launcher_script.wait(timeout=10)
-        output = log.read_text()
+            # Whatever its session or parent now: every process started under train.sh ended.
+            wait_until(lambda: not launcher_script.processes(), 10, "the process tree to end")
+        output = launcher_script.stderr()
         # The progress bar may share the line (it ends in \r, not \n).
         (forwarded,) = re.findall(r"train\.sh: forwarding SIGTERM to ([\d ]+)$", output, re.M)
         self.assertEqual(sorted(map(int, forwarded.split())), sorted(training))
@@ -159,6 +137,7 @@ class TrainShTest(unittest.TestCase):
         self.assertTrue(list((self.root / f"{name}-out").glob("checkpoint-*/manifest.json")),
                         output[-3000:])
         self.assertFalse((self.root / f"{name}-out" / LOCK_NAME).exists())
+
 
 if __name__ == "__main__":
     unittest.main()

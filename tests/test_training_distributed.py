@@ -61,10 +61,6 @@ class TwoProcessTrainingTest(unittest.TestCase):
         self.assertEqual(summary["steps"], 8)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class OneRankCrashTest(unittest.TestCase):
     """A failure on one rank ends the run on every rank: no survivor waits in a collective."""
 
@@ -84,3 +80,7 @@ class OneRankCrashTest(unittest.TestCase):
             second = run_train_sh(config, tmp, timeout=240)
             self.assertNotEqual(second.returncode, 0)
             self.assertIn(entries[0].name, second.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

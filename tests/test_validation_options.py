@@ -5,7 +5,6 @@ lr_power, lr_num_cycles."""
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 import unittest
 from pathlib import Path
@@ -19,8 +18,9 @@ from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.pipelines import generate_validation_images
 from simpletuner.training.optimization.schedules import build_lr_scheduler
 from simpletuner.training.settings import ScheduleSettings
+from launching import REPO, run_bounded
 from settings_fixtures import settings
-from training_fixtures import REPO, environment, make_shapes, write_config
+from training_fixtures import environment, make_shapes, write_config
 
 
 class ValidationConfigTest(unittest.TestCase):
@@ -117,13 +117,13 @@ class ValidationOptionsThroughTrainShTest(unittest.TestCase):
             values = json.loads(config.read_text())
             values.pop("validation_resolution")
             config.write_text(json.dumps(values))
-            result = subprocess.run(
-                [str(REPO / "train.sh"), str(config), "--max_train_steps", "2",
+            result = run_bounded(
+                [REPO / "train.sh", config, "--max_train_steps", "2",
                  "--validation_prompt", "a red circle", "--validation_on_startup", "true",
                  "--validation_negative_prompt", "blurry", "--validation_guidance", "2.0",
                  "--validation_num_inference_steps", "2", "--lr_scheduler", "polynomial",
                  "--lr_end", "1e-5", "--lr_power", "2"],
-                cwd=REPO, env=environment(tmp), capture_output=True, text=True, timeout=300)
+                tmpdir=tmp, env=environment(tmp), timeout=300)
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
             summary = json.loads((root / "config-out" / "training_summary.json").read_text())
             self.assertEqual(summary["steps"], 2)  # the command line's, not the file's 4

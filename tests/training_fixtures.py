@@ -1,5 +1,5 @@
 """Tiny end-to-end training runs for the trainer tests: a generated dataset, a config, and a
-subprocess that runs the real entry point (`python -m simpletuner.train` or ./train.sh)."""
+bounded launch of the real entry point (`python -m simpletuner.train` or ./train.sh)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-REPO = Path(__file__).resolve().parent.parent
+from launching import REPO, run_bounded
+
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220),
            "yellow": (240, 210, 40)}
 
@@ -69,16 +70,14 @@ def environment(tmpdir: str, fresh_model_cache: bool = False) -> dict[str, str]:
 
 
 def run_training(config: Path, tmpdir: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simpletuner.train", "--config", str(config)],
-                          cwd=REPO, env=environment(tmpdir), capture_output=True, text=True,
-                          timeout=timeout)
+    return run_bounded([sys.executable, "-m", "simpletuner.train", "--config", str(config)],
+                       tmpdir=tmpdir, env=environment(tmpdir), timeout=timeout)
 
 
 def run_train_sh(config: Path, tmpdir: str, timeout: int = 400,
                  fresh_model_cache: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO / "train.sh"), str(config)], cwd=REPO,
-                          env=environment(tmpdir, fresh_model_cache), capture_output=True,
-                          text=True, timeout=timeout)
+    return run_bounded([REPO / "train.sh", config], tmpdir=tmpdir,
+                       env=environment(tmpdir, fresh_model_cache), timeout=timeout)
 
 
 def read_jsonl(path: Path) -> list[dict]:
