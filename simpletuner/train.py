@@ -19,11 +19,13 @@ from simpletuner.configuration import ConfigError
 from simpletuner.configuration.command_line import load_with_option_args
 from simpletuner.helpers.caching.storage import CacheEntryError
 from simpletuner.common.clean_exit import exit_process
+from simpletuner.common.error_report import report_unexpected
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
+from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
-from simpletuner.common.together import RankFailure
 from simpletuner.models.base import ModelFolderError
+from simpletuner.training.checkpointing.manifest import CheckpointError
 from simpletuner.training.run.output_dir_claim import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
 from simpletuner.training.memory.sharding import ShardingError
@@ -33,12 +35,12 @@ from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_
 from simpletuner.training.recipe import run_training
 from simpletuner.training.reporting.trackers import start_trackers, tracker_names
 
-logger = logging.getLogger("simpletuner.train")
-
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
+# A RankFailure is one when every rank's error it reports is; any other error is a bug whose
+# traceback is logged and kept (common/error_report.py).
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
-                   ModelFolderError, LoraTargetError, CacheEntryError, RankFailure, Preempted,
-                   Diverged, ShardingError)
+                   ModelFolderError, LoraTargetError, CacheEntryError, CaptionError,
+                   CheckpointError, Preempted, Diverged, ShardingError)
 
 
 def build_accelerator(training) -> Accelerator:
@@ -91,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             train(configuration, accelerator)
         return EXIT_TRAINED
     except Exception as exc:
-        if not isinstance(exc, EXPECTED_ERRORS):
-            logger.exception("[rank %d] unexpected error", rank)
+        where = report_unexpected(exc, rank=rank, output_dir=configuration.training.output_dir,
+                                  expected=EXPECTED_ERRORS)
         status = exit_status_for(exc)
-        print(f"[rank {rank}] training stopped (exit status {status}): {exc}", file=sys.stderr)
+        print(f"[rank {rank}] training stopped (exit status {status}): {exc}{where}",
+              file=sys.stderr)
         return status
     finally:
         accelerator.end_training()

@@ -20,11 +20,13 @@ from pathlib import Path
 from fault_launcher import injected_message
 from training_fixtures import REPO, environment, make_shapes, run_training, write_config
 
-from simpletuner.configuration import load_configuration
+from simpletuner.common.error_report import unexpected_ranks
+from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.caching.prepare import read_captions
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.backends.captions import CaptionError
-from simpletuner.common.together import RankFailure, describe_failures
+from simpletuner.common.together import (RankFailure, class_names, describe_error,
+                                         describe_failures)
 from simpletuner.training.preflight import merge_rank_problems
 
 LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
@@ -73,10 +75,13 @@ class FailTogetherTest(unittest.TestCase):
         return write_config(self.root, self.root / "data", "run", max_train_steps=1, **options)
 
     def launch(self, entry: str, entry_args: list[str], fault: str | None = None,
-               on_rank: int = 0, config_problem: bool = False) -> subprocess.CompletedProcess:
+               on_rank: int = 0, config_problem: bool = False,
+               broken_self: bool = False) -> subprocess.CompletedProcess:
         injection = ["--fault", fault, "--on-rank", str(on_rank)] if fault else []
         if config_problem:
             injection.append("--config-problem")
+        if broken_self:
+            injection.append("--broken-self")
         # Each rank's stderr goes to its own file (--redirects 2), so lines never interleave.
         return run_bounded([
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
@@ -129,6 +134,28 @@ class FailTogetherTest(unittest.TestCase):
         run = self.train(fault="simpletuner.models.base:ModelAdapter.move_to", on_rank=1)
         self.assertStoppedTogether(
             run, f"loading the model failed on rank 1: RuntimeError: {injected_message(1)}")
+
+    def test_a_bug_on_one_rank_keeps_that_ranks_traceback_in_the_file_both_name(self):
+        self.new_run()
+        run = self.train(fault="simpletuner.models.base:ModelAdapter.move_to", on_rank=1,
+                         broken_self=True)
+        kept = self.output / "logs" / "rank-1-error.txt"
+        self.assertStoppedTogether(
+            run, "loading the model failed on rank 1: AttributeError: 'NoneType' object has no "
+                 f"attribute 'trainable'; traceback in {kept}")
+        stack = kept.read_text()
+        # The original stack, down to the line that raised, then the agreed failure it caused.
+        self.assertRegex(stack, r'File "[^"]*simpletuner/models/base\.py", line \d+, in move_to'
+                                r'\n +self\.trainable\.to\(device\)')
+        self.assertIn(", in run_training\n", stack)
+        self.assertIn("The above exception was the direct cause", stack)
+        self.assertTrue(stack.endswith("RankFailure: loading the model failed on rank 1: "
+                                       "AttributeError: 'NoneType' object has no attribute "
+                                       "'trainable'\n"), stack[-500:])
+        self.assertRegex(self.rank_stderr(1), r"ERROR simpletuner\.common\.error_report: "
+                                              r"\[rank 1\] unexpected error\nTraceback")
+        self.assertNotIn("Traceback", self.rank_stderr(0))  # rank 0 only waited
+        self.assertFalse((self.output / "logs" / "rank-0-error.txt").exists())
 
     # -- caching: each rank encodes and reads captions for its own share ------------------
 
@@ -215,6 +242,8 @@ class CaptionReadTest(unittest.TestCase):
                                 run.stderr, re.M)
         self.assertIn("CaptionError: 2 caption file(s) cannot be used: caption file "
                       f"{self.bad[0]} is not UTF-8 text", message)
+        self.assertNotIn("traceback in", message)  # an expected error: its message is the story
+        self.assertFalse((self.root / "config-out" / "logs" / "rank-0-error.txt").exists())
 
 
 class MessageTest(unittest.TestCase):
@@ -225,6 +254,15 @@ class MessageTest(unittest.TestCase):
                          "export failed on ranks 0, 2: E: x")
         self.assertEqual(str(RankFailure("export", [(1, "E: x"), (2, "F: y")])),
                          "export failed on 2 ranks: rank 1: E: x; rank 2: F: y")
+
+    def test_only_the_ranks_whose_error_is_unexpected_have_a_traceback_file(self):
+        errors = {0: ConfigError(["a"]), 1: AttributeError("b"), 2: KeyError("c")}
+        failure = RankFailure("x", [(r, describe_error(e)) for r, e in errors.items()],
+                              {r: class_names(e) for r, e in errors.items()})
+        self.assertEqual(unexpected_ranks(failure, 0, (ConfigError,)), [1, 2])
+        self.assertEqual(unexpected_ranks(failure, 0, (ConfigError, LookupError)), [1])
+        self.assertEqual(unexpected_ranks(errors[1], 3, (ConfigError,)), [3])
+        self.assertEqual(unexpected_ranks(errors[0], 3, (ConfigError,)), [])
 
     def test_a_problem_every_rank_saw_is_listed_without_ranks(self):
         self.assertEqual(merge_rank_problems([["a", "b"], ["a"], ["a", "b", "c"]]),
