@@ -53,6 +53,15 @@ def build_accelerator(training) -> Accelerator:
                                             logging_dir=str(logging_dir)))
 
 
+def configure_logging(level_name: str) -> None:
+    """The trainer's loggers at ``level_name`` (the loader resolved it); other libraries' at
+    INFO or above, as their DEBUG lines (PIL's, per image chunk) would bury the trainer's."""
+    level = logging.getLevelName(level_name)
+    logging.basicConfig(level=max(level, logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("simpletuner").setLevel(level)
+
+
 def exit_status_for(exc: Exception) -> int:
     if isinstance(exc, ConfigError):
         return EXIT_CONFIG
@@ -79,13 +88,12 @@ def main(argv: list[str] | None = None) -> int:
                                      "overrides that config.json option.")
     parser.add_argument("--config", default="config/config.json")
     args, option_args = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         configuration = load_with_option_args(args.config, option_args)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG
+    configure_logging(configuration.training.log_level)
     accelerator = build_accelerator(configuration.training)
     rank = accelerator.process_index
     try:
