@@ -89,8 +89,10 @@ class FailTogetherTest(unittest.TestCase):
             "--redirects", "2", str(LAUNCHER), str(self.status_dir), *injection,
             entry, *entry_args], self.env)
 
-    def train(self, **launch_options) -> subprocess.CompletedProcess:
-        return self.launch("train", ["--config", str(self.config())], **launch_options)
+    def train(self, config_options: dict | None = None,
+              **launch_options) -> subprocess.CompletedProcess:
+        return self.launch("train", ["--config", str(self.config(**(config_options or {})))],
+                           **launch_options)
 
     def rank_stderr(self, rank: int) -> str:
         (log,) = self.root.glob(f"logs/*/attempt_0/{rank}/stderr.log")
@@ -190,6 +192,18 @@ class FailTogetherTest(unittest.TestCase):
             validation_prompt="a red circle", validation_num_inference_steps=1))])
         self.assertStoppedTogether(run, "validation at step 1 failed on rank 0: "
                                         "NotADirectoryError")
+
+    def test_an_eval_loss_log_write_error_on_the_main_rank_stops_both(self):
+        self.new_run()
+        make_shapes(self.root / "eval", per_size=2, sizes=((64, 64),))
+        log = self.output / "eval_loss.jsonl"
+        log.mkdir(parents=True)
+        run = self.train(config_options=dict(eval_steps_interval=1, datasets=[
+            {"id": "shapes", "instance_data_dir": str(self.root / "data")},
+            {"id": "held-out", "dataset_type": "eval",
+             "instance_data_dir": str(self.root / "eval")}]))
+        self.assertStoppedTogether(run, f"writing {log} at step 1 failed on rank 0: "
+                                        "IsADirectoryError")
 
     def test_an_export_error_on_the_main_rank_stops_both(self):
         self.new_run()
