@@ -188,10 +188,12 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
     datasets: list[DatasetConfig] = []
     embed_entries: list[EmbedCacheEntry] = []
     first_index: dict[str, int] = {}
+    enabled_types: dict[str, str] = {}  # name -> dataset_type of every enabled one, usable or not
     for index, item in enumerate(raw):
-        label = f"{where}: dataset [{index}]"
+        name = f"dataset [{index}]"
         if isinstance(item, dict) and isinstance(item.get("id"), str):
-            label += f" (id '{item['id']}')"
+            name += f" (id '{item['id']}')"
+        label = f"{where}: {name}"
         if not isinstance(item, dict):
             problems.append(f"{label}: expected a JSON object, found {type(item).__name__}")
             continue
@@ -204,6 +206,8 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         before = len(problems)
         values = parse_fields(DatasetConfig, item, label, problems, MULTIDATABACKEND_JSON)
         usable = len(problems) == before
+        if not values.get("disabled", False):
+            enabled_types[name] = values.get("dataset_type", "image")
         if values.get("metadata_backend") == "parquet":
             values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
             usable = usable and values["parquet"] is not None
@@ -229,7 +233,18 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
             datasets.append(_with_absolute_paths(ds, base))
     if isinstance(raw, list) and not datasets and not problems:
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
+    _check_something_trains(enabled_types, where, problems)
     return apply_embed_entries(datasets, embed_entries, where, problems)
+
+
+def _check_something_trains(enabled_types: dict[str, str], where: str,
+                            problems: list[str]) -> None:
+    """Eval datasets are only evaluated: with nothing else the run would fail only once the
+    model is loaded and every dataset cached."""
+    if enabled_types and set(enabled_types.values()) == {"eval"}:
+        problems.append(f"{where}: every enabled dataset has 'dataset_type': 'eval' "
+                        f"({'; '.join(enabled_types)}), which is evaluated, never trained on; "
+                        "add a dataset to train on ('dataset_type': 'image', the default)")
 
 
 def _claim_id(dataset_id: str, index: int, label: str, first_index: dict[str, int],
