@@ -19,11 +19,13 @@ from simpletuner.configuration import ConfigError
 from simpletuner.configuration.command_line import load_with_option_args
 from simpletuner.helpers.caching.storage import CacheEntryError
 from simpletuner.common.clean_exit import exit_process
+from simpletuner.common.error_report import report_unexpected
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
+from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
-from simpletuner.common.together import RankFailure
 from simpletuner.models.base import ModelFolderError
+from simpletuner.training.checkpointing.manifest import CheckpointError
 from simpletuner.training.run.output_dir_claim import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
 from simpletuner.training.memory.sharding import ShardingError
@@ -31,14 +33,15 @@ from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_
                                            EXIT_PREEMPTED, EXIT_TRAINED, Diverged, Preempted,
                                            record_exit_status)
 from simpletuner.training.recipe import run_training
+from simpletuner.training.run.preemption import PreemptionWatcher, StopRequested
 from simpletuner.training.reporting.trackers import start_trackers, tracker_names
 
-logger = logging.getLogger("simpletuner.train")
-
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
+# A RankFailure is one when every rank's error it reports is; any other error is a bug whose
+# traceback is logged and kept (common/error_report.py).
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
-                   ModelFolderError, LoraTargetError, CacheEntryError, RankFailure, Preempted,
-                   Diverged, ShardingError)
+                   ModelFolderError, LoraTargetError, CacheEntryError, CaptionError,
+                   CheckpointError, Preempted, Diverged, ShardingError)
 
 
 def build_accelerator(training) -> Accelerator:
@@ -51,6 +54,15 @@ def build_accelerator(training) -> Accelerator:
                                             logging_dir=str(logging_dir)))
 
 
+def configure_logging(level_name: str) -> None:
+    """The trainer's loggers at ``level_name`` (the loader resolved it); other libraries' at
+    INFO or above, as their DEBUG lines (PIL's, per image chunk) would bury the trainer's."""
+    level = logging.getLevelName(level_name)
+    logging.basicConfig(level=max(level, logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("simpletuner").setLevel(level)
+
+
 def exit_status_for(exc: Exception) -> int:
     if isinstance(exc, ConfigError):
         return EXIT_CONFIG
@@ -61,14 +73,14 @@ def exit_status_for(exc: Exception) -> int:
     return EXIT_FAILED
 
 
-def train(configuration, accelerator) -> None:
+def train(configuration, accelerator, watcher: PreemptionWatcher) -> None:
     """The run, holding the output_dir lock; trackers start only once it is held, so a refused
     run writes nothing into another run's logs."""
     training = configuration.training
     with output_dir_claimed(Path(training.output_dir), accelerator,
                             str(configuration.config_path)):
         start_trackers(accelerator, training)
-        run_training(configuration, accelerator)
+        run_training(configuration, accelerator, watcher)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,24 +89,40 @@ def main(argv: list[str] | None = None) -> int:
                                      "overrides that config.json option.")
     parser.add_argument("--config", default="config/config.json")
     args, option_args = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         configuration = load_with_option_args(args.config, option_args)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG
-    accelerator = build_accelerator(configuration.training)
+    configure_logging(configuration.training.log_level)
+    # Stop signals are the run's from here to the end (see training/run/preemption.py).
+    with PreemptionWatcher(configuration.training.preemption_signals) as watcher:
+        try:
+            with watcher.stopping_at_once():
+                accelerator = build_accelerator(configuration.training)
+        except StopRequested as stop:
+            print(f"training stopped (exit status {EXIT_PREEMPTED}): {stop}", file=sys.stderr)
+            return EXIT_PREEMPTED
+        return train_and_report(configuration, accelerator, watcher)
+
+
+def train_and_report(configuration, accelerator, watcher: PreemptionWatcher) -> int:
+    """The exit status; a failure is one line per rank (and an unexpected one's traceback)."""
     rank = accelerator.process_index
     try:
         with logging_redirect_tqdm():  # log lines go above the progress bar, never into it
-            train(configuration, accelerator)
+            train(configuration, accelerator, watcher)
         return EXIT_TRAINED
+    except StopRequested as stop:
+        print(f"[rank {rank}] training stopped (exit status {EXIT_PREEMPTED}): {stop}",
+              file=sys.stderr)
+        return EXIT_PREEMPTED
     except Exception as exc:
-        if not isinstance(exc, EXPECTED_ERRORS):
-            logger.exception("[rank %d] unexpected error", rank)
+        where = report_unexpected(exc, rank=rank, output_dir=configuration.training.output_dir,
+                                  expected=EXPECTED_ERRORS)
         status = exit_status_for(exc)
-        print(f"[rank {rank}] training stopped (exit status {status}): {exc}", file=sys.stderr)
+        print(f"[rank {rank}] training stopped (exit status {status}): {exc}{where}",
+              file=sys.stderr)
         return status
     finally:
         accelerator.end_training()

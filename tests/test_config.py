@@ -144,6 +144,23 @@ class ConfigTest(unittest.TestCase):
         self.assertIn(f"{self.config_path}: key 'seed' appears more than once", problems[0])
         self.assertIn(f"{self.backend_path}: key 'id' appears more than once", problems[1])
 
+    def test_only_eval_datasets_is_reported_with_the_rest_naming_the_file_and_each(self):
+        problems = self.problems({"learning_rate": "fast"}, [
+            self.dataset(dataset_type="eval"), self.dataset(id="held-out", dataset_type="eval"),
+            self.dataset(id="off", disabled=True)])  # a disabled image dataset trains nothing
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("learning_rate", problems[0])
+        self.assertTrue(problems[1].startswith(
+            f"{self.backend_path}: every enabled dataset has 'dataset_type': 'eval' (dataset "
+            "[0] (id 'photos'); dataset [1] (id 'held-out')), which is evaluated, never trained "
+            "on"), problems[1])
+
+    def test_an_image_dataset_with_a_problem_still_counts_as_one_to_train_on(self):
+        problems = self.problems({}, [self.dataset(caption_stratgy="textfile"),
+                                      self.dataset(id="held-out", dataset_type="eval")])
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("did you mean 'caption_strategy'", problems[0])
+
     def test_missing_required_options(self):
         self.config_path.write_text(json.dumps({"data_backend_config": str(self.backend_path)}))
         self.backend_path.write_text(json.dumps([self.dataset()]))

@@ -1,17 +1,25 @@
 """Evaluation loss: logged every eval_steps_interval, identical when the run is repeated, and a
-run resumed with evaluation on ends exactly as the uninterrupted run (and evaluates the same)."""
+run resumed with evaluation on ends exactly as the uninterrupted run (and evaluates the same); a
+run killed after logging past its last checkpoint and resumed in the same output_dir logs every
+step once."""
 
 from __future__ import annotations
 
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from training_fixtures import make_shapes, read_jsonl, run_training, write_config
+from training_fixtures import (REPO, environment, make_shapes, read_jsonl, run_training,
+                               write_config)
+
+LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
 
 OPTIONS = dict(max_train_steps=6, checkpointing_steps=4, eval_steps_interval=2)
 
@@ -39,6 +47,24 @@ class EvalLossTest(unittest.TestCase):
             config = write_config(root, root / "data", "resumed", datasets=datasets(root),
                                   resume_from_checkpoint="latest", **OPTIONS)
             cls.runs["resumed"] = run_training(config, cls.tmp)
+            cls.crash_and_resume()
+
+    @classmethod
+    def crash_and_resume(cls):
+        """Killed as the step-6 evaluation returns (after checkpoint-4 and its line), then
+        resumed ('latest': checkpoint-4) with the same config in the same output_dir."""
+        root = cls.root
+        config = write_config(root, root / "data", "crashed", datasets=datasets(root),
+                              resume_from_checkpoint="latest", **OPTIONS)
+        (root / "status").mkdir()
+        cls.killed = subprocess.run(
+            [sys.executable, str(LAUNCHER), str(root / "status"), "--fault",
+             "simpletuner.training.reporting.evaluation:Evaluator.run", "--killed-after", "3",
+             "train", "--config", str(config)],
+            cwd=REPO, env=environment(cls.tmp), capture_output=True, text=True, timeout=300)
+        log = root / "crashed-out" / "eval_loss.jsonl"
+        cls.killed_lines = read_jsonl(log) if log.is_file() else []
+        cls.runs["after-crash"] = run_training(config, cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
@@ -68,6 +94,21 @@ class EvalLossTest(unittest.TestCase):
         # Every log line starts a line of its own (tqdm clears the bar before writing it).
         glued = re.findall(r"[^\n]\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?:INFO|WARNING)", stderr)
         self.assertEqual(glued, [], stderr[-3000:])
+
+    def test_the_killed_run_logged_past_its_last_checkpoint(self):
+        self.assertEqual(self.killed.returncode, -signal.SIGKILL, self.killed.stderr[-3000:])
+        self.assertEqual([line["step"] for line in self.killed_lines], [2, 4, 6])
+        self.assertEqual(sorted(p.name for p in (self.root / "crashed-out").glob("checkpoint-*")),
+                         ["checkpoint-4"])
+
+    def test_resumed_after_a_crash_each_step_is_logged_once_with_the_uninterrupted_value(self):
+        result = self.runs["after-crash"]
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn(f"resumed from {self.root / 'crashed-out' / 'checkpoint-4'} at step 4",
+                      result.stderr)
+        logged = [(line["step"], line["eval_loss"]) for line in
+                  read_jsonl(self.root / "crashed-out" / "eval_loss.jsonl")]
+        self.assertEqual(logged, sorted(self.evaluations("full").items()))
 
     def test_resume_with_eval_on_equals_the_uninterrupted_run(self):
         resumed = self.evaluations("resumed")

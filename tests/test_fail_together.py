@@ -19,11 +19,13 @@ from fault_launcher import injected_message
 from launching import run_bounded
 from training_fixtures import environment, make_shapes, run_training, write_config
 
-from simpletuner.configuration import load_configuration
+from simpletuner.common.error_report import unexpected_ranks
+from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.caching.prepare import read_captions
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.backends.captions import CaptionError
-from simpletuner.common.together import RankFailure, describe_failures
+from simpletuner.common.together import (RankFailure, class_names, describe_error,
+                                         describe_failures)
 from simpletuner.training.preflight import merge_rank_problems
 
 LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
@@ -58,10 +60,13 @@ class FailTogetherTest(unittest.TestCase):
         return write_config(self.root, self.root / "data", "run", max_train_steps=1, **options)
 
     def launch(self, entry: str, entry_args: list[str], fault: str | None = None,
-               on_rank: int = 0, config_problem: bool = False) -> subprocess.CompletedProcess:
+               on_rank: int = 0, config_problem: bool = False,
+               broken_self: bool = False) -> subprocess.CompletedProcess:
         injection = ["--fault", fault, "--on-rank", str(on_rank)] if fault else []
         if config_problem:
             injection.append("--config-problem")
+        if broken_self:
+            injection.append("--broken-self")
         # Each rank's stderr goes to its own file (--redirects 2), so lines never interleave.
         return run_bounded([
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
@@ -69,8 +74,10 @@ class FailTogetherTest(unittest.TestCase):
             "--redirects", "2", str(LAUNCHER), str(self.status_dir), *injection,
             entry, *entry_args], tmpdir=self.tmp, env=self.env, timeout=RUN_TIMEOUT)
 
-    def train(self, **launch_options) -> subprocess.CompletedProcess:
-        return self.launch("train", ["--config", str(self.config())], **launch_options)
+    def train(self, config_options: dict | None = None,
+              **launch_options) -> subprocess.CompletedProcess:
+        return self.launch("train", ["--config", str(self.config(**(config_options or {})))],
+                           **launch_options)
 
     def rank_stderr(self, rank: int) -> str:
         (log,) = self.root.glob(f"logs/*/attempt_0/{rank}/stderr.log")
@@ -115,6 +122,28 @@ class FailTogetherTest(unittest.TestCase):
         self.assertStoppedTogether(
             run, f"loading the model failed on rank 1: RuntimeError: {injected_message(1)}")
 
+    def test_a_bug_on_one_rank_keeps_that_ranks_traceback_in_the_file_both_name(self):
+        self.new_run()
+        run = self.train(fault="simpletuner.models.base:ModelAdapter.move_to", on_rank=1,
+                         broken_self=True)
+        kept = self.output / "logs" / "rank-1-error.txt"
+        self.assertStoppedTogether(
+            run, "loading the model failed on rank 1: AttributeError: 'NoneType' object has no "
+                 f"attribute 'trainable'; traceback in {kept}")
+        stack = kept.read_text()
+        # The original stack, down to the line that raised, then the agreed failure it caused.
+        self.assertRegex(stack, r'File "[^"]*simpletuner/models/base\.py", line \d+, in move_to'
+                                r'\n +self\.trainable\.to\(device\)')
+        self.assertIn(", in run_training\n", stack)
+        self.assertIn("The above exception was the direct cause", stack)
+        self.assertTrue(stack.endswith("RankFailure: loading the model failed on rank 1: "
+                                       "AttributeError: 'NoneType' object has no attribute "
+                                       "'trainable'\n"), stack[-500:])
+        self.assertRegex(self.rank_stderr(1), r"ERROR simpletuner\.common\.error_report: "
+                                              r"\[rank 1\] unexpected error\nTraceback")
+        self.assertNotIn("Traceback", self.rank_stderr(0))  # rank 0 only waited
+        self.assertFalse((self.output / "logs" / "rank-0-error.txt").exists())
+
     # -- caching: each rank encodes and reads captions for its own share ------------------
 
     def test_an_encode_error_on_either_rank_stops_both(self):
@@ -148,6 +177,27 @@ class FailTogetherTest(unittest.TestCase):
             validation_prompt="a red circle", validation_num_inference_steps=1))])
         self.assertStoppedTogether(run, "validation at step 1 failed on rank 0: "
                                         "NotADirectoryError")
+
+    def test_an_eval_loss_log_write_error_on_the_main_rank_stops_both(self):
+        self.new_run()
+        make_shapes(self.root / "eval", per_size=2, sizes=((64, 64),))
+        log = self.output / "eval_loss.jsonl"
+        log.mkdir(parents=True)
+        run = self.train(config_options=dict(eval_steps_interval=1, datasets=[
+            {"id": "shapes", "instance_data_dir": str(self.root / "data")},
+            {"id": "held-out", "dataset_type": "eval",
+             "instance_data_dir": str(self.root / "eval")}]))
+        self.assertStoppedTogether(run, f"writing {log} at step 1 failed on rank 0: "
+                                        "IsADirectoryError")
+
+    # Until the recipe calls report_skipped_files_together on every rank: see startup.py.
+    @unittest.expectedFailure
+    def test_a_skipped_files_report_write_error_on_the_main_rank_stops_both(self):
+        self.new_run()
+        report = self.output / "skipped_files.json"
+        report.mkdir(parents=True)
+        run = self.train()
+        self.assertStoppedTogether(run, f"writing {report} failed on rank 0: IsADirectoryError")
 
     def test_an_export_error_on_the_main_rank_stops_both(self):
         self.new_run()
@@ -200,6 +250,8 @@ class CaptionReadTest(unittest.TestCase):
                                 run.stderr, re.M)
         self.assertIn("CaptionError: 2 caption file(s) cannot be used: caption file "
                       f"{self.bad[0]} is not UTF-8 text", message)
+        self.assertNotIn("traceback in", message)  # an expected error: its message is the story
+        self.assertFalse((self.root / "config-out" / "logs" / "rank-0-error.txt").exists())
 
 
 class MessageTest(unittest.TestCase):
@@ -210,6 +262,15 @@ class MessageTest(unittest.TestCase):
                          "export failed on ranks 0, 2: E: x")
         self.assertEqual(str(RankFailure("export", [(1, "E: x"), (2, "F: y")])),
                          "export failed on 2 ranks: rank 1: E: x; rank 2: F: y")
+
+    def test_only_the_ranks_whose_error_is_unexpected_have_a_traceback_file(self):
+        errors = {0: ConfigError(["a"]), 1: AttributeError("b"), 2: KeyError("c")}
+        failure = RankFailure("x", [(r, describe_error(e)) for r, e in errors.items()],
+                              {r: class_names(e) for r, e in errors.items()})
+        self.assertEqual(unexpected_ranks(failure, 0, (ConfigError,)), [1, 2])
+        self.assertEqual(unexpected_ranks(failure, 0, (ConfigError, LookupError)), [1])
+        self.assertEqual(unexpected_ranks(errors[1], 3, (ConfigError,)), [3])
+        self.assertEqual(unexpected_ranks(errors[0], 3, (ConfigError,)), [])
 
     def test_a_problem_every_rank_saw_is_listed_without_ranks(self):
         self.assertEqual(merge_rank_problems([["a", "b"], ["a"], ["a", "b", "c"]]),

@@ -1,9 +1,15 @@
 """What a training run says about its data: every skipped file with its reason, in a JSON file
-in output_dir, and the first ones in the log."""
+in output_dir, and the first ones in the log; every rank calls the report, so a failed write
+stops them all (real two-process gloo runs)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -12,6 +18,8 @@ from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
 from simpletuner.helpers.metadata.startup import report_skipped_files
 
 LOGGER = "simpletuner.helpers.metadata.startup"
+RUNNER = Path(__file__).resolve().parent / "skipped_files_runner.py"
+RUN_TIMEOUT = 120  # one run takes a few seconds; past this a rank is taken to hang
 
 
 def index(dataset_id: str, skipped: list[SkippedFile]) -> DatasetIndex:
@@ -55,6 +63,50 @@ class SkippedFilesReportTest(unittest.TestCase):
         self.assertEqual(json.loads(path.read_text()), {"photos": []})
         self.assertIn("no file was skipped", logs.records[0].getMessage())
         self.assertEqual([p.name for p in self.output.iterdir()], ["skipped_files.json"])
+
+
+
+class SkippedFilesOnEveryRankTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.output = Path(self.tmp.name) / "out"
+
+    def run_ranks(self) -> tuple[int, dict[int, str]]:
+        """Two ranks; the status and each rank's line. A hang kills both and fails the test."""
+        env = dict(os.environ, TMPDIR=self.tmp.name, PYTHONPATH=os.pathsep.join(
+            [str(RUNNER.parents[1]), os.environ.get("PYTHONPATH", "")]))
+        process = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+             "2", str(RUNNER), str(self.output)], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise AssertionError(f"ranks hung for {RUN_TIMEOUT} s") from None
+        lines = {int(rank): text for rank, text in re.findall(r"^\[rank (\d)\] (.*)$", stdout,
+                                                               re.M)}
+        self.assertEqual(sorted(lines), [0, 1], stdout + stderr[-3000:])
+        return process.returncode, lines
+
+    def test_the_main_rank_writes_the_report_and_every_rank_returns_its_path(self):
+        status, lines = self.run_ranks()
+        report = self.output / "skipped_files.json"
+        self.assertEqual(status, 0, lines)
+        self.assertEqual(lines, {0: f"reported {report}", 1: f"reported {report}"})
+        self.assertEqual(json.loads(report.read_text()), {
+            "art": [], "photos": [{"path": "bad.png", "reason": "truncated or unreadable header"}]})
+
+    def test_a_failed_write_on_the_main_rank_stops_both_ranks_with_one_message(self):
+        report = self.output / "skipped_files.json"
+        report.mkdir(parents=True)  # a real IsADirectoryError when the file is renamed over it
+        status, lines = self.run_ranks()
+        self.assertNotEqual(status, 0)
+        self.assertEqual(lines[0], lines[1])
+        self.assertTrue(lines[0].startswith(f"failed: writing {report} failed on rank 0: "
+                                            "IsADirectoryError"), lines[0])
 
 
 if __name__ == "__main__":

@@ -95,6 +95,18 @@ class TrainShTest(unittest.TestCase):
         self.assertIn(f"is in use by another run (pid {os.getpid()}", output)
         self.assert_not_launched(output)
 
+    def test_only_eval_datasets_are_refused_before_launch(self):
+        config = write_config(self.root, self.root / "data", "eval-only", datasets=[
+            {"id": "held-out", "dataset_type": "eval",
+             "instance_data_dir": str(self.root / "data")}])
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn(f"{self.root / 'eval-only-multidatabackend.json'}: every enabled dataset "
+                      "has 'dataset_type': 'eval' (dataset [0] (id 'held-out'))", output)
+        self.assert_not_launched(output)
+        self.assertFalse((self.root / "eval-only-out").exists())  # no model load, no cache
+
     def assert_not_launched(self, output: str) -> None:
         for launched in ("Traceback", "CalledProcessError", "training stopped", "accelerate"):
             self.assertNotIn(launched, output)

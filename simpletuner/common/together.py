@@ -5,13 +5,15 @@ Wrap a step that runs on some ranks only, or that can fail on one rank, in ``fai
 Every rank must enter the block (a rank with nothing to do runs an empty one): on the way out
 the ranks exchange their outcomes in one gather, and if any failed, all raise ``RankFailure``
 naming each failed rank and its error. The gather is also a barrier: when the block is left,
-every rank has finished it.
+every rank has finished it. A rank that failed raises the RankFailure ``from`` its own exception,
+so that traceback stays in the chain; every rank learns each failed rank's exception classes
+(``error_types``), so a rank that did not fail can tell an expected error from a bug.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from accelerate.utils import gather_object
@@ -22,9 +24,12 @@ logger = logging.getLogger(__name__)
 class RankFailure(RuntimeError):
     """Raised on every rank, with the same message, when a step failed on one rank or more."""
 
-    def __init__(self, what: str, failures: Sequence[tuple[int, str]]):
+    def __init__(self, what: str, failures: Sequence[tuple[int, str]],
+                 error_types: Mapping[int, Sequence[str]] | None = None):
         self.what = what
         self.failures = list(failures)
+        # rank -> qualified names of the classes of its exception (class_names), most derived first
+        self.error_types = {rank: tuple(names) for rank, names in (error_types or {}).items()}
         super().__init__(describe_failures(what, self.failures))
 
 
@@ -46,12 +51,19 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def raise_if_any_failed(what: str, error: str | None) -> None:
-    """The collective: every rank calls it with its own error text (None when it succeeded)."""
-    gathered = gather_object([error])
-    failures = [(rank, text) for rank, text in enumerate(gathered) if text is not None]
-    if failures:
-        raise RankFailure(what, failures)
+def class_names(exc: BaseException) -> tuple[str, ...]:
+    """``module.QualName`` of the exception's class and of every class it derives from."""
+    return tuple(f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__)
+
+
+def raise_if_any_failed(what: str, error: BaseException | None) -> None:
+    """The collective: every rank calls it with its own exception (None when it succeeded)."""
+    outcome = None if error is None else (describe_error(error), class_names(error))
+    gathered = gather_object([outcome])
+    failed = [(rank, got) for rank, got in enumerate(gathered) if got is not None]
+    if failed:
+        raise RankFailure(what, [(rank, text) for rank, (text, _) in failed],
+                          {rank: types for rank, (_, types) in failed})
 
 
 @contextmanager
@@ -66,9 +78,10 @@ def failing_together(what: str) -> Iterator[None]:
     except RankFailure:
         raise
     except Exception as exc:
+        # Every error's stack, expected ones too, at log_level DEBUG; train.py logs a bug's at ERROR.
         logger.debug("%s failed on this rank", what, exc_info=True)
         try:
-            raise_if_any_failed(what, describe_error(exc))
+            raise_if_any_failed(what, exc)
         except RankFailure as agreed:
             raise agreed from exc
     raise_if_any_failed(what, None)

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,13 @@ from simpletuner.configuration.embed_entries import (EmbedCacheEntry, apply_embe
                                                      is_embed_entry, parse_embed_entry)
 from simpletuner.configuration.errors import ConfigError
 from simpletuner.configuration.fields import normalise_key, parse_fields
-from simpletuner.configuration.options import FLOW_FAMILIES, TrainingConfig
+from simpletuner.configuration.options import FLOW_FAMILIES, LogLevel, TrainingConfig
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PIXEL_TYPES = ("pixel", "pixel_area")  # resolution types whose resolution counts pixels
 COMMAND_LINE = "command line"  # where overrides come from, in messages
+LOG_LEVEL_ENV = "SIMPLETUNER_LOG_LEVEL"  # SimpleTuner's setting (config.env); log_level wins
 
 
 @dataclass
@@ -186,10 +188,12 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
     datasets: list[DatasetConfig] = []
     embed_entries: list[EmbedCacheEntry] = []
     first_index: dict[str, int] = {}
+    enabled_types: dict[str, str] = {}  # name -> dataset_type of every enabled one, usable or not
     for index, item in enumerate(raw):
-        label = f"{where}: dataset [{index}]"
+        name = f"dataset [{index}]"
         if isinstance(item, dict) and isinstance(item.get("id"), str):
-            label += f" (id '{item['id']}')"
+            name += f" (id '{item['id']}')"
+        label = f"{where}: {name}"
         if not isinstance(item, dict):
             problems.append(f"{label}: expected a JSON object, found {type(item).__name__}")
             continue
@@ -202,6 +206,8 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         before = len(problems)
         values = parse_fields(DatasetConfig, item, label, problems, MULTIDATABACKEND_JSON)
         usable = len(problems) == before
+        if not values.get("disabled", False):
+            enabled_types[name] = values.get("dataset_type", "image")
         if values.get("metadata_backend") == "parquet":
             values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
             usable = usable and values["parquet"] is not None
@@ -227,7 +233,18 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
             datasets.append(_with_absolute_paths(ds, base))
     if isinstance(raw, list) and not datasets and not problems:
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
+    _check_something_trains(enabled_types, where, problems)
     return apply_embed_entries(datasets, embed_entries, where, problems)
+
+
+def _check_something_trains(enabled_types: dict[str, str], where: str,
+                            problems: list[str]) -> None:
+    """Eval datasets are only evaluated: with nothing else the run would fail only once the
+    model is loaded and every dataset cached."""
+    if enabled_types and set(enabled_types.values()) == {"eval"}:
+        problems.append(f"{where}: every enabled dataset has 'dataset_type': 'eval' "
+                        f"({'; '.join(enabled_types)}), which is evaluated, never trained on; "
+                        "add a dataset to train on ('dataset_type': 'image', the default)")
 
 
 def _claim_id(dataset_id: str, index: int, label: str, first_index: dict[str, int],
@@ -265,6 +282,19 @@ def _apply_overrides(raw: dict, overrides: dict[str, Any], problems: list[str]) 
     return {**kept, **accepted}
 
 
+def _log_level(training: TrainingConfig, problems: list[str]) -> str | None:
+    """config.json's log_level, else SimpleTuner's environment variable (any case), else INFO."""
+    if training.log_level is not None:
+        return training.log_level
+    value = os.environ.get(LOG_LEVEL_ENV, "INFO")
+    levels = typing.get_args(LogLevel)
+    if value.upper() not in levels:
+        problems.append(f"environment variable {LOG_LEVEL_ENV} is {value!r}; use one of "
+                        f"{', '.join(levels)}, or set log_level in config.json")
+        return None
+    return value.upper()
+
+
 def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = None,
                        overrides: dict[str, Any] | None = None) -> Configuration:
     """Read both files; raise one ConfigError listing every problem found in either.
@@ -288,8 +318,10 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
             ds.dataset_type == "eval" for ds in datasets):
         problems.append(f"{path}: key 'eval_steps_interval' needs a dataset with "
                         "'dataset_type': 'eval' in the dataset file")
+    log_level = _log_level(training, problems) if training is not None else None
     if problems:
         raise ConfigError(problems)
     assert training is not None
     training.output_dir = str(_resolve(training.output_dir, base).resolve())
+    training.log_level = log_level
     return Configuration(config_path=path, training=training, datasets=datasets)

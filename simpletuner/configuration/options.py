@@ -20,6 +20,7 @@ OptimizerName = Literal["adamw", "adamw_bf16", "ao-adamw8bit", "bnb-adamw8bit", 
                         "adafactor", "lion"]
 
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
 @dataclass
@@ -125,6 +126,11 @@ class TrainingConfig:
         "unless WANDB_API_KEY or WANDB_MODE is set")
     tracker_project_name: str = option("simpletuner", help="the trackers' project")
     tracker_run_name: str | None = option(None, help="this run's name in the trackers")
+    log_level: LogLevel | None = option(
+        None, help="the trainer's log lines at this level and above (other libraries': at it "
+        "or INFO, whichever is higher); DEBUG adds the traceback of every error that stopped a "
+        "step, expected ones too; none = the SIMPLETUNER_LOG_LEVEL environment variable "
+        "(SimpleTuner's setting), else INFO")
     trace_samples: bool = option(False)
     preemption_signals: list[StopSignal] = option(
         ["SIGTERM", "SIGINT", "SIGUSR1"], help="signals that end the run with a checkpoint at "

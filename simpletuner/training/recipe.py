@@ -22,7 +22,8 @@ from simpletuner.common.together import failing_together
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
 from simpletuner.helpers.metadata.permutation import stable_seed
-from simpletuner.helpers.metadata.startup import build_sampler, report_skipped_files, start_data
+from simpletuner.helpers.metadata.startup import (build_sampler, report_skipped_files_together,
+                                                  start_data)
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
@@ -39,7 +40,7 @@ from simpletuner.training.memory.sharding import (accumulating, network_on_main,
 from simpletuner.training.optimization.optimizers import build_optimizer
 from simpletuner.training.optimization.schedules import build_lr_scheduler
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
-from simpletuner.training.reporting.evaluation import build_evaluator
+from simpletuner.training.reporting.evaluation import Evaluator
 from simpletuner.training.reporting.validation import is_validation_step, run_validation
 from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
@@ -130,8 +131,7 @@ class Trainer:
         self.guard = NonFiniteGuard(self.training.max_nonfinite_steps,
                                     loss_scaled=self.accelerator.scaler is not None,
                                     bad_steps=self.state.nonfinite_steps)
-        self.evaluator = build_evaluator(self.training, self.data, self.caches, self.adapter,
-                                         self.parts.network, self.accelerator)
+        self.evaluator = self._build_evaluator()
         self.trace = self._open_trace()
         self._report_start()
 
@@ -201,6 +201,17 @@ class Trainer:
                         model_type=self.training.model_type, final_loss=state.final_loss,
                         nonfinite_steps=state.nonfinite_steps)
 
+    def _build_evaluator(self) -> Evaluator | None:
+        """Every rank builds it; a resumed run first cuts eval_loss.jsonl back to its step."""
+        settings = self.settings.evaluation
+        if not settings.eval_steps_interval:
+            return None
+        sampler = build_sampler(self.data, self.training, self.accelerator,
+                                indexes=self.caches.indexes, evaluation=True)
+        return Evaluator(sampler, self.caches.assembler, self.adapter, self.parts.network,
+                         seed=self.seed, settings=settings, accelerator=self.accelerator,
+                         resume_step=self.state.step)
+
     def _open_trace(self) -> TraceWriter | None:
         if not self.training.trace_samples:
             return None
@@ -211,9 +222,7 @@ class Trainer:
     def _report_start(self) -> None:
         training, main = self.training, self.accelerator.is_main_process
         world = self.accelerator.num_processes
-        with failing_together("writing the skipped files' report"):
-            if main:
-                report_skipped_files(self.caches.indexes, self.output_dir)
+        report_skipped_files_together(self.caches.indexes, self.output_dir, self.accelerator)
         if not main:
             return
         for warning in run_warnings(training, world, self.total_steps - self.state.step):
@@ -370,5 +379,6 @@ class Trainer:
         return TrainingResult(self.state.step, self.state.final_loss, pipeline_dir)
 
 
-def run_training(configuration: Configuration, accelerator) -> TrainingResult:
-    return Trainer(configuration, accelerator).run()
+def run_training(configuration: Configuration, accelerator,
+                 watcher: PreemptionWatcher | None = None) -> TrainingResult:
+    return Trainer(configuration, accelerator, watcher).run()

@@ -11,8 +11,8 @@ Every rank makes the same calls in the same order, so none waits alone in a coll
 5. the shared seed is resolved: the configured one, else drawn on the main rank and broadcast.
 
 The trainer then caches (which may drop undecodable samples from the index on every rank with
-``DatasetIndex.without``), calls ``build_sampler`` with the final indexes, and on the main rank
-``report_skipped_files``, which names every file left out and why.
+``DatasetIndex.without``), calls ``build_sampler`` with the final indexes, and on every rank
+``report_skipped_files_together``: the main rank names every file left out and why.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import Configuration, TrainingConfig
 from simpletuner.common.atomic import atomic_write_json
+from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import check_bucket_sizes
@@ -130,4 +131,16 @@ def report_skipped_files(indexes: Mapping[str, DatasetIndex], output_dir: Path) 
         logger.warning("%d files were skipped and are not trained on:\n%s%s\nthe full list: %s",
                        len(named), "\n".join(named[:SKIPPED_NAMED_IN_LOG]),
                        f"\n  ... and {more} more" if more > 0 else "", path)
+    return path
+
+
+def report_skipped_files_together(indexes: Mapping[str, DatasetIndex], output_dir: Path,
+                                  accelerator) -> Path:
+    """Every rank calls this: the main rank writes and logs the report (report_skipped_files)
+    in a failing_together block, so a failed write stops every rank, none is left waiting in
+    the next collective. Returns the report's path, on every rank."""
+    path = Path(output_dir) / SKIPPED_FILES
+    with failing_together(f"writing {path}"):
+        if accelerator.is_main_process:
+            report_skipped_files(indexes, output_dir)
     return path

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from simpletuner.common.atomic import atomic_write_bytes
+from simpletuner.common.jsonl_log import keep_leading_records
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 
 
@@ -26,32 +26,11 @@ def trace_record(batch: MicroBatch) -> dict:
             "bucket": batch.bucket, "samples": [s.sample_id for s in batch.samples]}
 
 
-def _written_before(line: bytes, position: tuple[int, int]) -> bool:
-    """Whether a trace line is complete and records a micro-batch before ``position``."""
-    if not line.endswith(b"\n"):
-        return False  # torn by the crash
-    try:
-        record = json.loads(line)
-        return (int(record["epoch"]), int(record["step"])) < position
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        return False
-
-
 def truncate_trace(path: Path, position: tuple[int, int]) -> None:
-    """Keep the lines before ``position`` = (epoch, micro-batch index), atomically.
-
-    Lines are in the order they were written, so the kept lines are a prefix; the first line
-    at or past the position (or a damaged one) ends it.
-    """
-    if not path.is_file():
-        return
-    kept = bytearray()
-    with open(path, "rb") as handle:
-        for line in handle:
-            if not _written_before(line, position):
-                break
-            kept += line
-    atomic_write_bytes(path, bytes(kept))
+    """Keep the lines before ``position`` = (epoch, micro-batch index), atomically (a damaged
+    line, and every line after it, goes too)."""
+    keep_leading_records(path, lambda record: (int(record["epoch"]), int(record["step"]))
+                         < position)
 
 
 class TraceWriter:

@@ -5,7 +5,10 @@ evaluation sampler (one sample per rank per micro-batch, nothing trimmed twice d
 draws noise and timesteps from generators seeded by (seed, rank, micro-batch), with the network
 in eval mode and no gradients. It touches neither the training sampler nor any global RNG, so a
 run with evaluation on trains exactly as one without, and a resumed run's evaluations equal the
-uninterrupted run's. Every rank takes part (one all-reduce); the main rank logs the mean.
+uninterrupted run's. Every rank takes part (one all-reduce); the main rank logs the mean and
+appends it to ``output_dir/eval_loss.jsonl`` inside failing_together, so a failed write stops
+every rank. A resumed run first cuts that file back to the lines up to its resume step: a
+crashed run logged past its last checkpoint, and the resumed run logs those steps again.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from pathlib import Path
 
 import torch
 
+from simpletuner.common.jsonl_log import keep_leading_records
+from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.permutation import stable_seed
-from simpletuner.helpers.metadata.startup import build_sampler
+from simpletuner.training.settings import EvaluationSettings
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +36,22 @@ def _generator(seed: int, rank: int, index: int) -> torch.Generator:
 
 class Evaluator:
     def __init__(self, sampler, assembler, adapter, network: torch.nn.Module, *, seed: int,
-                 interval: int, accelerator, output_dir: Path):
-        """``sampler``: a MultiAspectSampler over the eval datasets; ``network``: the unwrapped
-        trainable module (no DDP hooks: evaluation runs no backward)."""
+                 settings: EvaluationSettings, accelerator, resume_step: int | None = None):
+        """``sampler``: a MultiAspectSampler over the eval datasets (built with
+        ``evaluation=True``; the eval datasets are cached with the rest); ``network``: the unwrapped
+        trainable module (no DDP hooks: evaluation runs no backward). Every rank builds it:
+        with ``resume_step`` (the step the run starts from, 0 when fresh) the main rank first
+        drops the log's lines of later steps, in a failing_together block; None leaves the
+        log as it is."""
         self.sampler, self.assembler, self.adapter = sampler, assembler, adapter
-        self.network, self.seed, self.interval = network, seed, interval
+        self.network, self.seed, self.interval = network, seed, settings.eval_steps_interval
         self.accelerator = accelerator
-        self.log_path = Path(output_dir) / EVAL_LOG
+        self.log_path = Path(settings.output_dir) / EVAL_LOG
+        if resume_step is not None:
+            with failing_together(f"cutting {self.log_path} back to step {resume_step}"):
+                if accelerator.is_main_process:
+                    keep_leading_records(self.log_path,
+                                         lambda record: int(record["step"]) <= resume_step)
 
     def is_due(self, step: int) -> bool:
         return step % self.interval == 0
@@ -64,23 +78,13 @@ class Evaluator:
         return float(total[0] / total[1])
 
     def run(self, step: int) -> float:
+        """Every rank calls it at the same step; returns the mean loss."""
         value = self.loss()
-        if self.accelerator.is_main_process:
-            self.accelerator.log({"eval/loss": value}, step=step)
-            with self.log_path.open("a", encoding="utf-8") as log:
-                log.write(json.dumps({"step": step, "eval_loss": value}) + "\n")
-            logger.info("eval loss at step %d: %.6f", step, value)
+        with failing_together(f"writing {self.log_path} at step {step}"):
+            if self.accelerator.is_main_process:
+                self.accelerator.log({"eval/loss": value}, step=step)
+                with self.log_path.open("a", encoding="utf-8") as log:
+                    log.write(json.dumps({"step": step, "eval_loss": value}) + "\n")
+                logger.info("eval loss at step %d: %.6f", step, value)
         return value
 
-
-def build_evaluator(training, startup, caches, adapter, network: torch.nn.Module,
-                    accelerator) -> Evaluator | None:
-    """The run's evaluator, or None when eval_steps_interval is 0. ``startup`` and ``caches``
-    are what start_data and prepare_caches returned (the eval datasets are cached with the rest)."""
-    if not training.eval_steps_interval:
-        return None
-    sampler = build_sampler(startup, training, accelerator, indexes=caches.indexes,
-                            evaluation=True)
-    return Evaluator(sampler, caches.assembler, adapter, network, seed=startup.seed,
-                     interval=training.eval_steps_interval, accelerator=accelerator,
-                     output_dir=Path(training.output_dir))

@@ -1,0 +1,42 @@
+"""Writes the skipped-files report of two small indexes into OUT through the real
+report_skipped_files_together, called by every rank of a real gloo run.
+
+    torchrun --standalone --nproc_per_node N skipped_files_runner.py OUT
+
+Each rank prints one line, "[rank k] reported <path>" or "[rank k] failed: <error>", and exits
+0 or 1."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from accelerate import Accelerator
+
+from simpletuner.common.clean_exit import exit_process
+from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.startup import report_skipped_files_together
+
+SKIPPED = {"photos": [SkippedFile("bad.png", "truncated or unreadable header")], "art": []}
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    accelerator = Accelerator(cpu=True)
+    rank = accelerator.process_index
+    indexes = {dataset_id: DatasetIndex(dataset_id, {"64x64": ["kept.png"]},
+                                        {"kept.png": (64, 64)}, skipped)
+               for dataset_id, skipped in SKIPPED.items()}
+    try:
+        path = report_skipped_files_together(indexes, out, accelerator)
+        print(f"[rank {rank}] reported {path}", flush=True)
+        return 0
+    except Exception as exc:
+        print(f"[rank {rank}] failed: {exc}", flush=True)
+        return 1
+    finally:
+        accelerator.end_training()
+
+
+if __name__ == "__main__":
+    exit_process(main())  # after gloo collectives: see clean_exit.py
