@@ -20,7 +20,8 @@ from simpletuner.training.run.outcomes import EXIT_TRAINED
 from simpletuner.training.memory.sharding import shard_network
 
 SETTINGS = SimpleNamespace(fsdp_transformer_layer_cls_to_wrap=None, fsdp_sharding="full",
-                           fsdp_reshard_after_forward=True, mixed_precision="no")
+                           fsdp_reshard_after_forward=True, mixed_precision="no",
+                           optimizer="adamw")
 
 
 class Blocks(torch.nn.Module):

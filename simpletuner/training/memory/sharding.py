@@ -20,6 +20,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from simpletuner.training.optimization.optimizers import cast_trainable
+
 
 class ShardingError(ValueError):
     """An fsdp_* option that does not fit this network or this launch."""
@@ -85,6 +87,9 @@ def shard_network(network: torch.nn.Module, training, device_type: str) -> None:
     Call before the optimizer is built: its parameters must be the shards."""
     blocks = (named_blocks(network, training.fsdp_transformer_layer_cls_to_wrap)
               if training.fsdp_transformer_layer_cls_to_wrap else repeated_blocks(network))
+    # FSDP2 fixes each parameter's dtype when it shards: a later cast would leave gradients
+    # in the old dtype, which the optimizer refuses.
+    cast_trainable(network, training.optimizer)
     _take_main_ranks_values(network)
     settings = {"mesh": device_mesh(training.fsdp_sharding, device_type),
                 "mp_policy": precision_policy(training.mixed_precision)}

@@ -142,14 +142,25 @@ def optimizer_arguments(training) -> dict[str, Any]:
     return arguments
 
 
-def build_optimizer(network: torch.nn.Module, training) -> torch.optim.Optimizer:
-    """The configured optimizer over ``network``'s trainable parameters. Those become bf16 for
-    an optimizer that keeps its own precision (no fp32 copy is kept), else float32 (a LoRA on a
-    bf16 base starts in bf16)."""
-    spec = OPTIMIZERS[training.optimizer]
-    dtype = torch.bfloat16 if spec.bf16_weights else torch.float32
+def trained_dtype(optimizer: str) -> torch.dtype:
+    """The dtype of what trains: bf16 for an optimizer that keeps its own precision (no fp32
+    copy is kept), else float32 (a LoRA on a bf16 base starts in bf16)."""
+    return torch.bfloat16 if OPTIMIZERS[optimizer].bf16_weights else torch.float32
+
+
+def cast_trainable(network: torch.nn.Module, optimizer: str) -> list[torch.nn.Parameter]:
+    """``network``'s trainable parameters, cast to ``trained_dtype`` in place."""
+    dtype = trained_dtype(optimizer)
     parameters = [p for p in network.parameters() if p.requires_grad]
     for parameter in parameters:
         if parameter.dtype != dtype:
             parameter.data = parameter.data.to(dtype)
-    return spec.load_class()(parameters, **optimizer_arguments(training))
+    return parameters
+
+
+def build_optimizer(network: torch.nn.Module, training) -> torch.optim.Optimizer:
+    """The configured optimizer over ``network``'s trainable parameters, cast to
+    ``trained_dtype`` first."""
+    parameters = cast_trainable(network, training.optimizer)
+    return OPTIMIZERS[training.optimizer].load_class()(parameters,
+                                                      **optimizer_arguments(training))
