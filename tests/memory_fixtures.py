@@ -28,10 +28,10 @@ from model_fixtures import random_batch
 
 def case_config(case: dict) -> TrainingConfig:
     """The TrainingConfig of one grid case: a dict of option values and ``family``."""
-    options = {k: v for k, v in case.items() if k != "family"}
+    options = {"lora_rank": 4, **{k: v for k, v in case.items() if k != "family"}}
     return TrainingConfig(model_family=case["family"], output_dir="unused",
                           pretrained_model_name_or_path=f"builtin:tiny-{case['family']}",
-                          data_backend_config="unused", lora_rank=4, **options)
+                          data_backend_config="unused", **options)
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
