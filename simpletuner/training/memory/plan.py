@@ -76,13 +76,14 @@ def memory_table(plan: MemoryPlan, training, world: int) -> str:
                                               training)
     label_width = max(len(label) for label, _ in ddp)
     width = max(len(cell) for rows in columns.values() for _, cell in rows)
-    lines = _heading(training, world, plan)
+    lines = [wrapped for line in _heading(training, world, plan)
+             for wrapped in textwrap.wrap(line, 96)]
     lines.append(" " * label_width + "".join(f"  {name:>{width}}" for name in columns))
     for index, (label, _) in enumerate(ddp):
         cells = "".join(f"  {rows[index][1]:>{width}}" for rows in columns.values())
         lines.append(f"{label:{label_width}}{cells}".rstrip())
     if plan.fsdp_refusal:
-        lines.append(f"FSDP2 is not planned: {plan.fsdp_refusal}.")
+        lines += textwrap.wrap(f"FSDP2 is not planned: {plan.fsdp_refusal}.", 96)
     lines += textwrap.wrap(NOT_COUNTED, 96)
     return "\n".join(lines)
 
