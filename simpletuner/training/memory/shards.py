@@ -28,10 +28,5 @@ class RankPart:
             return 1 if self.rank == 0 else 0
         return shard_rows(shape[0], self.rank, self.world) * math.prod(shape[1:])
 
-    def local_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        if not self.sharded or not shape:
-            return tuple(shape)
-        return (shard_rows(shape[0], self.rank, self.world), *shape[1:])
-
 
 WHOLE = RankPart()
