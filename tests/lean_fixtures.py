@@ -6,24 +6,26 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
+from simpletuner.configuration import TrainingConfig
 from simpletuner.training.optimization.optimizers import build_optimizer
+from simpletuner.training.settings import OptimizerSettings
+from settings_fixtures import training_config
 from simpletuner.training.checkpointing.tensor_state import (load_optimizer, load_weights, save_optimizer,
                                               save_weights)
 
 
-def memory_settings(**overrides) -> SimpleNamespace:
-    """The TrainingConfig fields optimizers.py and quantization.py read, at their defaults."""
+def memory_settings(**overrides) -> TrainingConfig:
+    """A real TrainingConfig for the optimizer and precision settings these tests build."""
     values = dict(optimizer="adamw", optimizer_config=None, learning_rate=1e-3, adam_beta1=0.9,
                   adam_beta2=0.999, adam_weight_decay=1e-2, adam_epsilon=1e-8,
                   mixed_precision="no", model_type="lora", model_family="sd1x",
                   base_model_precision="no_change", text_encoder_1_precision="no_change",
                   text_encoder_2_precision="no_change", text_encoder_3_precision="no_change")
     values.update(overrides)
-    return SimpleNamespace(**values)
+    return training_config(**values)
 
 
 def autocast_for(settings):
@@ -59,7 +61,7 @@ def save_training(adapter, optimizer, folder: Path, lora: bool) -> None:
 
 def resume_training(adapter, settings, folder: Path, lora: bool):
     """The optimizer of a fresh run over ``adapter``, both loaded from ``folder``."""
-    optimizer = build_optimizer(adapter.trainable, settings)
+    optimizer = build_optimizer(adapter.trainable, OptimizerSettings.from_config(settings))
     load_weights(adapter.trainable, folder, lora)
     load_optimizer(optimizer, folder)
     return optimizer

@@ -1,21 +1,16 @@
-"""benchmarks/bench_memory.py computes device bytes from parameter shapes on the meta device;
-on the tiny models, which really run here, those numbers equal the bytes of the tensors the
-trainer creates: quantized frozen weights (inner tensors of torchao and quanto weights
-counted), LoRA weights, gradients after a backward pass and optimizer state after a step."""
+"""benchmarks/bench_memory.py sizes each choice with the memory model plan --memory uses; its
+rows for the tiny Flux network equal the bytes of the tensors the trainer creates for the same
+choice (memory_fixtures.measure: real quantization, LoRA, backward pass and optimizer step),
+and each row is set beside its mode's adamw/no_change row."""
 
 from __future__ import annotations
 
 import importlib.util
 import unittest
 
-import torch
+from simpletuner.models.registry import get_adapter_class
 
-from simpletuner.training.lora import add_lora
-from simpletuner.training.optimization.optimizers import build_optimizer
-from simpletuner.training.memory.quantization import quantize_frozen_weights
-
-from lean_fixtures import TinyDenoiser, memory_settings
-from model_fixtures import TinyModelCase, random_batch
+from memory_fixtures import measure
 from training_fixtures import REPO
 
 
@@ -29,91 +24,46 @@ def _load_benchmark():
 
 
 bench_memory = _load_benchmark()
-
-BF16 = torch.bfloat16
-
-
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    """Storage of a tensor; a quantized one by the tensors it is made of."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(
-            tensor, "__tensor_flatten__"):
-        parts, _ = tensor.__tensor_flatten__()
-        return sum(tensor_bytes(getattr(tensor, part)) for part in parts)
-    return tensor.numel() * tensor.element_size()
+PARTS = {"frozen": "frozen", "trainable": "trainable", "gradients": "gradients",
+         "optimizer_state": "optimizer"}  # the benchmark's name: memory_fixtures' name
 
 
-def measured_weights(network: torch.nn.Module) -> dict:
-    frozen = sum(tensor_bytes(p) for p in network.parameters() if not p.requires_grad)
-    frozen += sum(tensor_bytes(b) for b in network.buffers())
-    trainable = sum(tensor_bytes(p) for p in network.parameters() if p.requires_grad)
-    return {"frozen": frozen, "trainable": trainable}
+class BenchmarkRowsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        build, parts = bench_memory.tiny_models()["tiny-flux"]
+        cls.result = bench_memory.model_rows("tiny-flux", build, parts,
+                                             get_adapter_class("flux"), rank=4)
 
+    def row(self, mode: str, precision: str, optimizer: str) -> dict:
+        return next(r for r in self.result["rows"] if (r["mode"], r["precision"],
+                                                       r["optimizer"]) == (mode, precision,
+                                                                           optimizer))
 
-def measured_state(optimizer) -> int:
-    state = optimizer.state_dict()
-    values = [v for entries in state["state"].values() for v in entries.values()]
-    values += [v for group in state["param_groups"] for v in group.values()]
-    return sum(tensor_bytes(v) for v in values if isinstance(v, torch.Tensor))
+    def test_rows_equal_the_tensors_of_a_real_step(self):
+        for mode, precision, optimizer in (("full", "no_change", "ao-adamw8bit"),
+                                           ("lora", "int8-torchao", "adamw_bf16"),
+                                           ("lora", "int8-quanto", "adamw")):
+            with self.subTest(mode=mode, precision=precision, optimizer=optimizer):
+                measured = measure({"family": "flux", "model_type": mode,
+                                    "base_model_precision": precision, "optimizer": optimizer,
+                                    "mixed_precision": "bf16",
+                                    "frozen_components_after_caching": "free"})
+                row = self.row(mode, precision, optimizer)
+                self.assertEqual({name: row[name] for name in PARTS},
+                                 {name: measured[part] for name, part in PARTS.items()})
+                self.assertEqual(row["total"], measured["while_training"])
 
-
-def meta_network(family: str, lora_rank: int | None, adapter_class) -> torch.nn.Module:
-    """The benchmark's own copy: the tiny config on the meta device, as real sizes are built."""
-    build, _ = bench_memory.tiny_models()[f"tiny-{family}"]
-    network = bench_memory.on_meta(build).to(BF16)
-    if lora_rank:
-        add_lora(network, adapter_class, rank=lora_rank)
-    return network
-
-
-class ComputedEqualsMeasuredTest(TinyModelCase):
-    def test_frozen_and_lora_weights_for_each_precision(self):
-        for family in ("sd1x", "flux"):
-            for precision in ("no_change", "int8-torchao", "int8-quanto", "int4-quanto"):
-                with self.subTest(family=family, precision=precision):
-                    adapter = self.load(family)
-                    settings = memory_settings(base_model_precision=precision)
-                    quantize_frozen_weights(adapter, settings, BF16)
-                    add_lora(adapter.trainable, type(adapter), rank=4)
-                    build_optimizer(adapter.trainable, settings)
-                    computed = bench_memory.memory_row(
-                        meta_network(family, 4, type(adapter)), precision, "adamw", BF16)
-                    measured = measured_weights(adapter.trainable)
-                    self.assertEqual(measured, {k: computed[k] for k in measured})
-
-    def test_gradients_and_state_of_each_optimizer(self):
-        """Full training of the tiny UNet: every parameter shape (4-D convolutions too)."""
-        for optimizer in ("adamw", "adamw_bf16", "prodigy", "adafactor", "lion"):
-            with self.subTest(optimizer=optimizer):
-                adapter = self.load("sd1x")
-                settings = memory_settings(optimizer=optimizer, model_type="full",
-                                           mixed_precision="bf16")
-                built = build_optimizer(adapter.trainable, settings)
-                computed = bench_memory.memory_row(meta_network("sd1x", None, type(adapter)),
-                                                   "no_change", optimizer, BF16)
-                if optimizer == "prodigy":  # p0 of an all-zero parameter is one number
-                    computed["optimizer_state"] -= sum(
-                        (p.numel() - 1) * p.element_size()
-                        for p in adapter.trainable.parameters() if not p.any())
-                self.assert_step_matches(adapter, random_batch(adapter, 1), built, settings,
-                                         computed)
-
-    def test_8bit_state(self):
-        model = TinyDenoiser()
-        settings = memory_settings(optimizer="ao-adamw8bit", model_type="full")
-        built = build_optimizer(model.trainable, settings)
-        computed = {"gradients": sum(p.numel() * 4 for p in model.trainable.parameters()),
-                    "optimizer_state": bench_memory.optimizer_state_bytes(
-                        "ao-adamw8bit", list(model.trainable.parameters()))}
-        self.assert_step_matches(model, torch.randn(4, 64), built, settings, computed)
-
-    def assert_step_matches(self, model, batch, optimizer, settings, computed):
-        with torch.autocast("cpu", dtype=BF16):
-            loss = model.compute_loss(batch, torch.Generator().manual_seed(0))
-        loss.backward()
-        gradients = sum(tensor_bytes(p.grad) for p in model.trainable.parameters())
-        self.assertEqual(gradients, computed["gradients"])
-        optimizer.step()
-        self.assertEqual(measured_state(optimizer), computed["optimizer_state"])
+    def test_each_row_is_set_beside_its_modes_adamw_row(self):
+        lines = bench_memory.render({"models": [self.result]}).splitlines()
+        self.assertIn("x adamw/no_change", lines[2])
+        ratios = {tuple(line.split()[:3]): float(line.split()[-1]) for line in lines[3:]}
+        self.assertEqual(ratios[("full", "no_change", "adamw")], 1.0)
+        baseline = self.row("full", "no_change", "adamw")["total"]
+        bf16 = self.row("full", "no_change", "adamw_bf16")["total"]
+        self.assertAlmostEqual(ratios[("full", "no_change", "adamw_bf16")],
+                               bf16 / baseline, delta=0.005)
+        self.assertLess(bf16, baseline)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.training.memory.plan import meta_network
+from simpletuner.training.memory.model import meta_network
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import ShardingError, device_mesh, named_blocks, repeated_blocks

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from simpletuner.training.optimization.optimizers import build_optimizer, parse_optimizer_config
+from simpletuner.training.settings import OptimizerSettings
 from simpletuner.training.checkpointing.tensor_state import OPTIMIZER_TENSORS, OPTIMIZER_VALUES
 
 from lean_fixtures import (TinyDenoiser, evaluation_loss, largest_difference, memory_settings,
@@ -53,7 +54,7 @@ class ResumeCase(TinyModelCase):
         """Train 3 steps, checkpoint, train 3 more; a fresh model resumed from the checkpoint
         and trained the same 3 steps ends with the same weights and optimizer state."""
         model = make_model()
-        optimizer = build_optimizer(model.trainable, settings)
+        optimizer = build_optimizer(model.trainable, OptimizerSettings.from_config(settings))
         expected_dtype = torch.bfloat16 if settings.optimizer == "adamw_bf16" else torch.float32
         self.assertEqual({p.dtype for p in model.trainable.parameters()}, {expected_dtype})
         before = evaluation_loss(model, batch, settings)
@@ -112,8 +113,8 @@ class OptimizerConfigTest(unittest.TestCase):
         self.assertEqual(parse_optimizer_config("weight_decay=0.5,betas=[0.8, 0.9],amsgrad=True"),
                          {"weight_decay": 0.5, "betas": [0.8, 0.9], "amsgrad": True})
         network = torch.nn.Linear(4, 4)
-        optimizer = build_optimizer(network, memory_settings(
-            optimizer_config="weight_decay=0.5,betas=[0.8,0.9]"))
+        optimizer = build_optimizer(network, OptimizerSettings.from_config(memory_settings(
+            optimizer_config="weight_decay=0.5,betas=[0.8,0.9]")))
         group = optimizer.param_groups[0]
         self.assertEqual((group["weight_decay"], tuple(group["betas"])), (0.5, (0.8, 0.9)))
 

@@ -17,6 +17,7 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.training.lora import add_lora, export_lora
 from simpletuner.training.optimization.optimizers import build_optimizer
 from simpletuner.training.memory.quantization import quantize_frozen_weights
+from simpletuner.training.settings import OptimizerSettings, PrecisionSettings
 
 from lean_fixtures import (evaluation_loss, largest_difference, memory_settings,
                            resume_training, save_training, train_steps, trained_tensors)
@@ -36,7 +37,7 @@ def first_base_layer(network: torch.nn.Module, suffix: str = "to_q") -> torch.nn
 class QuantizedLoraTest(TinyModelCase):
     def quantized_lora(self, family: str, settings):
         adapter = self.load(family)
-        quantize_frozen_weights(adapter, settings, torch.float32)
+        quantize_frozen_weights(adapter, PrecisionSettings.from_config(settings), torch.float32)
         add_lora(adapter.trainable, type(adapter), rank=4, alpha=8)
         return adapter
 
@@ -54,7 +55,7 @@ class QuantizedLoraTest(TinyModelCase):
         weight = first_base_layer(adapter.trainable).weight
         self.assertTrue(type(weight).__module__.startswith(library), type(weight))
         batch = random_batch(adapter, 2)
-        optimizer = build_optimizer(adapter.trainable, settings)
+        optimizer = build_optimizer(adapter.trainable, OptimizerSettings.from_config(settings))
         before = evaluation_loss(adapter, batch, settings)
         train_steps(adapter, optimizer, batch, settings, range(3))
         save_training(adapter, optimizer, folder / "checkpoint", lora=True)

@@ -24,6 +24,7 @@ from simpletuner.training.checkpointing.folders import resolve_resume
 from simpletuner.training.run.launch_checks import static_problems
 from simpletuner.training.optimization.optimizers import optimizer_problems
 from simpletuner.training.memory.quantization import precision_problems
+from simpletuner.training.settings import OptimizerSettings, PrecisionSettings
 
 
 @dataclass
@@ -48,8 +49,9 @@ def _memory_option_problems(training) -> list[str]:
     """Precisions and optimizer this machine, install and config can run (model_family is
     already checked against the registry by the configuration)."""
     text_encoders = len(get_adapter_class(training.model_family).text_encoder_specs)
-    return (precision_problems(training, text_encoders)
-            + optimizer_problems(training, torch.cuda.is_available()))
+    return (precision_problems(PrecisionSettings.from_config(training), text_encoders)
+            + optimizer_problems(OptimizerSettings.from_config(training),
+                                 torch.cuda.is_available()))
 
 
 def run_preflight(configuration: Configuration, main_result: Preflight | None = None

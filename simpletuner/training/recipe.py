@@ -143,7 +143,7 @@ class Trainer:
             adapter = get_adapter_class(training.model_family).load(
                 self.preflight.model_folder, device=torch.device("cpu"),
                 weight_dtype=self.weight_dtype, loss_settings=LossSettings.from_config(training))
-            quantize_frozen_weights(adapter, training, self.weight_dtype)
+            quantize_frozen_weights(adapter, self.settings.precision, self.weight_dtype)
             adapter.move_to(self.accelerator.device)
             if training.model_type == "lora":  # checkpoints hold the adapter only
                 # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
@@ -181,7 +181,7 @@ class Trainer:
         network = self.adapter.trainable
         if self.settings.sharding.fsdp_enable:  # before the optimizer: its parameters are shards
             shard_network(network, self.settings.sharding, self.accelerator.device.type)
-        optimizer = build_optimizer(network, self.training)
+        optimizer = build_optimizer(network, self.settings.optimizer)
         lr_scheduler = build_lr_scheduler(self.settings.schedule, optimizer, self.total_steps)
         prepared, optimizer = prepare(self.accelerator, network, optimizer)
         ema = EMAWeights(network, self.training.ema_decay) if self.training.use_ema else None

@@ -79,6 +79,7 @@ class ShardingSettings(_FromConfig):
     fsdp_transformer_layer_cls_to_wrap: list[str] | None
     fsdp_state_dict_type: str
     mixed_precision: str
+    optimizer: str              # the trainable parameters take its dtype before sharding
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from simpletuner.training.settings import PrecisionSettings
+
 QUANTIZATION_INSTALL = "pip install 'simpletuner[quantization]'"
 
 
@@ -88,25 +90,24 @@ def _module_available(name: str) -> bool:
         return False
 
 
-def precision_keys(training) -> dict[str, str]:
+def precision_keys(settings: PrecisionSettings) -> dict[str, str]:
     """{config key: precision} of every quantized part the config asks for."""
-    keys = {"base_model_precision": training.base_model_precision}
+    keys = {"base_model_precision": settings.base_model_precision}
     for number in range(1, 4):
-        keys[f"text_encoder_{number}_precision"] = getattr(training,
-                                                           f"text_encoder_{number}_precision")
+        keys[f"text_encoder_{number}_precision"] = settings.text_encoder_precision(number)
     return {key: value for key, value in keys.items() if value != "no_change"}
 
 
-def precision_problems(training, text_encoder_count: int) -> list[str]:
+def precision_problems(settings: PrecisionSettings, text_encoder_count: int) -> list[str]:
     """Every precision this machine, this install or this config cannot honour."""
     problems = []
-    for key, precision in precision_keys(training).items():
+    for key, precision in precision_keys(settings).items():
         spec = PRECISIONS[precision]
-        if key == "base_model_precision" and training.model_type != "lora":
+        if key == "base_model_precision" and settings.model_type != "lora":
             problems.append(f"key '{key}' is '{precision}': a quantized network cannot be "
                             "fully fine-tuned; set model_type to 'lora' or use 'no_change'")
         if key.startswith("text_encoder_") and int(key.split("_")[2]) > text_encoder_count:
-            problems.append(f"key '{key}' is '{precision}', but {training.model_family} has "
+            problems.append(f"key '{key}' is '{precision}', but {settings.model_family} has "
                             f"{text_encoder_count} text encoder(s)")
         if not _module_available(spec.module):
             problems.append(f"key '{key}' is '{precision}', which needs the {spec.module} "
@@ -117,19 +118,18 @@ def precision_problems(training, text_encoder_count: int) -> list[str]:
     return problems
 
 
-def quantize_frozen_weights(adapter, training, compute_dtype: torch.dtype) -> None:
+def quantize_frozen_weights(adapter, settings: PrecisionSettings, compute_dtype: torch.dtype) -> None:
     """Quantize what the config asks for, in place: the network under a LoRA (frozen first,
     the LoRA is added afterwards) and the text encoders. ``compute_dtype`` is the frozen
     weights' dtype: a LoRA run's network is cast to it first (no_change included), as its
     float weights are not trained; a full run's network is left as it is."""
-    if training.model_type == "lora":
+    if settings.model_type == "lora":
         network = adapter.trainable
         network.requires_grad_(False).to(compute_dtype)
-        if training.base_model_precision != "no_change":
-            PRECISIONS[training.base_model_precision].quantize(network, compute_dtype)
+        if settings.base_model_precision != "no_change":
+            PRECISIONS[settings.base_model_precision].quantize(network, compute_dtype)
     for number, encoder in enumerate(adapter.text_encoders, start=1):
-        quantize_text_encoder(encoder, getattr(training, f"text_encoder_{number}_precision"),
-                              compute_dtype)
+        quantize_text_encoder(encoder, settings.text_encoder_precision(number), compute_dtype)
 
 
 def quantize_text_encoder(encoder: torch.nn.Module, precision: str,

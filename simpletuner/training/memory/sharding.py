@@ -21,6 +21,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from simpletuner.training.settings import ShardingSettings
+from simpletuner.training.optimization.optimizers import cast_trainable
 
 
 class ShardingError(ValueError):
@@ -87,6 +88,9 @@ def shard_network(network: torch.nn.Module, settings: ShardingSettings, device_t
     Call before the optimizer is built: its parameters must be the shards."""
     classes = settings.fsdp_transformer_layer_cls_to_wrap
     blocks = named_blocks(network, classes) if classes else repeated_blocks(network)
+    # FSDP2 fixes each parameter's dtype when it shards: a later cast would leave gradients
+    # in the old dtype, which the optimizer refuses.
+    cast_trainable(network, settings.optimizer)
     _take_main_ranks_values(network)
     placement = {"mesh": device_mesh(settings.fsdp_sharding, device_type),
                  "mp_policy": precision_policy(settings.mixed_precision)}

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import torch
 
+from simpletuner.training.settings import OptimizerSettings
+
 
 def _torch_adamw():
     return torch.optim.AdamW
@@ -96,11 +98,11 @@ def parse_optimizer_config(text: str | None) -> dict[str, Any]:
     return parsed
 
 
-def optimizer_problems(training, cuda_available: bool) -> list[str]:
+def optimizer_problems(settings: OptimizerSettings, cuda_available: bool) -> list[str]:
     """What stops this config's optimizer here: a missing library, no CUDA, a bad
     optimizer_config, adamw_bf16 without bf16 autocast. Imports nothing heavy but the class."""
-    spec = OPTIMIZERS[training.optimizer]
-    name = training.optimizer
+    spec = OPTIMIZERS[settings.optimizer]
+    name = settings.optimizer
     if spec.module and importlib.util.find_spec(spec.module) is None:
         return [f"key 'optimizer' is '{name}', which needs the {spec.module} package: "
                 f"{spec.install}"]
@@ -108,48 +110,60 @@ def optimizer_problems(training, cuda_available: bool) -> list[str]:
         return [f"key 'optimizer' is '{name}', which needs a CUDA device (bitsandbytes); use "
                 "'ao-adamw8bit' or 'adamw_bf16' on this machine"]
     problems = []
-    if spec.bf16_weights and training.mixed_precision != "bf16":
+    if spec.bf16_weights and settings.mixed_precision != "bf16":
         problems.append(f"key 'optimizer' is '{name}', which trains bf16 weights; set "
                         "mixed_precision to 'bf16'")
     try:
-        optimizer_arguments(training)
+        optimizer_arguments(settings)
     except ValueError as exc:
         problems.append(f"key 'optimizer_config': {exc}")
     return problems
 
 
-def optimizer_arguments(training) -> dict[str, Any]:
+def optimizer_arguments(settings: OptimizerSettings) -> dict[str, Any]:
     """Keyword arguments for the optimizer class besides the parameters: the config's
     learning_rate and adam_* values where the signature has them, the name's fixed ones, then
     optimizer_config. Raise ValueError naming any key the signature does not accept."""
-    spec = OPTIMIZERS[training.optimizer]
+    spec = OPTIMIZERS[settings.optimizer]
     signature = inspect.signature(spec.load_class()).parameters
     accepted = set(signature) - {"params", "self"}
-    defaults = {"lr": training.learning_rate,
-                "betas": (training.adam_beta1, training.adam_beta2),
-                "weight_decay": training.adam_weight_decay, "eps": training.adam_epsilon}
+    defaults = {"lr": settings.learning_rate,
+                "betas": (settings.adam_beta1, settings.adam_beta2),
+                "weight_decay": settings.adam_weight_decay, "eps": settings.adam_epsilon}
     # Only where the meaning matches: Adafactor's eps is a pair, not Adam's epsilon.
     arguments = {k: v for k, v in defaults.items() if k in accepted and (
         signature[k].default is inspect.Parameter.empty
         or isinstance(signature[k].default, (type(v), int)))}
     arguments.update(spec.fixed)
-    extra = parse_optimizer_config(training.optimizer_config)
+    extra = parse_optimizer_config(settings.optimizer_config)
     unknown = sorted(set(extra) - accepted)
     if unknown:
-        raise ValueError(f"{unknown} are not arguments of {training.optimizer} "
+        raise ValueError(f"{unknown} are not arguments of {settings.optimizer} "
                          f"({spec.load_class().__name__}); it accepts {sorted(accepted)}")
     arguments.update(extra)
     return arguments
 
 
-def build_optimizer(network: torch.nn.Module, training) -> torch.optim.Optimizer:
-    """The configured optimizer over ``network``'s trainable parameters. Those become bf16 for
-    an optimizer that keeps its own precision (no fp32 copy is kept), else float32 (a LoRA on a
-    bf16 base starts in bf16)."""
-    spec = OPTIMIZERS[training.optimizer]
-    dtype = torch.bfloat16 if spec.bf16_weights else torch.float32
+def trained_dtype(optimizer: str) -> torch.dtype:
+    """The dtype of what trains: bf16 for an optimizer that keeps its own precision (no fp32
+    copy is kept), else float32 (a LoRA on a bf16 base starts in bf16)."""
+    return torch.bfloat16 if OPTIMIZERS[optimizer].bf16_weights else torch.float32
+
+
+def cast_trainable(network: torch.nn.Module, optimizer: str) -> list[torch.nn.Parameter]:
+    """``network``'s trainable parameters, cast to ``trained_dtype`` in place."""
+    dtype = trained_dtype(optimizer)
     parameters = [p for p in network.parameters() if p.requires_grad]
     for parameter in parameters:
         if parameter.dtype != dtype:
             parameter.data = parameter.data.to(dtype)
-    return spec.load_class()(parameters, **optimizer_arguments(training))
+    return parameters
+
+
+def build_optimizer(network: torch.nn.Module,
+                    settings: OptimizerSettings) -> torch.optim.Optimizer:
+    """The configured optimizer over ``network``'s trainable parameters, cast to
+    ``trained_dtype`` first."""
+    parameters = cast_trainable(network, settings.optimizer)
+    return OPTIMIZERS[settings.optimizer].load_class()(parameters,
+                                                      **optimizer_arguments(settings))
