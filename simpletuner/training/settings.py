@@ -43,13 +43,7 @@ class ScheduleSettings(_FromConfig):
 
 
 @dataclass(frozen=True)
-class PrecisionSettings(_FromConfig):
-    """Frozen-weight precisions: the network under a LoRA and each text encoder."""
-
-    model_family: str
-    model_type: str
-    mixed_precision: str
-    base_model_precision: str
+class _TextEncoderPrecisions(_FromConfig):
     text_encoder_1_precision: str
     text_encoder_2_precision: str
     text_encoder_3_precision: str
@@ -59,16 +53,20 @@ class PrecisionSettings(_FromConfig):
 
 
 @dataclass(frozen=True)
-class OffloadSettings(_FromConfig):
+class PrecisionSettings(_TextEncoderPrecisions):
+    """Frozen-weight precisions: the network under a LoRA and each text encoder."""
+
+    model_family: str
+    model_type: str
+    mixed_precision: str
+    base_model_precision: str
+
+
+@dataclass(frozen=True)
+class OffloadSettings(_TextEncoderPrecisions):
     """Where the frozen parts go after caching; a freed text encoder comes back quantized."""
 
     frozen_components_after_caching: str
-    text_encoder_1_precision: str
-    text_encoder_2_precision: str
-    text_encoder_3_precision: str
-
-    def text_encoder_precision(self, number: int) -> str:
-        return getattr(self, f"text_encoder_{number}_precision")
 
 
 @dataclass(frozen=True)
