@@ -91,8 +91,9 @@ class EvalLossTest(unittest.TestCase):
     def test_log_lines_during_training_never_join_the_progress_bar(self):
         stderr = self.runs["full"].stderr
         self.assertIn("steps:", stderr)
-        # Every log line starts a line of its own (tqdm clears the bar before writing it).
-        glued = re.findall(r"[^\n]\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?:INFO|WARNING)", stderr)
+        # Every log line starts a line of its own: tqdm clears the bar and returns the carriage
+        # (\r) before writing it; the launch keeps the \r that text mode used to turn into \n.
+        glued = re.findall(r"[^\n\r]\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?:INFO|WARNING)", stderr)
         self.assertEqual(glued, [], stderr[-3000:])
 
     def test_the_killed_run_logged_past_its_last_checkpoint(self):
