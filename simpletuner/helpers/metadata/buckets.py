@@ -23,6 +23,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from simpletuner.common.names import name_bytes
 from simpletuner.configuration import DatasetConfig, TrainingConfig
 
 MEGAPIXEL = 1_000_000
@@ -88,7 +89,7 @@ def target_size(width: int, height: int, settings: BucketSettings) -> tuple[int,
 def drawn_aspect(dataset_id: str, sample_id: str, settings: BucketSettings) -> float:
     """crop_aspect 'random': the sample's aspect, drawn by weight from a digest of its ids.
     The tag keeps the draw independent of max_num_samples, which digests the same ids."""
-    payload = f"crop_aspect\x00{dataset_id}\x00{sample_id}".encode("utf-8")
+    payload = name_bytes(f"crop_aspect\x00{dataset_id}\x00{sample_id}")
     # 53 bits: exactly representable, so the point stays below 1 and zero weights are never hit
     unit = (int.from_bytes(hashlib.sha256(payload).digest()[:8], "big") >> 11) / 2**53
     cumulative = list(itertools.accumulate(settings.aspect_weights))
