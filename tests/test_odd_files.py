@@ -212,7 +212,7 @@ class OddFilesTrainingTest(unittest.TestCase):
         write_odd_names(root / "data", size=(80, 64))
         write_strips(root / "data")
         config = write_config(root, root / "data", max_train_steps=3, trace_samples=True,
-                              allow_dataset_oversubscription=True)
+                              checkpointing_steps=3, allow_dataset_oversubscription=True)
         cls.result = run_training(config, cls._tmp.name)
         cls.out = root / "config-out"
 
@@ -228,6 +228,14 @@ class OddFilesTrainingTest(unittest.TestCase):
         trained = {s for r in records for s in r["samples"]}
         self.assertEqual(trained, set(self.ids) | {CAFE, IN_ODD_FOLDER})
         self.assertEqual(len(list((self.out / "cache" / "vae").rglob("*.safetensors"))), 6)
+
+    def test_the_checkpoint_keeps_their_names(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr[-3000:])
+        folder = self.out / "checkpoint-3"
+        self.assertTrue((folder / "manifest.json").is_file())
+        state = json.loads((folder / "sampler_state.json").read_bytes().decode("utf-8"))
+        self.assertEqual(state["samples"]["shapes"]["80x64"],
+                         {"": [CAFE], "\udcff\udcfe": ["x.png"]})
 
     def test_the_strips_are_skipped_and_reported(self):
         self.assertEqual(self.result.returncode, 0, self.result.stderr[-3000:])
