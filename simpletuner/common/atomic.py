@@ -77,6 +77,8 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 def _escape_surrogates(text: str) -> str:
     # Outside strings JSON has no non-ASCII character, so each one found is inside a string,
     # where its \uXXXX escape is valid JSON that json.loads reads back to the same str.
+    if text.isascii():  # the usual case, checked far faster than the pattern is searched
+        return text
     return _LONE_SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
