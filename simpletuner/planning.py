@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
 
+from simpletuner.common.atomic import json_text
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
@@ -102,7 +102,7 @@ def _print_plan(indexes: list[DatasetIndex], sizing: dict | None, as_json: bool)
         output = _plan_json(indexes)
         if sizing is not None:
             output["split"] = sizing
-        print(json.dumps(output, indent=2, ensure_ascii=False))
+        print(json_text(output, indent=2))  # keys sorted; file names that are not UTF-8 escaped
         return
     for index in indexes:
         print(f"\ndataset '{index.dataset_id}'")

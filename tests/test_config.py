@@ -85,6 +85,12 @@ class ConfigTest(unittest.TestCase):
         self.assertIn("use letters, digits", text)
         self.assertGreaterEqual(len(problems), 6)
 
+    def test_a_zero_aspect_limit_is_simpletuners_no_limit(self):
+        # SimpleTuner turns a limit of 0 off; here the default applies instead (buckets.py)
+        self.write({}, [self.dataset(minimum_aspect_ratio=2, maximum_aspect_ratio=0)])
+        dataset = load_configuration(self.config_path, cwd=self.root).datasets[0]
+        self.assertEqual((dataset.minimum_aspect_ratio, dataset.maximum_aspect_ratio), (2, 0))
+
     def test_loss_options_the_family_would_ignore_are_problems(self):
         problems = self.problems({"model_family": "flux", "snr_gamma": 5.0,
                                   "pretrained_model_name_or_path": "builtin:tiny-flux"},

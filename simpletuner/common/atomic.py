@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -67,8 +68,26 @@ def atomic_write_json(path: str | os.PathLike, value: Any, *, indent: int | None
     if indent is None:  # the large caches: written as they are encoded, never whole in memory
         atomic_write_with(path, lambda tmp_name: _write_json_file(tmp_name, value))
         return
-    text = json.dumps(value, indent=indent, sort_keys=True, ensure_ascii=False)
-    atomic_write_text(path, text + "\n")
+    atomic_write_text(path, json_text(value, indent=indent) + "\n")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogates(text: str) -> str:
+    # Outside strings JSON has no non-ASCII character, so each one found is inside a string,
+    # where its \uXXXX escape is valid JSON that json.loads reads back to the same str.
+    if text.isascii():  # the usual case, checked far faster than the pattern is searched
+        return text
+    return _LONE_SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+def json_text(value: Any, *, indent: int | None = None) -> str:
+    """json.dumps(value, sort_keys=True, ensure_ascii=False), except that lone surrogates (file
+    names that are not UTF-8, see common/names.py) are escaped: the text always encodes as
+    UTF-8 and round-trips losslessly."""
+    return _escape_surrogates(json.dumps(value, indent=indent, sort_keys=True,
+                                         ensure_ascii=False))
 
 
 LONG_LIST = 1 << 16  # a list longer than this is encoded a slice at a time
@@ -81,14 +100,14 @@ def _write_json_file(path: str, value: Any) -> None:
 
 
 def _write_json(value: Any, out) -> None:
-    """The text json.dumps(value, sort_keys=True, ensure_ascii=False) gives, in pieces: a
-    cache of a million file names and captions never exists as one string (nor as its bytes).
+    """The text json_text(value) gives, in pieces: a cache of a million file names and
+    captions never exists as one string (nor as its bytes).
     Long sequences may be any Sequence whose slices are lists (e.g. an Arrow column's view)."""
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         out.write("{")
         for number, key in enumerate(sorted(value)):
             out.write(", " if number else "")
-            out.write(json.dumps(key, ensure_ascii=False) + ": ")
+            out.write(json_text(key) + ": ")
             _write_json(value[key], out)
         out.write("}")
     elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and (
@@ -96,8 +115,7 @@ def _write_json(value: Any, out) -> None:
         out.write("[")
         for start in range(0, len(value), LONG_LIST):
             part = list(value[start:start + LONG_LIST])
-            out.write((", " if start else "")
-                      + json.dumps(part, sort_keys=True, ensure_ascii=False)[1:-1])
+            out.write((", " if start else "") + json_text(part)[1:-1])
         out.write("]")
     else:
-        out.write(json.dumps(value, sort_keys=True, ensure_ascii=False))
+        out.write(json_text(value))

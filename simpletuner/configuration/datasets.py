@@ -58,8 +58,13 @@ class DatasetConfig:
         None, help="pixel_area: resolution in pixels, trained at that area (resolution**2)")
     minimum_image_size: float | None = option(None, minimum=0.0)
     maximum_image_size: float | None = option(None, minimum=0.0)
-    minimum_aspect_ratio: float | None = option(None, minimum=0.0)
-    maximum_aspect_ratio: float | None = option(None, minimum=0.0)
+    minimum_aspect_ratio: float | None = option(
+        None, minimum=0.0, help="skip images whose aspect (W/H) is below this; none or 0: 1/8 "
+        "(no limit when maximum_aspect_ratio is below 1/8)")
+    maximum_aspect_ratio: float | None = option(
+        None, minimum=0.0, help="skip images whose aspect (W/H) is above this; none or 0: 8 (no "
+        "limit when minimum_aspect_ratio is above 8). Whatever the limits, an image whose "
+        "bucket would hold more than 16x the training area is skipped")
     crop: bool = option(False)
     crop_style: Literal["center", "random", "corner"] = option(
         "center", help="corner: keep the bottom-right part (SimpleTuner's corner crop)")

@@ -153,7 +153,7 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
         problems.append(f"{where}: key 'instance_prompt' is required when caption_strategy "
                         "is 'instanceprompt'")
     low, high = ds.minimum_aspect_ratio, ds.maximum_aspect_ratio
-    if low is not None and high is not None and low > high:
+    if low and high and low > high:  # 0 is SimpleTuner's "no limit": the default applies
         problems.append(f"{where}: key 'minimum_aspect_ratio' ({low}) is larger than "
                         f"'maximum_aspect_ratio' ({high})")
     low, high = ds.minimum_image_size, ds.maximum_image_size

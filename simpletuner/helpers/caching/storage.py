@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from simpletuner.common.atomic import atomic_write_bytes
+from simpletuner.common.names import name_bytes
 
 T = TypeVar("T")
 
@@ -23,7 +24,7 @@ CACHE_FORMAT = 1  # bump when the layout or contents of an entry change
 def digest(payload: object) -> str:
     """sha256 of canonical JSON: stable across processes, machines and PYTHONHASHSEED."""
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(name_bytes(text)).hexdigest()  # ids that are not UTF-8: their bytes
 
 
 def entry_path(folder: Path, key: str) -> Path:

@@ -13,6 +13,11 @@ Cropping to ``crop_aspect: closest`` trains each image at the aspect of ``crop_a
 nearest its own (ties: the smaller aspect), sized as above. ``crop_aspect: random`` draws the
 aspect per sample instead, by weight, from a SHA-256 of (dataset id, sample id): the same sample
 gets the same bucket on every rank, run and resume, whatever its own aspect.
+
+Absurd images are refused per file, never bucketed: an aspect beyond 1:8 or 8:1 unless the
+dataset's ``minimum_aspect_ratio`` / ``maximum_aspect_ratio`` allow it, and, whatever the
+options, any image whose bucket would hold more than ``MAX_BUCKET_AREA_FACTOR`` times the
+training area (a 20000x20 strip would otherwise train as one 64000x64 bucket).
 """
 
 from __future__ import annotations
@@ -23,9 +28,17 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from simpletuner.common.names import name_bytes
 from simpletuner.configuration import DatasetConfig, TrainingConfig
 
 MEGAPIXEL = 1_000_000
+# Twice the widest aspect these families train at (SDXL's buckets span 1:4..4:1), and far below
+# the shapes (1000:1 strips, a one-pixel row) that come only from broken or non-photo files.
+DEFAULT_MAX_ASPECT = 8.0
+# In 'pixel' mode a bucket's area grows with its aspect (the short edge is fixed), and in
+# 'area' mode alignment can push a thin bucket past its area; this bounds both, so no bucket
+# can need many times the memory the run was sized for.
+MAX_BUCKET_AREA_FACTOR = 16
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,22 @@ class BucketSettings:
     def draws_aspect(self) -> bool:
         """crop_aspect 'random': the bucket depends on the sample, not on the image size."""
         return bool(self.aspect_weights)
+
+    @property
+    def training_area(self) -> int:
+        """Pixels of the square training size: the area target, or the short edge squared."""
+        if self.resolution_type == "pixel":
+            return align(self.resolution, self.alignment) ** 2
+        return round(self.resolution * MEGAPIXEL)
+
+    def oversized(self, key: str) -> str | None:
+        """Why no image may train in bucket ``key`` (a fixed text per dataset), or None."""
+        width, height = parse_bucket_key(key)
+        limit = MAX_BUCKET_AREA_FACTOR * self.training_area
+        if width * height <= limit:
+            return None
+        return (f"its bucket would hold more than {MAX_BUCKET_AREA_FACTOR} x the training area "
+                f"({limit} pixels)")
 
     @classmethod
     def for_dataset(cls, dataset: DatasetConfig, training: TrainingConfig) -> "BucketSettings":
@@ -88,7 +117,7 @@ def target_size(width: int, height: int, settings: BucketSettings) -> tuple[int,
 def drawn_aspect(dataset_id: str, sample_id: str, settings: BucketSettings) -> float:
     """crop_aspect 'random': the sample's aspect, drawn by weight from a digest of its ids.
     The tag keeps the draw independent of max_num_samples, which digests the same ids."""
-    payload = f"crop_aspect\x00{dataset_id}\x00{sample_id}".encode("utf-8")
+    payload = name_bytes(f"crop_aspect\x00{dataset_id}\x00{sample_id}")
     # 53 bits: exactly representable, so the point stays below 1 and zero weights are never hit
     unit = (int.from_bytes(hashlib.sha256(payload).digest()[:8], "big") >> 11) / 2**53
     cumulative = list(itertools.accumulate(settings.aspect_weights))
@@ -139,8 +168,9 @@ def sample_bucket(dataset_id: str, sample_id: str, width: int, height: int,
 @dataclass(frozen=True)
 class SizeFilters:
     """Which images a dataset keeps. Sizes are in the dataset's resolution units, as SimpleTuner:
-    ``pixel`` compares the short edge in pixels, ``area`` compares megapixels. Aspect is W/H.
-    Each reason is a fixed text per dataset so a report can count skips by reason."""
+    ``pixel`` compares the short edge in pixels, ``area`` compares megapixels. Aspect is W/H;
+    ``for_dataset`` fills in the default aspect limits. Each reason is a fixed text per dataset
+    so a report can count skips by reason."""
 
     resolution_type: str
     minimum_image_size: float | None = None
@@ -155,13 +185,16 @@ class SizeFilters:
         if resolution_type == "pixel_area":  # edge lengths -> megapixels of that square
             resolution_type = "area"
             low, high = (None if v is None else v * v / MEGAPIXEL for v in (low, high))
-        return cls(
-            resolution_type=resolution_type,
-            minimum_image_size=low,
-            maximum_image_size=high,
-            minimum_aspect_ratio=dataset.minimum_aspect_ratio,
-            maximum_aspect_ratio=dataset.maximum_aspect_ratio,
-        )
+        # Unset or 0 (SimpleTuner's "off"): the default limit, unless the other side's limit
+        # lies beyond it (asking for 10:1 and wider lifts the default maximum). None: no limit.
+        narrow, wide = dataset.minimum_aspect_ratio or None, dataset.maximum_aspect_ratio or None
+        if narrow is None and (wide is None or wide >= 1 / DEFAULT_MAX_ASPECT):
+            narrow = 1 / DEFAULT_MAX_ASPECT
+        if wide is None and (narrow is None or narrow <= DEFAULT_MAX_ASPECT):
+            wide = DEFAULT_MAX_ASPECT
+        return cls(resolution_type=resolution_type, minimum_image_size=low,
+                   maximum_image_size=high, minimum_aspect_ratio=narrow,
+                   maximum_aspect_ratio=wide)
 
     def reason_to_skip(self, width: int, height: int) -> str | None:
         if self.resolution_type == "pixel":
@@ -178,5 +211,8 @@ class SizeFilters:
         if (low is not None and aspect < low) or (high is not None and aspect > high):
             lower = "-" if low is None else f"{low:g}"
             upper = "-" if high is None else f"{high:g}"
-            return f"aspect ratio (W/H) outside [{lower}, {upper}]"
+            default = high == DEFAULT_MAX_ASPECT or low == 1 / DEFAULT_MAX_ASPECT
+            return f"aspect ratio (W/H) outside [{lower}, {upper}]" + (
+                " (the default limit; minimum_aspect_ratio / maximum_aspect_ratio widen it)"
+                if default else "")
         return None

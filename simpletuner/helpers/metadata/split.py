@@ -27,12 +27,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from simpletuner.common.names import printable
 from simpletuner.helpers.metadata.permutation import StableShuffle
 
 
 # Which samples go where changes with this; a sampler state saved under another version is
 # warned about on resume. 2: buckets of 65 536+ occurrences shuffle with a Feistel network.
 SPLIT_VERSION = 2
+NAMED_PER_BUCKET = 3  # an undersized bucket names its first files: often one odd image
 
 
 class UndersizedBucketsError(ValueError):
@@ -152,8 +154,10 @@ def check_bucket_sizes(datasets: Sequence[DatasetSpec], processes: int,
         ]
         for key, n in bad.items():
             need = math.ceil(e / n) - 1
+            named = ", ".join(map(printable, sorted(spec.buckets[key])[:NAMED_PER_BUCKET]))
+            more = f" and {n - NAMED_PER_BUCKET} more" if n > NAMED_PER_BUCKET else ""
             lines.append(f"  bucket {key}: {n} samples x {copies} = {n * copies} occurrences; "
-                         f"needs repeats >= {need}")
+                         f"needs repeats >= {need} ({named}{more})")
         if spec.allow_oversubscription and spec.repeats > 0:
             lines.append(f"  allow_dataset_oversubscription is on but does not apply: 'repeats' "
                          f"is set by hand ({spec.repeats}).")

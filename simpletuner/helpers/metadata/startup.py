@@ -26,6 +26,7 @@ from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import Configuration, TrainingConfig
 from simpletuner.common.atomic import atomic_write_json
+from simpletuner.common.names import printable
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
@@ -122,7 +123,7 @@ def report_skipped_files(indexes: Mapping[str, DatasetIndex], output_dir: Path) 
                for dataset_id, index in sorted(indexes.items())}
     path = Path(output_dir) / SKIPPED_FILES
     atomic_write_json(path, skipped, indent=1)  # rewritten each run: never an old run's list
-    named = [f"  {dataset_id}: {entry['path']}: {entry['reason']}"
+    named = [f"  {dataset_id}: {printable(entry['path'])}: {entry['reason']}"
              for dataset_id, entries in skipped.items() for entry in entries]
     if not named:
         logger.info("no file was skipped (%s)", path)

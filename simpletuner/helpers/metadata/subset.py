@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 
+from simpletuner.common.names import name_bytes
 from simpletuner.helpers.metadata.index import DatasetIndex
 
 
 def _rank_key(dataset_id: str, sample_id: str) -> bytes:
-    return hashlib.sha256(f"{dataset_id}\x00{sample_id}".encode("utf-8")).digest()
+    return hashlib.sha256(name_bytes(f"{dataset_id}\x00{sample_id}")).digest()
 
 
 def limit_samples(index: DatasetIndex, max_num_samples: int | None) -> DatasetIndex:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from simpletuner.common.names import name_bytes
+
 EMPTY_CAPTION = ""
 _SCALE = float(1 << 64)
 
@@ -67,6 +69,6 @@ class CaptionPolicy:
 
 def _draws(seed: int, dataset_id: str, sample_id: str, epoch: int) -> tuple[float, float]:
     """Two independent uniforms in [0, 1) for one sample in one epoch; never Python's hash()."""
-    payload = f"caption\x00{seed}\x00{dataset_id}\x00{sample_id}\x00{epoch}".encode("utf-8")
+    payload = name_bytes(f"caption\x00{seed}\x00{dataset_id}\x00{sample_id}\x00{epoch}")
     raw = hashlib.sha256(payload).digest()
     return (int.from_bytes(raw[:8], "big") / _SCALE, int.from_bytes(raw[8:16], "big") / _SCALE)

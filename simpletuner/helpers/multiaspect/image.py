@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from simpletuner.common.names import name_bytes
+
 CropStyle = Literal["center", "random", "corner"]
 
 
@@ -67,7 +69,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 def crop_rng(seed: int, dataset_id: str, sample_id: str) -> random.Random:
     """A private RNG for one sample's random crop; never Python's salted ``hash()``."""
-    payload = f"{seed}\x00{dataset_id}\x00{sample_id}".encode("utf-8")
+    payload = name_bytes(f"{seed}\x00{dataset_id}\x00{sample_id}")
     return random.Random(int.from_bytes(hashlib.sha256(payload).digest()[:8], "big"))
 
 

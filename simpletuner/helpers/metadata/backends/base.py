@@ -48,7 +48,7 @@ from simpletuner.helpers.metadata.backends.captions import (
 from simpletuner.helpers.metadata.backends.headers import FoundFiles, HeaderSource
 from simpletuner.helpers.metadata.backends.table import TableSource
 from simpletuner.helpers.metadata.buckets import (
-    BucketSettings, SizeFilters, bucket_for, sample_bucket,
+    MAX_BUCKET_AREA_FACTOR, BucketSettings, SizeFilters, bucket_for, sample_bucket,
 )
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
@@ -114,7 +114,7 @@ class MetadataBackend:
 
     def settings(self) -> dict[str, Any]:
         """Everything that affects which bucket a file lands in, or whether it is skipped."""
-        ds, s = self.dataset, self.bucket_settings
+        ds, s, f = self.dataset, self.bucket_settings, self.filters
         return {
             **self._file_entries_key(),
             "resolution": s.resolution, "resolution_type": s.resolution_type,
@@ -123,8 +123,10 @@ class MetadataBackend:
             "crop_aspect_weights": list(s.aspect_weights),
             "minimum_image_size": ds.minimum_image_size,
             "maximum_image_size": ds.maximum_image_size,
-            "minimum_aspect_ratio": ds.minimum_aspect_ratio,
-            "maximum_aspect_ratio": ds.maximum_aspect_ratio,
+            # the limits in force (defaults included), so a new default re-buckets the cache
+            "minimum_aspect_ratio": f.minimum_aspect_ratio,
+            "maximum_aspect_ratio": f.maximum_aspect_ratio,
+            "maximum_bucket_area": MAX_BUCKET_AREA_FACTOR * s.training_area,
             "caption_strategy": ds.caption_strategy,
         }
 
@@ -302,7 +304,7 @@ class MetadataBackend:
         refused = np.array([reason is not None for reason, _ in decisions], bool)[which]
         skipped += [SkippedFile(files.ids[sized[at]], decisions[which[at]][0])
                     for at in np.flatnonzero(refused).tolist()]
-        bucket, keys = self._bucket_numbers(files, sized, which, decisions, refused)
+        bucket, keys = self._bucket_numbers(files, sized, which, decisions, refused, skipped)
         if self.dataset.caption_strategy == "textfile":
             bucket = self._without_caption_files(files.ids, sized, bucket, listing, skipped)
         kept = bucket >= 0
@@ -320,17 +322,28 @@ class MetadataBackend:
         """(why an image of this size is skipped, or None; its bucket key, or None when
         skipped or drawn per sample)."""
         reason = self.filters.reason_to_skip(width, height)
-        per_size = reason is None and not self.bucket_settings.draws_aspect
-        return reason, bucket_for(width, height, self.bucket_settings) if per_size else None
+        if reason is not None or self.bucket_settings.draws_aspect:
+            return reason, None
+        key = bucket_for(width, height, self.bucket_settings)
+        oversized = self.bucket_settings.oversized(key)
+        return oversized, None if oversized else key
 
-    def _bucket_numbers(self, files: FileTable, sized, which, decisions, refused):
+    def _bucket_numbers(self, files: FileTable, sized, which, decisions, refused,
+                        skipped: list[SkippedFile]):
         """(each sized row's bucket number, -1 if refused; the sorted bucket keys). A size's
-        bucket is decided once, unless crop_aspect 'random' draws it per sample."""
-        if self.bucket_settings.draws_aspect:
+        bucket is decided once, unless crop_aspect 'random' draws it per sample (a drawn
+        bucket that is oversized is refused here, and added to ``skipped``)."""
+        settings = self.bucket_settings
+        if settings.draws_aspect:
+            rows = sized.tolist()
             names = [None if no else sample_bucket(self.dataset.id, files.ids[row],
                                                    files.widths[row], files.heights[row],
-                                                   self.bucket_settings)
-                     for row, no in zip(sized.tolist(), refused.tolist())]
+                                                   settings)
+                     for row, no in zip(rows, refused.tolist())]
+            why = {key: settings.oversized(key) for key in set(names) - {None}}
+            skipped += [SkippedFile(files.ids[row], why[key])
+                        for row, key in zip(rows, names) if key is not None and why[key]]
+            names = [None if key is None or why[key] else key for key in names]
         else:
             names = [key for _, key in decisions]
         keys = sorted({key for key in names if key is not None})
