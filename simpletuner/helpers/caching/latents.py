@@ -193,8 +193,8 @@ def _prepare(settings: LatentSettings, sample_id: str,
     but not decodable. A failed read raises (see the module docstring)."""
     try:  # read first: Pillow reports a bad file as an OSError too, so the two must not mix
         data = settings.storage.read_bytes(sample_id)
-    except FileNotFoundError:
-        return "cannot read image file: missing (removed since it was listed)"
+    except FileNotFoundError as error:  # removed since it was listed, or never there (a table)
+        return f"cannot read image file: missing ({type(error).__name__}: {error})"
     try:
         return prepare_image(data, target, crop=settings.crop,
                              crop_style=settings.crop_style, seed=settings.seed,
