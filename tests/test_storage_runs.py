@@ -82,8 +82,9 @@ class S3RunsTest(unittest.TestCase):
 
     def test_an_unreachable_endpoint_stops_every_rank_with_the_message(self):
         endpoint = f"http://127.0.0.1:{free_port()}"
-        self.assert_every_rank_fails(self.audit("unreachable", aws_endpoint_url=endpoint),
-                                     f"cannot reach {endpoint}")
+        self.assert_every_rank_fails(self.audit("unreachable", aws_endpoint_url=endpoint,
+                                                aws_retry_window_seconds=1),
+                                     f"cannot reach {endpoint}", "aws_retry_window_seconds: 1")
 
     def test_train_sh_trains_over_the_bucket_and_never_writes_the_secret(self):
         result = run_train_sh(self.config("train", aws_data_prefix=PREFIX.rstrip("/")),

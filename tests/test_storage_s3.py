@@ -2,7 +2,7 @@
 captions and the latent cache over a bucket with a prefix, nested keys, names with spaces and
 non-ASCII characters; re-probing only what changed (GETs counted on the real client); and the
 clear errors of bad credentials, a missing bucket, an unreachable endpoint and throttling
-(a real HTTP server answering SlowDown) that outlasts the retries."""
+(a real HTTP server answering SlowDown) that outlast the retry window."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from s3_server import SECRET_KEY, RcloneS3Server, free_port
 from simpletuner.configuration import DatasetConfig
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.local import LocalStorage
-from simpletuner.helpers.data_backend.s3 import RETRY_ATTEMPTS
 from simpletuner.helpers.data_backend.storage import StorageError
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 
@@ -291,17 +290,24 @@ class S3DiscoveryTest(unittest.TestCase):
         self.assert_clear_failure(self.backend("out-trusted-bucket", aws_bucket_name="no-such",
                                                **trusted), "bucket 'no-such' does not exist")
 
-    def test_throttling_is_retried_with_backoff_then_named(self):
+    def test_throttling_is_retried_with_backoff_for_the_window_then_named(self):
         with ThrottlingServer() as server:
-            backend = self.backend("out-throttled", aws_endpoint_url=server.endpoint)
-            self.assert_clear_failure(backend, "throttled by the server (SlowDown) after 5 "
-                                               "attempts", "aws_max_pool_connections")
-        self.assertEqual(server.requests, RETRY_ATTEMPTS)
+            backend = self.backend("out-throttled", aws_endpoint_url=server.endpoint,
+                                   aws_retry_window_seconds=1.5)
+            with self.assertLogs("simpletuner.helpers.data_backend.retries", "WARNING") as logs:
+                message = self.assert_clear_failure(
+                    backend, "throttled by the server (SlowDown)", "aws_max_pool_connections")
+        # 0.5 s doubling (jittered down to half) within 1.5 s: 3 to 4 attempts, each one request
+        self.assertIn(f"still after {server.requests} attempts over 2 s", message)
+        self.assertIn(server.requests, (3, 4))
+        self.assertIn("waiting up to 1.5 s", logs.output[0])
 
     def test_unreachable_endpoint_is_named(self):
         endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-        self.assert_clear_failure(self.backend("out-unreachable", aws_endpoint_url=endpoint),
-                                  f"cannot reach {endpoint}", "aws_endpoint_url")
+        self.assert_clear_failure(self.backend("out-unreachable", aws_endpoint_url=endpoint,
+                                               aws_retry_window_seconds=0.5),
+                                  f"cannot reach {endpoint}", "aws_endpoint_url",
+                                  "aws_retry_window_seconds: 0.5")
 
 
 if __name__ == "__main__":

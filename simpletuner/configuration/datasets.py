@@ -49,6 +49,10 @@ class DatasetConfig:
     aws_secret_access_key: str | None = option(None, secret=True)
     aws_session_token: str | None = option(None, secret=True)
     aws_max_pool_connections: int = option(128, minimum=1, help="parallel requests")
+    aws_retry_window_seconds: float = option(
+        90.0, minimum=0.0, help="how long a request that fails for a passing reason (server "
+        "down or restarting, dropped connection, throttling, 5xx) is retried with backoff; "
+        "then the run stops with the error, never skipping the image")
     metadata_backend: Literal["discovery", "parquet"] = option(
         "discovery", help="'discovery' reads image headers; 'parquet' reads sizes from a table")
     parquet: dict | None = option(None, help="the table's path and columns (the parquet block)")

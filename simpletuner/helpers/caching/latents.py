@@ -3,8 +3,11 @@ changes its contents, so a warm start encodes nothing and a changed setting neve
 stale entry.
 
 Every rank plans the whole cache (file stats, no decoding), then encodes only its static share
-(``rank_share`` of the sorted sample ids). Images that fail to decode are returned as
-(sample id -> reason); merging them over ranks is ``failures.gather_failures``.
+(``rank_share`` of the sorted sample ids). Images that were read but fail to decode, and files
+gone since they were listed, are returned as (sample id -> reason); merging them over ranks is
+``failures.gather_failures``. A read that fails (storage unreachable past its retries, a disk
+error) is raised: it says nothing about the image, and skipping it would silently shrink the
+dataset.
 """
 
 from __future__ import annotations
@@ -175,16 +178,25 @@ def _prefetched(pool: ThreadPoolExecutor, chunks: list[list[str]], settings: Lat
     for position, chunk in enumerate(chunks):
         current = pending
         pending = submit(chunks[position + 1]) if position + 1 < len(chunks) else []
-        yield chunk, [future.result() for future in current]
+        try:
+            prepared = [future.result() for future in current]
+        except BaseException:
+            for future in (*current, *pending):  # the run stops: start no further read
+                future.cancel()
+            raise
+        yield chunk, prepared
 
 
 def _prepare(settings: LatentSettings, sample_id: str,
              target: tuple[int, int]) -> PreparedImage | str:
-    """The prepared image, or why it could not be decoded (reported, never raised)."""
-    storage = settings.storage
-    try:  # a local file is decoded from its path, a remote one from its bytes
-        source = storage.local_path(sample_id) or storage.read_bytes(sample_id)
-        return prepare_image(source, target, crop=settings.crop,
+    """The prepared image, or why the file cannot be used: gone since it was listed, or read
+    but not decodable. A failed read raises (see the module docstring)."""
+    try:  # read first: Pillow reports a bad file as an OSError too, so the two must not mix
+        data = settings.storage.read_bytes(sample_id)
+    except FileNotFoundError as error:  # removed since it was listed, or never there (a table)
+        return f"cannot read image file: missing ({type(error).__name__}: {error})"
+    try:
+        return prepare_image(data, target, crop=settings.crop,
                              crop_style=settings.crop_style, seed=settings.seed,
                              dataset_id=settings.dataset_id, sample_id=sample_id)
     except Exception as error:  # noqa: BLE001 - any decoder error means "unusable image"

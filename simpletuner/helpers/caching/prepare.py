@@ -1,6 +1,8 @@
 """Start-up step between discovery and the split: fill both caches for every dataset, drop the
-images that could not be cached from the index on every rank alike, and return what the
-training loop reads batches from. The only collectives of caching are here."""
+images that were read but could not be decoded from the index on every rank alike, and return
+what the training loop reads batches from. A read that fails (storage unreachable past its
+retries) is an error, raised on every rank by the latents' failing_together block. The only
+collectives of caching are here."""
 
 from __future__ import annotations
 

@@ -1,28 +1,31 @@
 """An S3-compatible bucket (AWS S3, Cloudflare R2, Backblaze B2, MinIO, rclone) as storage.
 
 Keys under ``aws_data_prefix`` are the dataset; a sample id is a key without that prefix.
-Every request goes through boto3's standard retry mode (backoff on throttling and dropped
-connections); what still fails becomes a StorageError that says what is wrong and which key
-to check. No message, log line or cache entry ever holds a credential: only the bucket, the
-prefix and the endpoint are named.
+A request that fails for a reason that passes (the server down or restarting, a dropped
+connection, throttling, a 5xx) is retried with backoff for ``aws_retry_window_seconds``
+(retries.py; boto3 itself tries once); what still fails becomes a StorageError that says what
+is wrong, which key and what to do. No message, log line or cache entry ever holds a
+credential: only the bucket, the prefix and the endpoint are named.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from simpletuner.helpers.data_backend.retries import RetriesSpent, RetryWindow
 from simpletuner.helpers.data_backend.storage import (
     CAPTION_EXTENSION, IMAGE_EXTENSIONS, FileVersion, Listing, StorageError, extension_of,
 )
 
-RETRY_ATTEMPTS = 5
+RETRY_SETTING = "aws_retry_window_seconds"
 _REFUSED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
             "ExpiredToken", "AuthorizationHeaderMalformed", "InvalidClientTokenId"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
               "TooManyRequests", "ServiceUnavailable", "503"}
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+_SERVER_FAILED = {"InternalError", "RequestTimeout", "500", "502", "504"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class S3Settings:
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
     max_pool_connections: int = 128
+    retry_window_s: float = 90.0  # how long a passing failure is retried before the run stops
 
     @classmethod
     def for_dataset(cls, dataset) -> "S3Settings":
@@ -46,7 +50,7 @@ class S3Settings:
         return cls(dataset.aws_bucket_name, dataset.aws_data_prefix or "", dataset.aws_endpoint_url,
                    dataset.aws_region_name, dataset.aws_access_key_id,
                    dataset.aws_secret_access_key, dataset.aws_session_token,
-                   dataset.aws_max_pool_connections)
+                   dataset.aws_max_pool_connections, dataset.aws_retry_window_seconds)
 
 
 def _normalised_prefix(prefix: str) -> str:
@@ -69,6 +73,7 @@ class S3Storage:
         where = f" at {settings.endpoint_url}" if settings.endpoint_url else ""
         self.location = f"s3://{self.bucket}/{self.prefix}{where}"
         self.max_connections = settings.max_pool_connections
+        self.retries = RetryWindow(settings.retry_window_s, self.location, RETRY_SETTING)
         session = botocore.session.get_session()
         # Timestamps stay text: parsing each LastModified with dateutil was a large part of a
         # listing's time (benchmarks/PERFORMANCE.md), and a change key only needs to compare equal.
@@ -79,7 +84,8 @@ class S3Storage:
             aws_access_key_id=settings.access_key_id,
             aws_secret_access_key=settings.secret_access_key,
             aws_session_token=settings.session_token,
-            config=Config(retries={"total_max_attempts": RETRY_ATTEMPTS, "mode": "standard"},
+            # One attempt each: self.retries waits out outages for a time, not a count.
+            config=Config(retries={"total_max_attempts": 1, "mode": "standard"},
                           max_pool_connections=settings.max_pool_connections,
                           connect_timeout=10, read_timeout=60))
 
@@ -110,13 +116,13 @@ class S3Storage:
 
     def write_atomic(self, name: str, data: bytes) -> None:
         # An S3 PUT replaces the object as a whole: readers never see part of it.
-        self._call("write", name, self.client.put_object, Bucket=self.bucket,
-                   Key=self.prefix + name, Body=data)
+        self._call("write", name, lambda: self.client.put_object(
+            Bucket=self.bucket, Key=self.prefix + name, Body=data))
 
     def exists(self, name: str) -> bool:
         try:
-            self._call("look up", name, self.client.head_object, Bucket=self.bucket,
-                       Key=self.prefix + name)
+            self._call("look up", name, lambda: self.client.head_object(
+                Bucket=self.bucket, Key=self.prefix + name))
         except FileNotFoundError:
             return False
         return True
@@ -131,55 +137,78 @@ class S3Storage:
     # -- requests and their errors ---------------------------------------------------------
 
     def _objects(self) -> Iterator[tuple[str, int, str]]:
-        """(sample id, size, ETag) of every visible object under the prefix, page by page."""
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.prefix)
-        try:
-            for page in pages:
-                for item in page.get("Contents", ()):
-                    sample_id = item["Key"][len(self.prefix):]
-                    if not sample_id or sample_id.endswith("/") or any(
-                            part.startswith(".") for part in sample_id.split("/")):
-                        continue  # folder markers and hidden files, as for a local folder
-                    etag = item.get("ETag", "").strip('"')
-                    yield sample_id, item["Size"], etag or str(item.get("LastModified"))
-        except Exception as exc:  # noqa: BLE001 - translated, or re-raised unchanged
-            raise self._translated(exc, "list", "") from exc
+        """(sample id, size, ETag) of every visible object under the prefix, page by page (each
+        page retried on its own, so an outage mid-listing does not start it again)."""
+        arguments = {"Bucket": self.bucket, "Prefix": self.prefix}
+        while True:
+            page = self._call("list", "", lambda: self.client.list_objects_v2(**arguments))
+            for item in page.get("Contents", ()):
+                sample_id = item["Key"][len(self.prefix):]
+                if not sample_id or sample_id.endswith("/") or any(
+                        part.startswith(".") for part in sample_id.split("/")):
+                    continue  # folder markers and hidden files, as for a local folder
+                etag = item.get("ETag", "").strip('"')
+                yield sample_id, item["Size"], etag or str(item.get("LastModified"))
+            if not page.get("IsTruncated"):
+                return
+            arguments["ContinuationToken"] = page["NextContinuationToken"]
 
     def _get(self, name: str, **extra) -> bytes:
-        answer = self._call("read", name, self.client.get_object, Bucket=self.bucket,
-                            Key=self.prefix + name, **extra)
-        try:
-            return answer["Body"].read()
-        except Exception as exc:  # noqa: BLE001 - a connection dropped mid-body
-            raise self._translated(exc, "read", name) from exc
+        # The body is read inside the request: a connection dropped mid-body is retried too.
+        return self._call("read", name, lambda: self.client.get_object(
+            Bucket=self.bucket, Key=self.prefix + name, **extra)["Body"].read())
 
-    def _call(self, action: str, name: str, request, **arguments):
+    def _call(self, action: str, name: str, request: Callable[[], object]):
         try:
-            return request(**arguments)
+            return self.retries.run(request, self._transient)
+        except RetriesSpent as spent:
+            raise self._translated(spent.error, action, name, spent) from spent.error
         except Exception as exc:  # noqa: BLE001 - translated, or re-raised unchanged
-            raise self._translated(exc, action, name) from exc
+            translated = self._translated(exc, action, name, None)
+            if translated is exc:
+                raise
+            raise translated from exc
 
-    def _translated(self, exc: Exception, action: str, name: str) -> Exception:
-        """A clear error naming the bucket, the key and the setting to check."""
+    def _endpoint(self) -> str:
+        return self.settings.endpoint_url or "the AWS endpoint"
+
+    def _transient(self, exc: Exception) -> str | None:
+        """Why ``exc`` may pass with time (then the request is retried), or None."""
         from botocore.exceptions import (
-            ClientError, ConnectionError as BotoConnectionError, NoCredentialsError,
+            ClientError, ConnectionError as BotoConnectionError, HTTPClientError,
+            IncompleteReadError,
         )
 
+        if isinstance(exc, BotoConnectionError):
+            return f"cannot reach {self._endpoint()} ({type(exc).__name__})"
+        if isinstance(exc, (HTTPClientError, IncompleteReadError)):
+            return f"the connection to {self._endpoint()} dropped ({type(exc).__name__})"
+        if isinstance(exc, ClientError):
+            code, status = _code_and_status(exc)
+            if code in _THROTTLED or status in (429, 503):
+                return f"throttled by the server ({code or status})"
+            if code in _SERVER_FAILED or status in (500, 502, 504):
+                return f"the server failed ({code or status})"
+        return None
+
+    def _translated(self, exc: Exception, action: str, name: str,
+                    spent: RetriesSpent | None) -> Exception:
+        """A clear error naming the bucket, the key and the setting to check."""
+        from botocore.exceptions import ClientError, NoCredentialsError
+
         what = f"cannot {action} s3://{self.bucket}/{self.prefix}{name}"
+        if spent is not None:
+            return StorageError(
+                f"{what}: {self._transient(exc)}, still after {spent.attempts} attempts over "
+                f"{spent.seconds:.0f} s ({RETRY_SETTING}: {self.settings.retry_window_s:g}); "
+                f"{self._advice(exc)}")
         if isinstance(exc, NoCredentialsError):
             return StorageError(f"{what}: no AWS credentials found; set aws_access_key_id and "
                                 "aws_secret_access_key in multidatabackend.json, or the "
                                 "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment variables")
-        if isinstance(exc, BotoConnectionError):
-            endpoint = self.settings.endpoint_url or "the AWS endpoint"
-            return StorageError(f"{what}: cannot reach {endpoint} after {RETRY_ATTEMPTS} "
-                                f"attempts ({type(exc).__name__}); check aws_endpoint_url and "
-                                "that the server is up and reachable from this machine")
         if not isinstance(exc, ClientError):
             return exc
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code, status = _code_and_status(exc)
         if code == "NoSuchBucket":
             return StorageError(f"{what}: the bucket '{self.bucket}' does not exist at "
                                 f"{self.settings.endpoint_url or 'AWS'}; check aws_bucket_name "
@@ -189,11 +218,25 @@ class S3Storage:
                                 "check aws_access_key_id, aws_secret_access_key and "
                                 "aws_session_token (or the AWS_* environment variables) and the "
                                 "bucket's permissions")
-        if code in _THROTTLED or status in (429, 503):
-            return StorageError(f"{what}: throttled by the server ({code or status}) after "
-                                f"{RETRY_ATTEMPTS} attempts with backoff; lower "
-                                "aws_max_pool_connections or try again later")
         if code in _MISSING or status == 404:
             return FileNotFoundError(f"{what}: no such object")
         return StorageError(f"{what}: {code or status}: "
                             f"{exc.response.get('Error', {}).get('Message', '')}")
+
+    def _advice(self, exc: Exception) -> str:
+        from botocore.exceptions import ClientError
+
+        if not isinstance(exc, ClientError):
+            return ("check aws_endpoint_url and that the server is up and reachable from this "
+                    f"machine, then run again (latents cached so far are kept); raise "
+                    f"{RETRY_SETTING} to wait longer through outages")
+        code, status = _code_and_status(exc)
+        if code in _THROTTLED or status in (429, 503):
+            return "lower aws_max_pool_connections or try again later"
+        return "try again later"
+
+
+def _code_and_status(exc) -> tuple[str, int | None]:
+    """A botocore ClientError's error code and HTTP status."""
+    return (str(exc.response.get("Error", {}).get("Code", "")),
+            exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))

@@ -18,10 +18,10 @@ ChangeKey = int | str  # local: mtime_ns; S3: the ETag. With the size, it says "
 
 
 class StorageError(OSError):
-    """Storage cannot be reached or refuses us; the message says which and what to do.
-
-    An OSError, so code that already treats an unreadable file as a per-file failure does so
-    for an object too."""
+    """Storage cannot be reached (past its retries) or refuses us; the message says which and
+    what to do. An OSError like any failed read, but never a fault of one file: code that skips
+    an unreadable file lets this through, so an outage stops the run instead of shrinking the
+    dataset."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from simpletuner.helpers.data_backend.storage import ChangeKey, Listing, Storage
+from simpletuner.helpers.data_backend.storage import ChangeKey, Listing, Storage, StorageError
 
 MAX_THREADS = 64
 
@@ -94,6 +94,8 @@ def read_caption(storage: Storage, sample_id: str) -> str:
     name = caption_file_for(sample_id)
     try:
         data = storage.read_bytes(name)
+    except StorageError:
+        raise  # the storage failed, not this file: its message says what to do
     except OSError as exc:
         raise CaptionError(f"caption file {storage.identity(name)} cannot be read "
                            f"({exc.strerror or exc})") from exc
