@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -167,7 +168,11 @@ def trainer_run(config_path: Path, accelerator: TimedAccelerator,
                 larger: BatchAssembler | None = None) -> dict:
     accelerator.ready.clear()
     accelerator.done.clear()
-    TrainerAssemblingLike(load_configuration(config_path), accelerator, larger).run()
+    configuration = load_configuration(config_path)
+    # Every run starts fresh over the first run's caches: its last step is a checkpoint.
+    for checkpoint in Path(configuration.training.output_dir).glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)
+    TrainerAssemblingLike(configuration, accelerator, larger).run()
     done, ready = accelerator.done, accelerator.ready
     # Step i (i >= 1) runs from done[i-1] to done[i]; its data wait ends at ready[i].
     steps = [b - a for a, b in zip(done, done[1:])]
