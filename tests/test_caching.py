@@ -158,6 +158,14 @@ class LatentCacheTest(unittest.TestCase):
         self.assertEqual(result.cache.missing([s for ids in kept.buckets.values() for s in ids]),
                          [])
 
+    def test_a_file_that_cannot_be_read_stops_caching_instead_of_being_skipped(self):
+        # A failed read says nothing about the image: a folder where the file was (stat
+        # works, reading fails) must not be reported as an undecodable image and dropped.
+        (self.root / "img04.png").unlink()
+        (self.root / "img04.png").mkdir()
+        with self.assertRaises(IsADirectoryError):
+            self.run_cache()
+
     def test_ranks_share_the_work_exactly_once_and_agree_on_failures(self):
         broken = (self.root / "img02.png").read_bytes()
         (self.root / "img02.png").write_bytes(broken[:40])
