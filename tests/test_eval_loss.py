@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -16,7 +15,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from training_fixtures import (REPO, environment, make_shapes, read_jsonl, run_training,
+from launching import run_bounded
+from training_fixtures import (environment, make_shapes, read_jsonl, run_training,
                                write_config)
 
 LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
@@ -51,17 +51,20 @@ class EvalLossTest(unittest.TestCase):
 
     @classmethod
     def crash_and_resume(cls):
-        """Killed as the step-6 evaluation returns (after checkpoint-4 and its line), then
-        resumed ('latest': checkpoint-4) with the same config in the same output_dir."""
+        """Checkpointing every 3 steps, killed as the step-4 evaluation returns (after
+        checkpoint-3 and its line), then resumed ('latest': checkpoint-3) with the same config
+        in the same output_dir. (The last step is always a checkpoint, so the kill comes before
+        it.)"""
         root = cls.root
         config = write_config(root, root / "data", "crashed", datasets=datasets(root),
-                              resume_from_checkpoint="latest", **OPTIONS)
+                              resume_from_checkpoint="latest",
+                              **{**OPTIONS, "checkpointing_steps": 3})
         (root / "status").mkdir()
-        cls.killed = subprocess.run(
+        cls.killed = run_bounded(
             [sys.executable, str(LAUNCHER), str(root / "status"), "--fault",
-             "simpletuner.training.reporting.evaluation:Evaluator.run", "--killed-after", "3",
+             "simpletuner.training.reporting.evaluation:Evaluator.run", "--killed-after", "2",
              "train", "--config", str(config)],
-            cwd=REPO, env=environment(cls.tmp), capture_output=True, text=True, timeout=300)
+            tmpdir=cls.tmp, timeout=300, env=environment(cls.tmp))
         log = root / "crashed-out" / "eval_loss.jsonl"
         cls.killed_lines = read_jsonl(log) if log.is_file() else []
         cls.runs["after-crash"] = run_training(config, cls.tmp)
@@ -98,14 +101,14 @@ class EvalLossTest(unittest.TestCase):
 
     def test_the_killed_run_logged_past_its_last_checkpoint(self):
         self.assertEqual(self.killed.returncode, -signal.SIGKILL, self.killed.stderr[-3000:])
-        self.assertEqual([line["step"] for line in self.killed_lines], [2, 4, 6])
+        self.assertEqual([line["step"] for line in self.killed_lines], [2, 4])
         self.assertEqual(sorted(p.name for p in (self.root / "crashed-out").glob("checkpoint-*")),
-                         ["checkpoint-4"])
+                         ["checkpoint-3"])
 
     def test_resumed_after_a_crash_each_step_is_logged_once_with_the_uninterrupted_value(self):
         result = self.runs["after-crash"]
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        self.assertIn(f"resumed from {self.root / 'crashed-out' / 'checkpoint-4'} at step 4",
+        self.assertIn(f"resumed from {self.root / 'crashed-out' / 'checkpoint-3'} at step 3",
                       result.stderr)
         logged = [(line["step"], line["eval_loss"]) for line in
                   read_jsonl(self.root / "crashed-out" / "eval_loss.jsonl")]

@@ -12,7 +12,8 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from training_fixtures import REPO, environment, make_shapes, write_config
+from launching import run_bounded
+from training_fixtures import environment, make_shapes, write_config
 
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.configuration.loader import LOG_LEVEL_ENV
@@ -36,9 +37,8 @@ class LogLevelRunTest(unittest.TestCase):
         config = write_config(self.root, data or self.root / "data", name, max_train_steps=1,
                               **options)
         env = dict(environment(self.tmp), **{LOG_LEVEL_ENV: environment_level})
-        return subprocess.run([sys.executable, "-m", "simpletuner.train", "--config",
-                               str(config)], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=300)
+        return run_bounded([sys.executable, "-m", "simpletuner.train", "--config", str(config)],
+                           tmpdir=self.tmp, timeout=300, env=env)
 
     def test_log_level_warning_in_config_json_wins_over_the_environment_and_hides_info(self):
         run = self.train("quiet", "DEBUG", log_level="WARNING")

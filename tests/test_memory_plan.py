@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -18,6 +17,7 @@ from simpletuner.models.builtin import resolve_model_path
 from simpletuner.training.memory.model import RankBytes, memory_plan
 
 from memory_fixtures import case_config, measure
+from launching import run_bounded
 from training_fixtures import environment
 
 RUNNER = Path(__file__).with_name("memory_measure_runner.py")
@@ -141,10 +141,10 @@ class ShardedPlanAgreesWithMeasuredTest(AgreementCase):
     def setUpClass(cls):
         cls.tmp = cls.enterClassContext(tempfile.TemporaryDirectory(prefix="st-memory-"))
         out = Path(cls.tmp) / "measured"
-        cls.result = subprocess.run(
+        cls.result = run_bounded(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
              "2", str(RUNNER), str(out), json.dumps(SHARDED + REFUSED)],
-            env=environment(cls.tmp), capture_output=True, text=True, timeout=500)
+            tmpdir=cls.tmp, timeout=500, env=environment(cls.tmp))
         cls.measured = [json.loads((out / f"rank-{r}.json").read_text())
                         if (out / f"rank-{r}.json").exists() else None for r in (0, 1)]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -16,6 +15,7 @@ import torch
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.training.memory.model import rank_bytes
 from simpletuner.training.memory.shards import WHOLE, RankPart
+from launching import run_bounded
 from training_fixtures import environment, make_shapes, write_config
 
 GIB = 1 << 30
@@ -60,10 +60,9 @@ def plan_command(tmp: str, num_processes: int, **options) -> str:
     config = write_config(root, root / "data", model_family="flux",
                           pretrained_model_name_or_path=str(folder), mixed_precision="bf16",
                           **options)
-    result = subprocess.run(
+    result = run_bounded(
         [sys.executable, "-m", "simpletuner", "plan", "--memory", "--config", str(config),
-         "--num-processes", str(num_processes)], env=environment(tmp), capture_output=True,
-        text=True, timeout=300)
+         "--num-processes", str(num_processes)], tmpdir=tmp, timeout=300, env=environment(tmp))
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -24,8 +23,9 @@ from simpletuner.helpers.metadata.split import (DatasetSpec, UndersizedBucketsEr
                                                 check_bucket_sizes)
 from simpletuner.helpers.metadata.startup import report_skipped_files
 from simpletuner.helpers.metadata.subset import limit_samples
+from launching import run_bounded
 from training_fixtures import (environment, make_shapes, read_jsonl, run_training,
-                               write_config, REPO)
+                               write_config)
 
 CAFE = "caf\udce9.png"              # what os.scandir gives for b'caf\xe9.png'
 IN_ODD_FOLDER = "\udcff\udcfe/x.png"  # b'\xff\xfe/x.png': a folder that is not UTF-8 either
@@ -53,10 +53,10 @@ def write_strips(folder: Path) -> None:
     write_named(folder, b"tall.png", (20, 20000), b"a very tall red line")
 
 
-def run_audit(config: Path, output: Path, root: Path, epochs: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simpletuner.audit", "--config", str(config),
-                           "--output", str(output), "--epochs", str(epochs)], cwd=REPO,
-                          capture_output=True, env=environment(str(root)), timeout=300)
+def run_audit(config: Path, output: Path, root: Path, epochs: int):
+    return run_bounded([sys.executable, "-m", "simpletuner.audit", "--config", str(config),
+                        "--output", str(output), "--epochs", str(epochs)],
+                       tmpdir=root, timeout=300, env=environment(str(root)))
 
 
 class NonUtf8NameDiscoveryTest(unittest.TestCase):
@@ -105,11 +105,11 @@ class NonUtf8NameDiscoveryTest(unittest.TestCase):
     def test_plan_json_prints_them(self):
         config = write_config(self.root, self.data, datasets=[
             {"id": "photos", "instance_data_dir": str(self.data), "caption_strategy": "textfile"}])
-        result = subprocess.run([sys.executable, "-m", "simpletuner", "plan", "--config",
-                                 str(config), "--json"], cwd=REPO, capture_output=True,
-                                env=environment(str(self.root)), timeout=300)
+        result = run_bounded([sys.executable, "-m", "simpletuner", "plan", "--config",
+                              str(config), "--json"], tmpdir=self.root, timeout=300,
+                             env=environment(str(self.root)))
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        plan = json.loads(result.stdout.decode("utf-8"))["datasets"]["photos"]
+        plan = json.loads(result.stdout)["datasets"]["photos"]
         self.assertIn(CAFE, plan["buckets"]["64x64"])
         self.assertEqual(plan["skipped"][0]["path"], "no caption \udce9.png")
 
@@ -120,7 +120,7 @@ class NonUtf8NameDiscoveryTest(unittest.TestCase):
         audit = self.root / "audit"
         result = run_audit(config, audit, self.root, epochs=3)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        self.assertIn(b"0 missing, 0 duplicated", result.stdout)
+        self.assertIn("0 missing, 0 duplicated", result.stdout)
         traced = {s for r in read_jsonl(audit / "rank-0.jsonl") for s in r["samples"]}
         self.assertEqual(traced, {CAFE, IN_ODD_FOLDER, "plain.png"})
         plan = json.loads((audit / "plan.json").read_bytes().decode("utf-8"))
@@ -190,7 +190,7 @@ class AbsurdShapeDiscoveryTest(unittest.TestCase):
         config = write_config(self.root, self.data)  # E = 2; a strip bucket would have 1
         result = run_audit(config, self.root / "audit", self.root, epochs=1)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        self.assertIn(b"0 missing, 0 duplicated", result.stdout)
+        self.assertIn("0 missing, 0 duplicated", result.stdout)
 
     def test_an_undersized_bucket_names_its_files(self):
         spec = DatasetSpec("photos", {"64x64": self.ids, "64000x64": [STRIP]}, batch_size=2)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import unittest
 from pathlib import Path
 
+from launching import run_bounded
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
 from simpletuner.helpers.metadata.startup import report_skipped_files
 
@@ -76,20 +75,15 @@ class SkippedFilesOnEveryRankTest(unittest.TestCase):
         """Two ranks; the status and each rank's line. A hang kills both and fails the test."""
         env = dict(os.environ, TMPDIR=self.tmp.name, PYTHONPATH=os.pathsep.join(
             [str(RUNNER.parents[1]), os.environ.get("PYTHONPATH", "")]))
-        process = subprocess.Popen(
+        result = run_bounded(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-             "2", str(RUNNER), str(self.output)], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-            raise AssertionError(f"ranks hung for {RUN_TIMEOUT} s") from None
+             "2", str(RUNNER), str(self.output)], tmpdir=self.tmp.name, timeout=RUN_TIMEOUT,
+            env=env)
+        stdout, stderr = result.stdout, result.stderr
         lines = {int(rank): text for rank, text in re.findall(r"^\[rank (\d)\] (.*)$", stdout,
                                                                re.M)}
         self.assertEqual(sorted(lines), [0, 1], stdout + stderr[-3000:])
-        return process.returncode, lines
+        return result.returncode, lines
 
     def test_the_main_rank_writes_the_report_and_every_rank_returns_its_path(self):
         status, lines = self.run_ranks()
