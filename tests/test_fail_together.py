@@ -190,8 +190,6 @@ class FailTogetherTest(unittest.TestCase):
         self.assertStoppedTogether(run, f"writing {log} at step 1 failed on rank 0: "
                                         "IsADirectoryError")
 
-    # Until the recipe calls report_skipped_files_together on every rank: see startup.py.
-    @unittest.expectedFailure
     def test_a_skipped_files_report_write_error_on_the_main_rank_stops_both(self):
         self.new_run()
         report = self.output / "skipped_files.json"
