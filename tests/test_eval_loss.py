@@ -67,6 +67,8 @@ class EvalLossTest(unittest.TestCase):
             tmpdir=cls.tmp, timeout=300, env=environment(cls.tmp))
         log = root / "crashed-out" / "eval_loss.jsonl"
         cls.killed_lines = read_jsonl(log) if log.is_file() else []
+        cls.killed_checkpoints = sorted(  # before the resumed run adds its own
+            p.name for p in (root / "crashed-out").glob("checkpoint-*"))
         cls.runs["after-crash"] = run_training(config, cls.tmp)
 
     @classmethod
@@ -102,8 +104,7 @@ class EvalLossTest(unittest.TestCase):
     def test_the_killed_run_logged_past_its_last_checkpoint(self):
         self.assertEqual(self.killed.returncode, -signal.SIGKILL, self.killed.stderr[-3000:])
         self.assertEqual([line["step"] for line in self.killed_lines], [2, 4])
-        self.assertEqual(sorted(p.name for p in (self.root / "crashed-out").glob("checkpoint-*")),
-                         ["checkpoint-3"])
+        self.assertEqual(self.killed_checkpoints, ["checkpoint-3"])
 
     def test_resumed_after_a_crash_each_step_is_logged_once_with_the_uninterrupted_value(self):
         result = self.runs["after-crash"]

@@ -77,6 +77,9 @@ class OneRankCrashTest(unittest.TestCase):
             entries = sorted((root / "crash-out" / "cache" / "vae").rglob("*.safetensors"))
             self.assertEqual(len(entries), 4)
             entries[0].write_bytes(b"damaged")
+            # A fresh run over the same caches: the first run's last step is a checkpoint.
+            for checkpoint in (root / "crash-out").glob("checkpoint-*"):
+                shutil.rmtree(checkpoint)
             second = run_train_sh(config, tmp, timeout=240)
             self.assertNotEqual(second.returncode, 0)
             self.assertIn(entries[0].name, second.stderr)
