@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -188,18 +188,17 @@ class Trainer:
         return TrainedParts(network, optimizer, lr_scheduler, self.sampler, ema), prepared
 
     def _resume_or_start(self) -> RunState:
+        """A fresh state, or the checkpoint's with this run's seed, plan and position."""
+        fresh = RunState(step=0, epoch=0, seed=self.seed, fingerprint=self.sampler.fingerprint(),
+                         model_type=self.training.model_type)
         resume_from = self.preflight.resume_from
         if resume_from is None:
-            return RunState(step=0, epoch=0, seed=self.seed,
-                            fingerprint=self.sampler.fingerprint(),
-                            model_type=self.training.model_type)
+            return fresh
         state = self.checkpointer.load(resume_from, self.parts)
         logger.info("resumed from %s at step %d (epoch %d)", resume_from, state.step,
                     self.sampler.epoch)
-        return RunState(step=state.step, epoch=self.sampler.epoch, seed=self.seed,
-                        fingerprint=self.sampler.fingerprint(),
-                        model_type=self.training.model_type, final_loss=state.final_loss,
-                        nonfinite_steps=state.nonfinite_steps)
+        return replace(fresh, step=state.step, epoch=self.sampler.epoch,
+                       final_loss=state.final_loss, nonfinite_steps=state.nonfinite_steps)
 
     def _build_evaluator(self) -> Evaluator | None:
         """Every rank builds it; a resumed run first cuts eval_loss.jsonl back to its step."""
