@@ -105,6 +105,19 @@ class TrainShTest(unittest.TestCase):
         self.assertIn(f"is in use by another run (pid {os.getpid()}", output)
         self.assert_not_launched(output)
 
+    def test_an_output_dir_inside_the_dataset_is_refused_before_launch(self):
+        # The next run would train on this one's validation images (caption_strategy filename).
+        output_dir = self.root.resolve() / "data" / "out"
+        config = write_config(self.root, self.root / "data", "in-data", max_train_steps=None,
+                              output_dir=str(output_dir))
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn(f"{config}: key 'output_dir' ({output_dir}) is inside", output)
+        self.assertIn("set 'max_train_steps' or 'num_train_epochs'", output)  # all at once
+        self.assert_not_launched(output)
+        self.assertFalse(output_dir.exists())
+
     def assert_not_launched(self, output: str) -> None:
         for launched in ("Traceback", "CalledProcessError", "training stopped", "accelerate"):
             self.assertNotIn(launched, output)

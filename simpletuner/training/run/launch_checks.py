@@ -12,6 +12,7 @@ from pathlib import Path
 
 from simpletuner.configuration import Configuration
 from simpletuner.models.model_path import model_path_problem
+from simpletuner.training.run.dataset_folders import output_dir_problems
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 from simpletuner.training.reporting.trackers import tracker_problems
 
@@ -47,6 +48,7 @@ def static_problems(configuration: Configuration) -> list[str]:
     model_problem = model_path_problem(training.pretrained_model_name_or_path)
     if model_problem:
         problems.append(f"key 'pretrained_model_name_or_path': {model_problem}")
+    problems += output_dir_problems(configuration)
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
         problems.append(fresh_problem)
