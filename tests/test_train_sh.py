@@ -4,6 +4,7 @@ running."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -104,6 +105,20 @@ class TrainShTest(unittest.TestCase):
         self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
         self.assertIn(f"is in use by another run (pid {os.getpid()}", output)
         self.assert_not_launched(output)
+
+    def test_a_lock_this_trainer_did_not_write_is_refused_before_launch(self):
+        # Without process_start the run would refuse it after launch; check must see it first.
+        config = write_config(self.root, self.root / "data", "foreign-lock")
+        lock = self.root / "foreign-lock-out" / LOCK_NAME
+        lock.parent.mkdir()
+        lock.write_text(json.dumps({"pid": os.getpid(), "host": "here", "started": "today"}))
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn(f"key 'output_dir': {lock} is not a lock this trainer wrote (missing "
+                      "process_start); if no run is using", output)
+        self.assert_not_launched(output)
+        self.assertTrue(lock.exists())
 
     def test_an_output_dir_inside_the_dataset_is_refused_before_launch(self):
         # The next run would train on this one's validation images (caption_strategy filename).
