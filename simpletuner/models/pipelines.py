@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import torch
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 from tqdm.auto import tqdm
+
+from simpletuner.common.atomic import give_umask_modes, staging_folder
 
 
 @contextmanager
@@ -104,11 +105,12 @@ def export_pipeline(pipeline, output_dir: Path, name: str = "pipeline") -> Path:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     final = output_dir / name
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=output_dir))
+    staging = staging_folder(output_dir, f".{name}-")
     try:
         pipeline.save_pretrained(staging, safe_serialization=True)
+        give_umask_modes(staging)
         if final.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=output_dir))
+            retired = staging_folder(output_dir, f".{name}-old-")
             os.replace(final, retired / name)
             os.replace(staging, final)
             shutil.rmtree(retired, ignore_errors=True)
