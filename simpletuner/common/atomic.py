@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from safetensors import SafetensorError
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) reports errno
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -67,6 +73,23 @@ def _new_file(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
 
 
+@contextmanager
+def naming_path(path: str | os.PathLike) -> Iterator[None]:
+    """A write that fails inside raises an OSError naming ``path``, with the errno: write()
+    reports a full disk without a file name, and safetensors as a SafetensorError without one."""
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        if isinstance(exc, OSError):
+            code = exc.errno
+        else:
+            found = _OS_ERROR.search(str(exc))
+            code = int(found.group(1)) if found else None
+        if code:
+            raise OSError(code, os.strerror(code), str(path)) from exc
+        raise OSError(f"cannot write {path}: {exc}") from exc
+
+
 def atomic_write_with(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(temporary_path)``, flush that file to disk, then rename it over ``path``.
 
@@ -76,20 +99,21 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[str], None]) -> 
     removed.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp_name = str(_unique_name(target.parent, f".{target.name}.", ".tmp", _new_file))
-    try:
-        mode = stat.S_IMODE(os.stat(tmp_name).st_mode)  # the umask's
-        write(tmp_name)
-        os.chmod(tmp_name, mode)  # the writer may have replaced it (safetensors: with a 0600 file)
-        fsync_file(tmp_name)
-        os.replace(tmp_name, target)
-    except BaseException:
+    with naming_path(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp_name = str(_unique_name(target.parent, f".{target.name}.", ".tmp", _new_file))
         try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
+            mode = stat.S_IMODE(os.stat(tmp_name).st_mode)  # the umask's
+            write(tmp_name)
+            os.chmod(tmp_name, mode)  # the writer may have replaced it (safetensors: a 0600 file)
+            fsync_file(tmp_name)
+            os.replace(tmp_name, target)
+        except BaseException:
+            try:
+                os.unlink(tmp_name)
+            except FileNotFoundError:
+                pass
+            raise
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

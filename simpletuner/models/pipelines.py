@@ -17,7 +17,8 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 from tqdm.auto import tqdm
 
-from simpletuner.common.atomic import give_umask_modes, staging_folder
+from simpletuner.common.atomic import (atomic_write_with, give_umask_modes, naming_path,
+                                       staging_folder)
 
 
 @contextmanager
@@ -75,9 +76,7 @@ def _save_png_atomically(image: Image.Image, path: Path, prompt: str | None = No
     info = PngInfo()
     if prompt is not None:
         info.add_text("prompt", prompt)  # the caption travels with the file
-    temporary = path.with_name(f".{path.name}.tmp")
-    image.save(temporary, format="PNG", pnginfo=info)
-    os.replace(temporary, path)
+    atomic_write_with(path, lambda temporary: image.save(temporary, format="PNG", pnginfo=info))
 
 
 def save_validation_images(images: list[Image.Image], prompts: list[str], folder: Path
@@ -107,7 +106,8 @@ def export_pipeline(pipeline, output_dir: Path, name: str = "pipeline") -> Path:
     final = output_dir / name
     staging = staging_folder(output_dir, f".{name}-")
     try:
-        pipeline.save_pretrained(staging, safe_serialization=True)
+        with naming_path(final):  # a full disk is named here, not only by its errno
+            pipeline.save_pretrained(staging, safe_serialization=True)
         give_umask_modes(staging)
         if final.exists():
             retired = staging_folder(output_dir, f".{name}-old-")
