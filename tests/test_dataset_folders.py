@@ -1,10 +1,13 @@
-"""output_dir against the datasets' folders, as `check` and the preflight see it: real folders,
-symlinks and relative paths through the real loader (relative to the working directory)."""
+"""output_dir against the datasets' folders, and folders shared by datasets, as `check` and the
+preflight see them: real folders, symlinks and relative paths through the real loader (relative
+to the working directory), `python -m simpletuner check` and a real run."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -14,7 +17,9 @@ from PIL import Image
 
 from simpletuner.configuration import load_configuration
 from simpletuner.helpers.data_backend.local import LocalStorage
-from simpletuner.training.run.launch_checks import launch_problems
+from simpletuner.training.run.launch_checks import launch_problems, launch_warnings
+
+from training_fixtures import environment, make_shapes, run_training, write_config
 
 
 class OutputDirPlaceTest(unittest.TestCase):
@@ -101,6 +106,86 @@ class OutputDirPlaceTest(unittest.TestCase):
         for fragment in ("the folder of dataset 'shapes'", "set 'max_train_steps'",
                          "earlier run's checkpoints"):
             self.assertIn(fragment, text)
+
+
+class SharedFolderWarningTest(unittest.TestCase):
+    """Datasets reading one folder into different latent caches: a warning, not a refusal."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.root = Path(cls._tmp.name).resolve()
+        make_shapes(cls.root / "data", per_size=2, sizes=((64, 64),))
+        make_shapes(cls.root / "other-data", per_size=2, sizes=((64, 64),))
+        cls.images = sorted((cls.root / "data").glob("*.png"))
+        cls.bytes = sum(path.stat().st_size for path in cls.images)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def datasets(self, count: int, **keys) -> list[dict]:
+        return [{"id": f"copy-{i}", "instance_data_dir": str(self.root / "data"),
+                 "caption_strategy": "textfile", **keys} for i in range(count)]
+
+    def check(self, name: str, datasets: list[dict]) -> subprocess.CompletedProcess:
+        config = write_config(self.root, self.root / "data", name, datasets=datasets)
+        return subprocess.run([sys.executable, "-m", "simpletuner", "check", "--config",
+                               str(config)], env=environment(str(self.root)),
+                              capture_output=True, text=True, timeout=300)
+
+    def test_check_warns_with_the_duplicated_images_and_bytes_and_accepts(self):
+        result = self.check("two", self.datasets(2))
+        self.assertEqual((result.returncode, result.stdout), (0, "1\n"), result.stderr)
+        (warning,) = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+        for fragment in (f"{self.root / 'two-multidatabackend.json'}: datasets 'copy-0', "
+                         f"'copy-1' read the same folder {self.root / 'data'} (2 images, "
+                         f"{self.bytes:,} bytes) into 2 latent cache folders",
+                         f"(2 extra latents from {self.bytes:,} bytes of images)",
+                         "'repeats'", "'cache_dir_vae'"):
+            self.assertIn(fragment, warning)
+
+    def test_a_thousand_entries_of_one_folder_are_one_warning(self):
+        result = self.check("many", self.datasets(1_000))
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        (warning,) = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+        self.assertIn("'copy-4' and 995 more read the same folder", warning)
+        self.assertIn(f"({999 * 2} extra latents from {999 * self.bytes:,} bytes", warning)
+
+    def test_check_with_these_checks_imports_no_torch(self):
+        # train.sh runs check before accelerate: it must stay quick, so torch-free.
+        config = write_config(self.root, self.root / "data", "lean", datasets=self.datasets(2),
+                              output_dir=str(self.root / "data" / "out"))
+        code = ("import sys; from simpletuner.cli import main; "
+                f"status = main(['check', '--config', {str(config)!r}]); "
+                "print('torch' in sys.modules, status)")
+        result = subprocess.run([sys.executable, "-c", code], env=environment(str(self.root)),
+                                capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.stdout.split(), ["False", "2"], result.stderr[-3000:])
+        self.assertIn("warning:", result.stderr)
+        self.assertIn("is inside", result.stderr)
+
+    def test_one_cache_folder_shares_the_latents_and_is_not_warned_about(self):
+        for name, datasets in (
+                ("one-cache", self.datasets(2, cache_dir_vae=str(self.root / "latents"))),
+                ("apart", [*self.datasets(1), {"id": "other", "instance_data_dir":
+                                               str(self.root / "other-data")}])):
+            with self.subTest(name):
+                config = write_config(self.root, self.root / "data", name, datasets=datasets)
+                self.assertEqual(launch_warnings(load_configuration(config)), [])
+
+    def test_a_run_warns_at_start_up_and_caches_each_image_once_per_dataset(self):
+        config = write_config(self.root, self.root / "data", "run", datasets=self.datasets(2),
+                              max_train_steps=1)
+        result = run_training(config, str(self.root))
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn("WARNING simpletuner.training.preflight: "
+                      f"{self.root / 'run-multidatabackend.json'}: datasets 'copy-0', 'copy-1' "
+                      "read the same folder", result.stderr)
+        # What the warning says: each dataset cached its own latent of every image.
+        for dataset_id in ("copy-0", "copy-1"):
+            cache = self.root / "run-out" / "cache" / "vae" / dataset_id
+            self.assertEqual(len(list(cache.rglob("*.safetensors"))), len(self.images))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from simpletuner.configuration import Configuration
 from simpletuner.models.model_path import model_path_problem
-from simpletuner.training.run.dataset_folders import output_dir_problems
+from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 from simpletuner.training.reporting.trackers import tracker_problems
 
@@ -28,6 +28,12 @@ def launch_problems(configuration: Configuration) -> list[str]:
     if in_use:
         problems.append(f"{configuration.config_path}: key 'output_dir': {in_use}")
     return problems
+
+
+def launch_warnings(configuration: Configuration) -> list[str]:
+    """What will work, but cost more than the config's author probably expects (``check``
+    prints them, and the main process again at start-up)."""
+    return shared_folder_warnings(configuration)
 
 
 def static_problems(configuration: Configuration) -> list[str]:
