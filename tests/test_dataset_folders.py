@@ -187,6 +187,17 @@ class SharedFolderWarningTest(unittest.TestCase):
             cache = self.root / "run-out" / "cache" / "vae" / dataset_id
             self.assertEqual(len(list(cache.rglob("*.safetensors"))), len(self.images))
 
+    def test_a_run_with_one_cache_dir_vae_caches_each_image_once(self):
+        # The advice the warning gives: equal latents of the two entries are one file.
+        cache = self.root / "shared-latents"
+        config = write_config(self.root, self.root / "data", "shared",
+                              datasets=self.datasets(2, cache_dir_vae=str(cache)),
+                              max_train_steps=1)
+        result = run_training(config, str(self.root))
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertNotIn("read the same folder", result.stderr)
+        self.assertEqual(len(list(cache.rglob("*.safetensors"))), len(self.images))
+
 
 if __name__ == "__main__":
     unittest.main()
