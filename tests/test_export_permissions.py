@@ -14,8 +14,9 @@ from pathlib import Path
 
 from training_fixtures import environment
 
-# The pipeline exported twice (the second replaces the first), then what export, validation and
-# checkpoints write beside it through the atomic writes (safetensors' save_file among them).
+# The pipeline exported twice (the second replaces the first) and a LoRA export, then what
+# export, validation and checkpoints write beside them through the atomic writes (safetensors'
+# save_file among them).
 EXPORT = """
 import sys
 from pathlib import Path
@@ -23,14 +24,22 @@ import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
 from simpletuner.common.atomic import atomic_write_text
+from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.pipelines import export_pipeline, save_validation_images
+from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.tensor_files import save_tensors
+from simpletuner.training.lora import add_lora, export_lora
 
 out = Path(sys.argv[1])
 pipeline = DiffusionPipeline.from_pretrained(ensure_builtin_model("tiny-sd1x"))
 for _ in range(2):
     folder = export_pipeline(pipeline, out)
+family = get_adapter_class("sd1x")
+adapter = family.load(ensure_builtin_model("tiny-sd1x"), device=torch.device("cpu"),
+                      weight_dtype=torch.float32, loss_settings=LossSettings())
+add_lora(adapter.trainable, family, rank=4)
+export_lora(family, adapter.trainable, out)
 atomic_write_text(folder / "README.md", "model card")
 atomic_write_text(out / "training_summary.json", "{}")
 save_validation_images([Image.new("RGB", (8, 8))], ["a prompt"], out / "validation" / "step-1")
@@ -63,6 +72,7 @@ class ExportPermissionsTest(unittest.TestCase):
         out = self.export_under(0o022)
         self.assertTrue((out / "pipeline" / "unet").is_dir())
         self.assertTrue((out / "pipeline" / "README.md").is_file())
+        self.assertTrue((out / "lora" / "pytorch_lora_weights.safetensors").is_file())
         self.assertEqual(self.modes(out), {"folders": {"755"}, "files": {"644"}})
         self.assertEqual(sorted(p.name for p in out.iterdir() if p.name.startswith(".")), [])
 

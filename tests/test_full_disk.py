@@ -15,8 +15,11 @@ from diffusers import DiffusionPipeline
 from safetensors.torch import save_file
 
 from simpletuner.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_with
+from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.pipelines import export_pipeline
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.lora import LORA_WEIGHTS, add_lora, export_lora
 
 from training_fixtures import make_shapes, run_training, write_config
 
@@ -63,6 +66,16 @@ class AtomicWriteTest(FullDiskCase):
             export_pipeline(pipeline, self.full)
         self.assertNamesTheFullDisk(caught.exception, self.full / "pipeline")
         self.assertEqual(list(self.full.iterdir()), [])
+
+    def test_a_lora_export_names_its_file_and_leaves_no_staging_folder(self):
+        family = get_adapter_class("sd1x")
+        adapter = family.load(ensure_builtin_model("tiny-sd1x"), device=torch.device("cpu"),
+                              weight_dtype=torch.float32, loss_settings=LossSettings())
+        add_lora(adapter.trainable, family, rank=64)  # more than the tmpfs holds
+        with self.assertRaises(OSError) as caught:
+            export_lora(family, adapter.trainable, self.full)
+        self.assertNamesTheFullDisk(caught.exception, self.full / "lora" / LORA_WEIGHTS)
+        self.assertEqual(list((self.full / "lora").iterdir()), [])
 
 
 class CachingRunTest(FullDiskCase):
