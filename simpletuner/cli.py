@@ -36,10 +36,12 @@ def _check(config: str, option_args: list[str]) -> int:
     config file first, then what the config and the filesystem alone show (launch_checks.py)."""
     from simpletuner.configuration import ConfigError
     from simpletuner.configuration.command_line import load_with_option_args
-    from simpletuner.training.run.launch_checks import launch_problems
+    from simpletuner.training.run.launch_checks import launch_problems, launch_warnings
 
     try:
         configuration = load_with_option_args(config, option_args)
+        for warning in launch_warnings(configuration):
+            print(f"warning: {warning}", file=sys.stderr)
         problems = launch_problems(configuration)
         if problems:
             raise ConfigError(problems)

@@ -90,21 +90,28 @@ class LockTest(unittest.TestCase):
         lock = OutputDirLock(self.output_dir)
         with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING") as logs:
             self.assertIsNone(lock.try_acquire())
-        self.assertIn("no longer runs; taking it over", logs.output[0])
+        self.assertIn(f"{path} was left by pid", logs.output[0])
+        self.assertIn("; it no longer runs; taking it over", logs.output[0])
         self.assertEqual(LockOwner(**json.loads(path.read_text())), lock.owner)
 
     def test_a_stale_lock_another_run_took_over_first_is_left_alone(self):
         stale = owner_of(dead_pid(self.tmp))
         taken_over = write_lock(self.output_dir, owner_of(live_process(self, self.tmp)))
-        OutputDirLock(self.output_dir)._remove_stale(stale)  # what the slower of two runs does
+        # what the slower of two runs does
+        OutputDirLock(self.output_dir)._remove_stale(stale, "it no longer runs")
         self.assertTrue(taken_over.exists())
 
     def test_a_pid_reused_by_a_later_process_is_stale(self):
         # A restarted container: the lock's pid now belongs to another process.
         reused = replace(owner_of(live_process(self, self.tmp)), process_start="1")
         write_lock(self.output_dir, reused)
-        with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING"):
+        self.assertIsNone(OutputDirLock(self.output_dir).in_use_problem())  # check lets it be
+        with self.assertLogs("simpletuner.training.run.output_dir_lock", "WARNING") as logs:
             self.assertIsNone(OutputDirLock(self.output_dir).try_acquire())
+        # The pid runs: the warning says it is another process, not that the pid is gone.
+        self.assertIn(f"; a different process now uses pid {reused.pid} (it started later); "
+                      "taking it over", logs.output[0])
+        self.assertNotIn("no longer runs", logs.output[0])
 
     def test_a_lock_from_another_host_is_not_taken_over(self):
         write_lock(self.output_dir, owner_of(dead_pid(self.tmp), host="elsewhere.example"))
@@ -116,6 +123,28 @@ class LockTest(unittest.TestCase):
         problem = OutputDirLock(self.output_dir).try_acquire()
         self.assertIn("is not a lock this trainer wrote", problem)
         self.assertIn("delete that file", problem)
+        self.assertEqual(OutputDirLock(self.output_dir).in_use_problem(), problem)
+
+    def test_a_lock_of_another_shape_is_refused_by_check_as_by_the_run(self):
+        live = asdict(owner_of(live_process(self, self.tmp)))
+        for name, written, named in (
+                ("no process_start", {k: v for k, v in live.items() if k != "process_start"},
+                 "(missing process_start)"),
+                ("a text pid", {**live, "pid": str(live["pid"])}, "values of other types"),
+                ("a list", [live], "(a JSON list, not an object)"),
+                ("not UTF-8", b"\xff\xfe", "is not a lock this trainer wrote")):
+            with self.subTest(name):
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                path = self.output_dir / LOCK_NAME
+                if isinstance(written, bytes):
+                    path.write_bytes(written)
+                else:
+                    path.write_text(json.dumps(written))
+                checked = OutputDirLock(self.output_dir).in_use_problem()
+                self.assertIn(named, checked)
+                self.assertIn(f"{path} is not a lock this trainer wrote", checked)
+                self.assertEqual(OutputDirLock(self.output_dir).try_acquire(), checked)
+                self.assertTrue(path.exists())  # left for the user to delete
 
     def test_release_leaves_a_lock_that_is_not_ours(self):
         lock = OutputDirLock(self.output_dir)

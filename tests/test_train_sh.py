@@ -4,6 +4,7 @@ running."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -106,6 +107,33 @@ class TrainShTest(unittest.TestCase):
                       "has 'dataset_type': 'eval' (dataset [0] (id 'held-out'))", output)
         self.assert_not_launched(output)
         self.assertFalse((self.root / "eval-only-out").exists())  # no model load, no cache
+
+    def test_a_lock_this_trainer_did_not_write_is_refused_before_launch(self):
+        # Without process_start the run would refuse it after launch; check must see it first.
+        config = write_config(self.root, self.root / "data", "foreign-lock")
+        lock = self.root / "foreign-lock-out" / LOCK_NAME
+        lock.parent.mkdir()
+        lock.write_text(json.dumps({"pid": os.getpid(), "host": "here", "started": "today"}))
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn(f"key 'output_dir': {lock} is not a lock this trainer wrote (missing "
+                      "process_start); if no run is using", output)
+        self.assert_not_launched(output)
+        self.assertTrue(lock.exists())
+
+    def test_an_output_dir_inside_the_dataset_is_refused_before_launch(self):
+        # The next run would train on this one's validation images (caption_strategy filename).
+        output_dir = self.root.resolve() / "data" / "out"
+        config = write_config(self.root, self.root / "data", "in-data", max_train_steps=None,
+                              output_dir=str(output_dir))
+        result = run_train_sh(config, self.tmp, timeout=180)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, EXIT_CONFIG, output[-3000:])
+        self.assertIn(f"{config}: key 'output_dir' ({output_dir}) is inside", output)
+        self.assertIn("set 'max_train_steps' or 'num_train_epochs'", output)  # all at once
+        self.assert_not_launched(output)
+        self.assertFalse(output_dir.exists())
 
     def assert_not_launched(self, output: str) -> None:
         for launched in ("Traceback", "CalledProcessError", "training stopped", "accelerate"):

@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
-from collections.abc import Callable, Sequence
+import secrets
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from safetensors import SafetensorError
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) reports errno
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -29,29 +35,85 @@ def fsync_directory(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+_UNIQUE_TRIES = 100
+
+
+def _unique_name(parent: Path, prefix: str, suffix: str, create: Callable[[Path], None]) -> Path:
+    """Create a new entry named ``prefix<random>suffix`` in ``parent`` with ``create``, which
+    must raise FileExistsError when the name is taken."""
+    for _ in range(_UNIQUE_TRIES):
+        candidate = parent / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            create(candidate)
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name {prefix}*{suffix} in {parent}")
+
+
+def staging_folder(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new empty folder in ``parent``, to fill and rename into place. Made with the umask's
+    permissions: tempfile.mkdtemp's 0700 would survive the rename, so others on a shared host
+    could not read an export."""
+    return _unique_name(Path(parent), prefix, "", lambda path: path.mkdir())
+
+
+def give_umask_modes(folder: str | os.PathLike) -> None:
+    """Give every file under ``folder`` (made by staging_folder) the permissions the umask gives
+    new files, read from the folder's own: a writer may make its files private (safetensors
+    renames a 0600 temporary file into place), which would leave an export unreadable."""
+    mode = stat.S_IMODE(os.stat(folder).st_mode) & 0o666
+    for root, _, names in os.walk(folder):
+        for name in names:
+            os.chmod(os.path.join(root, name), mode)
+
+
+def _new_file(path: Path) -> None:
+    """Like mkstemp, but with the umask's permissions (mkstemp's are 0600)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+@contextmanager
+def naming_path(path: str | os.PathLike) -> Iterator[None]:
+    """A write that fails inside raises an OSError naming ``path``, with the errno: write()
+    reports a full disk without a file name, and safetensors as a SafetensorError without one."""
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        if isinstance(exc, OSError):
+            code = exc.errno
+        else:
+            found = _OS_ERROR.search(str(exc))
+            code = int(found.group(1)) if found else None
+        if code:
+            raise OSError(code, os.strerror(code), str(path)) from exc
+        raise OSError(f"cannot write {path}: {exc}") from exc
+
+
 def atomic_write_with(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(temporary_path)``, flush that file to disk, then rename it over ``path``.
 
     For writers that only take a path (safetensors' ``save_file``). The temporary file lives in
-    the same folder so ``os.replace`` is a same-filesystem rename. Parent folders are created.
-    On any failure the temporary file is removed.
+    the same folder so ``os.replace`` is a same-filesystem rename, and ends with the permissions
+    the umask gives new files. Parent folders are created. On any failure the temporary file is
+    removed.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        write(tmp_name)
-        # mkstemp creates 0600 (and a writer may keep it); give the usual permissions.
-        os.chmod(tmp_name, 0o644)
-        fsync_file(tmp_name)
-        os.replace(tmp_name, target)
-    except BaseException:
+    with naming_path(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp_name = str(_unique_name(target.parent, f".{target.name}.", ".tmp", _new_file))
         try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
+            mode = stat.S_IMODE(os.stat(tmp_name).st_mode)  # the umask's
+            write(tmp_name)
+            os.chmod(tmp_name, mode)  # the writer may have replaced it (safetensors: a 0600 file)
+            fsync_file(tmp_name)
+            os.replace(tmp_name, target)
+        except BaseException:
+            try:
+                os.unlink(tmp_name)
+            except FileNotFoundError:
+                pass
+            raise
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

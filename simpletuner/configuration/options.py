@@ -48,7 +48,8 @@ class TrainingConfig:
         "offload", help="once the latent and text caches are complete, the VAE and text "
         "encoders: keep (on the device), offload (to the CPU) or free (reloaded from the model "
         "folder for validation); validation brings them back while it runs")
-    output_dir: str = option(required=True)
+    output_dir: str = option(required=True, help="a folder of its own: not /, the home "
+                             "folder, a dataset folder, inside one or holding one")
     data_backend_config: str = option(required=True, help="path to multidatabackend.json")
 
     # Data

@@ -8,12 +8,12 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from simpletuner.common.atomic import give_umask_modes, staging_folder
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.model_path import (
     BUILTIN_PREFIX, known_builtins, model_path_problem,
@@ -245,13 +245,14 @@ def ensure_builtin_model(name: str) -> Path:
     if _is_current(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    staging = staging_folder(root, f".{name}-")  # others sharing the cache can read it
     try:
         # A private RNG stream: the same weights every time, the caller's RNG state untouched.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(BUILD_SEED)
             pipeline = recipe(staging)
         pipeline.save_pretrained(staging, safe_serialization=True)
+        give_umask_modes(staging)
         _check_weights_written(staging)
         (staging / VERSION_FILE).write_text(
             json.dumps({"builtin": name, "version": BUILTIN_VERSION}) + "\n", encoding="utf-8")

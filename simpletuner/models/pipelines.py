@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -17,6 +16,9 @@ import torch
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 from tqdm.auto import tqdm
+
+from simpletuner.common.atomic import (atomic_write_with, give_umask_modes, naming_path,
+                                       staging_folder)
 
 
 @contextmanager
@@ -74,9 +76,7 @@ def _save_png_atomically(image: Image.Image, path: Path, prompt: str | None = No
     info = PngInfo()
     if prompt is not None:
         info.add_text("prompt", prompt)  # the caption travels with the file
-    temporary = path.with_name(f".{path.name}.tmp")
-    image.save(temporary, format="PNG", pnginfo=info)
-    os.replace(temporary, path)
+    atomic_write_with(path, lambda temporary: image.save(temporary, format="PNG", pnginfo=info))
 
 
 def save_validation_images(images: list[Image.Image], prompts: list[str], folder: Path
@@ -104,11 +104,13 @@ def export_pipeline(pipeline, output_dir: Path, name: str = "pipeline") -> Path:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     final = output_dir / name
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=output_dir))
+    staging = staging_folder(output_dir, f".{name}-")
     try:
-        pipeline.save_pretrained(staging, safe_serialization=True)
+        with naming_path(final):  # a full disk is named here, not only by its errno
+            pipeline.save_pretrained(staging, safe_serialization=True)
+        give_umask_modes(staging)
         if final.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=output_dir))
+            retired = staging_folder(output_dir, f".{name}-old-")
             os.replace(final, retired / name)
             os.replace(staging, final)
             shutil.rmtree(retired, ignore_errors=True)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
+from simpletuner.common.atomic import give_umask_modes, naming_path, staging_folder
 from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 
 LORA_DIR = "lora"
@@ -103,12 +103,14 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path) -> Pa
     component = adapter_class.trainable_component
     final_dir = Path(output_dir) / LORA_DIR
     final_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".lora-", dir=final_dir))
+    staging = staging_folder(final_dir, ".lora-")
     try:
-        adapter_class.pipeline_class.save_lora_weights(
-            staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
-            **{f"{component}_lora_layers": adapter_state_dict(network),
-               f"{component}_lora_adapter_metadata": network.peft_config["default"].to_dict()})
+        with naming_path(final_dir / LORA_WEIGHTS):  # a full disk is named, not only its errno
+            adapter_class.pipeline_class.save_lora_weights(
+                staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
+                **{f"{component}_lora_layers": adapter_state_dict(network),
+                   f"{component}_lora_adapter_metadata": network.peft_config["default"].to_dict()})
+        give_umask_modes(staging)
         os.replace(staging / LORA_WEIGHTS, final_dir / LORA_WEIGHTS)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

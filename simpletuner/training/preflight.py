@@ -4,6 +4,7 @@ cheapest of them (launch_checks.py) also run before launch, in ``python -m simpl
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from simpletuner.models.model_path import model_path_problem
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.checkpointer import read_run_state
 from simpletuner.training.checkpointing.folders import resolve_resume
-from simpletuner.training.run.launch_checks import static_problems
+from simpletuner.training.run.launch_checks import launch_warnings, static_problems
 from simpletuner.training.optimization.optimizers import optimizer_problems
 from simpletuner.training.memory.quantization import precision_problems
 from simpletuner.training.settings import OptimizerSettings, PrecisionSettings
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -148,6 +151,9 @@ def run_preflight_on_all_ranks(configuration: Configuration, accelerator) -> Pre
     if problems:
         raise ConfigError(problems)
     assert result is not None
+    if accelerator.is_main_process:  # what check printed, again for the run's own log
+        for warning in launch_warnings(configuration):
+            logger.warning(warning)
     return result
 
 

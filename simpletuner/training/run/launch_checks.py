@@ -12,6 +12,7 @@ from pathlib import Path
 
 from simpletuner.configuration import Configuration
 from simpletuner.models.model_path import model_path_problem
+from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 from simpletuner.training.reporting.trackers import tracker_problems
 
@@ -27,6 +28,12 @@ def launch_problems(configuration: Configuration) -> list[str]:
     if in_use:
         problems.append(f"{configuration.config_path}: key 'output_dir': {in_use}")
     return problems
+
+
+def launch_warnings(configuration: Configuration) -> list[str]:
+    """What will work, but cost more than the config's author probably expects (``check``
+    prints them, and the main process again at start-up)."""
+    return shared_folder_warnings(configuration)
 
 
 def static_problems(configuration: Configuration) -> list[str]:
@@ -47,6 +54,7 @@ def static_problems(configuration: Configuration) -> list[str]:
     model_problem = model_path_problem(training.pretrained_model_name_or_path)
     if model_problem:
         problems.append(f"key 'pretrained_model_name_or_path': {model_problem}")
+    problems += output_dir_problems(configuration)
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
         problems.append(fresh_problem)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-# Folders: checkpoint staging (folders.py), export staging (pipelines.py: tempfile.mkdtemp with
-# the prefix ".<name>-"; lora.py: ".lora-" inside lora/).
+# Folders: checkpoint staging (folders.py), export staging (common/atomic.staging_folder with
+# the prefix ".<name>-" from pipelines.py, ".lora-" inside lora/ from lora.py).
 _FOLDERS = re.compile(r"^\.(incomplete|replaced|removing)-checkpoint-\d+$|"
                       r"^\.(pipeline|lora)-.+$")
 # Files: atomic writes' ".<name>.<random>.tmp", pipelines.py's ".<name>.tmp", the preflight's

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -53,20 +53,40 @@ class LockOwner:
     def describe(self) -> str:
         return f"pid {self.pid} on host {self.host}, started {self.started}"
 
-    def is_gone(self) -> bool:
-        """True only when this host can tell that the holder no longer runs."""
+    def gone_because(self) -> str | None:
+        """Why this host can tell the holder no longer runs (said in the takeover warning), or
+        None when it may still run (or runs on another host)."""
         if self.host != socket.gethostname():
-            return False
+            return None
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
-            return True
+            return "it no longer runs"
         except PermissionError:
             pass  # alive, another user's
         running_start = _process_start(self.pid)
         if self.process_start is None or running_start is None:
-            return False
-        return running_start != self.process_start
+            return None
+        if running_start == self.process_start:
+            return None
+        return f"a different process now uses pid {self.pid} (it started later)"
+
+    @classmethod
+    def from_json(cls, value) -> LockOwner:
+        """Raise ValueError naming what is wrong unless ``value`` is what this_process wrote."""
+        if not isinstance(value, dict):
+            raise ValueError(f"a JSON {type(value).__name__}, not an object")
+        keys = {field.name for field in fields(cls)}
+        if set(value) != keys:
+            missing, extra = sorted(keys - set(value)), sorted(set(value) - keys)
+            raise ValueError("; ".join(f"{what} {', '.join(names)}" for what, names in
+                                       (("missing", missing), ("unexpected", extra)) if names))
+        owner = cls(**value)
+        if (type(owner.pid) is not int or not isinstance(owner.host, str)
+                or not isinstance(owner.started, str)
+                or not isinstance(owner.process_start, (str, type(None)))):
+            raise ValueError("values of other types than this trainer writes")
+        return owner
 
 
 class OutputDirLock:
@@ -84,29 +104,37 @@ class OutputDirLock:
             if self._create():
                 return None
             holder = self._read_holder()
-            if holder is None or holder.is_gone():
+            gone_because = holder.gone_because() if holder is not None else None
+            if holder is None or gone_because is not None:
                 if holder is not None:
-                    self._remove_stale(holder)
+                    self._remove_stale(holder, gone_because)
                 if self._create():
                     return None
                 holder = self._read_holder()  # another run was quicker
         except ValueError as exc:
-            return f"{exc}; if no run is using {self.output_dir}, delete that file"
+            return self._unreadable(exc)
         except OSError as exc:
             return (f"cannot write the run's lock file {self.path} ({exc.strerror or exc}); "
                     "choose a folder you can write to")
         return self._in_use(holder)
 
     def in_use_problem(self) -> str | None:
-        """Without taking the lock: why a run starting now would be refused it, if it would.
-        A lock that cannot be read is left to try_acquire, which says what to do."""
+        """Without taking the lock: why try_acquire would refuse it to a run starting now, as
+        far as the lock file shows (check runs this before launch; the preflight checks that
+        output_dir is writable on every rank)."""
         try:
             holder = self._read_holder()
-        except (OSError, ValueError):
-            return None
-        if holder is None or holder.is_gone():
+        except ValueError as exc:
+            return self._unreadable(exc)
+        except OSError as exc:
+            return (f"cannot read the run's lock file {self.path} ({exc.strerror or exc}); "
+                    "fix its permissions or choose another output_dir")
+        if holder is None or holder.gone_because() is not None:
             return None
         return self._in_use(holder)
+
+    def _unreadable(self, exc: ValueError) -> str:
+        return f"{exc}; if no run is using {self.output_dir}, delete that file"
 
     def _in_use(self, holder: LockOwner | None) -> str:
         who = holder.describe() if holder is not None else "a run that just ended"
@@ -125,23 +153,25 @@ class OutputDirLock:
         except (OSError, ValueError) as exc:
             logger.warning("could not remove the output_dir lock %s: %s", self.path, exc)
 
-    def _remove_stale(self, holder: LockOwner) -> None:
+    def _remove_stale(self, holder: LockOwner, gone_because: str) -> None:
         """Two runs on one host that found the same stale lock must not both take it: the
         second to get the flock finds the lock changed (or gone) and leaves it."""
         with open(self.path.with_name(f"{LOCK_NAME}.takeover"), "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes
             if self._read_holder() == holder:
-                logger.warning("output_dir lock %s was left by %s, which no longer runs; "
-                               "taking it over", self.path, holder.describe())
+                logger.warning("output_dir lock %s was left by %s; %s; taking it over",
+                               self.path, holder.describe(), gone_because)
                 self.path.unlink()
 
     def _read_holder(self) -> LockOwner | None:
         try:
-            return LockOwner(**json.loads(self.path.read_text(encoding="utf-8")))
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError) as exc:  # not JSON, or JSON of another shape
-            raise ValueError(f"{self.path} is not a lock this trainer wrote") from exc
+        try:
+            return LockOwner.from_json(json.loads(data))
+        except ValueError as exc:  # not JSON (UnicodeDecodeError is one), or not our shape
+            raise ValueError(f"{self.path} is not a lock this trainer wrote ({exc})") from exc
 
     def _create(self) -> bool:
         """Write our JSON under a private name, then link it into place: the link either
