@@ -63,8 +63,9 @@ export SIMPLETUNER_EXIT_STATUS_DIR="$status_dir"
 # Job control gives the launcher its own process group: a terminal's Ctrl-C reaches this script
 # only (which forwards it once), and the launched processes do not start with SIGINT ignored.
 set -m
-accelerate launch "${launch_args[@]}" "${extra_args[@]}" -m simpletuner.train --config "$config" \
-    "${option_args[@]}" &
+# simpletuner.launch is accelerate launch without its traceback after a process's own report.
+python -m simpletuner.launch "${launch_args[@]}" "${extra_args[@]}" -m simpletuner.train \
+    --config "$config" "${option_args[@]}" &
 launcher=$!
 set +m
 

@@ -61,6 +61,7 @@ class TrainShTest(unittest.TestCase):
         for rank in (0, 1):
             self.assertIn(f"[rank {rank}] training stopped (exit status 2)", result.stderr)
         self.assertIn("'fp16', which needs a CUDA device", result.stderr)
+        self.assert_no_launcher_traceback(result.stderr)
         # Refused after the lock was taken: released on the way out.
         self.assertFalse((self.root / "config-error-out" / LOCK_NAME).exists())
 
@@ -139,12 +140,18 @@ class TrainShTest(unittest.TestCase):
         for launched in ("Traceback", "CalledProcessError", "training stopped", "accelerate"):
             self.assertNotIn(launched, output)
 
+    def assert_no_launcher_traceback(self, output: str) -> None:
+        # The processes' own lines are the whole report (accelerate would add its traceback).
+        for launcher_said in ("Traceback", "CalledProcessError", "ChildFailedError"):
+            self.assertNotIn(launcher_said, output)
+
     def test_a_plain_failure_is_status_1(self):
         # Two images and batches of four: the bucket cannot fill one batch.
         config = write_config(self.root, self.root / "data", "failure", train_batch_size=4)
         result = run_train_sh(config, self.tmp, timeout=180)
         self.assertEqual(result.returncode, EXIT_FAILED, result.stderr[-3000:])
         self.assertIn("[rank 0] training stopped (exit status 1)", result.stderr)
+        self.assert_no_launcher_traceback(result.stderr)
 
     def test_sigterm_reaches_the_training_process_and_leaves_nothing_running(self):
         self.check_sigterm_through_train_sh(processes=1)
