@@ -50,7 +50,19 @@ def static_problems(configuration: Configuration) -> list[str]:
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
         problems.append(fresh_problem)
-    return [f"{where}: {problem}" for problem in problems]
+    return [f"{where}: {problem}" for problem in problems] + huggingface_problems(configuration)
+
+
+def huggingface_problems(configuration: Configuration) -> list[str]:
+    """Each ``type: huggingface`` dataset opens (offline), with its split and columns."""
+    found = []
+    for dataset in configuration.datasets:
+        if dataset.type == "huggingface":
+            from simpletuner.helpers.data_backend.huggingface_loading import dataset_problems
+
+            where = f"{configuration.training.data_backend_config}: dataset (id '{dataset.id}')"
+            found += [f"{where}: {problem}" for problem in dataset_problems(dataset)]
+    return found
 
 
 def earlier_run_checkpoints(output_dir: Path) -> list[str]:
