@@ -37,10 +37,12 @@ def shape_rows(sizes: list[tuple[int, int]]) -> list[dict]:
 def features(rows: list[dict]) -> datasets.Features:
     kinds = {"image": datasets.Image(), "w": datasets.Value("int32"),
              "h": datasets.Value("int32")}
-    return datasets.Features({name: kinds.get(name, _text_kind(rows, name)) for name in rows[0]})
+    return datasets.Features({name: kinds.get(name, _cell_kind(rows, name)) for name in rows[0]})
 
 
-def _text_kind(rows: list[dict], name: str):
+def _cell_kind(rows: list[dict], name: str):
+    if isinstance(rows[0][name], dict):  # a struct of text fields
+        return {field: datasets.Value("string") for field in rows[0][name]}
     if any(isinstance(row[name], list) for row in rows):
         return datasets.List(datasets.Value("string"))
     return datasets.Value("string")

@@ -77,7 +77,7 @@ class HuggingFaceConfigTest(Folder):
                          "(id 'b'): key 'split' is 'train' but huggingface.split is 'test'",
                          "(id 'b'): key 'huggingface': width_column and height_column",
                          "(id 'c'): type 'huggingface' takes caption_strategy 'huggingface'",
-                         "(id 'e'): 'caption_column' belong to type 'huggingface'"):
+                         "(id 'e'): key 'caption_column' is for type 'huggingface' only"):
             self.assertIn(expected, text)
         self.assertEqual(len(text.splitlines()), 9, text)  # the 8 and the report's heading
 
@@ -214,6 +214,15 @@ class HuggingFaceDiscoveryTest(Folder):
         self.assertEqual([(s.path, s.reason) for s in index.skipped], [(
             "train/2", f"{self.root / 'd'} [train] row 2: no caption in 'text' or 'tags' or "
                        "'spare' (caption_strategy 'huggingface')")])
+
+    def test_a_dotted_caption_column_names_a_field_of_a_struct_column(self):
+        rows = shape_rows([(64, 64)] * 2)
+        for i, row in enumerate(rows):
+            row["meta"] = {"caption": f"nested caption {i}"}
+        save_rows(self.root / "d", {"train": rows})
+        backend, index = self.index(dataset_name="d", caption_column="meta.caption")
+        self.assertEqual(self.indexed(index), ["train/0", "train/1"])
+        self.assertEqual(backend.caption_for("train/1"), "nested caption 1")
 
     def test_another_split_has_its_own_ids_and_an_unknown_one_is_named(self):
         save_rows(self.root / "d", {"train": shape_rows([(64, 64)] * 3),

@@ -110,8 +110,8 @@ def check_huggingface_keys(ds, where: str, base: Path, problems: list[str]) -> N
     given = [key for key in (*SHARED_KEYS, "huggingface") if getattr(ds, key) is not None]
     if ds.type != "huggingface":
         if given:
-            problems.append(f"{where}: {', '.join(map(repr, given))} belong to type "
-                            "'huggingface' (for a table's columns, see the parquet block)")
+            problems.append(f"{where}: key {', '.join(map(repr, given))} is for type "
+                            "'huggingface' only (a table's columns go in the parquet block)")
         if ds.caption_strategy == "huggingface" or ds.metadata_backend == "huggingface":
             problems.append(f"{where}: caption_strategy and metadata_backend 'huggingface' "
                             "need type 'huggingface'")
