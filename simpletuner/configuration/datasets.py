@@ -60,7 +60,7 @@ class DatasetConfig:
         "discovery", help="'discovery' reads image headers; 'parquet' reads sizes from a table; "
         "'huggingface' (type 'huggingface', its default): from the rows")
     parquet: dict | None = option(None, help="the table's path and columns (the parquet block)")
-    # type 'huggingface': SimpleTuner's keys, here or in the huggingface block (huggingface_block.py)
+    # type 'huggingface': SimpleTuner's keys, here or in its huggingface block
     dataset_name: str | None = option(None, help="type 'huggingface': a dataset folder or a "
                                       "downloaded Hub id (huggingface.dataset_name)")
     split: str | None = option(None, help="type 'huggingface': huggingface.split")

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from simpletuner.helpers.data_backend.huggingface_loading import files_digest, open_split
+from simpletuner.helpers.data_backend.huggingface_loading import (
+    HuggingFaceDatasetError, column_of, column_problems, files_digest, open_split,
+)
 from simpletuner.helpers.data_backend.storage import FileVersion, Listing
 
 
@@ -44,7 +46,11 @@ class HuggingFaceStorage:
 
     @cached_property
     def _images(self):
-        return self.rows[self.config.image_column]
+        """The image column; a missing one (or size column) is named before any row is read."""
+        problems = column_problems(self.rows, self.config, wants_captions=False)
+        if problems:
+            raise HuggingFaceDatasetError("; ".join(problems))
+        return column_of(self.rows, self.config.image_column)
 
     @cached_property
     def _scanned(self) -> _Rows:

@@ -30,7 +30,8 @@ def launch_problems(configuration: Configuration) -> list[str]:
 
 
 def static_problems(configuration: Configuration) -> list[str]:
-    """Every problem the config and the filesystem show, each prefixed with the config file."""
+    """Every problem the config and the filesystem show, each prefixed with the file it is in
+    (config.json, or the dataset file for a type 'huggingface' dataset that does not open)."""
     training = configuration.training
     where = str(configuration.config_path)
     problems: list[str] = []
