@@ -76,10 +76,8 @@ def parse_huggingface_block(values: dict[str, Any], where: str,
     """The entry's top-level keys merged with its ``huggingface`` block, checked; None after
     appending what is wrong."""
     before = len(problems)
-    raw = values.get("huggingface")
-    if raw is None:
-        raw = {}
-    block = parse_fields(HuggingFaceConfig, raw, f"{where}: key 'huggingface'", problems,
+    block = parse_fields(HuggingFaceConfig, values.get("huggingface") or {},
+                         f"{where}: key 'huggingface'", problems,
                          BLOCK_VOCABULARY, check_required=False)
     for key in SHARED_KEYS:
         top = values.get(key)

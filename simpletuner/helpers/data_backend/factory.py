@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from simpletuner.helpers.data_backend.huggingface import HuggingFaceStorage
 from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.data_backend.storage import Storage
 
@@ -14,9 +15,7 @@ def open_storage(dataset) -> Storage:
         from simpletuner.helpers.data_backend.s3 import S3Settings, S3Storage  # the 's3' extra
 
         storage = S3Storage(S3Settings.for_dataset(dataset))
-    elif dataset.type == "huggingface":
-        from simpletuner.helpers.data_backend.huggingface import HuggingFaceStorage
-
+    elif dataset.type == "huggingface":  # the datasets library is imported when it is opened
         return HuggingFaceStorage(dataset)
     else:
         storage = LocalStorage(dataset.instance_data_dir)

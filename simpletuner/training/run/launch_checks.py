@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from simpletuner.configuration import Configuration
+from simpletuner.helpers.data_backend.huggingface_loading import dataset_problems
 from simpletuner.models.model_path import model_path_problem
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 from simpletuner.training.reporting.trackers import tracker_problems
@@ -59,8 +60,6 @@ def huggingface_problems(configuration: Configuration) -> list[str]:
     found = []
     for dataset in configuration.datasets:
         if dataset.type == "huggingface":
-            from simpletuner.helpers.data_backend.huggingface_loading import dataset_problems
-
             where = f"{configuration.training.data_backend_config}: dataset (id '{dataset.id}')"
             found += [f"{where}: {problem}" for problem in dataset_problems(dataset)]
     return found
