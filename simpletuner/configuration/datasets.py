@@ -174,7 +174,7 @@ def check_storage_keys(ds: DatasetConfig, where: str, problems: list[str]) -> No
             problems.append(f"{where}: parquet.trust_table needs file names with their "
                             "extension (identifier_includes_extension true): without a "
                             "listing nothing says which file 'a/img' is")
-    for choice in (ds.type, ds.metadata_backend):
+    for choice in dict.fromkeys((ds.type, ds.metadata_backend)):  # type huggingface names both
         if choice in _EXTRAS and importlib.util.find_spec(_EXTRAS[choice][0]) is None:
             module, extra = _EXTRAS[choice]
             problems.append(f"{where}: '{choice}' needs {module}, which is not installed; run "
