@@ -12,6 +12,7 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from huggingface_fixtures import hub_snapshot, imagefolder, save_rows, shape_rows
 from launching import REPO, run_bounded
@@ -89,6 +90,14 @@ class HuggingFaceConfigTest(Folder):
              "huggingface": {"streaming": False, "composite_image_config": {"enabled": False},
                              "auto_load": True}}), cwd=self.root)
         self.assertEqual(config.datasets[0].caption_strategy, "instanceprompt")
+
+    def test_a_missing_datasets_library_is_named_once_with_the_extra(self):
+        save_rows(self.root / "d", {"train": shape_rows([(64, 64)])})
+        # None in sys.modules is how Python marks a module that cannot be imported.
+        with mock.patch.dict(sys.modules, {"datasets": None}):
+            text = self.problems({"id": "a", "type": "huggingface", "dataset_name": "d"})
+        self.assertEqual(text.count("'huggingface' needs datasets, which is not installed; run "
+                                    "pip install 'simpletuner[huggingface]'"), 1, text)
 
 
 class CheckCommandTest(Folder):
