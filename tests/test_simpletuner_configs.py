@@ -19,7 +19,7 @@ SIMPLETUNER_CONFIG = {
     "--vae_batch_size": 4,
     "--push_to_hub": True, "--lr_scheduler": "sine", "--mixed_precision": "bf16",
 }
-SIMPLETUNER_DATASET = {"caption_strategy": "huggingface", "probability": 1.0,
+SIMPLETUNER_DATASET = {"caption_strategy": "csv", "probability": 1.0,
                        "crop_style": "face", "hash_filenames": True}
 
 
@@ -60,7 +60,7 @@ class SimpleTunerConfigTest(unittest.TestCase):
             self.assertEqual(len(found), 1, (key, problems))
             self.assertIn(advice, found[0])
         values = {"optimizer": "adamw_schedulefree", "report_to": "comet_ml", "lr_scheduler": "sine",
-                  "caption_strategy": "huggingface", "crop_style": "face"}
+                  "caption_strategy": "csv", "crop_style": "face"}
         for key, value in values.items():
             found = [p for p in problems if f"SimpleTuner's {key} '{value}' is not supported" in p]
             self.assertEqual(len(found), 1, (key, problems))

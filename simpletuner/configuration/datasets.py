@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from simpletuner.configuration.fields import option, parse_fields
+from simpletuner.configuration.huggingface_block import HuggingFaceConfig
 
-STORAGE_TYPES = ("local", "aws")
+STORAGE_TYPES = ("local", "aws", "huggingface")
 TABLE_SUFFIXES = (".parquet", ".jsonl")
 # SimpleTuner's weighted crop_aspect_buckets entry: {"aspect_bucket": 1.5, "weight": 0.25}
 ASPECT_KEY, WEIGHT_KEY = "aspect_bucket", "weight"
 # storage type / metadata backend -> (module it needs, the extra that brings it)
-_EXTRAS = {"aws": ("boto3", "s3"), "parquet": ("pyarrow", "parquet")}
+_EXTRAS = {"aws": ("boto3", "s3"), "parquet": ("pyarrow", "parquet"),
+           "huggingface": ("datasets", "huggingface")}
 
 
 @dataclass
@@ -36,7 +38,8 @@ class ParquetConfig:
 @dataclass
 class DatasetConfig:
     id: str = option(required=True, help="unique, safe for file names")
-    type: str = option("local", help="storage backend: 'local' (a folder) or 'aws' (S3-compatible)")
+    type: str = option("local", help="storage backend: 'local' (a folder), 'aws' (S3-compatible) "
+                       "or 'huggingface' (a dataset read with the datasets library)")
     dataset_type: Literal["image", "eval"] = option("image")
     disabled: bool = option(False)
     instance_data_dir: str | None = option(None, help="the folder; required for type 'local'")
@@ -53,9 +56,20 @@ class DatasetConfig:
         90.0, minimum=0.0, help="how long a request that fails for a passing reason (server "
         "down or restarting, dropped connection, throttling, 5xx) is retried with backoff; "
         "then the run stops with the error, never skipping the image")
-    metadata_backend: Literal["discovery", "parquet"] = option(
-        "discovery", help="'discovery' reads image headers; 'parquet' reads sizes from a table")
+    metadata_backend: Literal["discovery", "parquet", "huggingface"] = option(
+        "discovery", help="'discovery' reads image headers; 'parquet' reads sizes from a table; "
+        "'huggingface' (type 'huggingface', its default): from the rows")
     parquet: dict | None = option(None, help="the table's path and columns (the parquet block)")
+    # type 'huggingface': SimpleTuner's keys, here or in its huggingface block
+    dataset_name: str | None = option(None, help="type 'huggingface': a dataset folder or a "
+                                      "downloaded Hub id (huggingface.dataset_name)")
+    split: str | None = option(None, help="type 'huggingface': huggingface.split")
+    revision: str | None = option(None, help="type 'huggingface': huggingface.revision")
+    image_column: str | None = option(None, help="type 'huggingface': huggingface.image_column")
+    caption_column: str | list[str] | None = option(
+        None, help="type 'huggingface': huggingface.caption_column")
+    huggingface: dict | None = option(None, help="type 'huggingface': the dataset's columns "
+                                      "and cache (the huggingface block)")
     # None = inherit from config.json
     resolution: float | None = option(None, minimum=0.0001)
     resolution_type: Literal["pixel", "area", "pixel_area"] | None = option(
@@ -76,8 +90,10 @@ class DatasetConfig:
         "preserve", help="closest: crop to the aspect (W/H) in crop_aspect_buckets nearest the "
         "image's; random: to one drawn per sample by weight from a digest of (dataset id, "
         "sample id), so the same on every rank, run and resume")
-    caption_strategy: Literal["textfile", "filename", "instanceprompt", "parquet"] = option(
-        "textfile", help="'parquet': the caption columns of the metadata table")
+    caption_strategy: Literal["textfile", "filename", "instanceprompt", "parquet",
+                              "huggingface"] = option(
+        "textfile", help="'parquet': the caption columns of the metadata table; 'huggingface' "
+        "(type 'huggingface', its default): the dataset's caption_column")
     instance_prompt: str | None = option(None)
     repeats: int = option(0, minimum=0, help="0 = each sample once per epoch")
     train_batch_size: int | None = option(None, minimum=1, help="overrides config.json")
@@ -111,6 +127,10 @@ class DatasetConfig:
         return [(float(entry[ASPECT_KEY]), float(entry[WEIGHT_KEY])) if isinstance(entry, dict)
                 else (entry, 1.0) for entry in self.crop_aspect_buckets or ()]
 
+    def huggingface_config(self) -> HuggingFaceConfig:
+        """The merged, checked ``huggingface`` block (type 'huggingface')."""
+        return HuggingFaceConfig(**(self.huggingface or {}))
+
     def parquet_config(self) -> ParquetConfig:
         """The checked ``parquet`` block (the loader reported any problem in it)."""
         return ParquetConfig(**(self.parquet or {}))
@@ -135,7 +155,7 @@ def check_storage_keys(ds: DatasetConfig, where: str, problems: list[str]) -> No
     """Keys that only make sense together, and extras a choice needs, before heavy work."""
     if ds.type == "aws" and not ds.aws_bucket_name:
         problems.append(f"{where}: key 'aws_bucket_name' is required for type 'aws'")
-    if ds.type != "aws" and ds.instance_data_dir is None:
+    if ds.type == "local" and ds.instance_data_dir is None:
         problems.append(f"{where}: missing required key 'instance_data_dir' (or use type 'aws' "
                         "with aws_bucket_name)")
     if ds.caption_strategy == "parquet" and ds.metadata_backend != "parquet":
@@ -154,7 +174,7 @@ def check_storage_keys(ds: DatasetConfig, where: str, problems: list[str]) -> No
             problems.append(f"{where}: parquet.trust_table needs file names with their "
                             "extension (identifier_includes_extension true): without a "
                             "listing nothing says which file 'a/img' is")
-    for choice in (ds.type, ds.metadata_backend):
+    for choice in dict.fromkeys((ds.type, ds.metadata_backend)):  # type huggingface names both
         if choice in _EXTRAS and importlib.util.find_spec(_EXTRAS[choice][0]) is None:
             module, extra = _EXTRAS[choice]
             problems.append(f"{where}: '{choice}' needs {module}, which is not installed; run "

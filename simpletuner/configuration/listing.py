@@ -13,6 +13,7 @@ import typing
 from simpletuner.configuration.datasets import DatasetConfig, ParquetConfig
 from simpletuner.configuration.embed_entries import EmbedCacheEntry
 from simpletuner.configuration.fields import REQUIRED, RANGE, type_name
+from simpletuner.configuration.huggingface_block import BLOCK_VOCABULARY, HuggingFaceConfig
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.configuration.simpletuner_options import (CONFIG_JSON, MULTIDATABACKEND_JSON,
                                                             SimpleTunerVocabulary)
@@ -79,11 +80,17 @@ def options_markdown() -> str:
         *option_table(DatasetConfig, MULTIDATABACKEND_JSON), "",
         "## multidatabackend.json: a dataset's `parquet` block (`metadata_backend: parquet`)\n",
         *option_table(ParquetConfig, MULTIDATABACKEND_JSON), "",
+        "## multidatabackend.json: a dataset's `huggingface` block (`type: huggingface`)\n",
+        "dataset_name, split, revision, image_column and caption_column may also be given at the "
+        "top of the dataset's entry, as SimpleTuner reads them.\n",
+        *option_table(HuggingFaceConfig, BLOCK_VOCABULARY), "",
         "## multidatabackend.json: `text_embeds` and `image_embeds` entries\n",
         *option_table(EmbedCacheEntry, MULTIDATABACKEND_JSON), "",
         "## SimpleTuner options not supported here (config.json)\n",
         *_unsupported_table(CONFIG_JSON), "",
         "## SimpleTuner options not supported here (multidatabackend.json)\n",
-        *_unsupported_table(MULTIDATABACKEND_JSON),
+        *_unsupported_table(MULTIDATABACKEND_JSON), "",
+        "## SimpleTuner options not supported here (a dataset's `huggingface` block)\n",
+        *_unsupported_table(BLOCK_VOCABULARY),
     ]
     return "\n".join(sections) + "\n"

@@ -19,6 +19,9 @@ from simpletuner.configuration.embed_entries import (EmbedCacheEntry, apply_embe
                                                      is_embed_entry, parse_embed_entry)
 from simpletuner.configuration.errors import ConfigError
 from simpletuner.configuration.fields import normalise_key, parse_fields
+from simpletuner.configuration.huggingface_block import (
+    check_huggingface_keys, parse_huggingface_block, with_absolute_paths,
+)
 from simpletuner.configuration.options import FLOW_FAMILIES, LogLevel, TrainingConfig
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 
@@ -149,6 +152,7 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
         problems.append(f"{where}: key 'type' is {ds.type!r}: not supported yet "
                         f"(supported: {', '.join(STORAGE_TYPES)})")
     check_storage_keys(ds, where, problems)
+    check_huggingface_keys(ds, where, base, problems)
     if ds.caption_strategy == "instanceprompt" and not ds.instance_prompt:
         problems.append(f"{where}: key 'instance_prompt' is required when caption_strategy "
                         "is 'instanceprompt'")
@@ -211,6 +215,12 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         if values.get("metadata_backend") == "parquet":
             values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
             usable = usable and values["parquet"] is not None
+        if values.get("type") == "huggingface":
+            # SimpleTuner's defaults for this type; given values are checked against it
+            values.setdefault("caption_strategy", "huggingface")
+            values.setdefault("metadata_backend", "huggingface")
+            values["huggingface"] = parse_huggingface_block(values, label, problems)
+            usable = usable and values["huggingface"] is not None
         if "id" not in values:
             if "instance_data_dir" in values and not values.get("disabled", False):
                 _check_folder(values["instance_data_dir"], label, base, problems)
@@ -263,6 +273,8 @@ def _with_absolute_paths(ds: DatasetConfig, base: Path) -> DatasetConfig:
         ds = replace(ds, instance_data_dir=str(_resolve(ds.instance_data_dir, base).resolve()))
     if ds.parquet is not None:
         ds = replace(ds, parquet={**ds.parquet, "path": str(_resolve(ds.parquet["path"], base))})
+    if ds.type == "huggingface":
+        ds = replace(ds, huggingface=with_absolute_paths(ds.huggingface, base))
     return ds
 
 

@@ -123,7 +123,12 @@ _DATASET_KEYS: dict[str, str] = {
     "conditioning_data": DROP, "conditioning": DROP, "disable_validation": DROP,
     "ignore_epochs": DROP, "start_epoch": DROP, "start_step": DROP,
     "target_downsample_size": "remove it; images are resized straight to their bucket",
-    "huggingface": "remove it; only local folders are read (type 'local')",
+    # type 'huggingface' reads these at the top of the entry too (huggingface_block.py)
+    "streaming": "remove it; every row of a huggingface dataset is indexed before training",
+    "num_proc": "remove it; rows are indexed in one pass, no filter processes are started",
+    "filter_func": "remove it; filter the dataset first (datasets' Dataset.filter, then "
+                   "save_to_disk) and point dataset_name at the saved folder",
+    "auto_load": "remove it; a huggingface dataset is opened when first needed",
     "video": DROP, "write_batch_size": FIXED_IO, "read_batch_size": FIXED_IO,
     "aspect_bucket_rounding": "remove it; bucket sizes are rounded to aspect_bucket_alignment",
 }
@@ -155,8 +160,7 @@ _CONFIG_VALUES: dict[str, dict[str, str]] = {
 _DATASET_VALUES: dict[str, dict[str, str]] = {
     "dataset_type": {name: "this dataset type is not supported here; remove the entry"
                      for name in ("conditioning", "video", "audio")},
-    "caption_strategy": {"huggingface": "use 'textfile' (a .txt beside each image)",
-                         "csv": "use 'textfile' (a .txt beside each image)"},
+    "caption_strategy": {"csv": "use 'textfile' (a .txt beside each image)"},
     "crop_style": {"face": "use 'center', 'random' or 'corner'"},
 }
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from simpletuner.configuration import Configuration
+from simpletuner.helpers.data_backend.huggingface_loading import dataset_problems
 from simpletuner.models.model_path import model_path_problem
 from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
 from simpletuner.training.run.output_dir_lock import OutputDirLock
@@ -37,7 +38,8 @@ def launch_warnings(configuration: Configuration) -> list[str]:
 
 
 def static_problems(configuration: Configuration) -> list[str]:
-    """Every problem the config and the filesystem show, each prefixed with the config file."""
+    """Every problem the config and the filesystem show, each prefixed with the file it is in
+    (config.json, or the dataset file for a type 'huggingface' dataset that does not open)."""
     training = configuration.training
     where = str(configuration.config_path)
     problems: list[str] = []
@@ -58,7 +60,17 @@ def static_problems(configuration: Configuration) -> list[str]:
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
         problems.append(fresh_problem)
-    return [f"{where}: {problem}" for problem in problems]
+    return [f"{where}: {problem}" for problem in problems] + huggingface_problems(configuration)
+
+
+def huggingface_problems(configuration: Configuration) -> list[str]:
+    """Each ``type: huggingface`` dataset opens (offline), with its split and columns."""
+    found = []
+    for dataset in configuration.datasets:
+        if dataset.type == "huggingface":
+            where = f"{configuration.training.data_backend_config}: dataset (id '{dataset.id}')"
+            found += [f"{where}: {problem}" for problem in dataset_problems(dataset)]
+    return found
 
 
 def earlier_run_checkpoints(output_dir: Path) -> list[str]:

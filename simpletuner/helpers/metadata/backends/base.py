@@ -15,9 +15,10 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds three things
 * ``captions``: captions known at indexing time (a metadata table's, or caption files fetched
   from remote storage; see captions.py), so other ranks never fetch them one by one.
 
-Where the sizes come from is the metadata source: header probes (headers.py, 'discovery') or a
-table (table.py, 'parquet'); where the bytes live is the storage (data_backend/storage.py).
-Both make the same FileTable, so the index, its cache and everything after it are one code.
+Where the sizes come from is the metadata source: header probes (headers.py, 'discovery'), a
+table (table.py, 'parquet') or a datasets-library split's rows (huggingface_rows.py); where the
+bytes live is the storage (data_backend/storage.py). All make the same FileTable, so the index,
+its cache and everything after it are one code.
 
 A warm start (nothing changed) reads no image: it lists the storage (one stat per file, or one
 request per 1000 objects) and parses this file; image sizes are looked up in the table, not
@@ -46,6 +47,7 @@ from simpletuner.helpers.metadata.backends.captions import (
     CaptionTable, caption_file_for, fetch_caption_files, read_caption,
 )
 from simpletuner.helpers.metadata.backends.headers import FoundFiles, HeaderSource
+from simpletuner.helpers.metadata.backends.huggingface_rows import HuggingFaceSource
 from simpletuner.helpers.metadata.backends.table import TableSource
 from simpletuner.helpers.metadata.buckets import (
     MAX_BUCKET_AREA_FACTOR, BucketSettings, SizeFilters, bucket_for, sample_bucket,
@@ -84,7 +86,8 @@ class RefreshReport:
 
 class MetadataBackend:
     def __init__(self, dataset: DatasetConfig, training: TrainingConfig, storage: Storage,
-                 cache_dir: Path, source: HeaderSource | TableSource | None = None):
+                 cache_dir: Path,
+                 source: HeaderSource | TableSource | HuggingFaceSource | None = None):
         """``cache_dir`` is the run's cache folder, normally ``<output_dir>/cache``;
         ``source`` gives the sizes (default: header probes)."""
         self.dataset = dataset
@@ -101,8 +104,12 @@ class MetadataBackend:
     def from_config(cls, dataset: DatasetConfig, training: TrainingConfig) -> "MetadataBackend":
         """The dataset's storage and metadata backend, the cache under ``output_dir``."""
         storage = open_storage(dataset)
-        source = (TableSource(storage, dataset) if dataset.metadata_backend == "parquet"
-                  else HeaderSource(storage, dataset.id))
+        if dataset.type == "huggingface":
+            source = HuggingFaceSource(storage, dataset)
+        elif dataset.metadata_backend == "parquet":
+            source = TableSource(storage, dataset)
+        else:
+            source = HeaderSource(storage, dataset.id)
         return cls(dataset, training, storage, Path(training.output_dir) / "cache", source)
 
     # -- what the cache is keyed by -------------------------------------------------------
@@ -269,7 +276,7 @@ class MetadataBackend:
     # -- internals -----------------------------------------------------------------------
 
     def _captions_in_index(self) -> bool:
-        return self.dataset.caption_strategy == "parquet" or (
+        return self.dataset.caption_strategy in ("parquet", "huggingface") or (
             self.dataset.caption_strategy == "textfile" and self.storage.remote)
 
     def _index_captions(self, found: FoundFiles, rows: dict[str, list[int]], listing: Listing,

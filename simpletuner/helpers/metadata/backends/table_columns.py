@@ -98,7 +98,7 @@ def _read_parquet(path, names, filename, width, height, captions) -> TableColumn
     if not captions:
         column["captions"] = None
     raw = {width: column["widths"], height: column["heights"], filename: column["names"]}
-    return TableColumns(column["names"], _pixels(column["widths"]), _pixels(column["heights"]),
+    return TableColumns(column["names"], pixels(column["widths"]), pixels(column["heights"]),
                         column["captions"], lambda name, row: raw[name][row].as_py())
 
 
@@ -152,7 +152,7 @@ def _python_pixels(values: list) -> np.ndarray:
     return np.fromiter((positive_whole(v) or 0 for v in values), np.int64, len(values))
 
 
-def _pixels(column) -> np.ndarray:
+def pixels(column) -> np.ndarray:
     """A size column as int64, 0 where a cell is not a positive whole number (null, negative,
     fractional, text, boolean: reported as such)."""
     import pyarrow
