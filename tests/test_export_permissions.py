@@ -6,18 +6,19 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 import unittest
 from pathlib import Path
 
+from launching import run_bounded
 from training_fixtures import environment
 
 # The pipeline exported twice (the second replaces the first) and a LoRA export, then what
 # export, validation and checkpoints write beside them through the atomic writes (safetensors'
 # save_file among them).
 EXPORT = """
+import os
 import sys
 from pathlib import Path
 import torch
@@ -32,6 +33,7 @@ from simpletuner.training.checkpointing.tensor_files import save_tensors
 from simpletuner.training.lora import add_lora, export_lora
 
 out = Path(sys.argv[1])
+os.umask(int(sys.argv[2], 8))  # before anything is written, as a launcher's umask would be
 pipeline = DiffusionPipeline.from_pretrained(ensure_builtin_model("tiny-sd1x"))
 for _ in range(2):
     folder = export_pipeline(pipeline, out)
@@ -54,9 +56,8 @@ class ExportPermissionsTest(unittest.TestCase):
 
     def export_under(self, umask: int) -> Path:
         out = Path(self.tmp) / f"umask-{umask:03o}"
-        result = subprocess.run([sys.executable, "-c", EXPORT, str(out)],
-                                env=environment(self.tmp), capture_output=True, text=True,
-                                timeout=300, preexec_fn=lambda: os.umask(umask))
+        result = run_bounded([sys.executable, "-c", EXPORT, str(out), f"{umask:o}"],
+                             tmpdir=self.tmp, env=environment(self.tmp), timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         return out
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import shutil
-import subprocess
 import tempfile
 import unittest
 from pathlib import Path
@@ -21,6 +20,7 @@ from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.lora import LORA_WEIGHTS, add_lora, export_lora
 
+from launching import run_bounded
 from training_fixtures import make_shapes, run_training, write_config
 
 BIG = 200_000  # bytes: more than the tmpfs holds
@@ -32,11 +32,15 @@ class FullDiskCase(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
         self.full = self.tmp / "full"
         self.full.mkdir()
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
-                                  str(self.full)], capture_output=True, text=True)
+        mounted = run_bounded(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", self.full],
+                              tmpdir=self.tmp, timeout=60)
         if mounted.returncode != 0:
             self.skipTest(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
-        self.addCleanup(subprocess.run, ["umount", str(self.full)], check=True)
+        self.addCleanup(self.unmount)
+
+    def unmount(self) -> None:
+        unmounted = run_bounded(["umount", self.full], tmpdir=self.tmp, timeout=60)
+        self.assertEqual(unmounted.returncode, 0, unmounted.stderr)
 
     def assertNamesTheFullDisk(self, exc: OSError, path: Path) -> None:
         self.assertEqual(exc.errno, errno.ENOSPC, exc)
