@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration
+from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from simpletuner.configuration import ConfigError
@@ -20,6 +21,7 @@ from simpletuner.configuration.command_line import load_with_option_args
 from simpletuner.helpers.caching.storage import CacheEntryError
 from simpletuner.common.clean_exit import exit_process
 from simpletuner.common.error_report import report_unexpected
+from simpletuner.common.peer_watch import PeerWatch, collective_timeout
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.backends.captions import CaptionError
@@ -44,14 +46,27 @@ EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, Undersize
                    CheckpointError, Preempted, Diverged, ShardingError)
 
 
-def build_accelerator(training) -> Accelerator:
+def build_accelerator(training, peer_timeout: float) -> Accelerator:
     logging_dir = Path(training.output_dir) / "logs"
+    # The process group's own timeout comes after PeerWatch's, which names the missing rank.
+    process_group = InitProcessGroupKwargs(timeout=timedelta(seconds=peer_timeout + 120))
     return Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=training.mixed_precision,
         log_with=list(tracker_names(training.report_to)) or None,
         project_config=ProjectConfiguration(project_dir=training.output_dir,
-                                            logging_dir=str(logging_dir)))
+                                            logging_dir=str(logging_dir)),
+        kwargs_handlers=[process_group])
+
+
+def stop_waiting_rank(rank: int):
+    """PeerWatch's on_stuck: this rank's one line and status, then out (its main thread is
+    blocked in the collective, so the watcher thread ends the process)."""
+    def on_stuck(message: str) -> None:
+        print(f"[rank {rank}] training stopped (exit status {EXIT_FAILED}): {message}",
+              file=sys.stderr)
+        exit_process(record_exit_status(EXIT_FAILED))
+    return on_stuck
 
 
 def configure_logging(level_name: str) -> None:
@@ -91,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     args, option_args = parser.parse_known_args(argv)
     try:
         configuration = load_with_option_args(args.config, option_args)
-    except ConfigError as exc:
+        peer_timeout = collective_timeout()
+    except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(configuration.training.log_level)
@@ -99,18 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     with PreemptionWatcher(configuration.training.preemption_signals) as watcher:
         try:
             with watcher.stopping_at_once():
-                accelerator = build_accelerator(configuration.training)
+                accelerator = build_accelerator(configuration.training, peer_timeout)
         except StopRequested as stop:
             print(f"training stopped (exit status {EXIT_PREEMPTED}): {stop}", file=sys.stderr)
             return EXIT_PREEMPTED
-        return train_and_report(configuration, accelerator, watcher)
+        return train_and_report(configuration, accelerator, watcher, peer_timeout)
 
 
-def train_and_report(configuration, accelerator, watcher: PreemptionWatcher) -> int:
+def train_and_report(configuration, accelerator, watcher: PreemptionWatcher,
+                     peer_timeout: float) -> int:
     """The exit status; a failure is one line per rank (and an unexpected one's traceback)."""
     rank = accelerator.process_index
+    peers = PeerWatch(peer_timeout, watcher.signals, stop_waiting_rank(rank))
     try:
-        with logging_redirect_tqdm():  # log lines go above the progress bar, never into it
+        # Log lines go above the progress bar, never into it.
+        with logging_redirect_tqdm(), peers:
             train(configuration, accelerator, watcher)
         return EXIT_TRAINED
     except StopRequested as stop:

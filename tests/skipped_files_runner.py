@@ -8,6 +8,7 @@ Each rank prints one line, "[rank k] reported <path>" or "[rank k] failed: <erro
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,13 +30,19 @@ def main() -> int:
                for dataset_id, skipped in SKIPPED.items()}
     try:
         path = report_skipped_files_together(indexes, out, accelerator)
-        print(f"[rank {rank}] reported {path}", flush=True)
+        say(f"[rank {rank}] reported {path}")
         return 0
     except Exception as exc:
-        print(f"[rank {rank}] failed: {exc}", flush=True)
+        say(f"[rank {rank}] failed: {exc}")
         return 1
     finally:
         accelerator.end_training()
+
+
+def say(line: str) -> None:
+    # One write: print() writes the text and its newline separately, and two ranks sharing the
+    # pipe then interleave as "[rank 0] ...[rank 1] ...\n\n".
+    os.write(sys.stdout.fileno(), f"{line}\n".encode())
 
 
 if __name__ == "__main__":

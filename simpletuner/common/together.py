@@ -18,6 +18,8 @@ from contextlib import contextmanager
 
 from accelerate.utils import gather_object
 
+from simpletuner.common.peer_watch import in_collective
+
 logger = logging.getLogger(__name__)
 
 
@@ -59,7 +61,8 @@ def class_names(exc: BaseException) -> tuple[str, ...]:
 def raise_if_any_failed(what: str, error: BaseException | None) -> None:
     """The collective: every rank calls it with its own exception (None when it succeeded)."""
     outcome = None if error is None else (describe_error(error), class_names(error))
-    gathered = gather_object([outcome])
+    with in_collective(f"the end of {what}"):
+        gathered = gather_object([outcome])
     failed = [(rank, got) for rank, got in enumerate(gathered) if got is not None]
     if failed:
         raise RankFailure(what, [(rank, text) for rank, (text, _) in failed],

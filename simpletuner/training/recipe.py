@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
@@ -266,10 +267,11 @@ class Trainer:
             loss_sum += self._forward_backward(micro_batch, batch,
                                                sync=index == self.accumulation - 1)
             samples += [f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples]
-        norm = clip_gradients(self.accelerator, self.prepared.parameters(),
-                              self.training.max_grad_norm)
-        local, totals = reduce_step(self.accelerator, pack_step(
-            loss_sum, self.accumulation, norm, stopping=self.watcher.requested is not None))
+        with in_collective(f"step {self.state.step + 1}: clipping and reduce"):
+            norm = clip_gradients(self.accelerator, self.prepared.parameters(),
+                                  self.training.max_grad_norm)
+            local, totals = reduce_step(self.accelerator, pack_step(
+                loss_sum, self.accumulation, norm, stopping=self.watcher.requested is not None))
         self.state.step += 1
         self.state.epoch = self.sampler.epoch
         if self.guard.should_apply(totals, self.state.step):
@@ -286,7 +288,8 @@ class Trainer:
                           sync: bool) -> torch.Tensor:
         if self.trace is not None:
             self.trace.write(micro_batch)
-        with accumulating(self.accelerator, self.prepared, sync):
+        with (in_collective(f"step {self.state.step + 1}: micro-batch {micro_batch.step}"),
+              accumulating(self.accelerator, self.prepared, sync)):
             with self.accelerator.autocast():
                 loss = self.adapter.compute_loss(
                     batch, noise_generator(self.seed, self.accelerator.process_index,
