@@ -168,6 +168,11 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
             problems.append(f"{where}: key '{key}' is given twice ('{seen[key]}' and '{raw_key}')")
             continue
         seen[key] = raw_key
+        if vocabulary is not None:
+            value = vocabulary.canonical_value(key, value)
+            if vocabulary.means_not_set(key, value) or (
+                    key not in fields and vocabulary.accepts_foreign(key, value)):
+                continue  # SimpleTuner's value asks for nothing here
         if key not in fields:
             problems.append(_unknown_key_message(where, raw_key, key, fields, vocabulary))
             continue

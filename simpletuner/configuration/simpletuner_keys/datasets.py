@@ -1,0 +1,48 @@
+"""SimpleTuner's multidatabackend.json keys with no field here (the older entries are in
+simpletuner_options.py's dataset table)."""
+
+from __future__ import annotations
+
+from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
+
+# type 'huggingface' datasets are another change's work; until then their keys are named.
+HUGGINGFACE = ("belongs to type 'huggingface' datasets, which are not supported here; put the "
+               "images in a folder and use type 'local' with instance_data_dir")
+NO_CONDITIONING = ("remove it; conditioning datasets (ControlNet, edit, reference images) are "
+                   "not supported here")
+IO_ONLY = "accepted; discovery and caching size their own workers, batches and files"
+NEVER_DELETED = "remove it; unusable images are skipped and reported, never deleted"
+
+DATASET_KEYS = {
+    **refused("dataset_name split revision subfolder data_files image_column caption_column "
+              "video_column audio_column composite_image_column split_composite_images "
+              "streaming num_proc auto_load hf_token", HUGGINGFACE),
+    **refused("csv_file csv_cache_dir csv_caption_column csv_url_column", "belongs to type "
+              "'csv' datasets, which are not supported here; use type 'local'"),
+    **refused("webshart webshart_optimise_captions webshart_optimize_captions", "belongs to "
+              "webshart datasets, which are not supported here; use type 'local' or 'aws'"),
+    **refused("conditioning conditioning_data conditioning_type source_dataset_id "
+              "conditioning_config conditioning_image_embeds "
+              "cache_dir_conditioning_image_embeds conditioning_image_embed_batch_size "
+              "grounding grounding_data audio slider_strength distillation_type",
+              NO_CONDITIONING),
+    **refused("text_cache_ondemand text_cache_disable vae_cache_ondemand vae_cache_disable "
+              "disable_vae_cache", "remove it; latents and text embeddings are cached before "
+              "training"),
+    **ignored("vae_cache_scan_behaviour compress_cache shorten_filenames", "accepted; caches "
+              "are checked against the files and reused by the next run"),
+    **ignored("text_encoder_batch_size image_processing_batch_size max_workers vae_batch_size "
+              "metadata_update_interval max_file_size parallel_downloads buffer_size "
+              "shard_cache_gb", IO_ONLY),
+    **refused("delete_unwanted_images delete_problematic_images delete_nsfw_images",
+              NEVER_DELETED),
+    **refused("caption_shuffle", "remove it; captions are used as written (multi-line files: "
+              "one line per epoch)"),
+    **refused("caption_file_extensions", "remove it; a caption is the .txt file beside the "
+              "image"),
+    **refused("max_upscale_threshold", "remove it; use minimum_image_size to skip images that "
+              "would be upscaled"),
+    **refused("timestep_sampling_offset", "remove it; every dataset draws timesteps the same "
+              "way", (None, 0)),
+    **refused("end_epoch end_step", "remove it; every dataset is used in every epoch"),
+}
