@@ -20,7 +20,7 @@ SIMPLETUNER_CONFIG = {
     "--push_to_hub": True, "--lr_scheduler": "sine", "--mixed_precision": "bf16",
 }
 SIMPLETUNER_DATASET = {"caption_strategy": "huggingface", "probability": 1.0,
-                       "crop_style": "face", "hash_filenames": True}
+                       "crop_style": "face", "vae_cache_clear_each_epoch": True}
 
 
 class SimpleTunerConfigTest(unittest.TestCase):
@@ -53,7 +53,8 @@ class SimpleTunerConfigTest(unittest.TestCase):
         problems = self.problems(config, [self.image_dataset(**SIMPLETUNER_DATASET)])
         expected = {"lora_type": "LyCORIS is not supported", "quantize_via": "on the CPU",
                     "tread_config": "TREAD", "push_to_hub": "nothing is uploaded",
-                    "probability": "repeats + 1", "hash_filenames": "sample id"}
+                    "probability": "repeats + 1",
+                    "vae_cache_clear_each_epoch": "cached once and reused"}
         for key, advice in expected.items():
             found = [p for p in problems if f"SimpleTuner option '{key}' is not supported" in p]
             self.assertEqual(len(found), 1, (key, problems))

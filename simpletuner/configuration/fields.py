@@ -116,7 +116,10 @@ def _unknown_key_message(where: str, raw_key: str, key: str, fields: typing.Iter
     unsupported = vocabulary.unsupported_key(key) if vocabulary else None
     if unsupported:
         return f"{where}: {unsupported}"
-    return f"{where}: unknown key '{raw_key}'{did_you_mean(key, fields)}"
+    # SimpleTuner's names are candidates too: a typo of one should be told its right spelling.
+    names = [*fields, *(vocabulary.aliases if vocabulary else ()),
+             *(vocabulary.unsupported_keys if vocabulary else ())]
+    return f"{where}: unknown key '{raw_key}'{did_you_mean(key, names)}"
 
 
 def _rejected_value_message(where: str, key: str, value: Any, tp: Any,

@@ -183,6 +183,8 @@ class TrainingConfig:
         None, help="negative prompt of every validation image (families with classifier-free "
         "guidance); none = no negative prompt")
     validation_on_startup: bool = option(False, help="also validate before the first step")
+    validation_disable: bool = option(False, help="true: no validation images, whatever the "
+                                      "prompts")
     user_prompt_library: str | None = option(
         None, help="a JSON file of named prompts ({\"name\": \"prompt\"}, or {\"name\": "
         "{\"prompt\": ...}}), validated after validation_prompt's")

@@ -100,6 +100,7 @@ class ValidationSettings(_FromConfig):
     validation_seed: int
     validation_negative_prompt: str | None
     validation_on_startup: bool
+    validation_disable: bool
     output_dir: str
     library: tuple[str, ...] = ()   # user_prompt_library's prompts, read once
 
@@ -111,6 +112,8 @@ class ValidationSettings(_FromConfig):
 
     @property
     def prompts(self) -> list[str]:
+        if self.validation_disable:
+            return []
         prompt = self.validation_prompt
         given = [] if prompt is None else [prompt] if isinstance(prompt, str) else list(prompt)
         return given + list(self.library)

@@ -29,9 +29,12 @@ DATASET_KEYS = {
     **refused("text_cache_ondemand text_cache_disable vae_cache_ondemand vae_cache_disable "
               "disable_vae_cache", "remove it; latents and text embeddings are cached before "
               "training"),
-    **ignored("vae_cache_scan_behaviour compress_cache shorten_filenames", "accepted; caches "
-              "are checked against the files and reused by the next run"),
+    **ignored("vae_cache_scan_behaviour compress_cache shorten_filenames hash_filenames "
+              "skip_file_discovery preserve_data_backend_cache", "accepted; caches are named "
+              "by sample id, checked against the files and reused by the next run"),
+    **ignored("scan_for_errors", "accepted; every image's header is checked during discovery"),
     **ignored("text_encoder_batch_size image_processing_batch_size max_workers vae_batch_size "
+              "read_batch_size write_batch_size "
               "metadata_update_interval max_file_size parallel_downloads buffer_size "
               "shard_cache_gb", IO_ONLY),
     **refused("delete_unwanted_images delete_problematic_images delete_nsfw_images",

@@ -24,6 +24,8 @@ REPORTING_KEYS = {
     **refused("validation_prompt_library", "SimpleTuner's built-in prompt library is not "
               "shipped here; list the prompts in validation_prompt or a user_prompt_library file"),
     **refused("eval_epoch_interval", "use eval_steps_interval"),
+    **ignored("eval_timesteps", "accepted; the eval loss draws one timestep per sample from "
+              "generators seeded per (seed, rank, micro-batch): the same draws every evaluation"),
     **ignored("eval_dataset_pooling", "accepted; each eval dataset's loss is logged, and their "
               "mean as eval/loss"),
     **refused("eval_loss_disable", "remove it; set eval_steps_interval 0 (or leave out the eval "

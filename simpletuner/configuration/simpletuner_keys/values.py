@@ -66,6 +66,8 @@ CONFIG_ALIASES: dict[str, str] = {
     "peft_lora_target_modules": "lora_target_modules",
     "fused_qkv_projections": "fuse_qkv_projections",
     "use_gradient_checkpointing": "gradient_checkpointing",  # its quickstart guides' name
+    "optimizer_beta1": "adam_beta1",  # both are passed to any optimizer that takes betas
+    "optimizer_beta2": "adam_beta2",
 }
 
 # SimpleTuner's values with the same meaning as one of this option's values.
@@ -77,12 +79,14 @@ CONFIG_VALUE_ALIASES: dict[str, dict[object, object]] = {
 CONFIG_NOT_SET: dict[str, tuple] = {
     "num_train_epochs": (0,), "max_train_steps": (0,), "eval_steps_interval": (None,),
     "checkpointing_steps": (None,), "validation_steps": (None,), "validation_seed": (None,),
+    "adam_beta1": (None,), "adam_beta2": (None,),
 }
 
 # Options that exist here under SimpleTuner's name but do not mean the same thing.
 CONFIG_DIFFERENT: dict[str, str] = {
-    "mixed_precision": "here it is accelerate's autocast over float32 weights; SimpleTuner also "
-                       "keeps the base weights in that precision",
+    "mixed_precision": "here it is accelerate's autocast over float32 weights, and left out it "
+                       "is 'no'; SimpleTuner also keeps the base weights in that precision, and "
+                       "its default is 'bf16'",
     "noise_offset": "SimpleTuner applies it only with offset_noise true, to "
                     "noise_offset_probability of the samples; here it applies to every sample "
                     "whenever it is above 0",
