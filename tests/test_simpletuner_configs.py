@@ -111,6 +111,27 @@ class SimpleTunerConfigTest(unittest.TestCase):
         self.assertIsNone(config.training.num_train_epochs)
         self.assertEqual(config.training.max_train_steps, 7)
 
+    def test_config_wide_image_sizes_are_the_datasets_defaults(self):
+        config = self.load({"minimum_image_size": 0, "maximum_image_size": 1024,
+                            "target_downsample_size": 768},
+                           [self.image_dataset(), self.image_dataset(id="own",
+                                                                     minimum_image_size=256)])
+        own = {d.id: (d.minimum_image_size, d.maximum_image_size, d.target_downsample_size)
+               for d in config.datasets}
+        self.assertEqual(own, {"photos": (0, 1024, 768), "own": (256, 1024, 768)})
+
+    def test_simpletuners_names_and_values_of_the_same_option(self):
+        training = self.load({"checkpoint_step_interval": 25, "validation_step_interval": 50,
+                              "optimizer": "torch-adamw", "optimizer_beta2": 0.99,
+                              "use_gradient_checkpointing": True},
+                             [self.image_dataset()]).training
+        self.assertEqual((training.checkpointing_steps, training.validation_steps), (25, 50))
+        self.assertEqual((training.optimizer, training.adam_beta2), ("adamw", 0.99))
+        self.assertTrue(training.gradient_checkpointing)
+        problems = self.problems({"checkpoint_step_interval": 25, "checkpointing_steps": 5},
+                                 [self.image_dataset()])
+        self.assertIn("given twice", problems[0])
+
     def test_eval_interval_needs_an_eval_dataset(self):
         problems = self.problems({"eval_steps_interval": 10}, [self.image_dataset()])
         self.assertEqual(len(problems), 1)
