@@ -24,22 +24,15 @@ from simpletuner.configuration.simpletuner_keys.values import (
 )
 
 DROP = "remove it"
-FIXED_CACHES = "remove it; caches are built once before training and reused by the next run"
-FIXED_IO = "remove it; discovery and caching size their own workers and batches"
 
 _DATASET_KEYS: dict[str, str] = {
     "probability": "remove it; each dataset's samples are used repeats + 1 times per epoch",
-    "skip_file_discovery": FIXED_CACHES, "preserve_data_backend_cache": FIXED_CACHES,
-    "scan_for_errors": "remove it; every image's header is checked during discovery",
     "vae_cache_clear_each_epoch": "remove it; latents are cached once and reused",
-    "hash_filenames": "remove it; cache files are named by sample id",
-    "is_regularisation_data": DROP, "is_regularization_data": DROP,
     "caption_filter_list": "remove it; edit the captions themselves",
-    "conditioning_data": DROP, "conditioning": DROP, "disable_validation": DROP,
+    "disable_validation": DROP,
     "ignore_epochs": DROP, "start_epoch": DROP, "start_step": DROP,
     "huggingface": "remove it; only local folders are read (type 'local')",
-    "video": DROP, "write_batch_size": FIXED_IO, "read_batch_size": FIXED_IO,
-    "aspect_bucket_rounding": "remove it; bucket sizes are rounded to aspect_bucket_alignment",
+    "video": DROP,
 }
 
 _DATASET_VALUES: dict[str, dict[str, str]] = {

@@ -9,6 +9,8 @@ FIXED_CACHES = "accepted; caches are built once before training, checked against
                "and reused by the next run"
 FIXED_IO = "accepted; discovery and caching size their own workers and batches"
 NEVER_DELETED = "remove it; unusable images are skipped and reported, never deleted"
+NO_ASPECT_ROUNDING = ("accepted; buckets are keyed by their aligned pixel size "
+                      "(aspect_bucket_alignment), so there is no aspect ratio to round")
 LOGGING = "accepted; the run logs what it skips and trims (skipped_files.json, plan)"
 
 DATA_KEYS = {
@@ -16,8 +18,7 @@ DATA_KEYS = {
               PER_DATASET + " (parquet_*: in the dataset's parquet block)"),
     **refused("prepend_instance_prompt only_instance_prompt", PER_DATASET),
     **refused("aws_max_pool_connections", PER_DATASET, (None, 128)),
-    **ignored("aspect_bucket_rounding", "accepted; buckets are keyed by their aligned pixel size "
-              "(aspect_bucket_alignment), so there is no aspect ratio to round"),
+    **ignored("aspect_bucket_rounding", NO_ASPECT_ROUNDING),
     **ignored("disable_bucket_pruning", "accepted; no image is pruned silently here: a bucket "
               "too small for the effective batch stops the run with a report (or is extended "
               "by allow_dataset_oversubscription)"),

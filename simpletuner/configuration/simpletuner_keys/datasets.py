@@ -3,6 +3,7 @@ simpletuner_options.py's dataset table)."""
 
 from __future__ import annotations
 
+from simpletuner.configuration.simpletuner_keys.data import NO_ASPECT_ROUNDING
 from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
 
 # type 'huggingface' datasets are another change's work; until then their keys are named.
@@ -33,6 +34,9 @@ DATASET_KEYS = {
               "skip_file_discovery preserve_data_backend_cache", "accepted; caches are named "
               "by sample id, checked against the files and reused by the next run"),
     **ignored("scan_for_errors", "accepted; every image's header is checked during discovery"),
+    **ignored("aspect_bucket_rounding", NO_ASPECT_ROUNDING),
+    **refused("is_regularisation_data is_regularization_data", "remove it; regularisation "
+              "datasets (the base model's predictions as targets) are not supported here"),
     **ignored("text_encoder_batch_size image_processing_batch_size max_workers vae_batch_size "
               "read_batch_size write_batch_size "
               "metadata_update_interval max_file_size parallel_downloads buffer_size "
