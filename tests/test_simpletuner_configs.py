@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tempfile
 import typing
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from simpletuner.configuration import ConfigError, DatasetConfig, TrainingConfig, load_configuration
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
@@ -131,6 +133,20 @@ class SimpleTunerConfigTest(unittest.TestCase):
         problems = self.problems({"checkpoint_step_interval": 25, "checkpointing_steps": 5},
                                  [self.image_dataset()])
         self.assertIn("given twice", problems[0])
+
+    def test_simpletuners_placeholders_in_dataset_paths(self):
+        with mock.patch.dict(os.environ, {"ST_TEST_ROOT": "/data"}):
+            config = self.load({}, [
+                self.image_dataset(cache_dir_vae="cache/vae/{model_family}/{id}",
+                                   instance_prompt="{unknown} stays"),
+                {"id": "text", "dataset_type": "text_embeds", "default": True,
+                 "cache_dir": "{env:ST_TEST_ROOT}/text/{model_family}"}])
+        (dataset,) = config.datasets
+        self.assertEqual(dataset.cache_dir_vae, "cache/vae/sd1x/photos")
+        self.assertEqual(dataset.cache_dir, "/data/text/sd1x")
+        self.assertEqual(dataset.instance_prompt, "{unknown} stays")
+        config = self.load({}, [self.image_dataset(cache_dir_vae="{output_dir}/vae")])
+        self.assertEqual(config.datasets[0].cache_dir_vae, str(self.root / "out" / "vae"))
 
     def test_eval_interval_needs_an_eval_dataset(self):
         problems = self.problems({"eval_steps_interval": 10}, [self.image_dataset()])

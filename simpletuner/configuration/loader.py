@@ -20,6 +20,7 @@ from simpletuner.configuration.embed_entries import (EmbedCacheEntry, apply_embe
 from simpletuner.configuration.errors import ConfigError
 from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.options import FLOW_FAMILIES, LogLevel, TrainingConfig
+from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 from simpletuner.configuration.validation_options import check_validation_options
 
@@ -201,6 +202,10 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         if not isinstance(item, dict):
             problems.append(f"{label}: expected a JSON object, found {type(item).__name__}")
             continue
+        if training is not None:
+            item = fill_placeholders(item, {
+                "model_family": training.model_family, "id": str(item.get("id", "")),
+                "output_dir": str(_resolve(training.output_dir, base))})
         if is_embed_entry(item):
             entry = parse_embed_entry(item, label, problems)
             if entry is not None:
@@ -224,16 +229,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         if not _claim_id(ds.id, index, label, first_index, problems):
             usable = False  # its other keys are still checked below
         if training is not None:
-            ds = replace(
-                ds,
-                resolution=ds.resolution if ds.resolution is not None else training.resolution,
-                resolution_type=ds.resolution_type or training.resolution_type,
-                caption_dropout_probability=(
-                    ds.caption_dropout_probability if ds.caption_dropout_probability is not None
-                    else training.caption_dropout_probability),
-                **{key: getattr(training, key) for key in INHERITED_SIZES
-                   if getattr(ds, key) is None},
-            )
+            ds = _inherit(ds, training)
         _check_dataset(ds, label, base, problems)
         if usable and not ds.disabled:
             datasets.append(_with_absolute_paths(ds, base))
@@ -241,6 +237,19 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
     _check_something_trains(enabled_types, where, problems)
     return apply_embed_entries(datasets, embed_entries, where, problems)
+
+
+def _inherit(ds: DatasetConfig, training: TrainingConfig) -> DatasetConfig:
+    """config.json's values for the dataset settings this dataset leaves unset."""
+    return replace(
+        ds,
+        resolution=ds.resolution if ds.resolution is not None else training.resolution,
+        resolution_type=ds.resolution_type or training.resolution_type,
+        caption_dropout_probability=(
+            ds.caption_dropout_probability if ds.caption_dropout_probability is not None
+            else training.caption_dropout_probability),
+        **{key: getattr(training, key) for key in INHERITED_SIZES if getattr(ds, key) is None},
+    )
 
 
 def _check_something_trains(enabled_types: dict[str, str], where: str,
