@@ -11,13 +11,17 @@ import contextlib
 import io
 import json
 import re
+import sys
 import tempfile
 import unittest
 from pathlib import Path
 
+from PIL import Image
+
 from simpletuner.cli import main
 
-from training_fixtures import make_shapes
+from launching import run_bounded
+from training_fixtures import environment, make_shapes
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simpletuner"
 HUGGINGFACE_KEYS = ("dataset_name", "metadata_backend")  # type 'huggingface' only
@@ -37,6 +41,48 @@ EXAMPLES = {
 REFUSED = re.compile(r"SimpleTuner option '([a-z_0-9]+)' is not supported here")
 
 
+def local_datasets(datasets: list, root: Path, name: str) -> list:
+    """The same entries with their paths under ``root`` (huggingface storage: a local folder)."""
+    changed = []
+    for entry in datasets:
+        entry = dict(entry)
+        if entry.get("type") == "huggingface":
+            entry = {k: v for k, v in entry.items() if k not in HUGGINGFACE_KEYS}
+            entry["type"] = "local"
+        if entry.get("dataset_type", "image") in ("image", "eval"):
+            entry["instance_data_dir"] = str(root / "images")
+        for key in PATH_KEYS:
+            if key in entry:
+                entry[key] = str(root / name / "cache" / Path(entry[key]).name)
+        changed.append(entry)
+    return changed
+
+
+def write_example(root: Path, name: str, config: dict, datasets: list) -> Path:
+    """The config and its dataset file under ``root`` with only their paths changed."""
+    backend = root / f"{name}.multidatabackend.json"
+    backend.write_text(json.dumps(local_datasets(datasets, root, name)))
+    config = {**config, "data_backend_config": str(backend),
+              "output_dir": str(root / name / "output"),
+              "pretrained_model_name_or_path": f"builtin:tiny-{config['model_family']}"}
+    path = root / f"{name}.config.json"
+    path.write_text(json.dumps(config, ensure_ascii=False))
+    return path
+
+
+def run_check(path: Path) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = main(["check", "--config", str(path)])
+    return status, err.getvalue()
+
+
+def example(name: str) -> tuple[dict, list]:
+    config = json.loads((FIXTURES / "examples" / f"{name}.config.json").read_text("utf-8"))
+    backend = FIXTURES / "examples" / Path(config["data_backend_config"]).name
+    return config, json.loads(backend.read_text("utf-8"))
+
+
 class SimpleTunerExamplesTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -48,42 +94,13 @@ class SimpleTunerExamplesTest(unittest.TestCase):
     def tearDownClass(cls):
         cls._tmp.cleanup()
 
-    def local_datasets(self, datasets: list, name: str) -> list:
-        """The same entries with their paths here (and huggingface storage as a local folder)."""
-        changed = []
-        for entry in datasets:
-            entry = dict(entry)
-            if entry.get("type") == "huggingface":
-                entry = {k: v for k, v in entry.items() if k not in HUGGINGFACE_KEYS}
-                entry["type"] = "local"
-            if entry.get("dataset_type", "image") in ("image", "eval"):
-                entry["instance_data_dir"] = str(self.root / "images")
-            for key in PATH_KEYS:
-                if key in entry:
-                    entry[key] = str(self.root / name / "cache" / Path(entry[key]).name)
-            changed.append(entry)
-        return changed
-
     def check(self, name: str, config: dict, datasets: list) -> tuple[int, str]:
-        backend = self.root / f"{name}.multidatabackend.json"
-        backend.write_text(json.dumps(self.local_datasets(datasets, name)))
-        config = {**config, "data_backend_config": str(backend),
-                  "output_dir": str(self.root / name / "output"),
-                  "pretrained_model_name_or_path": f"builtin:tiny-{config['model_family']}"}
-        path = self.root / f"{name}.config.json"
-        path.write_text(json.dumps(config, ensure_ascii=False))
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            status = main(["check", "--config", str(path)])
-        return status, err.getvalue()
+        return run_check(write_example(self.root, name, config, datasets))
 
     def test_each_example_passes_or_is_refused_only_for_missing_features(self):
         for name, refused in EXAMPLES.items():
             with self.subTest(example=name):
-                config = json.loads((FIXTURES / "examples" / f"{name}.config.json").read_text(
-                    encoding="utf-8"))
-                backend = FIXTURES / "examples" / Path(config["data_backend_config"]).name
-                status, report = self.check(name, config, json.loads(backend.read_text()))
+                status, report = self.check(name, *example(name))
                 problems = [line for line in report.splitlines() if line.startswith("  - ")]
                 self.assertEqual(status, 0 if not refused else 2, report)
                 self.assertEqual(len(problems), len(refused), report)
@@ -113,6 +130,27 @@ class SimpleTunerExamplesTest(unittest.TestCase):
         self.assertEqual(len(problems), 1, report)
         self.assertIn("SimpleTuner option 'is_regularisation_data' is not supported", problems[0])
 
+
+class SimpleTunerExampleRunTest(unittest.TestCase):
+    def test_the_sd1x_example_trains_validates_and_exports(self):
+        """The example as SimpleTuner ships it (paths changed), for one step from the command
+        line: 512 px crops of 160 px images (its minimum_image_size is 128), LoRA, its seed."""
+        with tempfile.TemporaryDirectory() as tmp:
+            root, name = Path(tmp), "sd1x-dreamshaper.peft-lora"
+            make_shapes(root / "images", per_size=2, sizes=((160, 160),))
+            path = write_example(root, name, *example(name))
+            status, report = run_check(path)
+            self.assertEqual(status, 0, report)
+            result = run_bounded([sys.executable, "-m", "simpletuner.train", "--config", path,
+                                  "--max_train_steps", "1"],
+                                 tmpdir=tmp, env=environment(tmp), timeout=400)
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            output = root / name / "output"
+            (image,) = (output / "validation" / "step-1").glob("image-*.png")
+            self.assertEqual(Image.open(image).size, (512, 512))  # its validation_resolution
+            self.assertTrue((output / "lora" / "pytorch_lora_weights.safetensors").is_file())
+            summary = json.loads((output / "training_summary.json").read_text())
+            self.assertEqual((summary["seed"], summary["steps"]), (42, 1))
 
 if __name__ == "__main__":
     unittest.main()
