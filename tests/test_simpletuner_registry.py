@@ -1,8 +1,9 @@
 """Every option of SimpleTuner's registry, and every multidatabackend.json key it documents, is
 supported, accepted or refused by name here: never answered with a did-you-mean or as unknown.
 
-The names come from tests/fixtures/simpletuner/ (SimpleTuner 4.10.1's FieldRegistry and its
-dataset documentation; the README there says where each file comes from)."""
+The names come from tests/fixtures/simpletuner/ (SimpleTuner 4.10.1's FieldRegistry, its
+dataset documentation, and older releases' names; the README there says where each comes
+from)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATA
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simpletuner"
 REGISTRY = json.loads((FIXTURES / "config_options.json").read_text(encoding="utf-8"))["options"]
-DATASET_KEYS = json.loads((FIXTURES / "dataset_keys.json").read_text(encoding="utf-8"))["keys"]
+LEGACY = json.loads((FIXTURES / "legacy_options.json").read_text(encoding="utf-8"))
+CONFIG_NAMES = [*REGISTRY, *LEGACY["config_options"]]  # older releases' names too
+DATASET_KEYS = [*json.loads((FIXTURES / "dataset_keys.json").read_text(encoding="utf-8"))["keys"],
+                *LEGACY["dataset_keys"]]
 NOT_A_VALUE = {"surely": "not a value anything asks for"}  # no option takes this object
 TYPO_MARKS = ("did you mean", "unknown key")
 
@@ -56,7 +60,7 @@ class RegistryCoverageTest(unittest.TestCase):
 
     def test_every_registry_option_is_a_field_or_a_known_simpletuner_option(self):
         fields = {f.name for f in dataclasses.fields(TrainingConfig)}
-        for name in REGISTRY:
+        for name in CONFIG_NAMES:
             canonical = CONFIG_JSON.canonical(name)
             with self.subTest(name=name):
                 self.assertTrue(canonical in fields or canonical in CONFIG_JSON.unsupported_keys,
@@ -75,7 +79,7 @@ class RegistryCoverageTest(unittest.TestCase):
                                   "\n".join(problems))
 
     def test_any_other_value_is_refused_by_name_never_as_a_typo(self):
-        for name in REGISTRY:
+        for name in CONFIG_NAMES:
             with self.subTest(name=name):
                 problems = self.problems({name: NOT_A_VALUE})
                 self.assert_named(name, problems)

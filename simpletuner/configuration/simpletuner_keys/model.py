@@ -66,7 +66,9 @@ MODEL_KEYS = {
               "optimizer_offload_gradients fuse_optimizer optimizer_release_gradients "
               "enable_chunked_feed_forward feed_forward_chunk_size set_grads_to_none "
               "fsdp_cpu_ram_efficient_loading fsdp_limit_all_gathers find_unused_parameters "
-              "accelerator_cache_clear_interval", MEMORY_ONLY),
+              "accelerator_cache_clear_interval enable_group_offload enable_model_cpu_offload "
+              "group_offload_blocks_per_group group_offload_to_disk_path group_offload_type "
+              "group_offload_use_stream", MEMORY_ONLY),
     **refused("ramtorch", "remove it; weights are not streamed from RAM here (see "
               "frozen_components_after_caching and fsdp_enable)"),
     **ignored("ramtorch_target_modules ramtorch_text_encoder ramtorch_vae ramtorch_controlnet "
@@ -98,13 +100,15 @@ MODEL_KEYS = {
     **refused("lora_format", "remove it; the LoRA is saved in diffusers' format",
               (None, "diffusers")),
     **refused("train_text_encoder", NO_TEXT_ENCODER_TRAINING),
-    **ignored("text_encoder_lr freeze_encoder_before freeze_encoder_after freeze_encoder_strategy "
+    **ignored("text_encoder_lr freeze_encoder freeze_encoder_before freeze_encoder_after "
+              "freeze_encoder_strategy "
               "save_text_encoder text_encoder_limit", "used only with train_text_encoder, "
               "which is refused here"),
     **refused("layer_freeze_strategy", "remove it; every parameter of the trained network (or "
               "its LoRA) is trained", (None, "none")),
     # Kernels, precision and compilation
-    **ignored("attention_mechanism sla_config sageattention_usage disable_tf32 "
+    **ignored("attention_mechanism sla_config sageattention_usage disable_tf32 allow_tf32 "
+              "enable_xformers_memory_efficient_attention validation_torch_compile "
               "dynamo_mode dynamo_fullgraph dynamo_dynamic dynamo_use_regional_compilation "
               "dynamo_wrapper dynamo_cache_export dynamo_cache_export_after_first_step "
               "dynamo_hub_repo_id", KERNELS),

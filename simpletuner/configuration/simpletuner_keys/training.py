@@ -87,7 +87,8 @@ TRAINING_KEYS = {
                  "crepa_drop_vae_encoder crepa_normalize_by_frames crepa_normalize_neighbour_sum "
                  "crepa_spatial_align crepa_use_tae crepa_scheduler crepa_warmup_steps "
                  "crepa_decay_steps crepa_lambda_end crepa_power crepa_cutoff_step "
-                 "crepa_similarity_threshold crepa_similarity_ema_decay crepa_threshold_mode",
+                 "crepa_similarity_threshold crepa_similarity_ema_decay crepa_threshold_mode "
+                 "crepa_cumulative_neighbors crepa_model",
                  "CREPA"),
     **_extension("twinflow_enabled", "twinflow_target_step_count", "TwinFlow"),
     **_extension("internal_guidance_enabled", "internal_guidance_loss_weight "
@@ -100,6 +101,7 @@ TRAINING_KEYS = {
                  "urepa_decay_steps urepa_lambda_end urepa_power urepa_cutoff_step "
                  "urepa_similarity_threshold urepa_similarity_ema_decay urepa_threshold_mode",
                  "U-REPA"),
-    **ignored("strict_epoch_limit", "accepted; a run stops at max_train_steps or at the end of "
+    **refused("use_8bit_adam", "use optimizer 'ao-adamw8bit' (or 'bnb-adamw8bit' on CUDA)"),
+    **ignored("strict_epoch_limit ignore_final_epochs", "accepted; a run stops at max_train_steps or at the end of "
               "num_train_epochs, whichever comes first"),
 }
