@@ -10,7 +10,6 @@ import unittest
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
 
 from simpletuner.configuration import ConfigError, TrainingConfig, load_configuration
