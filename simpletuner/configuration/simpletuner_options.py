@@ -47,6 +47,8 @@ _DATASET_VALUES: dict[str, dict[str, str]] = {
 _DATASET_DIFFERENT: dict[str, str] = {
     "cache_dir": "on an image dataset here it is the folder of that dataset's text-embedding "
                  "cache (SimpleTuner sets it on the text_embeds entry, which is accepted too)",
+    "maximum_image_size": "alone it skips larger images here; SimpleTuner requires "
+                          "target_downsample_size with it (and then both mean the same here)",
 }
 
 
