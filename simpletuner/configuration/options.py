@@ -94,8 +94,7 @@ class TrainingConfig:
     max_grad_norm: float = option(1.0, minimum=0.0, help="0 = no clipping")
     grad_clip_method: Literal["norm", "value"] = option(
         "norm", help="norm: scale all gradients so their total norm is at most max_grad_norm; "
-        "value: clamp each gradient element to [-max_grad_norm, max_grad_norm] "
-        "(SimpleTuner's default)")
+        "value: clamp each gradient element to [-max_grad_norm, max_grad_norm]")
     mixed_precision: Literal["no", "bf16", "fp16"] = option("no")
     gradient_checkpointing: bool = option(False)
     use_ema: bool = option(False)

@@ -91,4 +91,6 @@ CONFIG_DIFFERENT: dict[str, str] = {
                     "noise_offset_probability of the samples; here it applies to every sample "
                     "whenever it is above 0",
     "validation_seed": "SimpleTuner's null draws a random seed; here null keeps the default 0",
+    "grad_clip_method": "left out it is 'norm' here (this trainer's clipping before the option "
+                        "existed); SimpleTuner's default is 'value'",
 }
