@@ -25,7 +25,7 @@ from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.caching.storage import model_identity, rank_share
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache, cache_text_embeds
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.multiaspect.image import prepare_image
+from simpletuner.helpers.multiaspect.image import Downsample, prepare_image
 
 
 class CountingVae:
@@ -116,6 +116,9 @@ class LatentCacheTest(unittest.TestCase):
             "model": LatentSettings("shapes", LocalStorage(self.root), self.tmp / "vae", "model-b"),
             "crop": LatentSettings("shapes", LocalStorage(self.root),
                                    self.tmp / "vae", "model-a", crop=True),
+            "downsample": LatentSettings("shapes", LocalStorage(self.root), self.tmp / "vae",
+                                         "model-a", crop=True,
+                                         downsample=Downsample("pixel", 32, 48)),
             "target": None,
         }
         for what, settings in changes.items():

@@ -54,11 +54,11 @@ class LoadWithOverridesTest(unittest.TestCase):
     def test_overrides_are_validated_and_named_as_the_command_line(self):
         with self.assertRaises(ConfigError) as caught:
             load_with_option_args(str(self.config), [
-                "--max_train_steps", "0", "--learning_rat", "1", "--lora_type", "standard"])
+                "--max_train_steps", "-1", "--learning_rat", "1", "--lora_type", "lycoris"])
         problems = caught.exception.problems
         self.assertEqual(len(problems), 3, problems)
         self.assertTrue(problems[0].startswith(
-            "command line: key 'max_train_steps' is 0; expected a value >= 1"), problems[0])
+            "command line: key 'max_train_steps' is -1; expected a value >= 1"), problems[0])
         self.assertIn("command line: unknown key 'learning_rat' (did you mean 'learning_rate'?)",
                       problems[1])
         self.assertIn("command line: SimpleTuner option 'lora_type' is not supported", problems[2])

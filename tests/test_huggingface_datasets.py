@@ -71,7 +71,8 @@ class HuggingFaceConfigTest(Folder):
              "caption_strategy": "textfile"},
             {"id": "e", "instance_data_dir": "d", "caption_column": "text"})
         for expected in ("(id 'a'): key 'huggingface': SimpleTuner option 'filter_func' is not "
-                         "supported here; remove it; filter the dataset first",
+                         "supported here (accepted as null or false); remove it; filter the "
+                         "dataset first",
                          "(id 'a'): key 'huggingface': SimpleTuner option 'video_column'",
                          "(id 'a'): key 'huggingface': streaming is not supported",
                          "(id 'a'): key 'huggingface': composite_image_config is not supported",

@@ -10,8 +10,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from simpletuner.configuration import DatasetConfig, TrainingConfig
+from simpletuner.helpers.metadata.buckets import SizeFilters
 from simpletuner.helpers.multiaspect.image import (
-    crop_box, crop_rng, fit_to_target, load_rgb, prepare_image,
+    Downsample, crop_box, crop_rng, fit_to_target, load_rgb, prepare_image,
 )
 
 ORIGINALS = [(100, 60), (60, 100), (64, 64), (333, 127), (17, 200), (1000, 999)]
@@ -116,6 +118,44 @@ class GeometryTest(unittest.TestCase):
     def test_random_style_without_rng_is_an_error(self):
         with self.assertRaisesRegex(ValueError, "crop_rng"):
             crop_box((100, 50), (50, 50), "random")
+
+
+class DownsampleTest(unittest.TestCase):
+    """SimpleTuner's maximum_image_size + target_downsample_size: a larger image is brought to
+    the target size before the crop is cut."""
+
+    def test_scale_in_each_resolution_unit(self):
+        self.assertEqual(Downsample("pixel", 200, 150).scale(400, 300), 0.5)  # short edge 300
+        self.assertIsNone(Downsample("pixel", 200, 150).scale(180, 300))
+        self.assertAlmostEqual(Downsample("area", 0.1, 0.05).scale(1000, 1000),
+                               (0.05 / 1.0) ** 0.5)
+        self.assertEqual(Downsample("pixel_area", 512, 256).scale(1024, 1024), 0.25)
+
+    def test_the_crop_comes_from_the_downsampled_image(self):
+        # A white 240x240 square in the middle of 400x400 black: downsampled to 200 and cropped
+        # to the centre 100x100 it is all white; cropped without it the black border remains.
+        image = Image.new("RGB", (400, 400), (0, 0, 0))
+        image.paste((255, 255, 255), (80, 80, 320, 320))
+        downsampled = fit_to_target(image, (100, 100), crop=True,
+                                    downsample=Downsample("pixel", 200, 200))
+        self.assertEqual(downsampled.crop_top_left, (50, 50))
+        self.assertGreater(float(downsampled.pixels.min()), 0.9)
+        plain = fit_to_target(image, (100, 100), crop=True)
+        self.assertEqual(plain.crop_top_left, (0, 0))
+        self.assertLess(float(plain.pixels.min()), -0.9)
+        small = Image.new("RGB", (150, 150))
+        self.assertEqual(fit_to_target(small, (100, 100), crop=True, downsample=Downsample(
+            "pixel", 200, 200)).crop_top_left, (0, 0))  # below the maximum: only covers
+
+    def test_with_a_target_the_maximum_no_longer_skips(self):
+        training = TrainingConfig(model_family="sd1x", pretrained_model_name_or_path="m",
+                                  output_dir="o", data_backend_config="d", resolution=64)
+        alone = DatasetConfig(id="a", maximum_image_size=128, resolution_type="pixel")
+        paired = DatasetConfig(id="a", maximum_image_size=128, target_downsample_size=96,
+                               resolution_type="pixel")
+        self.assertIn("too large", SizeFilters.for_dataset(alone, training).reason_to_skip(
+            400, 300))
+        self.assertIsNone(SizeFilters.for_dataset(paired, training).reason_to_skip(400, 300))
 
 
 class ModeTest(unittest.TestCase):

@@ -31,7 +31,9 @@ class OptionsListingTest(unittest.TestCase):
                 self.assertIn(f"| `{f.name}` |", text, f"{cls.__name__}.{f.name}")
         self.assertIn("| `lr_scheduler` | one of 'linear', 'cosine',", text)
         self.assertIn("| `train_batch_size` | an integer (>= 1) | `1` |", text)
-        self.assertIn("| `lora_type` | remove it; LoRA here is standard peft LoRA", text)
+        self.assertIn("| `lora_type` | `null`, `\"standard\"` | LyCORIS is not supported here", text)
+        self.assertIn("| `checkpoint_step_interval` | `checkpointing_steps` (same meaning) |", text)
+        self.assertIn("| `vae_cache_scan_behaviour` | accepted; caches are built once", text)
 
     def test_readme_links_the_options(self):
         readme = (OPTIONS_MD.parents[1] / "README.md").read_text(encoding="utf-8")

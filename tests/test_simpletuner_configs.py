@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tempfile
 import typing
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from simpletuner.configuration import ConfigError, DatasetConfig, TrainingConfig, load_configuration
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 
 SIMPLETUNER_CONFIG = {
-    "--model_family": "sdxl", "--model_type": "lora", "--lora_type": "standard",
+    "--model_family": "sdxl", "--model_type": "lora", "--lora_type": "lycoris",
     "--model_flavour": "base", "--base_model_precision": "int8-quanto",
-    "--quantize_via": "cpu", "--optimizer": "adamw_schedulefree", "--report_to": "comet_ml",
-    "--vae_batch_size": 4,
+    "--quantize_via": "pipeline", "--optimizer": "adamw_schedulefree", "--report_to": "comet_ml",
+    "--tread_config": {"routes": []},
     "--push_to_hub": True, "--lr_scheduler": "sine", "--mixed_precision": "bf16",
 }
 SIMPLETUNER_DATASET = {"caption_strategy": "csv", "probability": 1.0,
-                       "crop_style": "face", "hash_filenames": True}
+                       "crop_style": "face", "vae_cache_clear_each_epoch": True}
 
 
 class SimpleTunerConfigTest(unittest.TestCase):
@@ -51,10 +53,10 @@ class SimpleTunerConfigTest(unittest.TestCase):
     def test_each_unsupported_option_is_named_with_advice_and_no_suggestion(self):
         config = {k: v for k, v in SIMPLETUNER_CONFIG.items() if k != "--model_family"}
         problems = self.problems(config, [self.image_dataset(**SIMPLETUNER_DATASET)])
-        expected = {"lora_type": "peft LoRA", "model_flavour": "flavour's local diffusers folder",
-                    "quantize_via": "base_model_precision", "vae_batch_size": "workers",
-                    "push_to_hub": "nothing is uploaded", "probability": "repeats + 1",
-                    "hash_filenames": "sample id"}
+        expected = {"lora_type": "LyCORIS is not supported", "quantize_via": "on the CPU",
+                    "tread_config": "TREAD", "push_to_hub": "nothing is uploaded",
+                    "probability": "repeats + 1",
+                    "vae_cache_clear_each_epoch": "cached once and reused"}
         for key, advice in expected.items():
             found = [p for p in problems if f"SimpleTuner option '{key}' is not supported" in p]
             self.assertEqual(len(found), 1, (key, problems))
@@ -96,18 +98,55 @@ class SimpleTunerConfigTest(unittest.TestCase):
         self.assertIn("'text_embeds' names 'missing', which is no enabled text_embeds entry", text)
 
     def test_a_different_meaning_is_said_when_the_value_is_rejected(self):
-        problems = self.problems({"validation_resolution": "1024x768"}, [self.image_dataset()])
+        problems = self.problems({"noise_offset": -0.1}, [self.image_dataset()])
         self.assertEqual(len(problems), 1)
         self.assertIn("differs from SimpleTuner", problems[0])
-        self.assertIn("'WxH'", problems[0])
+        self.assertIn("offset_noise", problems[0])
 
-    def test_quoted_values_and_simpletuners_zero_get_a_hint(self):
-        problems = self.problems({"learning_rate": "1e-4", "use_ema": "true",
-                                  "num_train_epochs": 0}, [self.image_dataset()])
-        self.assertEqual(len(problems), 3, problems)
+    def test_quoted_values_get_a_hint_and_simpletuners_zero_means_not_set(self):
+        problems = self.problems({"learning_rate": "1e-4", "use_ema": "true"},
+                                 [self.image_dataset()])
+        self.assertEqual(len(problems), 2, problems)
         self.assertIn("expected a number (write it without quotes: 0.0001)", problems[0])
         self.assertIn("(write it without quotes: true)", problems[1])
-        self.assertIn("SimpleTuner takes 0 for 'not set'; here leave it out", problems[2])
+        config = self.load({"num_train_epochs": 0, "max_train_steps": 7}, [self.image_dataset()])
+        self.assertIsNone(config.training.num_train_epochs)
+        self.assertEqual(config.training.max_train_steps, 7)
+
+    def test_config_wide_image_sizes_are_the_datasets_defaults(self):
+        config = self.load({"minimum_image_size": 0, "maximum_image_size": 1024,
+                            "target_downsample_size": 768},
+                           [self.image_dataset(), self.image_dataset(id="own",
+                                                                     minimum_image_size=256)])
+        own = {d.id: (d.minimum_image_size, d.maximum_image_size, d.target_downsample_size)
+               for d in config.datasets}
+        self.assertEqual(own, {"photos": (0, 1024, 768), "own": (256, 1024, 768)})
+
+    def test_simpletuners_names_and_values_of_the_same_option(self):
+        training = self.load({"checkpoint_step_interval": 25, "validation_step_interval": 50,
+                              "optimizer": "torch-adamw", "optimizer_beta2": 0.99,
+                              "use_gradient_checkpointing": True},
+                             [self.image_dataset()]).training
+        self.assertEqual((training.checkpointing_steps, training.validation_steps), (25, 50))
+        self.assertEqual((training.optimizer, training.adam_beta2), ("adamw", 0.99))
+        self.assertTrue(training.gradient_checkpointing)
+        problems = self.problems({"checkpoint_step_interval": 25, "checkpointing_steps": 5},
+                                 [self.image_dataset()])
+        self.assertIn("given twice", problems[0])
+
+    def test_simpletuners_placeholders_in_dataset_paths(self):
+        with mock.patch.dict(os.environ, {"ST_TEST_ROOT": "/data"}):
+            config = self.load({}, [
+                self.image_dataset(cache_dir_vae="cache/vae/{model_family}/{id}",
+                                   instance_prompt="{unknown} stays"),
+                {"id": "text", "dataset_type": "text_embeds", "default": True,
+                 "cache_dir": "{env:ST_TEST_ROOT}/text/{model_family}"}])
+        (dataset,) = config.datasets
+        self.assertEqual(dataset.cache_dir_vae, "cache/vae/sd1x/photos")
+        self.assertEqual(dataset.cache_dir, "/data/text/sd1x")
+        self.assertEqual(dataset.instance_prompt, "{unknown} stays")
+        config = self.load({}, [self.image_dataset(cache_dir_vae="{output_dir}/vae")])
+        self.assertEqual(config.datasets[0].cache_dir_vae, str(self.root / "out" / "vae"))
 
     def test_eval_interval_needs_an_eval_dataset(self):
         problems = self.problems({"eval_steps_interval": 10}, [self.image_dataset()])

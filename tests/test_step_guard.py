@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from simpletuner.training.step_guard import NonFiniteGuard, StepTotals, pack_step
+from accelerate import Accelerator
+
+from simpletuner.training.step_guard import NonFiniteGuard, StepTotals, clip_gradients, pack_step
 from training_fixtures import make_shapes, run_training, write_config
 
 NAN, INF = float("nan"), float("inf")
@@ -78,6 +80,33 @@ class NonFiniteGuardTest(unittest.TestCase):
         self.assertFalse(guard.diverged)
         self.decisions(guard, [nan_loss, nan_loss])
         self.assertTrue(guard.diverged)
+
+
+class ClipGradientsTest(unittest.TestCase):
+    """grad_clip_method: 'norm' scales every gradient by max / total norm, 'value' clamps each
+    element; both return the total norm before clipping (the guard checks it is finite)."""
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        first, second = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
+        first.grad, second.grad = torch.tensor([3.0, -0.5]), torch.tensor([4.0])
+        return [first, second]
+
+    def test_norm_and_value_clipping(self):
+        accelerator = Accelerator(cpu=True)
+        total = math.sqrt(9 + 0.25 + 16)
+        by_norm = self.parameters()
+        norm = clip_gradients(accelerator, iter(by_norm), 1.0, "norm")
+        self.assertAlmostEqual(norm.item(), total, places=5)
+        self.assertTrue(torch.allclose(by_norm[0].grad, torch.tensor([3.0, -0.5]) / total,
+                                       atol=1e-5))
+        by_value = self.parameters()
+        norm = clip_gradients(accelerator, iter(by_value), 1.0, "value")
+        self.assertAlmostEqual(norm.item(), total, places=5)
+        self.assertEqual(by_value[0].grad.tolist(), [1.0, -0.5])
+        self.assertEqual(by_value[1].grad.tolist(), [1.0])
+        unclipped = self.parameters()
+        clip_gradients(accelerator, iter(unclipped), 0.0, "value")  # 0: no clipping
+        self.assertEqual(unclipped[1].grad.tolist(), [4.0])
 
 
 class DivergingRunTest(unittest.TestCase):

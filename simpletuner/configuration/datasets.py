@@ -75,7 +75,13 @@ class DatasetConfig:
     resolution_type: Literal["pixel", "area", "pixel_area"] | None = option(
         None, help="pixel_area: resolution in pixels, trained at that area (resolution**2)")
     minimum_image_size: float | None = option(None, minimum=0.0)
-    maximum_image_size: float | None = option(None, minimum=0.0)
+    maximum_image_size: float | None = option(
+        None, minimum=0.0, help="skip larger images; with target_downsample_size (as in "
+        "SimpleTuner) a cropped image above it is downsampled to that size first instead")
+    target_downsample_size: float | None = option(
+        None, minimum=0.0, help="with maximum_image_size and crop: the size larger images are "
+        "scaled to before the crop is cut (resolution units); none = crop from the image scaled "
+        "to just cover its bucket")
     minimum_aspect_ratio: float | None = option(
         None, minimum=0.0, help="skip images whose aspect (W/H) is below this; none or 0: 1/8 "
         "(no limit when maximum_aspect_ratio is below 1/8)")

@@ -116,7 +116,10 @@ def _unknown_key_message(where: str, raw_key: str, key: str, fields: typing.Iter
     unsupported = vocabulary.unsupported_key(key) if vocabulary else None
     if unsupported:
         return f"{where}: {unsupported}"
-    return f"{where}: unknown key '{raw_key}'{did_you_mean(key, fields)}"
+    # SimpleTuner's names are candidates too: a typo of one should be told its right spelling.
+    names = [*fields, *(vocabulary.aliases if vocabulary else ()),
+             *(vocabulary.unsupported_keys if vocabulary else ())]
+    return f"{where}: unknown key '{raw_key}'{did_you_mean(key, names)}"
 
 
 def _rejected_value_message(where: str, key: str, value: Any, tp: Any,
@@ -168,6 +171,11 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
             problems.append(f"{where}: key '{key}' is given twice ('{seen[key]}' and '{raw_key}')")
             continue
         seen[key] = raw_key
+        if vocabulary is not None:
+            value = vocabulary.canonical_value(key, value)
+            if vocabulary.means_not_set(key, value) or (
+                    key not in fields and vocabulary.accepts_foreign(key, value)):
+                continue  # SimpleTuner's value asks for nothing here
         if key not in fields:
             problems.append(_unknown_key_message(where, raw_key, key, fields, vocabulary))
             continue

@@ -16,23 +16,24 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.fields import option, parse_fields
+from simpletuner.configuration.simpletuner_keys.datasets import ONE_PASS, PREFILTER
+from simpletuner.configuration.simpletuner_keys.entries import Foreign
 from simpletuner.configuration.simpletuner_options import SimpleTunerVocabulary
 
 # Keys SimpleTuner takes at the top of the entry or in the block.
 SHARED_KEYS = ("dataset_name", "split", "revision", "image_column", "caption_column")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-PREFILTER = ("remove it; filter the dataset first (datasets' Dataset.filter, then "
-             "save_to_disk) and point dataset_name at the saved folder")
 NOT_IMAGES = "remove it; only image datasets are read here"
 _BLOCK_KEYS = {
     "filter_func": PREFILTER, "quality_column": PREFILTER,
-    "num_proc": "remove it; rows are indexed in one pass, no filter processes are started",
+    "num_proc": ONE_PASS,
     "description_column": "use fallback_caption_column",
     "bbox_column": "remove it; grounding boxes are not read here",
     "video_column": NOT_IMAGES, "num_frames_column": NOT_IMAGES, "fps_column": NOT_IMAGES,
     "lyrics_column": NOT_IMAGES, "audio_caption_fields": NOT_IMAGES,
 }
-BLOCK_VOCABULARY = SimpleTunerVocabulary(_BLOCK_KEYS, {})
+BLOCK_VOCABULARY = SimpleTunerVocabulary(
+    {key: Foreign(advice) for key, advice in _BLOCK_KEYS.items()}, {})
 
 
 @dataclass

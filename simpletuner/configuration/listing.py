@@ -62,14 +62,55 @@ def option_table(cls: type, vocabulary: SimpleTunerVocabulary) -> list[str]:
     return lines
 
 
-def _unsupported_table(vocabulary: SimpleTunerVocabulary) -> list[str]:
-    lines = ["| SimpleTuner option or value | what to do here |", "| --- | --- |"]
-    for key, advice in sorted(vocabulary.unsupported_keys.items()):
-        lines.append(f"| `{key}` | {_cell(advice)} |")
-    for key, values in sorted(vocabulary.unsupported_values.items()):
-        for value, advice in sorted(values.items()):
-            lines.append(f"| `{key}: {value}` | {_cell(advice)} |")
+def _accepted_table(vocabulary: SimpleTunerVocabulary) -> list[str]:
+    lines = ["| SimpleTuner option | why any value is accepted |", "| --- | --- |"]
+    for key, entry in sorted(vocabulary.unsupported_keys.items()):
+        if entry.any_value:
+            lines.append(f"| `{key}` | {_cell(entry.advice)} |")
     return lines
+
+
+def _refused_table(vocabulary: SimpleTunerVocabulary) -> list[str]:
+    lines = ["| SimpleTuner option or value | accepted as | otherwise: what to do here |",
+             "| --- | --- | --- |"]
+    for key, entry in sorted(vocabulary.unsupported_keys.items()):
+        if not entry.any_value:
+            accepted = ", ".join(f"`{json.dumps(v)}`" for v in entry.inert) or "-"
+            lines.append(f"| `{key}` | {accepted} | {_cell(entry.advice)} |")
+    for key, values in sorted(vocabulary.unsupported_values.items()):
+        by_advice: dict[str, list[str]] = {}
+        for value, advice in sorted(values.items()):
+            by_advice.setdefault(advice, []).append(value)
+        for advice, refused in by_advice.items():
+            shown = ", ".join(f"`{value}`" for value in refused)
+            lines.append(f"| `{key}`: {shown} | - | {_cell(advice)} |")
+    return lines
+
+
+def _read_as_table(vocabulary: SimpleTunerVocabulary) -> list[str]:
+    """SimpleTuner's names and values that are read as this trainer's own."""
+    lines = ["| SimpleTuner writes | read here as |", "| --- | --- |"]
+    for name, option in sorted(vocabulary.aliases.items()):
+        lines.append(f"| `{name}` | `{option}` (same meaning) |")
+    for key, aliases in sorted(vocabulary.value_aliases.items()):
+        for value, same in sorted(aliases.items()):
+            lines.append(f"| `{key}: {value}` | `{key}: {same}` (same meaning) |")
+    for key, values in sorted(vocabulary.not_set.items()):
+        shown = " or ".join(f"`{key}: {json.dumps(v)}`" for v in values)
+        lines.append(f"| {shown} | not set: `{key}` keeps its default |")
+    return lines
+
+
+def _simpletuner_sections(name: str, vocabulary: SimpleTunerVocabulary) -> list[str]:
+    return [f"## SimpleTuner's names read as this trainer's ({name})\n",
+            *_read_as_table(vocabulary), "",
+            f"## SimpleTuner options accepted with any value ({name})\n",
+            "They change nothing that is trained here.\n",
+            *_accepted_table(vocabulary), "",
+            f"## SimpleTuner options and values not supported here ({name})\n",
+            "Accepted when the value asks for nothing (\"accepted as\"); any other value is "
+            "refused by name with what to do instead.\n",
+            *_refused_table(vocabulary), ""]
 
 
 def options_markdown() -> str:
@@ -86,11 +127,9 @@ def options_markdown() -> str:
         *option_table(HuggingFaceConfig, BLOCK_VOCABULARY), "",
         "## multidatabackend.json: `text_embeds` and `image_embeds` entries\n",
         *option_table(EmbedCacheEntry, MULTIDATABACKEND_JSON), "",
-        "## SimpleTuner options not supported here (config.json)\n",
-        *_unsupported_table(CONFIG_JSON), "",
-        "## SimpleTuner options not supported here (multidatabackend.json)\n",
-        *_unsupported_table(MULTIDATABACKEND_JSON), "",
+        *_simpletuner_sections("config.json", CONFIG_JSON),
+        *_simpletuner_sections("multidatabackend.json", MULTIDATABACKEND_JSON),
         "## SimpleTuner options not supported here (a dataset's `huggingface` block)\n",
-        *_unsupported_table(BLOCK_VOCABULARY),
+        *_refused_table(BLOCK_VOCABULARY),
     ]
-    return "\n".join(sections) + "\n"
+    return "\n".join(sections).rstrip("\n") + "\n"

@@ -23,10 +23,13 @@ from simpletuner.configuration.huggingface_block import (
     check_huggingface_keys, parse_huggingface_block, with_absolute_paths,
 )
 from simpletuner.configuration.options import FLOW_FAMILIES, LogLevel, TrainingConfig
+from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
+from simpletuner.configuration.validation_options import check_validation_options
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PIXEL_TYPES = ("pixel", "pixel_area")  # resolution types whose resolution counts pixels
+INHERITED_SIZES = ("minimum_image_size", "maximum_image_size", "target_downsample_size")
 COMMAND_LINE = "command line"  # where overrides come from, in messages
 LOG_LEVEL_ENV = "SIMPLETUNER_LOG_LEVEL"  # SimpleTuner's setting (config.env); log_level wins
 
@@ -108,7 +111,8 @@ def _check_fsdp_options(values: dict[str, Any], where: str, problems: list[str])
                         "scaler does not handle sharded gradients")
 
 
-def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig | None:
+def parse_training(raw: Any, where: str, problems: list[str],
+                   base: Path) -> TrainingConfig | None:
     if not isinstance(raw, dict):
         problems.append(f"{where}: expected a JSON object of options, found {type(raw).__name__}")
         return None
@@ -131,7 +135,8 @@ def parse_training(raw: Any, where: str, problems: list[str]) -> TrainingConfig 
         return None
     if training.validation_resolution is None:
         training.validation_resolution = training_side(training)
-    return training
+    check_validation_options(training, where, base, problems)
+    return None if len(problems) > before else training
 
 
 def training_side(training: TrainingConfig) -> int:
@@ -201,6 +206,10 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         if not isinstance(item, dict):
             problems.append(f"{label}: expected a JSON object, found {type(item).__name__}")
             continue
+        if training is not None:
+            item = fill_placeholders(item, {
+                "model_family": training.model_family, "id": str(item.get("id", "")),
+                "output_dir": str(_resolve(training.output_dir, base))})
         if is_embed_entry(item):
             entry = parse_embed_entry(item, label, problems)
             if entry is not None:
@@ -230,14 +239,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         if not _claim_id(ds.id, index, label, first_index, problems):
             usable = False  # its other keys are still checked below
         if training is not None:
-            ds = replace(
-                ds,
-                resolution=ds.resolution if ds.resolution is not None else training.resolution,
-                resolution_type=ds.resolution_type or training.resolution_type,
-                caption_dropout_probability=(
-                    ds.caption_dropout_probability if ds.caption_dropout_probability is not None
-                    else training.caption_dropout_probability),
-            )
+            ds = _inherit(ds, training)
         _check_dataset(ds, label, base, problems)
         if usable and not ds.disabled:
             datasets.append(_with_absolute_paths(ds, base))
@@ -245,6 +247,19 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
     _check_something_trains(enabled_types, where, problems)
     return apply_embed_entries(datasets, embed_entries, where, problems)
+
+
+def _inherit(ds: DatasetConfig, training: TrainingConfig) -> DatasetConfig:
+    """config.json's values for the dataset settings this dataset leaves unset."""
+    return replace(
+        ds,
+        resolution=ds.resolution if ds.resolution is not None else training.resolution,
+        resolution_type=ds.resolution_type or training.resolution_type,
+        caption_dropout_probability=(
+            ds.caption_dropout_probability if ds.caption_dropout_probability is not None
+            else training.caption_dropout_probability),
+        **{key: getattr(training, key) for key in INHERITED_SIZES if getattr(ds, key) is None},
+    )
 
 
 def _check_something_trains(enabled_types: dict[str, str], where: str,
@@ -289,8 +304,12 @@ def _apply_overrides(raw: dict, overrides: dict[str, Any], problems: list[str]) 
     mistake names the command line, and only accepted ones reach the file's checks."""
     accepted = parse_fields(TrainingConfig, overrides, COMMAND_LINE, problems, CONFIG_JSON,
                             check_required=False)
+    # SimpleTuner's "not set" on the command line (--max_train_steps 0) unsets the file's value.
+    unset = {name for name, value in ((CONFIG_JSON.canonical(normalise_key(k)), v)
+                                      for k, v in overrides.items())
+             if CONFIG_JSON.means_not_set(name, value)}
     kept = {key: value for key, value in raw.items()
-            if CONFIG_JSON.canonical(normalise_key(key)) not in accepted}
+            if CONFIG_JSON.canonical(normalise_key(key)) not in {*accepted, *unset}}
     return {**kept, **accepted}
 
 
@@ -317,7 +336,7 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
     raw = _read_json(path, problems)
     if overrides and isinstance(raw, dict):
         raw = _apply_overrides(raw, overrides, problems)
-    training = parse_training(raw, str(path), problems) if raw is not None else None
+    training = parse_training(raw, str(path), problems, base) if raw is not None else None
     datasets: list[DatasetConfig] = []
     # The dataset file is checked even when config.json has problems: report everything at once.
     backend_value = training.data_backend_config if training else _raw_option(raw, "data_backend_config")

@@ -61,6 +61,15 @@ class TrainingConfig:
         "pixel", help="pixel: short edge in pixels; area: megapixels; pixel_area: resolution in "
         "pixels, trained at that area (resolution**2 pixels)")
     aspect_bucket_alignment: int = option(64, minimum=8)
+    minimum_image_size: float | None = option(
+        None, minimum=0.0, help="the datasets' default (each may set its own); in their "
+        "resolution units")
+    maximum_image_size: float | None = option(
+        None, minimum=0.0, help="the datasets' default (each may set its own)")
+    target_downsample_size: float | None = option(
+        None, minimum=0.0, help="the datasets' default (each may set its own)")
+    vae_batch_size: int = option(8, minimum=1, help="images per VAE call while caching latents "
+                                 "(SimpleTuner's default is 4)")
     allow_dataset_oversubscription: bool = option(False)
     num_processes: int = option(1, minimum=1, help="processes train.sh launches")
 
@@ -83,7 +92,10 @@ class TrainingConfig:
     adam_epsilon: float = option(1e-8, minimum=0.0)
     lr_scheduler: LrScheduler = option("constant")
     lr_warmup_steps: int = option(0, minimum=0)
-    max_grad_norm: float = option(1.0, minimum=0.0)
+    max_grad_norm: float = option(1.0, minimum=0.0, help="0 = no clipping")
+    grad_clip_method: Literal["norm", "value"] = option(
+        "norm", help="norm: scale all gradients so their total norm is at most max_grad_norm; "
+        "value: clamp each gradient element to [-max_grad_norm, max_grad_norm]")
     mixed_precision: Literal["no", "bf16", "fp16"] = option("no")
     gradient_checkpointing: bool = option(False)
     use_ema: bool = option(False)
@@ -92,6 +104,15 @@ class TrainingConfig:
         3, minimum=1, help="stop with exit status 3 after this many optimizer steps in a row whose "
         "loss or gradient norm was NaN/inf (each one is skipped on every rank)")
     snr_gamma: float | None = option(None, minimum=0.0)
+    loss_type: Literal["l2", "huber", "smooth_l1"] = option(
+        "l2", help="l2 (mean squared error); huber: 2c(sqrt(d^2 + c^2) - c), smooth_l1: "
+        "2(sqrt(d^2 + c^2) - c), d = prediction - target, c = huber_c as scheduled")
+    huber_schedule: Literal["snr", "exponential", "constant"] = option(
+        "snr", help="huber_c per sample: constant; exponential: huber_c ** (t / T); snr: "
+        "(1 - huber_c) / (1 + sigma)^2 + huber_c with sigma = sqrt((1 - alphabar_t) / "
+        "alphabar_t) (flow families: sqrt((1 - s) / (s + 1e-4)), s = sigma), as SimpleTuner")
+    huber_c: float = option(0.1, minimum=0.0001, maximum=1.0,
+                            help="the pseudo-Huber threshold (see huber_schedule)")
     noise_offset: float = option(0.0, minimum=0.0)
     # Flow matching (sd3, flux): noise level sigma in (0, 1) per sample, then the shift
     flow_timestep_sampling: Literal["uniform", "logit_normal"] = option(
@@ -142,9 +163,10 @@ class TrainingConfig:
     validation_prompt: str | list[str] | None = option(None)
     validation_steps: int = option(0, minimum=0)
     validation_num_inference_steps: int = option(20, minimum=1)
-    validation_resolution: int | None = option(
-        None, minimum=8, help="side of the square validation images; none = the training "
-        "resolution (area types: the side of a square of that area), rounded to "
+    validation_resolution: int | str | None = option(
+        None, minimum=8, help="validation image size: a side (square), 'WxH', or several "
+        "separated by commas ('1024x1024,1280x768': each prompt at each size); none = the "
+        "training resolution (area types: the side of a square of that area), rounded to "
         "aspect_bucket_alignment")
     validation_guidance_scale: float = option(7.5, minimum=0.0)
     validation_seed: int = option(0, minimum=0)
@@ -161,6 +183,27 @@ class TrainingConfig:
         None, help="negative prompt of every validation image (families with classifier-free "
         "guidance); none = no negative prompt")
     validation_on_startup: bool = option(False, help="also validate before the first step")
+    validation_disable: bool = option(False, help="true: no validation images, whatever the "
+                                      "prompts")
+    user_prompt_library: str | None = option(
+        None, help="a JSON file of named prompts ({\"name\": \"prompt\"}, or {\"name\": "
+        "{\"prompt\": ...}}), validated after validation_prompt's")
+    validation_guidance_rescale: float = option(
+        0.0, minimum=0.0, maximum=1.0, help="guidance rescale of the validation pipeline "
+        "(sd1x, sd2x, sdxl: reduces over-exposure at high guidance); 0 = off")
+    validation_disable_unconditional: bool = option(
+        False, help="validate without the unconditional pass: classifier-free guidance off "
+        "(families with it: sd1x, sd2x, sdxl, sd3); Flux's guidance input is unaffected")
+    validation_guidance_skip_layers: list[int] | None = option(
+        None, help="sd3: skip-layer guidance over these transformer blocks while validating "
+        "(e.g. [7, 8, 9]); none = off")
+    validation_guidance_skip_layers_start: float = option(
+        0.01, minimum=0.0, maximum=1.0, help="sd3: fraction of the steps where skip-layer "
+        "guidance starts")
+    validation_guidance_skip_layers_stop: float = option(
+        0.2, minimum=0.0, maximum=1.0, help="sd3: fraction of the steps where it stops")
+    validation_guidance_skip_scale: float = option(
+        2.8, minimum=0.0, help="sd3: the skip-layer guidance scale")
     eval_steps_interval: int = option(
         0, minimum=0, help="every this many steps, log the loss on the 'eval' datasets "
         "(eval/loss, output_dir/eval_loss.jsonl); 0 = never")

@@ -32,6 +32,9 @@ class LossSettings:
 
     snr_gamma: float | None = None          # DDPM families only
     noise_offset: float = 0.0
+    loss_type: str = "l2"                   # l2, huber, smooth_l1: see loss_types.py
+    huber_schedule: str = "snr"
+    huber_c: float = 0.1
     # Flow-matching families (sd3, flux): where noise levels are drawn, see flow_objective.py.
     flow_timestep_sampling: str = "logit_normal"
     flow_logit_mean: float = 0.0

@@ -15,8 +15,11 @@ from simpletuner.models.base import LossSettings, ModelAdapter, TrainingBatch
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.flow_objective import (
     flow_noisy_and_target, resolution_shift, sample_sigmas)
-from simpletuner.models.noise_objective import draw_noise, weighted_mse
+from simpletuner.models.loss_types import flow_noise_ratio, huber_thresholds, objective_loss
+from simpletuner.models.noise_objective import draw_noise
 from simpletuner.models.transfer import batch_to_device
+
+FLOW_TIMESTEPS = 1000  # SimpleTuner's flow timestep is 1000 * sigma (its Huber schedules use it)
 
 
 class FlowFamilyAdapter(ModelAdapter):
@@ -105,7 +108,14 @@ class FlowFamilyAdapter(ModelAdapter):
         network = network if network is not None else self.transformer
         prediction = self._predict(network, noisy.to(self.transformer.dtype), sigmas, batch,
                                    self.transformer.dtype)
-        return weighted_mse(prediction, target)
+        thresholds = None
+        if settings.loss_type != "l2":  # SimpleTuner's flow timestep: 1000 * sigma
+            thresholds = huber_thresholds(settings.huber_schedule, settings.huber_c,
+                                          timesteps=sigmas * FLOW_TIMESTEPS,
+                                          num_train_timesteps=FLOW_TIMESTEPS,
+                                          noise_ratio=flow_noise_ratio(sigmas))
+        return objective_loss(prediction, target, loss_type=settings.loss_type,
+                              thresholds=thresholds)
 
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
         components = {"transformer": trainable if trainable is not None else self.transformer,

@@ -38,12 +38,15 @@ def _eval_mode(pipeline):
 def generate_validation_images(pipeline, prompts: list[str], *, resolution: int | tuple[int, int],
                                num_inference_steps: int, guidance_scale: float = 7.5,
                                seed: int = 0, autocast_dtype: torch.dtype | None = None,
-                               negative_prompt: str | None = None) -> list[Image.Image]:
+                               negative_prompt: str | None = None,
+                               **pipeline_arguments) -> list[Image.Image]:
     """One image per prompt at ``resolution`` (a side, or (width, height)). Each prompt gets its
     own CPU generator seeded with ``seed``: identical on every device and run. Pass the frozen
     components' dtype as ``autocast_dtype`` when it differs from the trainable network's.
-    ``negative_prompt`` is passed only when given (pipelines differ in what they accept)."""
+    ``negative_prompt`` and ``pipeline_arguments`` (guidance_rescale, skip_guidance_layers...)
+    are passed only when given (pipelines differ in what they accept)."""
     extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
+    extra.update(pipeline_arguments)
     width, height = (resolution, resolution) if isinstance(resolution, int) else resolution
     device = pipeline.device
     autocast = (torch.autocast(device.type, dtype=autocast_dtype)

@@ -13,8 +13,8 @@ from diffusers import DDPMScheduler, UNet2DConditionModel
 
 from simpletuner.models.base import LossSettings, ModelAdapter, ModelFolderError, TrainingBatch
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
-from simpletuner.models.noise_objective import (
-    draw_noise, draw_timesteps, min_snr_weights, weighted_mse)
+from simpletuner.models.loss_types import ddpm_noise_ratio, huber_thresholds, objective_loss
+from simpletuner.models.noise_objective import draw_noise, draw_timesteps, min_snr_weights
 from simpletuner.models.transfer import batch_to_device
 
 SUPPORTED_PREDICTION_TYPES = ("epsilon", "v_prediction")
@@ -109,11 +109,20 @@ class UNetFamilyAdapter(ModelAdapter):
         network = network if network is not None else self.unet
         prediction = network(noisy.to(dtype), timesteps, return_dict=False,
                              **self._unet_conditioning(batch, dtype))[0]
+        settings = self.loss_settings
+        alphas_cumprod = self.noise_scheduler.alphas_cumprod
         weights = None
-        if self.loss_settings.snr_gamma:
-            weights = min_snr_weights(self.noise_scheduler.alphas_cumprod, timesteps,
-                                      self.loss_settings.snr_gamma, self.prediction_type)
-        return weighted_mse(prediction, target, weights)
+        if settings.snr_gamma:
+            weights = min_snr_weights(alphas_cumprod, timesteps, settings.snr_gamma,
+                                      self.prediction_type)
+        thresholds = None
+        if settings.loss_type != "l2":
+            thresholds = huber_thresholds(
+                settings.huber_schedule, settings.huber_c, timesteps=timesteps,
+                num_train_timesteps=self.noise_scheduler.config.num_train_timesteps,
+                noise_ratio=ddpm_noise_ratio(alphas_cumprod, timesteps))
+        return objective_loss(prediction, target, loss_type=settings.loss_type,
+                              thresholds=thresholds, weights=weights)
 
     def _pipeline_options(self) -> dict:
         """Pipeline constructor arguments besides the model components."""

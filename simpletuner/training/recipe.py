@@ -164,7 +164,7 @@ class Trainer:
             self.adapter.encode_images, self.adapter.encode_prompts,
             model_folder=self.preflight.model_folder, family=self.training.model_family,
             output_dir=self.output_dir, seed=self.seed, rank=self.accelerator.process_index,
-            world_size=self.accelerator.num_processes,
+            world_size=self.accelerator.num_processes, vae_batch_size=self.training.vae_batch_size,
             progress=self.accelerator.is_local_main_process)
 
     def _build_sampler(self):
@@ -269,7 +269,8 @@ class Trainer:
             samples += [f"{s.dataset_id}/{s.sample_id}" for s in micro_batch.samples]
         with in_collective(f"step {self.state.step + 1}: clipping and reduce"):
             norm = clip_gradients(self.accelerator, self.prepared.parameters(),
-                                  self.training.max_grad_norm)
+                                  self.training.max_grad_norm,
+                                  self.training.grad_clip_method)
             local, totals = reduce_step(self.accelerator, pack_step(
                 loss_sum, self.accumulation, norm, stopping=self.watcher.requested is not None))
         self.state.step += 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
+from simpletuner.configuration.validation_options import library_prompts, validation_sizes
+
 Settings = TypeVar("Settings")
 
 
@@ -82,22 +84,59 @@ class ShardingSettings(_FromConfig):
 
 @dataclass(frozen=True)
 class ValidationSettings(_FromConfig):
+    model_family: str
     validation_prompt: str | list[str] | None
+    user_prompt_library: str | None
     validation_steps: int
     validation_num_inference_steps: int
-    validation_resolution: int | None
+    validation_resolution: int | str | None
     validation_guidance_scale: float
+    validation_guidance_rescale: float
+    validation_disable_unconditional: bool
+    validation_guidance_skip_layers: list[int] | None
+    validation_guidance_skip_layers_start: float
+    validation_guidance_skip_layers_stop: float
+    validation_guidance_skip_scale: float
     validation_seed: int
     validation_negative_prompt: str | None
     validation_on_startup: bool
+    validation_disable: bool
     output_dir: str
+    library: tuple[str, ...] = ()   # user_prompt_library's prompts, read once
+
+    @classmethod
+    def from_config(cls, training) -> "ValidationSettings":
+        values = {f.name: getattr(training, f.name) for f in fields(cls) if f.name != "library"}
+        path = training.user_prompt_library
+        return cls(**values, library=tuple(library_prompts(path)) if path else ())
 
     @property
     def prompts(self) -> list[str]:
-        prompt = self.validation_prompt
-        if prompt is None:
+        if self.validation_disable:
             return []
-        return [prompt] if isinstance(prompt, str) else list(prompt)
+        prompt = self.validation_prompt
+        given = [] if prompt is None else [prompt] if isinstance(prompt, str) else list(prompt)
+        return given + list(self.library)
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """(width, height) of each validation size; the loader filled in the default."""
+        return validation_sizes(self.validation_resolution)
+
+    def pipeline_arguments(self) -> dict:
+        """Keyword arguments of the family's pipeline call besides prompt, size and steps."""
+        cfg_off = self.validation_disable_unconditional and self.model_family != "flux"
+        arguments = {"guidance_scale": 1.0 if cfg_off else self.validation_guidance_scale}
+        if self.validation_negative_prompt is not None:
+            arguments["negative_prompt"] = self.validation_negative_prompt
+        if self.validation_guidance_rescale:
+            arguments["guidance_rescale"] = self.validation_guidance_rescale
+        if self.validation_guidance_skip_layers:
+            arguments.update(skip_guidance_layers=list(self.validation_guidance_skip_layers),
+                             skip_layer_guidance_scale=self.validation_guidance_skip_scale,
+                             skip_layer_guidance_start=self.validation_guidance_skip_layers_start,
+                             skip_layer_guidance_stop=self.validation_guidance_skip_layers_stop)
+        return arguments
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,17 @@ class StepTotals:
         return self.loss_sum / self.micro_batches
 
 
-def clip_gradients(accelerator, parameters: Iterable[torch.Tensor],
-                   max_grad_norm: float) -> torch.Tensor:
-    """The total gradient norm before clipping; clips to ``max_grad_norm`` unless it is 0.
+def clip_gradients(accelerator, parameters: Iterable[torch.Tensor], max_grad_norm: float,
+                   method: str) -> torch.Tensor:
+    """The total gradient norm before clipping. Unless ``max_grad_norm`` is 0, ``norm`` scales
+    the gradients to that total norm, ``value`` clamps each element to +-max_grad_norm.
     Through accelerate, so fp16 gradients are unscaled and sharded ones measured whole."""
-    norm = accelerator.clip_grad_norm_(parameters, max_grad_norm or math.inf)
+    parameters = list(parameters)
+    by_norm = method == "norm" and max_grad_norm
+    norm = accelerator.clip_grad_norm_(parameters, max_grad_norm if by_norm else math.inf)
+    if method == "value" and max_grad_norm:
+        # accelerate unscaled fp16 gradients above; its clip_grad_value_ would unscale again.
+        torch.nn.utils.clip_grad_value_(parameters, max_grad_norm)
     # With FSDP2 the norm of sharded gradients is a DTensor whose local value is partial.
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 

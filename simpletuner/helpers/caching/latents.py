@@ -27,7 +27,7 @@ from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.data_backend.storage import Storage
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.multiaspect.image import PreparedImage, prepare_image
+from simpletuner.helpers.multiaspect.image import Downsample, PreparedImage, prepare_image
 
 EncodeImages = Callable[[torch.Tensor], torch.Tensor]  # ModelAdapter.encode_images
 
@@ -43,6 +43,7 @@ class LatentSettings:
     crop: bool = False
     crop_style: str = "center"
     seed: int = 0              # the resolved shared seed; only random crops depend on it
+    downsample: Downsample | None = None   # applies to cropped images only
 
     @classmethod
     def for_dataset(cls, dataset, *, output_dir: str | Path, model_identity: str,
@@ -50,8 +51,13 @@ class LatentSettings:
         """From a configuration.DatasetConfig; the folder is ``cache_dir_vae`` if set, else
         ``<output_dir>/cache/vae/<dataset id>``."""
         folder = dataset.cache_dir_vae or Path(output_dir) / "cache" / "vae" / dataset.id
+        downsample = None
+        if dataset.crop and None not in (dataset.maximum_image_size,
+                                         dataset.target_downsample_size):
+            downsample = Downsample(dataset.resolution_type, dataset.maximum_image_size,
+                                    dataset.target_downsample_size)
         return cls(dataset.id, open_storage(dataset), Path(folder), model_identity,
-                   dataset.crop, dataset.crop_style, seed)
+                   dataset.crop, dataset.crop_style, seed, downsample)
 
     def key(self, sample_id: str, target: tuple[int, int], file_size: int,
             change_key: int | str) -> str:
@@ -63,6 +69,9 @@ class LatentSettings:
             "crop_style": self.crop_style if self.crop else None,
             # A random crop depends on these; a center crop or a resize does not.
             "crop_seed": [self.seed, self.dataset_id, sample_id] if random_crop else None,
+            # Only when set, so the keys of caches built without it stay what they were.
+            **({"downsample": [self.downsample.resolution_type, self.downsample.maximum,
+                               self.downsample.target]} if self.downsample else {}),
         })
 
 
@@ -198,6 +207,7 @@ def _prepare(settings: LatentSettings, sample_id: str,
     try:
         return prepare_image(data, target, crop=settings.crop,
                              crop_style=settings.crop_style, seed=settings.seed,
-                             dataset_id=settings.dataset_id, sample_id=sample_id)
+                             dataset_id=settings.dataset_id, sample_id=sample_id,
+                             downsample=settings.downsample)
     except Exception as error:  # noqa: BLE001 - any decoder error means "unusable image"
         return f"failed to decode while caching latents: {type(error).__name__}: {error}"

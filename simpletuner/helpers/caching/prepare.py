@@ -60,7 +60,8 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    caption_for: Mapping[str, Callable[[str], str]],
                    encode_images: EncodeImages, encode_prompts: EncodePrompts, *,
                    model_folder: str | Path, family: str, output_dir: str | Path, seed: int,
-                   rank: int, world_size: int, progress: bool = True) -> PreparedCaches:
+                   rank: int, world_size: int, vae_batch_size: int = 8,
+                   progress: bool = True) -> PreparedCaches:
     """Call on every rank, after the Accelerator is built and every rank holds the same
     ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
     maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed.
@@ -76,7 +77,8 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                                               model_identity=vae_identity, seed=seed)
         with failing_together(f"caching latents of dataset {dataset.id!r}"):
             result = cache_latents(indexes[dataset.id], settings, encode_images, rank=rank,
-                                   world_size=world_size, progress=progress)
+                                   world_size=world_size, batch_size=vae_batch_size,
+                                   progress=progress)
         # Collective: every rank gets every rank's failures, so all remove the same samples.
         merged = gather_failures(result.failures)
         if merged and rank == 0:

@@ -182,6 +182,8 @@ class SizeFilters:
     def for_dataset(cls, dataset: DatasetConfig, training: TrainingConfig) -> "SizeFilters":
         resolution_type = dataset.resolution_type or training.resolution_type
         low, high = dataset.minimum_image_size, dataset.maximum_image_size
+        if dataset.target_downsample_size is not None:
+            high = None  # SimpleTuner's pair: larger images are downsampled (image.Downsample)
         if resolution_type == "pixel_area":  # edge lengths -> megapixels of that square
             resolution_type = "area"
             low, high = (None if v is None else v * v / MEGAPIXEL for v in (low, high))

@@ -67,6 +67,27 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+@dataclass(frozen=True)
+class Downsample:
+    """SimpleTuner's maximum_image_size with target_downsample_size, in the dataset's resolution
+    units: a cropped image above the maximum is first scaled to the target size (keeping its
+    aspect), then cropped, so the crop keeps more of the scene than a crop of the original."""
+
+    resolution_type: str   # pixel: short edge; area: megapixels; pixel_area: a square's edge
+    maximum: float
+    target: float
+
+    def scale(self, width: int, height: int) -> float | None:
+        """The factor that brings an image above the maximum to the target size, else None."""
+        if self.resolution_type == "pixel":
+            size, power = float(min(width, height)), 1.0
+        elif self.resolution_type == "area":
+            size, power = width * height / 1_000_000, 0.5
+        else:
+            size, power = (width * height) ** 0.5, 1.0
+        return (self.target / size) ** power if size > self.maximum else None
+
+
 def crop_rng(seed: int, dataset_id: str, sample_id: str) -> random.Random:
     """A private RNG for one sample's random crop; never Python's salted ``hash()``."""
     payload = name_bytes(f"{seed}\x00{dataset_id}\x00{sample_id}")
@@ -74,13 +95,15 @@ def crop_rng(seed: int, dataset_id: str, sample_id: str) -> random.Random:
 
 
 def crop_box(original: tuple[int, int], target: tuple[int, int], style: CropStyle,
-             rng: random.Random | None = None) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Where to cut ``target`` (w, h) out of ``original`` (w, h) scaled to cover it.
+             rng: random.Random | None = None, minimum_scale: float | None = None
+             ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Where to cut ``target`` (w, h) out of ``original`` (w, h) scaled to cover it, and by at
+    least ``minimum_scale`` (Downsample.scale) when given.
 
     Returns (resized (w, h), crop (left, top)): the crop box lies inside the resized image."""
     ow, oh = original
     tw, th = target
-    scale = max(tw / ow, th / oh)
+    scale = max(tw / ow, th / oh, minimum_scale or 0.0)
     # Rounding may undershoot by one pixel; the resized image must still cover the target.
     rw, rh = max(tw, round(ow * scale)), max(th, round(oh * scale))
     if style == "center":
@@ -97,18 +120,19 @@ def crop_box(original: tuple[int, int], target: tuple[int, int], style: CropStyl
 
 
 def fit_to_target(image: Image.Image, target: tuple[int, int], *, crop: bool,
-                  crop_style: CropStyle = "center", rng: random.Random | None = None
-                  ) -> PreparedImage:
+                  crop_style: CropStyle = "center", rng: random.Random | None = None,
+                  downsample: Downsample | None = None) -> PreparedImage:
     """Resize ``image`` to ``target`` (w, h). Without crop it is resized directly (the bucket
     already matches its aspect up to alignment rounding); with crop it is scaled to cover the
-    target and cut at the chosen offset."""
+    target (or to ``downsample``'s size when larger) and cut at the chosen offset."""
     ow, oh = image.size
     tw, th = target
     if not crop:
         fitted = image.resize((tw, th), Image.Resampling.LANCZOS, reducing_gap=3.0)
         left = top = 0
     else:
-        (rw, rh), (left, top) = crop_box((ow, oh), (tw, th), crop_style, rng)
+        minimum = downsample.scale(ow, oh) if downsample is not None else None
+        (rw, rh), (left, top) = crop_box((ow, oh), (tw, th), crop_style, rng, minimum)
         # Resample only the crop's source region: same result as resize-then-crop, less work.
         sx, sy = ow / rw, oh / rh
         box = (left * sx, top * sy, (left + tw) * sx, (top + th) * sy)
@@ -130,9 +154,11 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
 
 def prepare_image(source: str | Path | bytes | BinaryIO, target: tuple[int, int], *,
                   crop: bool, crop_style: CropStyle = "center", seed: int = 0,
-                  dataset_id: str = "", sample_id: str = "") -> PreparedImage:
+                  dataset_id: str = "", sample_id: str = "",
+                  downsample: Downsample | None = None) -> PreparedImage:
     """Load ``source`` and fit it to ``target`` (w, h); random crops are keyed by
     (seed, dataset_id, sample_id)."""
     image = load_rgb(source)
     rng = crop_rng(seed, dataset_id, sample_id) if crop and crop_style == "random" else None
-    return fit_to_target(image, target, crop=crop, crop_style=crop_style, rng=rng)
+    return fit_to_target(image, target, crop=crop, crop_style=crop_style, rng=rng,
+                         downsample=downsample)

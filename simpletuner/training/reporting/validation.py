@@ -24,16 +24,21 @@ def is_validation_step(settings: ValidationSettings, step: int, last_step: int) 
 
 def run_validation(adapter, settings: ValidationSettings, step: int, *, trainable=None,
                    accelerator=None, autocast_dtype=None) -> list[Path]:
-    """Generate and save one image per prompt into output_dir/validation/step-<n>/."""
+    """Generate and save one image per prompt and validation size into
+    output_dir/validation/step-<n>/ (by size, then prompt)."""
     prompts = settings.prompts
+    images, labels = [], []
     with adapter.frozen_components_on_device():  # only for as long as sampling runs
-        images = generate_validation_images(
-            adapter.build_pipeline(trainable), prompts, resolution=settings.validation_resolution,
-            num_inference_steps=settings.validation_num_inference_steps,
-            guidance_scale=settings.validation_guidance_scale, seed=settings.validation_seed,
-            autocast_dtype=autocast_dtype, negative_prompt=settings.validation_negative_prompt)
+        pipeline = adapter.build_pipeline(trainable)
+        for size in settings.sizes:
+            images += generate_validation_images(
+                pipeline, prompts, resolution=size,
+                num_inference_steps=settings.validation_num_inference_steps,
+                seed=settings.validation_seed, autocast_dtype=autocast_dtype,
+                **settings.pipeline_arguments())
+            labels += prompts
     folder = Path(settings.output_dir) / "validation" / f"step-{step}"
-    paths = save_validation_images(images, prompts, folder)
+    paths = save_validation_images(images, labels, folder)
     if accelerator is not None:
         log_images(accelerator, {f"validation/{i:02d}": image for i, image in enumerate(images)},
                    step)

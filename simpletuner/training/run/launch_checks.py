@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from simpletuner.configuration import Configuration
+from simpletuner.configuration.validation_options import validation_sizes
 from simpletuner.helpers.data_backend.huggingface_loading import dataset_problems
 from simpletuner.models.model_path import model_path_problem
 from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
@@ -45,10 +46,12 @@ def static_problems(configuration: Configuration) -> list[str]:
     problems: list[str] = []
     if training.max_train_steps is None and training.num_train_epochs is None:
         problems.append("set 'max_train_steps' or 'num_train_epochs' (how long to train)")
-    if training.validation_resolution % training.aspect_bucket_alignment:
+    alignment = training.aspect_bucket_alignment
+    if any(side % alignment for size in validation_sizes(training.validation_resolution)
+           for side in size):
         problems.append(
-            f"key 'validation_resolution' is {training.validation_resolution}; it must be a "
-            f"multiple of aspect_bucket_alignment ({training.aspect_bucket_alignment})")
+            f"key 'validation_resolution' is {training.validation_resolution!r}; each side must "
+            f"be a multiple of aspect_bucket_alignment ({alignment})")
     if training.model_type == "lora" and training.lora_target_modules == []:
         problems.append("key 'lora_target_modules' is an empty list; name the modules to "
                         "adapt, or leave it unset for the family's defaults")

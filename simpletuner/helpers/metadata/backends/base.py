@@ -135,6 +135,9 @@ class MetadataBackend:
             "maximum_aspect_ratio": f.maximum_aspect_ratio,
             "maximum_bucket_area": MAX_BUCKET_AREA_FACTOR * s.training_area,
             "caption_strategy": ds.caption_strategy,
+            # Only when set (it lifts the maximum's skip), so older index caches stay valid.
+            **({"target_downsample_size": ds.target_downsample_size}
+               if ds.target_downsample_size is not None else {}),
         }
 
     # -- discovery -----------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""SimpleTuner's options that apply to one model family.
+
+Options of a family not supported here are accepted with any value: SimpleTuner itself ignores
+them for every other family, and model_family already refuses theirs."""
+
+from __future__ import annotations
+
+from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
+
+_OTHER_FAMILIES = {
+    "ace_step": "validation_lyrics validation_audio_duration lyrics_embedder_train "
+                "lyrics_embedder_optimizer lyrics_embedder_lr lyrics_embedder_lr_scheduler "
+                "acestep_lora_target",
+    "cosmos3": "cosmos3_reasoner_component cosmos3_generator_component",
+    "deepfloyd": "deepfloyd_validation_pipeline_mode deepfloyd_validation_stage1_model "
+                 "deepfloyd_validation_stage2_model deepfloyd_validation_stage3_mode "
+                 "deepfloyd_validation_stage3_model deepfloyd_validation_stage1_num_inference_steps "
+                 "deepfloyd_validation_stage2_num_inference_steps "
+                 "deepfloyd_validation_stage1_guidance deepfloyd_validation_stage2_guidance "
+                 "deepfloyd_validation_stage3_guidance deepfloyd_validation_stage3_noise_level",
+    "flux2": "custom_text_encoder_intermediary_layers",
+    "flux3_image": "flux3_prompt_upsample",
+    "hidream": "hidream_use_load_balancing_loss hidream_load_balancing_loss_weight",
+    "ideogram": "ideogram_auto_json ideogram_validation ideogram_prompt_upsample "
+                "ideogram_fp8_base_upcast ideogram_prompt_enhancer_head_id ideogram_schedule_mu "
+                "ideogram_schedule_std ideogram_load_unconditional_transformer "
+                "ideogram_uncond_ramtorch",
+    "krea2": "krea2_reference_latents",
+    "ltxvideo": "ltx_train_mode ltx_i2v_prob ltx_partial_noise_fraction ltx_protect_first_frame",
+    "ltxvideo2": "ltx2_validation_pipeline_mode ltx2_validation_spatial_upsampler_model "
+                 "ltx2_validation_spatial_upsampler_filename ltx2_validation_audio_guidance "
+                 "ltx2_intrinsic_conditioning ltx2_first_frame_conditioning_probability "
+                 "ltx2_prefix_conditioning_probability ltx2_suffix_conditioning_probability "
+                 "ltx2_mask_conditioning_probability ltx2_prefix_conditioning_frames "
+                 "ltx2_suffix_conditioning_frames ltx2_reference_spatial_scale_factor "
+                 "ltx2_reference_temporal_scale_factor validation_audio_only "
+                 "validation_ltx2_video_conditioning",
+    "minimax": "minimax_h3_reference_mode minimax_h3_target_mode minimax_h3_sparse_attention "
+               "minimax_h3_sparse_block_shape minimax_h3_sparse_video_kv_fraction "
+               "minimax_h3_sparse_share_heads minimax_h3_sparse_start_layer "
+               "minimax_music_train_component minimax_music_rvq_encoder_model_name_or_path "
+               "minimax_music_rvq_encoder_subfolder minimax_music_rvq_encoder_revision "
+               "minimax_music_rvq_vae_model_name_or_path minimax_music_lm_adapter "
+               "minimax_music_lm_adapter_strength minimax_music_lm_precache_mode "
+               "minimax_music_lm_max_frames minimax_music_lm_window_mode "
+               "minimax_music_lm_target_frames minimax_music_lm_continuation_crop_mode "
+               "minimax_music_lm_min_duration_seconds minimax_music_lm_max_duration_seconds",
+    "moss_image": "moss_image_auto_json moss_image_prompt_upsample "
+                  "moss_image_prompt_upsampler_model_id moss_image_validation_shift "
+                  "moss_image_uncond_skip_layers",
+    "pixart_sigma": "pixart_validation_pipeline_mode pixart_validation_stage1_model "
+                    "pixart_validation_stage2_model",
+    "sana": "sana_complex_human_instruction",
+    "wan": "wan_force_2_1_time_embedding wan_validation_load_other_stage",
+}
+
+
+def _other_family_keys() -> dict:
+    keys = {}
+    for family, names in _OTHER_FAMILIES.items():
+        keys.update(ignored(names, f"applies to model_family '{family}' only, which is not "
+                                   "supported here"))
+    return keys
+
+
+FAMILY_KEYS = {
+    **_other_family_keys(),
+    # Flux
+    **refused("flux_lora_target", "use lora_target_modules (module name suffixes); unset = "
+              "the attention projections", (None, "all")),
+    **refused("flux_guidance_mode", "use flux_guidance_value (a constant)", (None, "constant")),
+    **ignored("flux_guidance_min flux_guidance_max", "used only with flux_guidance_mode "
+              "'random-range', which is refused here"),
+    **refused("flux_attention_masked_training", "remove it; attention is not masked by the "
+              "prompt's padding here"),
+    **refused("flux_fast_schedule", "remove it; Flux trains on its ordinary schedule here"),
+    **ignored("fuse_qkv_projections", "accepted; it selects an attention kernel, and attention "
+              "here uses PyTorch's scaled_dot_product_attention"),
+    # SD3
+    **refused("sd3_clip_uncond_behaviour sd3_t5_uncond_behaviour", "remove it; the "
+              "unconditional embedding is the empty prompt's", (None, "empty_string")),
+    # SDXL
+    **refused("sdxl_refiner_uses_full_range", "remove it; SDXL refiner training is not "
+              "supported here"),
+    **refused("sdxl_validation_pipeline_mode", "remove it; validation uses the trained "
+              "pipeline alone", (None, "trained-stage")),
+    **ignored("sdxl_validation_stage1_model sdxl_validation_stage2_model", "used only with "
+              "sdxl_validation_pipeline_mode 'full-pipeline', which is refused here"),
+}

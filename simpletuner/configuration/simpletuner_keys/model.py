@@ -1,0 +1,139 @@
+"""SimpleTuner's config.json options about the model, LoRA, precision, memory and launching."""
+
+from __future__ import annotations
+
+from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
+
+SINGLE_MODEL_FOLDER = ("remove it; every component comes from the diffusers folder in "
+                       "pretrained_model_name_or_path (assemble one folder with the parts you want)")
+STANDARD_LORA = "remove it; LoRA here is standard peft LoRA (model_type 'lora', lora_rank, ...)"
+NO_TEXT_ENCODER_TRAINING = "remove it; text encoders are frozen and their embeddings cached"
+MEMORY_ONLY = ("accepted; memory placement here is frozen_components_after_caching, "
+               "gradient_checkpointing and fsdp_*; the trained result is the same")
+KERNELS = ("accepted; attention uses PyTorch's scaled_dot_product_attention and nothing is "
+           "compiled; the trained result does not depend on the kernel")
+LAUNCHER = ("remove it; ./train.sh launches num_processes processes; pass launcher options in "
+            "ACCELERATE_EXTRA_ARGS (multi-node: --num_machines, --machine_rank, "
+            "--main_process_ip, --main_process_port) or ACCELERATE_CONFIG_FILE")
+NO_CONTROLNET = ("remove it; ControlNet and control training are not supported here: train the "
+                 "base network (model_type 'full' or 'lora')")
+
+MODEL_KEYS = {
+    **ignored("model_flavour", "accepted; the model is the folder in "
+              "pretrained_model_name_or_path (required here), and its configs decide what a "
+              "flavour would"),
+    **refused("controlnet control", NO_CONTROLNET),
+    **ignored("controlnet_custom_config controlnet_model_name_or_path", "used only with "
+              "controlnet, which is refused here"),
+    **refused("prediction_type", "remove it; the prediction type comes from the model's "
+              "scheduler config"),
+    **refused("pretrained_vae_model_name_or_path pretrained_transformer_model_name_or_path "
+              "pretrained_unet_model_name_or_path pretrained_t5_model_name_or_path "
+              "pretrained_gemma_model_name_or_path qwen_text_encoder_model_name_or_path "
+              "revision variant", SINGLE_MODEL_FOLDER),
+    **refused("pretrained_transformer_subfolder", SINGLE_MODEL_FOLDER, (None, "transformer")),
+    **refused("pretrained_unet_subfolder", SINGLE_MODEL_FOLDER, (None, "unet")),
+    **ignored("vae_dtype", "accepted; the VAE runs in float32 while latents are cached"),
+    **ignored("base_model_default_dtype", "accepted; frozen weights take mixed_precision's "
+              "dtype under a LoRA and float32 for full training (base_model_precision "
+              "quantizes them)"),
+    **refused("text_encoder_4_precision", "remove it; no family here has a fourth text encoder",
+              (None, "no_change")),
+    **refused("quantize_via", "remove it; quantization happens on the CPU before the weights "
+              "move to the device ('cpu' and 'accelerator' are accepted: same weights)",
+              (None, "cpu", "accelerator")),
+    **refused("quantization_config quantize_activations", "remove it; quantization is chosen per "
+              "component with base_model_precision and text_encoder_<n>_precision"),
+    **ignored("sdnq_weights_dtype sdnq_quantized_matmul_dtype sdnq_group_size "
+              "sdnq_use_quantized_matmul sdnq_compile_mode sdnq_use_static_quantization "
+              "sdnq_use_stochastic_rounding sdnq_dequantize_fp32 sdnq_use_svd sdnq_use_hadamard "
+              "sdnq_svd_rank sdnq_svd_steps sdnq_hadamard_group_size sdnq_modules_to_not_convert "
+              "sdnq_modules_to_not_use_matmul sdnq_modules_dtype_dict sdnq_modules_quant_config",
+              "used only with SDNQ precisions, which base_model_precision refuses here"),
+    **refused("tread_config", "remove it; TREAD token routing is not supported here"),
+    **refused("diffusion_blocks_config", "remove it; every block of the network is trained"),
+    **refused("gradient_checkpointing_interval", "remove it; gradient_checkpointing applies to "
+              "every block", (None, 0, 1)),
+    **refused("gradient_checkpointing_segment_stride", "remove it; gradient_checkpointing "
+              "applies to every block", (None, 0, 1)),
+    **refused("gradient_checkpointing_backend", "remove it; gradient_checkpointing uses torch's "
+              "checkpointing", (None, "torch")),
+    **ignored("gradient_checkpointing_offload_attention gradient_checkpointing_offload_prefetch "
+              "gradient_checkpointing_offload_pin_memory_max_buckets offload_during_startup "
+              "offload_during_save delete_model_after_load unet_attention_slice keep_vae_loaded "
+              "vae_enable_slicing vae_enable_tiling vae_enable_patch_conv "
+              "vae_enable_temporal_roll musubi_block_swap_device fully_unload_text_encoder "
+              "optimizer_offload_gradients fuse_optimizer optimizer_release_gradients "
+              "enable_chunked_feed_forward feed_forward_chunk_size set_grads_to_none "
+              "fsdp_cpu_ram_efficient_loading fsdp_limit_all_gathers find_unused_parameters "
+              "accelerator_cache_clear_interval enable_group_offload enable_model_cpu_offload "
+              "group_offload_blocks_per_group group_offload_to_disk_path group_offload_type "
+              "group_offload_use_stream", MEMORY_ONLY),
+    **refused("ramtorch", "remove it; weights are not streamed from RAM here (see "
+              "frozen_components_after_caching and fsdp_enable)"),
+    **ignored("ramtorch_target_modules ramtorch_text_encoder ramtorch_vae ramtorch_controlnet "
+              "ramtorch_transformer_percent ramtorch_text_encoder_percent "
+              "ramtorch_disable_sync_hooks ramtorch_disable_extensions",
+              "used only with ramtorch, which is refused here"),
+    **refused("musubi_blocks_to_swap", "remove it; blocks are not swapped to the CPU here",
+              (None, 0)),
+    **ignored("trust_remote_code", "accepted; no model here runs code from its folder"),
+    **refused("max_grounding_entities", "remove it; grounding is not supported here", (None, 0)),
+    **ignored("pretrained_grounding_model_name_or_path", "used only with grounding, which is "
+              "refused here"),
+    # LoRA
+    **refused("lora_type", "LyCORIS is not supported here; use lora_type 'standard' (peft LoRA: "
+              "model_type 'lora', lora_rank, lora_alpha)", (None, "standard")),
+    **ignored("lycoris_config init_lokr_norm validation_lycoris_strength",
+              "used only with lora_type 'lycoris', which is refused here"),
+    **refused("use_dora slider_lora_target", STANDARD_LORA),
+    **refused("lora_init_type", STANDARD_LORA, (None, "default")),
+    **refused("peft_lora_mode", STANDARD_LORA, (None, "standard")),
+    **ignored("singlora_ramp_up_steps", "used only with peft_lora_mode 'singlora', which is "
+              "refused here"),
+    **refused("init_lora", "remove it; a LoRA starts from zero here (resume_from_checkpoint "
+              "continues a run)"),
+    **ignored("init_lora_step init_lora_ema", "used only with init_lora, which is refused here"),
+    **refused("assistant_lora_path", "remove it; assistant LoRAs are not supported here"),
+    **ignored("assistant_lora_strength assistant_lora_inference_strength disable_assistant_lora",
+              "used only with assistant_lora_path, which is refused here"),
+    **refused("lora_format", "remove it; the LoRA is saved in diffusers' format",
+              (None, "diffusers")),
+    **refused("train_text_encoder", NO_TEXT_ENCODER_TRAINING),
+    **ignored("text_encoder_lr freeze_encoder freeze_encoder_before freeze_encoder_after "
+              "freeze_encoder_strategy "
+              "save_text_encoder text_encoder_limit", "used only with train_text_encoder, "
+              "which is refused here"),
+    **refused("layer_freeze_strategy", "remove it; every parameter of the trained network (or "
+              "its LoRA) is trained", (None, "none")),
+    # Kernels, precision and compilation
+    **ignored("attention_mechanism sla_config sageattention_usage disable_tf32 allow_tf32 "
+              "enable_xformers_memory_efficient_attention validation_torch_compile "
+              "dynamo_mode dynamo_fullgraph dynamo_dynamic dynamo_use_regional_compilation "
+              "dynamo_wrapper dynamo_cache_export dynamo_cache_export_after_first_step "
+              "dynamo_hub_repo_id", KERNELS),
+    **refused("dynamo_backend", "remove it; nothing is compiled here", (None, "no")),
+    # Launching and distribution
+    **refused("accelerate_config deepspeed_config offload_param_path", LAUNCHER),
+    **refused("accelerate_extra_args", LAUNCHER, (None, "")),
+    **refused("num_machines", LAUNCHER, (None, 1)),
+    **refused("machine_rank", LAUNCHER, (None, 0)),
+    **refused("main_process_ip", LAUNCHER, (None, "127.0.0.1", "localhost")),
+    **refused("main_process_port", LAUNCHER, (None, 29500)),
+    **ignored("same_network local_rank", "accepted; set by the launcher"),
+    **refused("fsdp_auto_wrap_policy", "remove it; fsdp_transformer_layer_cls_to_wrap names the "
+              "sharded blocks", (None, "TRANSFORMER_BASED_WRAP")),
+    **refused("fsdp_cpu_offload", "remove it; FSDP2 here keeps parameters on the device"),
+    **refused("fsdp_activation_checkpointing", "use gradient_checkpointing"),
+    **refused("context_parallel_size", "remove it; context parallelism is not supported here",
+              (None, 1)),
+    **ignored("context_parallel_comm_strategy", "used only with context_parallel_size above 1, "
+              "which is refused here"),
+    **refused("optimizer_cpu_offload_method", "remove it; optimizer state stays on the device",
+              (None, "none")),
+    **refused("distillation_method", "remove it; distillation is not supported here"),
+    **ignored("distillation_config", "used only with distillation_method, which is refused here"),
+    **refused("refiner_training", "remove it; SDXL refiner training is not supported here"),
+    **ignored("refiner_training_invert_schedule refiner_training_strength",
+              "used only with refiner_training, which is refused here"),
+}
