@@ -133,7 +133,8 @@ class GoldenValuesTest(unittest.TestCase):
                                                   19327, 33970, 12052, 37383],
     }
     # split_bucket of ids img/00000.png.. (dataset 'photos', seed 7, epoch 1, batch 2 x 3
-    # processes): each rank's first 6 canonical occurrences, then the trimmed ids.
+    # processes, bucket_tail trim): each rank's first 6 canonical occurrences, then the trimmed
+    # ids. (Version 3 changed only evaluation splits: these stay.)
     RANK_SLICES = {
         (50, "64x64"): ([[0, 34, 16, 47, 35, 30], [18, 15, 45, 14, 31, 9],
                          [32, 22, 19, 33, 49, 6]], ["img/00005.png", "img/00038.png"]),
@@ -156,7 +157,8 @@ class GoldenValuesTest(unittest.TestCase):
             for rank, first in enumerate(firsts):
                 with self.subTest(n=n, rank=rank):
                     piece = split_bucket(sample_ids, dataset_id="photos", bucket=bucket, epoch=1,
-                                         seed=7, repeats=0, effective=effective, rank=rank)
+                                         seed=7, repeats=0, effective=effective, rank=rank,
+                                         tail="trim")
                     self.assertEqual(piece.occurrences[:6].tolist(), first)
                     self.assertEqual(piece.micro_batch(0), [sample_ids[i] for i in first[:2]])
                     self.assertEqual(piece.trimmed, trimmed)
@@ -167,7 +169,7 @@ class GoldenValuesTest(unittest.TestCase):
 
     def test_the_values_belong_to_this_split_version(self):
         # New golden values come with a new SPLIT_VERSION; update both here together.
-        self.assertEqual(SPLIT_VERSION, 2)
+        self.assertEqual(SPLIT_VERSION, 3)
 
 
 if __name__ == "__main__":

@@ -227,6 +227,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
                 caption_dropout_probability=(
                     ds.caption_dropout_probability if ds.caption_dropout_probability is not None
                     else training.caption_dropout_probability),
+                bucket_tail=ds.bucket_tail or training.bucket_tail,
             )
         _check_dataset(ds, label, base, problems)
         if usable and not ds.disabled:
