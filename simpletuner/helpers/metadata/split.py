@@ -199,24 +199,23 @@ def _ids_of(ids: Sequence[str], occurrences: np.ndarray, counts: BucketCounts,
 
 class _EpochOrder:
     """An epoch's order of a bucket's occurrences, at chosen positions: the previous pass's
-    carried leftover first (bucket_tail carry), then this epoch's pass. Only the positions asked
-    for are evaluated, in both permutations."""
+    carried leftover first (bucket_tail carry), then this epoch's pass. Of the previous pass
+    only its last ``front`` values are computed."""
 
     def __init__(self, counts: BucketCounts, seed: int, dataset_id: str, bucket: str,
                  epoch: int):
         self.front = counts.carried_in
-        self.occurrences = counts.occurrences
         self.this_pass = StableShuffle(counts.occurrences, seed, dataset_id, bucket, epoch)
-        self.previous_pass = (StableShuffle(counts.occurrences, seed, dataset_id, bucket,
-                                            epoch - 1) if self.front else None)
+        # The previous pass's last `front` positions: the leftover it could not train.
+        self.carried = StableShuffle.tail(counts.occurrences, self.front, seed, dataset_id,
+                                          bucket, epoch - 1)
 
     def at(self, positions: np.ndarray) -> np.ndarray:
-        if self.previous_pass is None:
+        if not self.front:
             return self.this_pass.at(positions)
         values = np.empty(len(positions), dtype=np.int64)
         early = positions < self.front
-        # The previous pass's last `front` positions: the leftover it could not train.
-        values[early] = self.previous_pass.at(positions[early] + self.occurrences - self.front)
+        values[early] = self.carried[positions[early]]
         values[~early] = self.this_pass.at(positions[~early] - self.front)
         return values
 
