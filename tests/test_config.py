@@ -58,6 +58,10 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual(len(problems), 2, problems)
         self.assertIn("key 'bucket_tail' is 'drop'; expected one of 'carry', 'trim'", problems[0])
         self.assertIn("did you mean 'carry'", problems[1])
+        problems = self.problems({}, [self.dataset(), self.dataset(id="held", dataset_type="eval",
+                                                                   bucket_tail="trim")])
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("(id 'held'): key 'bucket_tail' shapes training epochs", problems[0])
 
     def test_typo_gets_a_suggestion(self):
         problems = self.problems({"train_batch_sise": 2}, [self.dataset(caption_stratgy="textfile")])

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from simpletuner.configuration.dataset_checks import check_caption_and_crop_options
+from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
+                                                      check_caption_and_crop_options)
 from simpletuner.configuration.datasets import (
     STORAGE_TYPES, DatasetConfig, check_storage_keys, parse_parquet_block,
 )
@@ -219,6 +220,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         ds = DatasetConfig(**values)
         if not _claim_id(ds.id, index, label, first_index, problems):
             usable = False  # its other keys are still checked below
+        check_bucket_tail_applies(ds, label, problems)
         if training is not None:
             ds = replace(
                 ds,
