@@ -13,6 +13,7 @@ from PIL import Image
 
 from simpletuner.helpers.metadata.split import DatasetSpec
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
+from simpletuner.plan_report import undersized_buckets
 from simpletuner.planning import run_plan
 
 
@@ -70,6 +71,16 @@ class SizingTest(unittest.TestCase):
         self.assertEqual(sizing["datasets"]["photos"]["buckets"]["64x96"]["epochs"][0]["kept"], 0)
         self.assertIn("needs repeats >= 5", sizing["problem"])
         self.assertIn("TOO SMALL", sizing_table(sizing))
+
+    def test_an_evaluation_set_smaller_than_the_processes_is_not_undersized(self):
+        held = DatasetSpec("held", {"64x64": ids(2)}, batch_size=4, evaluation=True)
+        train = DatasetSpec("d", {"64x64": ids(2)}, batch_size=4)
+        self.assertEqual(undersized_buckets(held, 8, 2), set())
+        self.assertEqual(undersized_buckets(train, 8, 2), {"64x64"})
+        sizing = split_sizing([held], 8, 2)
+        self.assertIsNone(sizing["problem"])
+        self.assertEqual(sizing["datasets"]["held"]["buckets"]["64x64"]["epochs"][0]["kept"], 2)
+        self.assertIn("(evaluation: every sample once)", sizing_table(sizing))
 
     def test_oversubscribed_bucket_is_marked_extended(self):
         specs = [DatasetSpec("photos", {"64x64": ids(50), "64x96": ids(3)}, batch_size=2,
