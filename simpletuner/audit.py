@@ -3,8 +3,10 @@
 Launched like training (plain python = one process; `accelerate launch` or `torchrun` = N), it
 runs the real start-up and sampler for N epochs without loading a model. Each rank writes
 ``DIR/rank-<k>.jsonl``; the main rank writes ``DIR/plan.json`` (seed, world size, buckets, each
-epoch's trimmed occurrences), checks the traces against it and prints one line per epoch. Every
-rank exits with the same status: 0 when nothing is missing or duplicated.
+epoch's trimmed and carried occurrences), checks the traces against it and prints one line per
+epoch. With ``dataset_type: eval`` datasets it does the same for one evaluation, as the trainer
+walks it, in ``DIR/eval/``. Every rank exits with the same status: 0 when nothing is missing or
+duplicated.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from simpletuner.helpers.metadata.startup import (DataStartup, DataStartupError,
                                                   start_data)
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, NoDatasetError
 from simpletuner.helpers.multiaspect.trace import TraceWriter, read_trace
-from simpletuner.helpers.multiaspect.verify import build_plan, verify
+from simpletuner.helpers.multiaspect.verify import Leftovers, build_plan, verify
 from simpletuner.common.together import RankFailure, failing_together
 
 logger = logging.getLogger("simpletuner.audit")
@@ -48,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -> dict:
     """What should happen, from the metadata backends' split (not from the sampler's run)."""
-    trimmed: dict[int, dict[str, dict[str, list[str]]]] = {}
+    trimmed: Leftovers = {}
+    carried: Leftovers = {}
     specs = []
     for d in sampler.datasets:
         dataset_id = d.index.dataset_id
@@ -59,8 +62,10 @@ def _plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -> dic
                 d.index, seed=sampler.seed, epoch=epoch, processes=sampler.processes, rank=0,
                 accumulation=sampler.accumulation)
             trimmed.setdefault(epoch, {})[dataset_id] = {k: p.trimmed for k, p in pieces.items()}
+            carried.setdefault(epoch, {})[dataset_id] = {k: p.carried for k, p in pieces.items()}
     return build_plan(seed=sampler.seed, world_size=sampler.processes,
-                      accumulation=sampler.accumulation, datasets=specs, trimmed=trimmed)
+                      accumulation=sampler.accumulation, datasets=specs, trimmed=trimmed,
+                      carried=carried)
 
 
 def _trace(sampler: MultiAspectSampler, output: Path, rank: int, epochs: int) -> None:
@@ -70,7 +75,7 @@ def _trace(sampler: MultiAspectSampler, output: Path, rank: int, epochs: int) ->
                 writer.write(batch)
 
 
-def _check(output: Path, world_size: int, plan: dict) -> bool:
+def _check(output: Path, world_size: int, plan: dict, label: str) -> bool:
     try:
         traces = {rank: read_trace(output, rank) for rank in range(world_size)}
     except ValueError as exc:
@@ -78,34 +83,48 @@ def _check(output: Path, world_size: int, plan: dict) -> bool:
         return False
     report = verify(plan, traces)
     for line in report.lines():
-        print(line)
+        print(f"{label}{line}")
     return report.ok
 
 
-def _audit(accelerator: Accelerator, config_path: str, output: Path, epochs: int) -> bool:
-    """Every step that runs on some ranks only, or can fail on one, is a ``failing_together``
-    block: its error reaches every rank before the next collective."""
-    rank, main = accelerator.process_index, accelerator.is_main_process
-    config = load_configuration(config_path)
-    startup = start_data(config, accelerator, seed=config.training.seed)
-    sampler = build_sampler(startup, config.training, accelerator)
-    # One line per rank, so a log shows that every rank runs with the same seed and length.
-    print(f"[rank {rank}] seed {sampler.seed}, {len(sampler)} micro-batches per epoch",
-          file=sys.stderr)
+def _audit_sampler(accelerator: Accelerator, startup: DataStartup, sampler: MultiAspectSampler,
+                   output: Path, epochs: int, label: str) -> bool:
+    """Plan, trace every rank, check: each step that runs on some ranks only, or can fail on
+    one, is a ``failing_together`` block, so its error reaches every rank before the next
+    collective."""
+    main = accelerator.is_main_process
     plan = None
     with failing_together(f"writing {output / 'plan.json'}"):
         if main:
             plan = _plan(startup, sampler, epochs)
             atomic_write_json(output / "plan.json", plan, indent=1)
-            print(f"seed {sampler.seed}, {sampler.processes} processes, {len(sampler)} "
-                  f"micro-batches per rank per epoch, {epochs} epochs")
+            print(f"{label}seed {sampler.seed}, {sampler.processes} processes, "
+                  f"{sampler.micro_batches_in(0)} micro-batches per rank in epoch 0, {epochs} "
+                  "epochs")
     with failing_together("writing the rank traces"):  # also the barrier before the check
-        _trace(sampler, output, rank, epochs)
+        _trace(sampler, output, accelerator.process_index, epochs)
     ok = False
     with failing_together("checking the traces"):
         if main:
-            ok = _check(output, sampler.processes, plan)
+            ok = _check(output, sampler.processes, plan, label)
     (ok,) = broadcast_object_list([ok])
+    return ok
+
+
+def _audit(accelerator: Accelerator, config_path: str, output: Path, epochs: int) -> bool:
+    """The training datasets for ``epochs`` epochs, then the evaluation datasets (if any) for
+    the one epoch every evaluation walks."""
+    config = load_configuration(config_path)
+    startup = start_data(config, accelerator, seed=config.training.seed)
+    sampler = build_sampler(startup, config.training, accelerator)
+    # One line per rank, so a log shows that every rank runs with the same seed and length.
+    print(f"[rank {accelerator.process_index}] seed {sampler.seed}, "
+          f"{sampler.micro_batches_in(0)} micro-batches in epoch 0", file=sys.stderr)
+    ok = _audit_sampler(accelerator, startup, sampler, output, epochs, "")
+    if any(ds.dataset_type == "eval" for ds in config.datasets):
+        evaluation = build_sampler(startup, config.training, accelerator, evaluation=True)
+        ok = _audit_sampler(accelerator, startup, evaluation, output / "eval", 1,
+                            "evaluation ") and ok
     return ok
 
 

@@ -51,7 +51,9 @@ def skip_summary(index: DatasetIndex) -> str:
 
 def undersized_buckets(spec: DatasetSpec, processes: int, accumulation: int) -> set[str]:
     """Buckets whose occurrences per epoch (samples x (repeats + 1)) cannot fill one
-    effective batch E on ``processes`` ranks."""
+    effective batch E on ``processes`` ranks; an evaluation set of any size can be evaluated."""
+    if spec.evaluation:
+        return set()
     effective = spec.effective_batch(processes, accumulation).total
     return {key for key, ids in spec.buckets.items()
             if len(ids) * (spec.repeats + 1) < effective}

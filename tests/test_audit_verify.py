@@ -1,4 +1,5 @@
-"""The audit's pure half: traces written by every simulated rank, checked against the plan."""
+"""The audit's pure half: traces written by every simulated rank, checked against the plan
+(``bucket_tail: trim``; carry and evaluation sets: test_audit_carry.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import DatasetSpec, split_dataset
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 from simpletuner.helpers.multiaspect.trace import TraceWriter, read_trace
-from simpletuner.helpers.multiaspect.verify import (build_plan, trim_problems,
+from simpletuner.helpers.multiaspect.verify import (build_plan, leftover_problems,
                                                     untrimmed_occurrences, verify)
 
 
@@ -21,8 +22,9 @@ def ids(n: int, prefix: str) -> list[str]:
 
 DATASETS = [
     SamplerDataset(DatasetIndex("photos", {"64x64": ids(29, "sq"), "64x128": ids(11, "t")}, {}),
-                   str, 2),
-    SamplerDataset(DatasetIndex("art", {"64x64": ids(9, "a")}, {}), str, 1, repeats=2),
+                   str, 2, bucket_tail="trim"),
+    SamplerDataset(DatasetIndex("art", {"64x64": ids(9, "a")}, {}), str, 1, repeats=2,
+                   bucket_tail="trim"),
 ]
 WORLD, EPOCHS = 3, 3
 
@@ -36,10 +38,17 @@ def run_all_ranks(folder: Path, datasets=DATASETS) -> dict:
                     writer.write(batch)
     # The plan's trim comes from the pure split, independently of the sampler's iteration.
     specs = [d.spec for d in datasets]
-    trimmed = {epoch: {spec.dataset_id: {key: piece.trimmed for key, piece in split_dataset(
-        spec, seed=4, epoch=epoch, processes=WORLD, rank=0, accumulation=1).items()}
-        for spec in specs} for epoch in range(EPOCHS)}
-    return build_plan(seed=4, world_size=WORLD, accumulation=1, datasets=specs, trimmed=trimmed)
+    pieces = {epoch: {spec.dataset_id: split_dataset(spec, seed=4, epoch=epoch, processes=WORLD,
+                                                     rank=0, accumulation=1) for spec in specs}
+              for epoch in range(EPOCHS)}
+
+    def listed(kind: str) -> dict:
+        return {epoch: {d: {key: getattr(piece, kind) for key, piece in buckets.items()}
+                        for d, buckets in by_dataset.items()}
+                for epoch, by_dataset in pieces.items()}
+
+    return build_plan(seed=4, world_size=WORLD, accumulation=1, datasets=specs,
+                      trimmed=listed("trimmed"), carried=listed("carried"))
 
 
 class VerifyTest(unittest.TestCase):
@@ -63,7 +72,9 @@ class VerifyTest(unittest.TestCase):
             self.assertEqual(summary.assigned, 24 + 6 + 27)
             self.assertEqual(summary.unique, 57)
         self.assertEqual(report.epochs[0].line(),
-                         "epoch 0: 57 assigned, 57 unique, 0 missing, 0 duplicated, 10 trimmed")
+                         "epoch 0: 57 assigned, 57 unique, 0 missing, 0 duplicated, 10 trimmed, "
+                         "0 carried into epoch 1")
+        self.assertEqual(report.lines()[-1], "OK: every kept occurrence assigned exactly once")
         self.assertEqual(self.plan["datasets"]["art"]["repeats"], 2)
         self.assertEqual(self.plan["world_size"], 3)
 
@@ -112,7 +123,7 @@ class ExtendedBucketTest(unittest.TestCase):
     def test_oversubscribed_bucket_is_expected_cyclically(self):
         datasets = [SamplerDataset(DatasetIndex("d", {"64x64": ids(4, "s"),
                                                       "64x128": ids(20, "b")}, {}),
-                                   str, 2, allow_oversubscription=True)]
+                                   str, 2, allow_oversubscription=True, bucket_tail="trim")]
         with tempfile.TemporaryDirectory() as tmp:
             plan = run_all_ranks(Path(tmp), datasets)  # E = 6: the 4-sample bucket is cycled
             self.assertEqual(plan["datasets"]["d"]["extended"], {"64x64": 6})
@@ -131,9 +142,10 @@ class IndependentTrimTest(unittest.TestCase):
 
     def plan(self, trimmed: list[str], *, samples: int = 11, evaluation: bool = False,
              accumulation: int = 1) -> dict:
-        spec = DatasetSpec("d", {"64x64": ids(samples, "s")}, batch_size=2, evaluation=evaluation)
+        spec = DatasetSpec("d", {"64x64": ids(samples, "s")}, batch_size=2, evaluation=evaluation,
+                           bucket_tail="trim")
         return build_plan(seed=1, world_size=2, accumulation=accumulation, datasets=[spec],
-                          trimmed={0: {"d": {"64x64": trimmed}}})
+                          trimmed={0: {"d": {"64x64": trimmed}}}, carried={0: {"d": {}}})
 
     def test_a_split_that_trims_one_extra_effective_batch_is_caught(self):
         # 11 samples, E = 2 x 2 x 1 = 4: the right split trims 3 and gives each rank 2
@@ -153,20 +165,21 @@ class IndependentTrimTest(unittest.TestCase):
         self.assertTrue(report.ok, report.lines())
 
     def test_trimming_an_id_the_bucket_does_not_hold_is_caught(self):
-        problems = trim_problems(self.plan(["s/000.png", "s/000.png", "elsewhere.png"],
-                                           samples=7), 0, untrimmed_occurrences(self.plan([], samples=7)))
+        problems = leftover_problems(self.plan(["s/000.png", "s/000.png", "elsewhere.png"],
+                                               samples=7), 0,
+                                     untrimmed_occurrences(self.plan([], samples=7)))
         self.assertEqual(len(problems), 1, problems)
-        self.assertIn("trims occurrences the bucket does not have", problems[0])
+        self.assertIn("trims or carries occurrences the bucket does not have", problems[0])
         self.assertIn("elsewhere.png", problems[0])
         self.assertIn("s/000.png", problems[0])
 
-    def test_evaluation_datasets_trim_modulo_the_world_size(self):
-        # 11 samples, 2 processes: E = 2 for evaluation (batch 2 and accumulation 3 ignored).
-        good = self.plan(ids(11, "s")[:1], evaluation=True, accumulation=3)
-        self.assertEqual(trim_problems(good, 0, untrimmed_occurrences(good)), [])
-        bad = self.plan(ids(11, "s")[:3], evaluation=True, accumulation=3)
-        self.assertIn("3 occurrences trimmed, expected 11 mod E=2 = 1",
-                      "\n".join(trim_problems(bad, 0, untrimmed_occurrences(bad))))
+    def test_evaluation_datasets_trim_nothing(self):
+        # 11 samples, 2 processes: every sample is evaluated (batch 2 and accumulation 3 ignored).
+        good = self.plan([], evaluation=True, accumulation=3)
+        self.assertEqual(leftover_problems(good, 0, untrimmed_occurrences(good)), [])
+        bad = self.plan(ids(11, "s")[:1], evaluation=True, accumulation=3)
+        self.assertIn("1 occurrences trimmed, expected none",
+                      "\n".join(leftover_problems(bad, 0, untrimmed_occurrences(bad))))
 
 
 if __name__ == "__main__":

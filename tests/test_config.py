@@ -45,6 +45,24 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual([d.resolution for d in config.datasets], [512, 256])
         self.assertEqual(config.datasets[0].resolution_type, "pixel")
 
+    def test_bucket_tail_is_config_wide_with_a_dataset_override(self):
+        self.write({}, [self.dataset(), self.dataset(id="kept", bucket_tail="trim")])
+        config = load_configuration(self.config_path, cwd=self.root)
+        self.assertEqual(config.training.bucket_tail, "carry")  # the default
+        self.assertEqual([d.bucket_tail for d in config.datasets], ["carry", "trim"])
+        self.write({"bucket_tail": "trim"}, [self.dataset(), self.dataset(id="on",
+                                                                          bucket_tail="carry")])
+        config = load_configuration(self.config_path, cwd=self.root)
+        self.assertEqual([d.bucket_tail for d in config.datasets], ["trim", "carry"])
+        problems = self.problems({"bucket_tail": "drop"}, [self.dataset(bucket_tail="cary")])
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("key 'bucket_tail' is 'drop'; expected one of 'carry', 'trim'", problems[0])
+        self.assertIn("did you mean 'carry'", problems[1])
+        problems = self.problems({}, [self.dataset(), self.dataset(id="held", dataset_type="eval",
+                                                                   bucket_tail="trim")])
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("(id 'held'): key 'bucket_tail' shapes training epochs", problems[0])
+
     def test_typo_gets_a_suggestion(self):
         problems = self.problems({"train_batch_sise": 2}, [self.dataset(caption_stratgy="textfile")])
         self.assertEqual(len(problems), 2)

@@ -1,4 +1,5 @@
-"""Real processes (gloo on CPU, 4 ranks): the audit through the real MetadataBackend and sampler.
+"""Real processes (gloo on CPU, 4 ranks): the audit through the real MetadataBackend and sampler,
+with bucket_tail carry (the default) and an evaluation set smaller than the number of ranks.
 
 Ranks are started the way torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), one
 process each (tests/launching.py: bounded, a private TMPDIR), so every rank's exit status and
@@ -28,6 +29,7 @@ TIMEOUT_S = 120
 # dataset id -> (images, sizes cycled, repeats, per-dataset batch)
 DATASETS = {"photos": (61, [(64, 64), (64, 96), (96, 64)], 0, 2),
             "art": (11, [(64, 64), (48, 96)], 2, 1)}
+EVAL_IMAGES = 3  # on 4 ranks: one step each, the last rank's a stand-in
 
 
 def make_datasets(root: Path) -> dict[str, list[str]]:
@@ -44,6 +46,11 @@ def make_datasets(root: Path) -> dict[str, list[str]]:
     backends = [{"id": d, "instance_data_dir": str(root / d), "caption_strategy": "filename",
                  "repeats": repeats, "train_batch_size": batch}
                 for d, (_, _, repeats, batch) in DATASETS.items()]
+    (root / "held").mkdir()
+    for i in range(EVAL_IMAGES):
+        Image.new("RGB", (64, 64), (i * 60, 30, 90)).save(root / "held" / f"held_{i}.png")
+    backends.append({"id": "held", "dataset_type": "eval", "instance_data_dir": str(root / "held"),
+                     "caption_strategy": "filename"})
     (root / "multidatabackend.json").write_text(json.dumps(backends))
     return made
 
@@ -101,7 +108,7 @@ class DistributedAuditTest(unittest.TestCase):
     def tearDownClass(cls):
         cls._tmp.cleanup()
 
-    def test_no_seed_run_assigns_every_occurrence_once_with_one_broadcast_seed(self):
+    def test_no_seed_run_assigns_every_occurrence_of_every_pass_once_with_one_seed(self):
         config = write_config(self.root, "noseed.json")
         output = self.root / "audit-noseed"
         epochs = 2
@@ -120,6 +127,7 @@ class DistributedAuditTest(unittest.TestCase):
         self.assertEqual(plan["world_size"], WORLD)
         self.assertIn("epoch 1: ", results[0][1])
         self.assertIn(" 0 missing, 0 duplicated", results[0][1])
+        self.assertIn("only the last epoch's", results[0][1])  # carried: nothing was trimmed
 
         traces = [[json.loads(line) for line in (output / f"rank-{r}.jsonl").open()]
                   for r in range(WORLD)]
@@ -133,13 +141,33 @@ class DistributedAuditTest(unittest.TestCase):
                                  f"epoch {epoch} step {step}: ranks in different buckets")
             for m in per_rank[0]:
                 self.assertEqual(len(m["samples"]), DATASETS[m["dataset"]][3])
-            # Every file, repeats+1 times, is either assigned once or listed as trimmed.
+            # bucket_tail carry: the epoch trains what the previous one carried, then its own
+            # pass (every file repeats+1 times) less what it carries on.
             got = Counter((m["dataset"], s) for t in per_rank for m in t for s in m["samples"])
-            trimmed = Counter((d, s) for d, buckets in plan["epochs"][str(epoch)].items()
-                              for ids in buckets.values() for s in ids)
-            expected = Counter({(d, s): DATASETS[d][2] + 1
+            one_pass = Counter({(d, s): DATASETS[d][2] + 1
                                 for d, ids in self.samples.items() for s in ids})
-            self.assertEqual(got + trimmed, expected, f"epoch {epoch}")
+            self.assertEqual(got + self.carried(plan, epoch),
+                             one_pass + self.carried(plan, epoch - 1), f"epoch {epoch}")
+            self.assertEqual([ids for buckets in plan["epochs"][str(epoch)].values()
+                              for ids in buckets.values() if ids], [], "carry trims nothing")
+        self.check_evaluation(output / "eval", results[0][1])
+
+    @staticmethod
+    def carried(plan: dict, epoch: int) -> Counter:
+        return Counter((d, s) for d, buckets in plan["carried"].get(str(epoch), {}).items()
+                       for ids in buckets.values() for s in ids)
+
+    def check_evaluation(self, folder: Path, stdout: str):
+        """Each evaluation image once over the ranks; every rank one step."""
+        self.assertIn("evaluation epoch 0: 3 assigned, 3 unique, 0 missing, 0 duplicated", stdout)
+        traces = [[json.loads(line) for line in (folder / f"rank-{r}.jsonl").open()]
+                  for r in range(WORLD)]
+        self.assertEqual([len(t) for t in traces], [1] * WORLD)
+        evaluated = Counter(s for t in traces for m in t if not m.get("stand_in")
+                            for s in m["samples"])
+        self.assertEqual(evaluated, Counter(f"held_{i}.png" for i in range(EVAL_IMAGES)))
+        self.assertEqual(sum(m.get("stand_in", False) for t in traces for m in t),
+                         WORLD - EVAL_IMAGES)
 
     def test_undersized_bucket_stops_every_rank_with_the_message(self):
         # The datasets override train_batch_size, so accumulation makes E too large here.

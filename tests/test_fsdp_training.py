@@ -40,6 +40,8 @@ class DdpFsdpPair:
     options: dict
     weights: str
     extra_fsdp_runs: bool = False  # also a run resumed under FSDP2 from checkpoint-2
+    evaluated_images: int = 0      # an eval dataset of this many, evaluated every 2 steps
+    datasets: list | None = None   # the default: the 'shapes' folder alone
 
     @classmethod
     def setUpClass(cls):
@@ -48,6 +50,12 @@ class DdpFsdpPair:
         make_shapes(cls.root / "data", per_size=4)
         common = dict(num_processes=2, max_train_steps=4, checkpointing_steps=2,
                       trace_samples=True, **cls.options)
+        if cls.evaluated_images:
+            make_shapes(cls.root / "held-out", per_size=cls.evaluated_images, sizes=((64, 64),))
+            cls.datasets = [{"id": "shapes", "instance_data_dir": str(cls.root / "data")},
+                            {"id": "held-out", "dataset_type": "eval",
+                             "instance_data_dir": str(cls.root / "held-out")}]
+            common["eval_steps_interval"] = 2
         cls.ddp = cls.train("ddp", **common)
         cls.fsdp = cls.train("fsdp", fsdp_enable=True, **common)
         if cls.extra_fsdp_runs and cls.fsdp.returncode == 0:
@@ -59,7 +67,8 @@ class DdpFsdpPair:
 
     @classmethod
     def train(cls, name: str, **options):
-        return run_train_sh(write_config(cls.root, cls.root / "data", name, **options), cls.tmp)
+        return run_train_sh(write_config(cls.root, cls.root / "data", name,
+                                         datasets=cls.datasets, **options), cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
@@ -166,6 +175,16 @@ class Sd1xLoraFsdpTest(DdpFsdpPair, unittest.TestCase):
     options = {"model_type": "lora", "lora_rank": 4, "train_batch_size": 1,
                "gradient_accumulation_steps": 2, "gradient_checkpointing": True}
     weights = LORA_WEIGHTS
+    # One image on two ranks: rank 1 runs a stand-in, so both make the sharded network's
+    # all-gathers; a rank without a forward pass would leave the other waiting.
+    evaluated_images = 1
+
+    def test_a_one_image_evaluation_runs_sharded_and_equals_ddps(self):
+        losses = [[(line["step"], line["eval_loss"]) for line in
+                   read_jsonl(self.out(name) / "eval_loss.jsonl")] for name in ("ddp", "fsdp")]
+        self.assertEqual([step for step, _ in losses[1]], [2, 4])
+        for (_, ddp), (_, fsdp) in zip(*losses):
+            self.assertAlmostEqual(fsdp, ddp, delta=1e-4 * abs(ddp))
 
 
 class FluxFullFsdpTest(DdpFsdpPair, unittest.TestCase):

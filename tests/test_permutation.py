@@ -12,7 +12,8 @@ import numpy as np
 
 from simpletuner.helpers.metadata.permutation import (FEISTEL_FROM, FEISTEL_ROUNDS,
                                                       StableShuffle, stable_argsort,
-                                                      stable_permutation, stable_seed)
+                                                      stable_argsort_tail, stable_permutation,
+                                                      stable_seed)
 from simpletuner.helpers.metadata.split import SPLIT_VERSION, EffectiveBatch, split_bucket
 
 
@@ -31,6 +32,26 @@ class StableArgsortTest(unittest.TestCase):
     def test_many_ties_match_the_stable_sort(self):
         keys = np.random.default_rng(0).integers(0, 5, size=10_000).astype(np.uint64)
         np.testing.assert_array_equal(stable_argsort(keys), np.argsort(keys, kind="stable"))
+
+    def test_the_tail_alone_is_the_stable_sorts_tail_ties_included(self):
+        rng = np.random.default_rng(1)
+        for keys in (np.random.PCG64(3).random_raw(1000),
+                     rng.integers(0, 4, size=50).astype(np.uint64),  # ties at every boundary
+                     np.array([5, 9, 9, 1, 9, 7], dtype=np.uint64)):
+            for count in sorted({0, 1, 2, 3, len(keys) // 2, len(keys) - 1, len(keys)}):
+                with self.subTest(n=len(keys), count=count):
+                    np.testing.assert_array_equal(
+                        stable_argsort_tail(keys, count),
+                        np.argsort(keys, kind="stable")[len(keys) - count:])
+
+    def test_a_shuffles_tail_is_its_last_positions(self):
+        for n in (40, FEISTEL_FROM + 3):
+            for count in (0, 1, 17):
+                with self.subTest(n=n, count=count):
+                    whole = StableShuffle(n, 7, "ds", "64x64", 2)
+                    np.testing.assert_array_equal(
+                        StableShuffle.tail(n, count, 7, "ds", "64x64", 2),
+                        whole.at(np.arange(n - count, n)))
 
     def test_permutation_is_the_stable_order_of_the_seeded_stream(self):
         n = 5000
@@ -133,7 +154,8 @@ class GoldenValuesTest(unittest.TestCase):
                                                   19327, 33970, 12052, 37383],
     }
     # split_bucket of ids img/00000.png.. (dataset 'photos', seed 7, epoch 1, batch 2 x 3
-    # processes): each rank's first 6 canonical occurrences, then the trimmed ids.
+    # processes, bucket_tail trim): each rank's first 6 canonical occurrences, then the trimmed
+    # ids. (Version 3 changed only evaluation splits: these stay.)
     RANK_SLICES = {
         (50, "64x64"): ([[0, 34, 16, 47, 35, 30], [18, 15, 45, 14, 31, 9],
                          [32, 22, 19, 33, 49, 6]], ["img/00005.png", "img/00038.png"]),
@@ -156,7 +178,8 @@ class GoldenValuesTest(unittest.TestCase):
             for rank, first in enumerate(firsts):
                 with self.subTest(n=n, rank=rank):
                     piece = split_bucket(sample_ids, dataset_id="photos", bucket=bucket, epoch=1,
-                                         seed=7, repeats=0, effective=effective, rank=rank)
+                                         seed=7, repeats=0, effective=effective, rank=rank,
+                                         tail="trim")
                     self.assertEqual(piece.occurrences[:6].tolist(), first)
                     self.assertEqual(piece.micro_batch(0), [sample_ids[i] for i in first[:2]])
                     self.assertEqual(piece.trimmed, trimmed)
@@ -167,7 +190,7 @@ class GoldenValuesTest(unittest.TestCase):
 
     def test_the_values_belong_to_this_split_version(self):
         # New golden values come with a new SPLIT_VERSION; update both here together.
-        self.assertEqual(SPLIT_VERSION, 2)
+        self.assertEqual(SPLIT_VERSION, 3)
 
 
 if __name__ == "__main__":

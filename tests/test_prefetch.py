@@ -101,10 +101,17 @@ def real_assembler(folder: Path, damaged: str) -> BatchAssembler:
 
 class PositionsAfterTest(unittest.TestCase):
     def test_runs_on_into_the_next_epochs(self):
-        self.assertEqual(positions_after(3, 0, 10, 2), [(3, 1), (3, 2)])
-        self.assertEqual(positions_after(3, 8, 10, 2), [(3, 9), (4, 0)])
-        self.assertEqual(positions_after(3, 9, 10, 2), [(4, 0), (4, 1)])
-        self.assertEqual(positions_after(0, 0, 1, 2), [(1, 0), (2, 0)])
+        ten = lambda epoch: 10  # noqa: E731
+        self.assertEqual(positions_after(3, 0, ten, 2), [(3, 1), (3, 2)])
+        self.assertEqual(positions_after(3, 8, ten, 2), [(3, 9), (4, 0)])
+        self.assertEqual(positions_after(3, 9, ten, 2), [(4, 0), (4, 1)])
+        self.assertEqual(positions_after(0, 0, lambda epoch: 1, 2), [(1, 0), (2, 0)])
+
+    def test_epochs_of_different_lengths(self):
+        # bucket_tail carry: epochs 0, 1, 2 of 3, 1 and 2 micro-batches.
+        lengths = [3, 1, 2]
+        self.assertEqual(positions_after(0, 1, lengths.__getitem__, 4),
+                         [(0, 2), (1, 0), (2, 0), (2, 1)])
 
 
 class OrderAndPositionTest(unittest.TestCase):

@@ -16,12 +16,12 @@ def ids(n: int, prefix: str) -> list[str]:
     return [f"{prefix}/{i:04d}.png" for i in range(n)]
 
 
-def two_datasets(batch_a: int = 2, batch_b: int = 1, repeats_b: int = 1):
+def two_datasets(batch_a: int = 2, batch_b: int = 1, repeats_b: int = 1, tail: str = "trim"):
     a = DatasetIndex("alpha", {"64x64": ids(41, "sq"), "64x128": ids(23, "tall"),
                                "128x64": ids(17, "wide")}, {})
     b = DatasetIndex("beta", {"64x64": ids(13, "b")}, {})
-    return [SamplerDataset(a, lambda s: f"caption of {s}", batch_a),
-            SamplerDataset(b, lambda s: "beta", batch_b, repeats=repeats_b)]
+    return [SamplerDataset(a, lambda s: f"caption of {s}", batch_a, bucket_tail=tail),
+            SamplerDataset(b, lambda s: "beta", batch_b, repeats=repeats_b, bucket_tail=tail)]
 
 
 def sampler(datasets, rank=0, processes=3, accumulation=2, seed=99):
@@ -61,6 +61,28 @@ class LockstepTest(unittest.TestCase):
                                 for v in d.index.buckets.values() for x in v})
             expected.update({("beta", x): 2 for x in ids(13, "b")})
             self.assertEqual(got + trimmed, expected, f"epoch {epoch}")
+
+    def test_carry_trains_every_occurrence_of_every_pass_once(self):
+        # E = 12 for alpha (41, 23, 17 samples), 6 for beta (13 x 2 occurrences).
+        datasets = two_datasets(tail="carry")
+        samplers = [sampler(datasets, rank=r) for r in range(3)]
+        one_pass = Counter({("alpha", x): 1 for v in datasets[0].index.buckets.values()
+                            for x in v})
+        one_pass.update({("beta", x): 2 for x in ids(13, "b")})
+        trained, lengths = Counter(), []
+        for epoch in range(4):
+            runs = [list(sm) for sm in samplers]
+            self.assertEqual(len({len(run) for run in runs}), 1, f"epoch {epoch}")
+            lengths.append(len(runs[0]))
+            trained.update((m.dataset_id, s.sample_id) for run in runs for m in run
+                           for s in m.samples)
+            carried = Counter((p.dataset_id, x) for p in samplers[0].slices(epoch)
+                              for x in p.carried)
+            # After epoch e, e+1 whole passes less what waits for the next epoch.
+            self.assertEqual(trained + carried,
+                             Counter({k: v * (epoch + 1) for k, v in one_pass.items()}))
+        # Leftovers 5, 11, 5 (alpha) and 2 (beta) carried on: some epochs have a step more.
+        self.assertGreater(len(set(lengths)), 1, lengths)
 
     def test_per_dataset_batch_size_and_sample_fields(self):
         s = sampler(two_datasets(batch_a=3, batch_b=1), processes=2, accumulation=1)
@@ -104,11 +126,13 @@ class LockstepTest(unittest.TestCase):
             DatasetIndex("held-out", {"64x64": ids(7, "e")}, {}), str, 4, evaluation=True)]
         runs = [list(MultiAspectSampler(datasets, seed=1, processes=3, rank=r, accumulation=4,
                                         evaluation=True)) for r in range(3)]
-        self.assertEqual([len(run) for run in runs], [2, 2, 2])
-        got = [s.sample_id for run in runs for m in run for s in m.samples]
-        self.assertEqual(len(got), 6)
-        self.assertEqual(len(set(got)), 6)
-        self.assertTrue(all(x.startswith("e/") for x in got))
+        # 7 samples on 3 ranks: 3 steps each; ranks 1 and 2 end with a stand-in.
+        self.assertEqual([len(run) for run in runs], [3, 3, 3])
+        self.assertEqual([[m.stand_in for m in run] for run in runs],
+                         [[False] * 3, [False, False, True], [False, False, True]])
+        self.assertTrue(all(len(m.samples) == 1 for run in runs for m in run))
+        got = [s.sample_id for run in runs for m in run if not m.stand_in for s in m.samples]
+        self.assertEqual(sorted(got), ids(7, "e"))
 
 
 class ResumeTest(unittest.TestCase):
@@ -192,6 +216,8 @@ class FingerprintTest(unittest.TestCase):
         renamed = two_datasets()[:1] + [SamplerDataset(
             DatasetIndex("gamma", {"64x64": ids(13, "b")}, {}), str, 1, repeats=1)]
         cases.append((sampler(renamed), "datasets.beta removed; datasets.gamma added"))
+        cases.append((sampler(two_datasets(tail="carry")),
+                      "datasets.alpha.bucket_tail: trim -> carry"))
         for other, needle in cases:
             with self.subTest(needle=needle):
                 self.assertIn(needle, self.warnings_on_load(other))
@@ -274,11 +300,28 @@ class TrimReportTest(unittest.TestCase):
 
     def test_past_twenty_buckets_the_rest_are_counted(self):
         buckets = {f"{64 + 16 * i}x64": ids(5, f"k{i:02d}") for i in range(25)}
-        many = [SamplerDataset(DatasetIndex("d", buckets, {}), str, 1)]
-        message = sampler(many, processes=2, accumulation=1).trim_report(4)  # E = 2: 1 each
+        many = [SamplerDataset(DatasetIndex("d", buckets, {}), str, 1, bucket_tail="trim")]
+        message = sampler(many, processes=2, accumulation=1).tail_report(4)  # E = 2: 1 each
         self.assertIn("epoch 4: the split trims 25 occurrences", message)
         self.assertEqual(message.count(": 1"), 20)
         self.assertTrue(message.endswith(" and 5 more buckets"), message)
+
+    def test_carry_names_what_goes_on_and_what_came_in(self):
+        # E = 12: alpha carries 41 % 12 = 5, 23 % 12 = 11, 17 % 12 = 5 out of epoch 0 ...
+        s = sampler(two_datasets(tail="carry"))
+        self.assertIn("epoch 0: the split carries 23 occurrences (each bucket's remainder below a "
+                      "multiple of the effective batch) into epoch 1 from 4 buckets: alpha "
+                      "128x64: 5, alpha 64x128: 11, alpha 64x64: 5, beta 64x64: 2",
+                      s.tail_report(0))
+        # ... and (5 + 17) % 12 = 10, (11 + 23) % 12 = 10, (5 + 41) % 12 = 10, (2 + 26) % 6 = 4
+        # out of epoch 1, after training the 23 it carried in first.
+        report = s.tail_report(1)
+        self.assertIn("carries 34 occurrences", report)
+        self.assertIn("alpha 128x64: 10, alpha 64x128: 10, alpha 64x64: 10, beta 64x64: 4",
+                      report)
+        self.assertTrue(report.endswith("; 23 occurrences carried from epoch 0 train first"),
+                        report)
+        self.assertNotIn("trims", report)
 
     def test_a_bucket_filling_whole_batches_trims_nothing(self):
         exact = [SamplerDataset(DatasetIndex("d", {"64x64": ids(12, "x")}, {}), str, 2)]

@@ -1,4 +1,5 @@
-"""The split, every rank simulated in one process: exactly once, equal shares, independence."""
+"""The split, every rank simulated in one process: exactly once, equal shares, independence.
+``bucket_tail: trim`` here; carry and evaluation sets of any size: test_split_tail.py."""
 
 from __future__ import annotations
 
@@ -27,19 +28,20 @@ def ids(n: int, prefix: str = "img") -> list[str]:
     return [f"{prefix}/{i:05d}.png" for i in range(n)]
 
 
-def split_all(sample_ids, *, repeats, eff, epoch=0, seed=7, oversub=False, bucket="64x64"):
+def split_all(sample_ids, *, repeats, eff, epoch=0, seed=7, oversub=False, bucket="64x64",
+              tail="trim"):
     """Every rank's slice of one bucket."""
     return [split_bucket(sample_ids, dataset_id="d", bucket=bucket, epoch=epoch, seed=seed,
-                         repeats=repeats, effective=eff, rank=rank,
+                         repeats=repeats, effective=eff, rank=rank, tail=tail,
                          allow_oversubscription=oversub)
             for rank in range(eff.processes)]
 
 
-def expected_trim(n: int, repeats: int, b: int, w: int, g: int, *, evaluation: bool = False,
+def expected_trim(n: int, repeats: int, b: int, w: int, g: int, *,
                   oversub: bool = False) -> int:
     """docs/DESIGN.md's rule, derived here rather than read from the split: occurrences mod E, with
-    E = B*W*G (W for evaluation); oversubscription (no manual repeats) trims nothing."""
-    e = w if evaluation else b * w * g
+    E = B*W*G; oversubscription (no manual repeats) trims nothing."""
+    e = b * w * g
     occurrences = n * (repeats + 1)
     if oversub and repeats == 0 and occurrences < e:
         return 0
@@ -142,11 +144,12 @@ class SplitGridTest(unittest.TestCase):
     def test_seed_dataset_and_bucket_each_change_the_permutation(self):
         eff = EffectiveBatch.for_dataset(2, 2, 1)
         base = split_bucket(ids(40), dataset_id="d", bucket="64x64", epoch=0, seed=1,
-                            repeats=0, effective=eff, rank=0).samples
+                            repeats=0, effective=eff, rank=0, tail="trim").samples
         for change in ({"seed": 2}, {"dataset_id": "e"}, {"bucket": "64x128"}):
             args = dict(dataset_id="d", bucket="64x64", epoch=0, seed=1)
             args.update(change)
-            other = split_bucket(ids(40), repeats=0, effective=eff, rank=0, **args).samples
+            other = split_bucket(ids(40), repeats=0, effective=eff, rank=0, tail="trim",
+                                 **args).samples
             self.assertNotEqual(other, base, change)
 
     def test_a_bucket_large_enough_for_the_feistel_shuffle_is_split_exactly_once(self):
@@ -219,7 +222,8 @@ class IndependenceTest(unittest.TestCase):
             names = sorted({f"photo-{i}.jpg" for i in range(45)}, key=hash)  # hash-ordered input
             eff = EffectiveBatch.for_dataset(2, 3, 2)
             out = [split_bucket(names, dataset_id="d", bucket="64x96", epoch=1, seed=11,
-                                repeats=1, effective=eff, rank=r).samples for r in range(3)]
+                                repeats=1, effective=eff, rank=r, tail="carry").samples
+                   for r in range(3)]
             print(json.dumps(out))
         """)
         outputs = set()
@@ -230,7 +234,8 @@ class IndependenceTest(unittest.TestCase):
             self.assertEqual(done.returncode, 0, done.stderr[-3000:])
             outputs.add(done.stdout)
         self.assertEqual(len(outputs), 1, "the split depends on PYTHONHASHSEED")
-        self.assertEqual(len(json.loads(outputs.pop())[0]), 28)  # 90 occurrences, 84 kept, 3 ranks
+        # carry: 90 occurrences, 6 carried in from epoch 0, 96 kept over 3 ranks
+        self.assertEqual(len(json.loads(outputs.pop())[0]), 32)
 
 
 class UpstreamEdgeCaseTest(unittest.TestCase):
@@ -245,19 +250,20 @@ class UpstreamEdgeCaseTest(unittest.TestCase):
         self.assertEqual(slices[0].trimmed, [])
 
     def test_eval_dataset_ignores_gradient_accumulation(self):
-        # Training E would be 2 x 4 x 3 = 24 > 5 samples; evaluation E is the 4 processes.
+        # Training E would be 2 x 4 x 3 = 24 > 5 samples; evaluation steps one sample per rank.
         train = DatasetSpec("t", {"64x64": ids(5)}, batch_size=2)
         with self.assertRaises(UndersizedBucketsError):
             check_bucket_sizes([train], 4, 3)
         evaluation = DatasetSpec("t", {"64x64": ids(5)}, batch_size=2, evaluation=True)
         eff = evaluation.effective_batch(4, 3)
-        self.assertEqual(eff.total, 4)
+        self.assertEqual((eff.batch_size, eff.accumulation), (1, 1))
         self.assertEqual(check_bucket_sizes([evaluation], 4, 3), [])
         slices = split_all(ids(5), repeats=0, eff=eff)
-        self.assertEqual([len(s.samples) for s in slices], [1, 1, 1, 1])
-        self.assertEqual(len(slices[0].trimmed), expected_trim(5, 0, 2, 4, 3, evaluation=True))
-        self.assertEqual(set(x for s in slices for x in s.samples) | set(slices[0].trimmed),
-                         set(ids(5)))
+        # 5 samples on 4 ranks: two steps each, rank 0 alone has a real second one.
+        self.assertEqual([len(s.samples) for s in slices], [2, 1, 1, 1])
+        self.assertEqual({s.micro_batches for s in slices}, {2})
+        self.assertEqual(slices[0].trimmed, [])
+        self.assertEqual(Counter(x for s in slices for x in s.samples), Counter(ids(5)))
 
     def test_oversubscription_extends_only_undersized_buckets(self):
         small, big = ids(3, "s"), ids(50, "b")
@@ -331,8 +337,8 @@ class SamplerLockstepGridTest(unittest.TestCase):
                                                "64x128": ids(2 * b * e + 1, "b"),
                                                "128x64": ids(b * e, "c")}, {})
                     second = DatasetIndex("b", {"64x64": ids(3 * e + 2, "d")}, {})
-                    datasets = [SamplerDataset(first, str, b),
-                                SamplerDataset(second, str, 1, repeats=2)]
+                    datasets = [SamplerDataset(first, str, b, bucket_tail="trim"),
+                                SamplerDataset(second, str, 1, repeats=2, bucket_tail="trim")]
                     with self.subTest(w=w, b=b, g=g):
                         self.check(datasets, w, g)
 

@@ -76,9 +76,10 @@ class TruncateOnResumeTest(unittest.TestCase):
 
 class KilledAndResumedTrainingTest(unittest.TestCase):
     """A run killed (SIGKILL) after writing trace lines past its checkpoint-3, then resumed from
-    it, leaves the trace of an uninterrupted 6-step run. 2 buckets x 5 samples, batch 2: one
-    occurrence trimmed per bucket and 4 micro-batches per epoch, so the kill and the resume
-    cross an epoch boundary. The uninterrupted run's log is checked for what it must say."""
+    it, leaves the trace of an uninterrupted 6-step run. 2 buckets x 5 samples, batch 2
+    (bucket_tail carry): epoch 0 trains 4 per bucket in 4 micro-batches and carries one
+    occurrence per bucket into epoch 1, so the kill and the resume cross an epoch boundary that
+    a carry crosses too. The uninterrupted run's log is checked for what it must say."""
 
     OPTIONS = dict(checkpointing_steps=3, trace_samples=True, seed=11)
     CHECKPOINT_STEP, KILL_AFTER_LINES = 3, 5
@@ -128,14 +129,15 @@ class KilledAndResumedTrainingTest(unittest.TestCase):
         self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
         self.assertIn("resumed from", self.resumed.stderr)
 
-    def test_the_log_names_skipped_files_and_each_epochs_trim(self):
+    def test_the_log_names_skipped_files_and_each_epochs_carry(self):
         log = self.full.stderr
         self.assertIn("1 files were skipped", log)
         self.assertIn("  shapes: broken.png: ", log)
         self.assertIn(str(self.root / "full-out" / "skipped_files.json"), log)
-        for epoch in (0, 1):
-            self.assertRegex(log, rf"epoch {epoch}: the split trims 2 occurrences .* from 2 "
-                                  r"buckets: shapes \d+x\d+: 1, shapes \d+x\d+: 1")
+        self.assertRegex(log, r"epoch 0: the split carries 2 occurrences .* into epoch 1 from 2 "
+                              r"buckets: shapes \d+x\d+: 1, shapes \d+x\d+: 1\n")
+        # (1 carried in + 5) per bucket fills 3 micro-batches of 2: nothing carried on.
+        self.assertIn("epoch 1: 2 occurrences carried from epoch 0 train first\n", log)
 
     def test_the_killed_run_wrote_past_its_checkpoint(self):
         self.assertGreaterEqual(len(self.lines_at_kill), self.KILL_AFTER_LINES)

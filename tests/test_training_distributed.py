@@ -1,5 +1,5 @@
 """./train.sh with num_processes 2 on CPU: two real gloo processes whose traces show every
-sample exactly once per epoch, in lockstep."""
+sample exactly once per epoch, in lockstep, evaluating a one-image set (rank 1 runs a stand-in)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,13 @@ class TwoProcessTrainingTest(unittest.TestCase):
         # Two buckets of 8: with batch 2 on 2 ranks (E = 4) nothing is trimmed, so every
         # sample must appear exactly once per epoch.
         cls.ids = make_shapes(root / "data", per_size=8)
-        config = write_config(root, root / "data", "ddp", num_processes=2, num_train_epochs=2,
-                              max_train_steps=None, trace_samples=True, seed=None)
+        make_shapes(root / "held-out", per_size=1, sizes=((64, 64),))
+        datasets = [{"id": "shapes", "instance_data_dir": str(root / "data")},
+                    {"id": "held-out", "dataset_type": "eval",
+                     "instance_data_dir": str(root / "held-out")}]
+        config = write_config(root, root / "data", "ddp", datasets=datasets, num_processes=2,
+                              num_train_epochs=2, max_train_steps=None, trace_samples=True,
+                              seed=None, eval_steps_interval=4)
         # A fresh model cache: both ranks reach the built-in model before it exists, as on a
         # new cluster (transformers writes weights only from rank 0 once a group exists).
         cls.result = run_train_sh(config, cls.tmp, fresh_model_cache=True)
@@ -53,6 +58,12 @@ class TwoProcessTrainingTest(unittest.TestCase):
         for a, b in zip(rank0, rank1):
             self.assertEqual((a["epoch"], a["step"], a["bucket"]),
                              (b["epoch"], b["step"], b["bucket"]))
+
+    def test_an_evaluation_set_smaller_than_the_ranks_is_evaluated(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr[-4000:])
+        logged = read_jsonl(self.out / "eval_loss.jsonl")
+        self.assertEqual([line["step"] for line in logged], [4, 8])
+        self.assertTrue(all(0 < line["eval_loss"] < 10 for line in logged), logged)
 
     def test_the_drawn_seed_is_recorded_once_for_the_run(self):
         summary = json.loads((self.out / "training_summary.json").read_text())

@@ -1,4 +1,4 @@
-"""Checks of the SimpleTuner caption and crop options of one dataset that need several keys."""
+"""Checks of one dataset's options that need several keys: captions, crops, bucket_tail."""
 
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ def check_caption_and_crop_options(ds: DatasetConfig, where: str, problems: list
     elif ds.crop_aspect_buckets is not None:
         problems.append(f"{where}: key 'crop_aspect_buckets' is used with crop_aspect "
                         f"'closest' or 'random' only; crop_aspect is '{ds.crop_aspect}'")
+
+
+def check_bucket_tail_applies(ds: DatasetConfig, where: str, problems: list[str]) -> None:
+    """Before config.json's bucket_tail is filled in: set on an eval dataset it would be
+    ignored, which is a mistake to report, not to drop silently."""
+    if ds.dataset_type == "eval" and ds.bucket_tail is not None:
+        problems.append(f"{where}: key 'bucket_tail' shapes training epochs; an 'eval' dataset "
+                        "evaluates every sample exactly once whatever it says. Remove it.")
 
 
 def _check_aspect_buckets(ds: DatasetConfig, where: str, problems: list[str]) -> None:

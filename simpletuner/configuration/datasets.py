@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.configuration.huggingface_block import HuggingFaceConfig
+from simpletuner.configuration.options import BucketTail
 
 STORAGE_TYPES = ("local", "aws", "huggingface")
 TABLE_SUFFIXES = (".parquet", ".jsonl")
@@ -103,6 +104,9 @@ class DatasetConfig:
     instance_prompt: str | None = option(None)
     repeats: int = option(0, minimum=0, help="0 = each sample once per epoch")
     train_batch_size: int | None = option(None, minimum=1, help="overrides config.json")
+    bucket_tail: BucketTail | None = option(
+        None, help="carry or trim, overrides config.json's bucket_tail (see there); training "
+        "datasets only")
     cache_dir_vae: str | None = option(None, help="latents; default <output_dir>/cache/vae/<id>")
     cache_dir: str | None = option(None, help="this dataset's text-embedding cache folder; "
                                    "none = the text_embeds entry's, else output_dir/cache/text")

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from simpletuner.configuration.dataset_checks import check_caption_and_crop_options
+from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
+                                                      check_caption_and_crop_options)
 from simpletuner.configuration.datasets import (
     STORAGE_TYPES, DatasetConfig, check_storage_keys, parse_parquet_block,
 )
@@ -238,6 +239,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         ds = DatasetConfig(**values)
         if not _claim_id(ds.id, index, label, first_index, problems):
             usable = False  # its other keys are still checked below
+        check_bucket_tail_applies(ds, label, problems)
         if training is not None:
             ds = _inherit(ds, training)
         _check_dataset(ds, label, base, problems)
@@ -258,6 +260,7 @@ def _inherit(ds: DatasetConfig, training: TrainingConfig) -> DatasetConfig:
         caption_dropout_probability=(
             ds.caption_dropout_probability if ds.caption_dropout_probability is not None
             else training.caption_dropout_probability),
+        bucket_tail=ds.bucket_tail or training.bucket_tail,
         **{key: getattr(training, key) for key in INHERITED_SIZES if getattr(ds, key) is None},
     )
 

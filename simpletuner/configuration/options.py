@@ -19,6 +19,16 @@ Precision = Literal["no_change", "int8-torchao", "int8-quanto", "int4-quanto", "
 OptimizerName = Literal["adamw", "adamw_bf16", "ao-adamw8bit", "bnb-adamw8bit", "prodigy",
                         "adafactor", "lion"]
 
+# What an epoch does with a bucket's occurrences that fill no whole effective batch
+# (helpers/metadata/epoch_counts.py). Carry loses nothing; README says why it is the default.
+BucketTail = Literal["carry", "trim"]
+DEFAULT_BUCKET_TAIL: BucketTail = "carry"
+BUCKET_TAIL_HELP = (
+    "what an epoch does with a bucket's occurrences that fill no whole effective batch "
+    "(train_batch_size x processes x gradient_accumulation_steps): carry (train them first in "
+    "the next epoch, so every occurrence of every pass is trained exactly once) or trim (drop "
+    "them, reported); evaluation datasets evaluate every sample, whatever this says")
+
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -71,6 +81,8 @@ class TrainingConfig:
     vae_batch_size: int = option(8, minimum=1, help="images per VAE call while caching latents "
                                  "(SimpleTuner's default is 4)")
     allow_dataset_oversubscription: bool = option(False)
+    bucket_tail: BucketTail = option(DEFAULT_BUCKET_TAIL, help=BUCKET_TAIL_HELP + "; datasets "
+                                     "may override it")
     num_processes: int = option(1, minimum=1, help="processes train.sh launches")
 
     # Length

@@ -72,10 +72,13 @@ def noise_generator(seed: int, rank: int, epoch: int, step: int) -> torch.Genera
         stable_seed("noise", seed, rank, epoch, step) & (2**63 - 1))
 
 
-def total_steps(training, steps_per_epoch: int) -> int:
+def total_steps(training, sampler) -> int:
+    """max_train_steps, else the optimizer steps of num_train_epochs epochs (bucket_tail carry
+    makes an epoch's count depend on the epoch)."""
     if training.max_train_steps is not None:
         return training.max_train_steps
-    return training.num_train_epochs * steps_per_epoch
+    return sum(sampler.micro_batches_in(epoch) // sampler.accumulation
+               for epoch in range(training.num_train_epochs))
 
 
 class Trainer:
@@ -121,7 +124,7 @@ class Trainer:
         self.caches = self._prepare_caches()
         release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)
         self.sampler = self._build_sampler()
-        self.total_steps = total_steps(self.training, len(self.sampler) // self.accumulation)
+        self.total_steps = total_steps(self.training, self.sampler)
         self.parts, self.prepared = self._build_optimization()
         self.checkpointer = Checkpointer(
             self.accelerator, self.output_dir, limit=self.training.checkpoints_total_limit,
@@ -227,10 +230,11 @@ class Trainer:
             return
         for warning in run_warnings(training, world, self.total_steps - self.state.step):
             logger.warning(warning)
-        logger.info("training %s (%s) for %d steps: %d micro-batches of up to %d per rank per "
-                    "epoch, accumulation %d, %d processes, seed %d", training.model_family,
+        logger.info("training %s (%s) for %d steps: %d micro-batches of up to %d per rank in "
+                    "epoch %d, accumulation %d, %d processes, seed %d", training.model_family,
                     training.model_type, self.total_steps, len(self.sampler),
-                    training.train_batch_size, self.accumulation, world, self.seed)
+                    training.train_batch_size, self.sampler.epoch, self.accumulation, world,
+                    self.seed)
 
     # ---- the loop ---------------------------------------------------------------------------
 

@@ -38,7 +38,32 @@ def stable_permutation(n: int, *parts: object) -> np.ndarray:
     Sorting raw PCG64 output relies only on the bit stream, which numpy keeps stable across
     versions (unlike ``Generator.permutation``'s algorithm).
     """
-    return stable_argsort(np.random.PCG64(stable_seed(*parts)).random_raw(n))
+    return stable_argsort(_keys(n, parts))
+
+
+def _keys(n: int, parts: tuple) -> np.ndarray:
+    return np.random.PCG64(stable_seed(*parts)).random_raw(n)
+
+
+def stable_permutation_tail(n: int, count: int, *parts: object) -> np.ndarray:
+    """``stable_permutation(n, *parts)[n - count:]``, without sorting every key."""
+    return stable_argsort_tail(_keys(n, parts), count)
+
+
+def stable_argsort_tail(keys: np.ndarray, count: int) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")[len(keys) - count:]``: the ``count`` largest keys are
+    partitioned off (linear time) and only they are sorted, by key and then by index (the
+    stable order of equal keys). Where a key equal to the smallest of them is left outside,
+    which of the equal keys belong is the stable sort's to say: then it sorts them all."""
+    n = len(keys)
+    if count == 0:
+        return np.empty(0, dtype=np.int64)
+    chosen = np.sort(np.argpartition(keys, n - count)[n - count:])  # in index order, for ties
+    outside = np.ones(n, dtype=bool)
+    outside[chosen] = False
+    if count < n and keys[outside].max() >= keys[chosen].min():
+        return np.argsort(keys, kind="stable")[n - count:]
+    return chosen[np.argsort(keys[chosen], kind="stable")]
 
 
 def stable_argsort(keys: np.ndarray) -> np.ndarray:
@@ -84,6 +109,15 @@ class StableShuffle:
             values[outside] = walked
             outside = outside[walked >= self.n]
         return values.astype(np.int64)
+
+    @classmethod
+    def tail(cls, n: int, count: int, *parts: object) -> np.ndarray:
+        """The values at the last ``count`` positions of the permutation fixed by ``parts``
+        (what ``StableShuffle(n, *parts).at(range(n - count, n))`` gives), without sorting the
+        whole table of a small permutation."""
+        if n < FEISTEL_FROM:
+            return stable_permutation_tail(n, count, *parts).astype(np.int64)
+        return cls(n, *parts).at(np.arange(n - count, n, dtype=np.int64))
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
         """A bijection of [0, 2**bits); the halves have ceil and floor of bits/2 bits."""

@@ -1,32 +1,48 @@
-"""`plan --num-processes N`: what the split would keep and trim on N ranks, before renting them.
+"""`plan --num-processes N`: what the split would keep, trim or carry on N ranks, before renting
+them.
 
-Pure arithmetic over the bucket index (split.bucket_counts), no permutation is drawn.
+Pure arithmetic over the bucket index (epoch_counts.bucket_counts), no permutation is drawn. A
+trimmed bucket is the same every epoch; a carried one (``bucket_tail: carry``) is shown for the
+first ``SIZED_EPOCHS`` epochs, since what it carries in and out changes from epoch to epoch.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from simpletuner.helpers.metadata.epoch_counts import BucketCounts, bucket_counts
 from simpletuner.helpers.metadata.split import (DatasetSpec, UndersizedBucketsError,
-                                                bucket_counts, check_bucket_sizes)
+                                                check_bucket_sizes)
+
+SIZED_EPOCHS = 3
+
+
+def _epoch_entry(c: BucketCounts) -> dict:
+    return {"carried_in": c.carried_in, "kept": c.kept, "trimmed": c.trimmed,
+            "carried_out": c.carried_out, "micro_batches": c.micro_batches,
+            "optimizer_steps": c.optimizer_steps}
 
 
 def split_sizing(specs: Sequence[DatasetSpec], processes: int, accumulation: int) -> dict:
-    """Per dataset and bucket: kept, trimmed, micro-batches per rank, optimizer steps; per epoch."""
+    """Per dataset and bucket, for each of the first SIZED_EPOCHS epochs: carried in, kept,
+    trimmed, carried out, micro-batches per rank, optimizer steps; and the totals per epoch."""
     datasets = {}
-    micro_batches = 0
+    micro_batches = [0] * SIZED_EPOCHS
     for spec in sorted(specs, key=lambda s: s.dataset_id):
         eff = spec.effective_batch(processes, accumulation)
         buckets = {}
         for key, ids in sorted(spec.buckets.items()):
-            c = bucket_counts(len(ids), spec.repeats, eff, spec.allow_oversubscription)
-            buckets[key] = {"samples": c.samples, "occurrences": c.occurrences, "kept": c.kept,
-                            "trimmed": c.trimmed, "extended": c.extended,
-                            "micro_batches": c.micro_batches,
-                            "optimizer_steps": c.optimizer_steps}
+            epochs = [bucket_counts(len(ids), spec.repeats, eff, tail=spec.bucket_tail,
+                                    epoch=epoch,
+                                    allow_oversubscription=spec.allow_oversubscription)
+                      for epoch in range(SIZED_EPOCHS)]
+            buckets[key] = {"samples": epochs[0].samples, "occurrences": epochs[0].occurrences,
+                            "extended": epochs[0].extended,
+                            "epochs": [_epoch_entry(c) for c in epochs]}
             if not spec.evaluation:
-                micro_batches += c.micro_batches
+                micro_batches = [m + c.micro_batches for m, c in zip(micro_batches, epochs)]
         datasets[spec.dataset_id] = {"evaluation": spec.evaluation, "repeats": spec.repeats,
+                                     "bucket_tail": spec.bucket_tail,
                                      "batch_size": eff.batch_size, "effective_batch": eff.total,
                                      "buckets": buckets}
     try:
@@ -36,8 +52,36 @@ def split_sizing(specs: Sequence[DatasetSpec], processes: int, accumulation: int
         problem = str(exc)
     return {"num_processes": processes, "accumulation": accumulation,
             "micro_batches_per_epoch": micro_batches,
-            "optimizer_steps_per_epoch": micro_batches // accumulation,
+            "optimizer_steps_per_epoch": [m // accumulation for m in micro_batches],
             "datasets": datasets, "problem": problem}
+
+
+def _flag(bucket: dict) -> str:
+    if bucket["extended"]:
+        return "  extended (oversubscription)"
+    return "  TOO SMALL" if bucket["epochs"][0]["kept"] == 0 else ""
+
+
+def _bucket_rows(dataset: dict) -> list[str]:
+    """One row per bucket; a carried bucket (training) one row per epoch shown."""
+    carried = dataset["bucket_tail"] == "carry" and not dataset["evaluation"]
+    if not carried:
+        rows = [f"    {'bucket':>10} {'samples':>8} {'kept':>8} {'trimmed':>8} "
+                f"{'micro/rank':>10} {'steps':>6}"]
+        for key, b in dataset["buckets"].items():
+            e = b["epochs"][0]
+            rows.append(f"    {key:>10} {b['samples']:>8} {e['kept']:>8} {e['trimmed']:>8} "
+                        f"{e['micro_batches']:>10} {e['optimizer_steps']:>6}{_flag(b)}")
+        return rows
+    rows = [f"    {'bucket':>10} {'samples':>8} {'epoch':>5} {'carried in':>10} {'kept':>8} "
+            f"{'carried out':>11} {'micro/rank':>10} {'steps':>6}"]
+    for key, b in dataset["buckets"].items():
+        for epoch, e in enumerate(b["epochs"]):
+            first = (key, b["samples"]) if epoch == 0 else ("", "")
+            rows.append(f"    {first[0]:>10} {first[1]:>8} {epoch:>5} {e['carried_in']:>10} "
+                        f"{e['kept']:>8} {e['carried_out']:>11} {e['micro_batches']:>10} "
+                        f"{e['optimizer_steps']:>6}{_flag(b) if epoch == 0 else ''}")
+    return rows
 
 
 def sizing_table(sizing: dict) -> str:
@@ -45,16 +89,17 @@ def sizing_table(sizing: dict) -> str:
     lines = [f"split over {sizing['num_processes']} processes, gradient accumulation "
              f"{sizing['accumulation']}:"]
     for dataset_id, d in sizing["datasets"].items():
-        kind = " (evaluation)" if d["evaluation"] else ""
-        lines.append(f"  dataset '{dataset_id}'{kind}: E = {d['effective_batch']}, "
-                     f"repeats {d['repeats']}")
-        lines.append(f"    {'bucket':>10} {'samples':>8} {'kept':>8} {'trimmed':>8} "
-                     f"{'micro/rank':>10} {'steps':>6}")
-        for key, b in d["buckets"].items():
-            flag = "  extended (oversubscription)" if b["extended"] else (
-                "  TOO SMALL" if b["kept"] == 0 else "")
-            lines.append(f"    {key:>10} {b['samples']:>8} {b['kept']:>8} {b['trimmed']:>8} "
-                         f"{b['micro_batches']:>10} {b['optimizer_steps']:>6}{flag}")
-    lines.append(f"  per epoch: {sizing['micro_batches_per_epoch']} micro-batches per rank, "
-                 f"{sizing['optimizer_steps_per_epoch']} optimizer steps")
+        kind = " (evaluation: every sample once)" if d["evaluation"] else (
+            f", bucket_tail {d['bucket_tail']}")
+        lines.append(f"  dataset '{dataset_id}': E = {d['effective_batch']}, "
+                     f"repeats {d['repeats']}{kind}")
+        lines += _bucket_rows(d)
+    micro, steps = sizing["micro_batches_per_epoch"], sizing["optimizer_steps_per_epoch"]
+    if len(set(micro)) == 1:
+        lines.append(f"  per epoch: {micro[0]} micro-batches per rank, {steps[0]} optimizer "
+                     "steps")
+    else:
+        shown = ", ".join(map(str, range(len(micro))))
+        lines.append(f"  epochs {shown}: {', '.join(map(str, micro))} micro-batches per rank, "
+                     f"{', '.join(map(str, steps))} optimizer steps (bucket_tail carry)")
     return "\n".join(lines)

@@ -6,13 +6,18 @@ Every rank calls these with the same inputs and gets its own part of one shared 
    times in a row), so listing order, cache order and ``PYTHONHASHSEED`` cannot matter.
 2. A permutation of occurrence *indices* fixed by a SHA digest of ``(seed, dataset id, bucket,
    epoch)`` (permutation.py; no copy of the id list) is evaluated at this rank's positions only;
-   the global random/numpy/torch RNGs are never used.
-3. The tail beyond a multiple of the effective batch ``E = batch x processes x accumulation`` is
-   trimmed and reported; it changes with the epoch because the permutation does.
+   the global random/numpy/torch RNGs are never used. With ``bucket_tail: carry`` an epoch's
+   order is the previous pass's leftover followed by this pass (epoch_counts.py).
+3. The leftover beyond a multiple of the effective batch ``E = batch x processes x
+   accumulation`` is trimmed (``bucket_tail: trim``) or carried into the next epoch (``carry``),
+   and reported; which occurrences it holds changes with the epoch because the permutation does.
 4. Kept occurrences are laid out as ``(micro-batch, rank, batch)``: micro-batch ``j`` of every
    rank comes from positions ``j*B*W .. (j+1)*B*W``, and rank ``w`` takes its ``B`` of them. So
-   each optimizer step's ``E`` occurrences are consecutive in the permutation, and every rank
+   each optimizer step's ``E`` occurrences are consecutive in the epoch's order, and every rank
    gets the same number of micro-batches, a multiple of the accumulation steps.
+5. Evaluation datasets keep every occurrence (one per rank per micro-batch): a rank whose
+   position in the bucket's last step is past its end gets a stand-in, a micro-batch that runs
+   like any other but is not counted, so ranks stay in lockstep over sets of any size.
 
 Nothing here calls torch.distributed; a test can run every rank in one process.
 """
@@ -28,46 +33,20 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from simpletuner.common.names import printable
+from simpletuner.configuration.options import DEFAULT_BUCKET_TAIL, BucketTail
+from simpletuner.helpers.metadata.epoch_counts import BucketCounts, EffectiveBatch, bucket_counts
 from simpletuner.helpers.metadata.permutation import StableShuffle
 
 
 # Which samples go where changes with this; a sampler state saved under another version is
 # warned about on resume. 2: buckets of 65 536+ occurrences shuffle with a Feistel network.
-SPLIT_VERSION = 2
+# 3: evaluation datasets keep every occurrence (stand-ins keep the ranks in lockstep).
+SPLIT_VERSION = 3
 NAMED_PER_BUCKET = 3  # an undersized bucket names its first files: often one odd image
 
 
 class UndersizedBucketsError(ValueError):
     """A bucket holds fewer occurrences than one effective batch; the message lists the fixes."""
-
-
-@dataclass(frozen=True)
-class EffectiveBatch:
-    """``E`` and its factors, kept apart so messages can name each one."""
-
-    batch_size: int    # samples per micro-batch on one rank
-    processes: int
-    accumulation: int  # micro-batches per optimizer step
-    evaluation: bool = False
-
-    @classmethod
-    def for_dataset(cls, batch_size: int, processes: int, accumulation: int,
-                    evaluation: bool = False) -> "EffectiveBatch":
-        # Evaluation is not trained on: one sample per rank per step, no accumulation.
-        if evaluation:
-            return cls(1, processes, 1, evaluation=True)
-        return cls(batch_size, processes, accumulation)
-
-    @property
-    def total(self) -> int:
-        return self.batch_size * self.processes * self.accumulation
-
-    def describe(self) -> str:
-        if self.evaluation:
-            return (f"{self.total} ({self.processes} processes; evaluation dataset: one sample "
-                    "per process, gradient accumulation ignored)")
-        return (f"{self.total} (train_batch_size {self.batch_size} x {self.processes} processes "
-                f"x {self.accumulation} gradient_accumulation_steps)")
 
 
 @dataclass(frozen=True)
@@ -80,39 +59,10 @@ class DatasetSpec:
     batch_size: int = 1                    # the dataset's train_batch_size (override or global)
     evaluation: bool = False
     allow_oversubscription: bool = False
+    bucket_tail: BucketTail = DEFAULT_BUCKET_TAIL  # training datasets only
 
     def effective_batch(self, processes: int, accumulation: int) -> EffectiveBatch:
         return EffectiveBatch.for_dataset(self.batch_size, processes, accumulation, self.evaluation)
-
-
-@dataclass(frozen=True)
-class BucketCounts:
-    samples: int
-    occurrences: int   # per epoch, before trimming
-    kept: int          # a multiple of E
-    trimmed: int
-    extended: bool     # cyclically extended to E by allow_dataset_oversubscription
-    effective: EffectiveBatch
-
-    @property
-    def micro_batches(self) -> int:
-        """Per rank and epoch; a multiple of the accumulation steps."""
-        return self.kept // (self.effective.batch_size * self.effective.processes)
-
-    @property
-    def optimizer_steps(self) -> int:
-        return self.kept // self.effective.total
-
-
-def bucket_counts(samples: int, repeats: int, effective: EffectiveBatch,
-                  allow_oversubscription: bool = False) -> BucketCounts:
-    """The arithmetic of one bucket, shared by the split, the check and ``plan``."""
-    e = effective.total
-    occurrences = samples * (repeats + 1)
-    if allow_oversubscription and repeats == 0 and 0 < occurrences < e:
-        return BucketCounts(samples, e, e, 0, True, effective)
-    kept = occurrences - occurrences % e
-    return BucketCounts(samples, occurrences, kept, occurrences - kept, False, effective)
 
 
 def check_bucket_sizes(datasets: Sequence[DatasetSpec], processes: int,
@@ -136,7 +86,8 @@ def check_bucket_sizes(datasets: Sequence[DatasetSpec], processes: int,
             continue
         bad = {}
         for key, n in sizes.items():
-            counts = bucket_counts(n, spec.repeats, eff, spec.allow_oversubscription)
+            counts = bucket_counts(n, spec.repeats, eff, tail=spec.bucket_tail,
+                                   allow_oversubscription=spec.allow_oversubscription)
             if counts.extended:
                 notes.append(f"dataset '{spec.dataset_id}' bucket {key}: {n} samples extended "
                              f"cyclically to {e} occurrences per epoch "
@@ -186,9 +137,11 @@ class BucketSlice:
     epoch: int
     batch_size: int             # samples per micro-batch
     occurrences: np.ndarray     # canonical occurrence indices of this rank, micro-batch order
+    counted: int                # the first `counted` are this rank's share, the rest stand-ins
     ids: SortedIds              # the bucket, canonical
     repeats: int
     trimmed: list[str]          # one entry per trimmed occurrence; identical on every rank
+    carried: list[str]          # left to open the next epoch (bucket_tail carry); the same
     counts: BucketCounts
 
     @property
@@ -199,11 +152,16 @@ class BucketSlice:
         chosen = self.occurrences[j * self.batch_size:(j + 1) * self.batch_size]
         return _ids_of(self.ids, chosen, self.counts, self.repeats)
 
+    def is_stand_in(self, j: int) -> bool:
+        """Whether micro-batch j only keeps this rank in step (evaluation: one sample each, so
+        a micro-batch is either counted whole or a stand-in)."""
+        return j * self.batch_size >= self.counted
+
     @property
     def samples(self) -> list[str]:
-        """Every sample id of this rank's share in order (micro-batch j is
+        """Every sample id of this rank's share in order, stand-ins left out (micro-batch j is
         samples[j*batch_size:(j+1)*batch_size]); built on each call."""
-        return _ids_of(self.ids, self.occurrences, self.counts, self.repeats)
+        return _ids_of(self.ids, self.occurrences[:self.counted], self.counts, self.repeats)
 
 
 class SortedIds(list):
@@ -239,29 +197,59 @@ def _ids_of(ids: Sequence[str], occurrences: np.ndarray, counts: BucketCounts,
     return list(map(ids.__getitem__, index.tolist()))  # a C loop: faster than a comprehension
 
 
+class _EpochOrder:
+    """An epoch's order of a bucket's occurrences, at chosen positions: the previous pass's
+    carried leftover first (bucket_tail carry), then this epoch's pass. Of the previous pass
+    only its last ``front`` values are computed."""
+
+    def __init__(self, counts: BucketCounts, seed: int, dataset_id: str, bucket: str,
+                 epoch: int):
+        self.front = counts.carried_in
+        self.this_pass = StableShuffle(counts.occurrences, seed, dataset_id, bucket, epoch)
+        # The previous pass's last `front` positions: the leftover it could not train.
+        self.carried = StableShuffle.tail(counts.occurrences, self.front, seed, dataset_id,
+                                          bucket, epoch - 1)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        if not self.front:
+            return self.this_pass.at(positions)
+        values = np.empty(len(positions), dtype=np.int64)
+        early = positions < self.front
+        values[early] = self.carried[positions[early]]
+        values[~early] = self.this_pass.at(positions[~early] - self.front)
+        return values
+
+
 def split_bucket(sample_ids: Sequence[str], *, dataset_id: str, bucket: str, epoch: int,
                  seed: int, repeats: int, effective: EffectiveBatch, rank: int,
-                 allow_oversubscription: bool = False) -> BucketSlice:
-    """This rank's slice of one bucket for one epoch, plus the bucket's trimmed occurrences."""
+                 tail: BucketTail, allow_oversubscription: bool = False) -> BucketSlice:
+    """This rank's slice of one bucket for one epoch, plus the bucket's trimmed or carried
+    occurrences."""
     if not 0 <= rank < effective.processes:
         raise ValueError(f"rank {rank} is outside 0..{effective.processes - 1}")
     ids = canonical_ids(sample_ids)
-    counts = bucket_counts(len(ids), repeats, effective, allow_oversubscription)
-    shuffle = StableShuffle(counts.occurrences, seed, dataset_id, bucket, epoch)
+    counts = bucket_counts(len(ids), repeats, effective, tail=tail, epoch=epoch,
+                           allow_oversubscription=allow_oversubscription)
+    order = _EpochOrder(counts, seed, dataset_id, bucket, epoch)
     b, w = effective.batch_size, effective.processes
-    # Shuffled positions laid out as (micro-batch, rank, batch): this rank's are j*B*W + rank*B + t.
-    steps = np.arange(counts.kept // (b * w), dtype=np.int64)[:, None] * (b * w)
+    # Positions laid out as (micro-batch, rank, batch): this rank's are j*B*W + rank*B + t.
+    steps = np.arange(counts.micro_batches, dtype=np.int64)[:, None] * (b * w)
     mine = (steps + rank * b + np.arange(b, dtype=np.int64)).ravel()
-    trimmed = shuffle.at(np.arange(counts.kept, counts.occurrences, dtype=np.int64))
+    # Evaluation only: positions past the bucket's end cycle back to its start (stand-ins).
+    within = mine % max(counts.kept, 1)
+    leftover = _ids_of(ids, order.at(np.arange(counts.kept, counts.kept + counts.leftover,
+                                               dtype=np.int64)), counts, repeats)
     return BucketSlice(
         dataset_id=dataset_id,
         bucket=bucket,
         epoch=epoch,
         batch_size=b,
-        occurrences=shuffle.at(mine),
+        occurrences=order.at(within),
+        counted=int(np.count_nonzero(mine < counts.kept)),
         ids=ids,
         repeats=repeats,
-        trimmed=_ids_of(ids, trimmed, counts, repeats),
+        trimmed=leftover if counts.trimmed else [],
+        carried=leftover if counts.carried_out else [],
         counts=counts,
     )
 
@@ -272,5 +260,6 @@ def split_dataset(spec: DatasetSpec, *, seed: int, epoch: int, processes: int, r
     effective = spec.effective_batch(processes, accumulation)
     return {key: split_bucket(spec.buckets[key], dataset_id=spec.dataset_id, bucket=key,
                               epoch=epoch, seed=seed, repeats=spec.repeats, effective=effective,
-                              rank=rank, allow_oversubscription=spec.allow_oversubscription)
+                              rank=rank, tail=spec.bucket_tail,
+                              allow_oversubscription=spec.allow_oversubscription)
             for key in sorted(spec.buckets)}

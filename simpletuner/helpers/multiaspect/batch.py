@@ -16,13 +16,17 @@ class BatchSample:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Micro-batch ``step`` of ``epoch``; every rank draws step i from the same bucket."""
+    """Micro-batch ``step`` of ``epoch``; every rank draws step i from the same bucket.
+
+    A ``stand_in`` (evaluation only) holds a sample of the bucket so that a rank whose share
+    ended runs the same steps as the others; its result is not counted."""
 
     epoch: int
     step: int
     dataset_id: str
     bucket: str
     samples: tuple[BatchSample, ...]
+    stand_in: bool = False
 
     def without_captions(self) -> "MicroBatch":
         """The plan alone, as MultiAspectSampler.plans hands it out."""

@@ -45,10 +45,15 @@ Prepared = tuple[MicroBatch, TrainingBatch]
 READ_AHEAD_START_DELAY_S = 0.003  # see the module docstring; a busy worker does not wait again
 
 
-def positions_after(epoch: int, step: int, per_epoch: int, count: int) -> list[tuple[int, int]]:
-    """The ``count`` (epoch, step) positions that follow ``(epoch, step)``, across epochs."""
-    flat = epoch * per_epoch + step
-    return [divmod(flat + k, per_epoch) for k in range(1, count + 1)]
+def positions_after(epoch: int, step: int, length_of: Callable[[int], int],
+                    count: int) -> list[tuple[int, int]]:
+    """The ``count`` (epoch, step) positions that follow ``(epoch, step)``, across epochs;
+    ``length_of(epoch)``: its micro-batches (bucket_tail carry makes it differ by epoch)."""
+    positions = []
+    for _ in range(count):
+        epoch, step = (epoch, step + 1) if step + 1 < length_of(epoch) else (epoch + 1, 0)
+        positions.append((epoch, step))
+    return positions
 
 
 def twin_of(sampler: MultiAspectSampler) -> MultiAspectSampler:
@@ -109,7 +114,8 @@ class PrefetchedBatches:
 
     def _read_ahead(self, ahead: deque, consumed: MicroBatch, worker: ThreadPoolExecutor,
                     twin: MultiAspectSampler) -> None:
-        wanted = positions_after(consumed.epoch, consumed.step, len(self.sampler), self.depth)
+        wanted = positions_after(consumed.epoch, consumed.step, self.sampler.micro_batches_in,
+                                 self.depth)
         for position in wanted[len(ahead):]:
             start = time.monotonic() + READ_AHEAD_START_DELAY_S
             ahead.append((position, worker.submit(self._prepare_at, twin, position, start)))

@@ -4,6 +4,9 @@ An epoch is a schedule of *groups*: ``accumulation`` consecutive micro-batches f
 (dataset, bucket), so an optimizer step never mixes resolutions. The schedule lists each bucket
 once per group it can fill (the same number on every rank, see split.py) and is shuffled by an RNG
 seeded from ``(seed, epoch)`` only, so all ranks draw micro-batch ``i`` from the same bucket.
+With ``bucket_tail: carry`` a bucket fills one group more in some epochs than in others, so an
+epoch's length depends on the epoch (``micro_batches_in``); it is the same on every rank.
+Evaluation micro-batches that only keep a rank in step are marked ``stand_in``.
 Position is ``(epoch, step)``; the plan is recomputed from the data, never stored. The state
 also carries the sample lists (sample_lists.py), only so that a resume on changed data can name
 the files that changed.
@@ -20,8 +23,10 @@ import numpy as np
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.permutation import stable_permutation
+from simpletuner.configuration.options import DEFAULT_BUCKET_TAIL, BucketTail
+from simpletuner.helpers.metadata.epoch_counts import BucketCounts, bucket_counts
 from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, DatasetSpec,
-                                                bucket_counts, check_bucket_sizes, split_bucket)
+                                                check_bucket_sizes, split_bucket)
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.sample_lists import describe_sample_changes, sample_lists
@@ -46,11 +51,13 @@ class SamplerDataset:
     evaluation: bool = False
     allow_oversubscription: bool = False
     captions: CaptionPolicy = CaptionPolicy()  # which caption of the read text, per epoch
+    bucket_tail: BucketTail = DEFAULT_BUCKET_TAIL
 
     @property
     def spec(self) -> DatasetSpec:
         return DatasetSpec(self.index.dataset_id, self.index.buckets, self.repeats,
-                           self.batch_size, self.evaluation, self.allow_oversubscription)
+                           self.batch_size, self.evaluation, self.allow_oversubscription,
+                           self.bucket_tail)
 
 
 def _changes(old: Any, new: Any, path: str = "") -> list[str]:
@@ -70,7 +77,8 @@ def _changes(old: Any, new: Any, path: str = "") -> list[str]:
 
 
 class MultiAspectSampler:
-    """Iterate this rank's micro-batches; ``len()`` is the same on every rank and every epoch."""
+    """Iterate this rank's micro-batches; ``len()`` (the current epoch's) is the same on every
+    rank."""
 
     def __init__(self, datasets: Sequence[SamplerDataset], *, seed: int, processes: int,
                  rank: int, accumulation: int, evaluation: bool = False):
@@ -90,11 +98,7 @@ class MultiAspectSampler:
         # Same data on every rank, so an undersized bucket raises the same error everywhere.
         self.notes = check_bucket_sizes([d.spec for d in self.datasets], processes, accumulation)
         self.buckets = [(d, key) for d in self.datasets for key in sorted(d.index.buckets)]
-        self._counts = [bucket_counts(len(d.index.buckets[key]), d.repeats,
-                                      d.spec.effective_batch(processes, self.accumulation),
-                                      d.allow_oversubscription)
-                        for d, key in self.buckets]
-        self._micro_batches = [c.micro_batches for c in self._counts]
+        self._counts_by_epoch: dict[int, list[BucketCounts]] = {}
         self._sample_lists: dict | None = None  # built at the first state_dict, then reused
         self.epoch = 0
         self.step = 0
@@ -103,7 +107,25 @@ class MultiAspectSampler:
         self._schedule: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return sum(self._micro_batches)
+        return self.micro_batches_in(self.epoch)
+
+    def micro_batches_in(self, epoch: int) -> int:
+        """This rank's micro-batches in ``epoch``; the same on every rank."""
+        return sum(c.micro_batches for c in self.counts(epoch))
+
+    def counts(self, epoch: int) -> list[BucketCounts]:
+        """Each bucket's arithmetic in ``epoch``, in ``self.buckets`` order (pure). Kept for the
+        last two epochs asked for: the loop and its read-ahead ask every micro-batch."""
+        if epoch not in self._counts_by_epoch:
+            if len(self._counts_by_epoch) >= 2:
+                self._counts_by_epoch.clear()
+            self._counts_by_epoch[epoch] = [
+                bucket_counts(len(d.index.buckets[key]), d.repeats,
+                              d.spec.effective_batch(self.processes, self.accumulation),
+                              tail=d.bucket_tail, epoch=epoch,
+                              allow_oversubscription=d.allow_oversubscription)
+                for d, key in self.buckets]
+        return self._counts_by_epoch[epoch]
 
     def fingerprint(self) -> dict:
         """Everything that decides the plan; plain JSON so a mismatch can name what changed."""
@@ -118,6 +140,7 @@ class MultiAspectSampler:
                     "batch_size": d.batch_size,
                     "repeats": d.repeats,
                     "allow_oversubscription": d.allow_oversubscription,
+                    "bucket_tail": d.bucket_tail,
                     "index": d.index.digest(),
                 }
                 for d in self.datasets
@@ -155,29 +178,40 @@ class MultiAspectSampler:
 
     def _walk(self, at: Callable[[int, int], MicroBatch]) -> Iterator[MicroBatch]:
         epoch = self.epoch
-        total = len(self)
+        total = self.micro_batches_in(epoch)
         if self.rank == 0 and self.step < total:  # the main rank speaks for all
-            logger.info(self.trim_report(epoch))
+            logger.info(self.tail_report(epoch))
         while self.step < total:
             batch = at(epoch, self.step)
             self.step += 1
             yield batch
         self.epoch, self.step = epoch + 1, 0
 
-    def trim_report(self, epoch: int) -> str:
-        """What the split trims from each bucket this epoch (its occurrences modulo E); which
-        occurrences are trimmed changes with the epoch, how many does not."""
+    def tail_report(self, epoch: int) -> str:
+        """What the split does this epoch with each bucket's leftover (what fills no whole
+        effective batch): trimmed, or carried into the next epoch (bucket_tail), and how many
+        carried from the previous epoch train first. Which occurrences changes with the epoch."""
         kind = "evaluation epoch" if self.evaluation else "epoch"
-        trimmed = [(d.index.dataset_id, key, c.trimmed)
-                   for (d, key), c in zip(self.buckets, self._counts) if c.trimmed]
-        if not trimmed:
-            return f"{kind} {epoch}: the split trims nothing"
-        named = trimmed[:TRIMMED_BUCKETS_NAMED]
+        counts = self.counts(epoch)
+        parts = [f"the split {verb} {n} occurrences (each bucket's remainder below a multiple of "
+                 f"the effective batch){where} from {buckets}"
+                 for verb, where, (n, buckets) in (
+                     ("trims", "", self._per_bucket(counts, "trimmed")),
+                     ("carries", f" into epoch {epoch + 1}",
+                      self._per_bucket(counts, "carried_out"))) if n]
+        carried_in = sum(c.carried_in for c in counts)
+        if carried_in:
+            parts.append(f"{carried_in} occurrences carried from epoch {epoch - 1} train first")
+        return f"{kind} {epoch}: " + ("; ".join(parts) or "the split trims nothing")
+
+    def _per_bucket(self, counts: list[BucketCounts], field: str) -> tuple[int, str]:
+        """The total of one count over the buckets, and the buckets where it is not 0."""
+        found = [(d.index.dataset_id, key, getattr(c, field))
+                 for (d, key), c in zip(self.buckets, counts) if getattr(c, field)]
+        named = found[:TRIMMED_BUCKETS_NAMED]
         buckets = ", ".join(f"{dataset_id} {key}: {n}" for dataset_id, key, n in named)
-        more = f" and {len(trimmed) - len(named)} more buckets" if len(trimmed) > len(named) else ""
-        return (f"{kind} {epoch}: the split trims {sum(n for *_, n in trimmed)} occurrences "
-                f"(each bucket's remainder below a multiple of the effective batch) from "
-                f"{len(trimmed)} buckets: {buckets}{more}")
+        more = f" and {len(found) - len(named)} more buckets" if len(found) > len(named) else ""
+        return sum(n for *_, n in found), f"{len(found)} buckets: {buckets}{more}"
 
     def micro_batch(self, epoch: int, step: int) -> MicroBatch:
         """Micro-batch ``step`` of ``epoch``, each sample with its caption for the epoch."""
@@ -190,11 +224,12 @@ class MultiAspectSampler:
         which = int(groups[group])
         piece = self._slice(epoch, which)
         dataset, key = self.buckets[which]
-        ids = piece.micro_batch(int(ordinals[group]) * self.accumulation + offset)
+        j = int(ordinals[group]) * self.accumulation + offset
         size = parse_bucket_key(key)
         samples = tuple(BatchSample(dataset.index.dataset_id, sample_id, key, size, None)
-                        for sample_id in ids)
-        return MicroBatch(epoch, step, dataset.index.dataset_id, key, samples)
+                        for sample_id in piece.micro_batch(j))
+        return MicroBatch(epoch, step, dataset.index.dataset_id, key, samples,
+                          stand_in=piece.is_stand_in(j))
 
     def with_captions(self, planned: MicroBatch) -> MicroBatch:
         """``planned`` with each sample's caption for its epoch (reads the caption files)."""
@@ -209,7 +244,8 @@ class MultiAspectSampler:
                                        epoch=epoch)
 
     def slices(self, epoch: int) -> list[BucketSlice]:
-        """This rank's slice of every bucket in ``epoch`` (each carries the bucket's trim)."""
+        """This rank's slice of every bucket in ``epoch`` (each holds the bucket's trimmed or
+        carried occurrences)."""
         return [self._slice(epoch, i) for i in range(len(self.buckets))]
 
     def _split(self, dataset: SamplerDataset, key: str, epoch: int) -> BucketSlice:
@@ -217,7 +253,8 @@ class MultiAspectSampler:
         return split_bucket(spec.buckets[key], dataset_id=spec.dataset_id, bucket=key,
                             epoch=epoch, seed=self.seed, repeats=spec.repeats,
                             effective=spec.effective_batch(self.processes, self.accumulation),
-                            rank=self.rank, allow_oversubscription=spec.allow_oversubscription)
+                            rank=self.rank, tail=spec.bucket_tail,
+                            allow_oversubscription=spec.allow_oversubscription)
 
     def _use_epoch(self, epoch: int) -> None:
         if self._cache_epoch != epoch:
@@ -234,7 +271,8 @@ class MultiAspectSampler:
         """Per group: which bucket, and how many earlier groups of the epoch used that bucket."""
         self._use_epoch(epoch)
         if self._schedule is None:
-            per_bucket = np.array(self._micro_batches, dtype=np.int64) // self.accumulation
+            per_bucket = np.array([c.optimizer_steps for c in self.counts(epoch)],
+                                  dtype=np.int64)
             canonical = np.repeat(np.arange(len(self.buckets)), per_bucket)
             groups = canonical[stable_permutation(len(canonical), "schedule", self.seed, epoch)]
             by_bucket = np.argsort(groups, kind="stable")

@@ -1,6 +1,7 @@
 """Per-rank sample traces: one JSON line per micro-batch, written by the audit and by training.
 
-``<folder>/rank-<k>.jsonl`` holds ``{"epoch", "step", "dataset", "bucket", "samples"}`` per line.
+``<folder>/rank-<k>.jsonl`` holds ``{"epoch", "step", "dataset", "bucket", "samples"}`` per line,
+and ``"stand_in": true`` for an evaluation micro-batch that only keeps its rank in step.
 Lines are flushed as they are written, so a crashed run still shows how far each rank got.
 A resumed run first cuts the trace back to the lines before its position (a crashed run wrote
 past its last checkpoint), so the trace ends up equal to the uninterrupted run's.
@@ -22,8 +23,11 @@ def trace_path(folder: str | os.PathLike, rank: int) -> Path:
 
 
 def trace_record(batch: MicroBatch) -> dict:
-    return {"epoch": batch.epoch, "step": batch.step, "dataset": batch.dataset_id,
-            "bucket": batch.bucket, "samples": [s.sample_id for s in batch.samples]}
+    record = {"epoch": batch.epoch, "step": batch.step, "dataset": batch.dataset_id,
+              "bucket": batch.bucket, "samples": [s.sample_id for s in batch.samples]}
+    if batch.stand_in:
+        record["stand_in"] = True
+    return record
 
 
 def truncate_trace(path: Path, position: tuple[int, int]) -> None:
@@ -72,7 +76,8 @@ def read_trace(folder: str | os.PathLike, rank: int) -> list[dict]:
                 records.append({"epoch": int(record["epoch"]), "step": int(record["step"]),
                                 "dataset": str(record["dataset"]),
                                 "bucket": str(record["bucket"]),
-                                "samples": [str(s) for s in record["samples"]]})
+                                "samples": [str(s) for s in record["samples"]],
+                                "stand_in": record.get("stand_in", False) is True})
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path} line {number}: not a trace record ({exc})") from None
     return records

@@ -1,45 +1,62 @@
 """The audit's plan (what should happen) and its check of the rank traces (what did happen).
 
-Counting is per occurrence: a sample with ``repeats: r`` is expected ``r+1`` times per epoch,
-less its trimmed occurrences. With ``x`` expected and ``y`` assigned occurrences of a (dataset,
-bucket, sample): ``unique`` adds ``min(x, y)``, ``missing`` adds ``x - y`` when short and
-``duplicated`` adds ``y - x`` when over (a sample in the wrong bucket is both).
+Counting is per occurrence: a sample with ``repeats: r`` is expected ``r+1`` times per pass (one
+permutation of the bucket). Epoch ``e`` should assign its pass less what it trims and what it
+carries into epoch ``e+1``, plus what epoch ``e-1`` carried into it (``bucket_tail: carry``).
+With ``x`` expected and ``y`` assigned occurrences of a (dataset, bucket, sample): ``unique`` adds
+``min(x, y)``, ``missing`` adds ``x - y`` when short and ``duplicated`` adds ``y - x`` when over
+(a sample in the wrong bucket is both). Stand-ins (evaluation) are never counted.
 
-The trim is not taken on trust from the split that produced the plan: each bucket's trimmed
-count is checked against its occurrences modulo ``E``, re-derived here from the index and the
-settings (docs/DESIGN.md), so a split that trims too much cannot hide behind its own report.
+Neither the trim nor the carry is taken on trust from the split that produced the plan: each
+bucket's counts are re-derived here from the index and the settings (trim: its occurrences
+modulo ``E`` every epoch; carry: stepped epoch by epoch from nothing carried into epoch 0, each
+epoch leaving (carried in + occurrences) modulo ``E``; evaluation: nothing), and what is carried
+must be trained in the bucket's first micro-batches of the next epoch. So a split that trims or
+carries too much cannot hide behind its own report, and with carry every occurrence of every
+pass is assigned exactly once over the audited epochs, except the last epoch's carried ones,
+which are reported as untrained.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from simpletuner.helpers.metadata.split import DatasetSpec, bucket_counts
+from simpletuner.helpers.metadata.split import DatasetSpec
+from simpletuner.helpers.metadata.epoch_counts import bucket_counts
+
+Leftovers = dict[int, dict[str, dict[str, list[str]]]]  # epoch -> dataset -> bucket -> ids
 
 
 def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[DatasetSpec],
-               trimmed: dict[int, dict[str, dict[str, list[str]]]]) -> dict:
-    """plan.json's content. ``trimmed``: epoch -> dataset id -> bucket -> trimmed occurrences."""
+               trimmed: Leftovers, carried: Leftovers) -> dict:
+    """plan.json's content. ``trimmed``/``carried``: each epoch's trimmed occurrences and those
+    it carries into the next epoch."""
     planned = {}
     for spec in sorted(datasets, key=lambda s: s.dataset_id):
         eff = spec.effective_batch(world_size, accumulation)
-        counts = {key: bucket_counts(len(ids), spec.repeats, eff, spec.allow_oversubscription)
+        counts = {key: bucket_counts(len(ids), spec.repeats, eff, tail=spec.bucket_tail,
+                                     allow_oversubscription=spec.allow_oversubscription)
                   for key, ids in sorted(spec.buckets.items())}
         planned[spec.dataset_id] = {
             "repeats": spec.repeats,
             "batch_size": spec.batch_size,
             "evaluation": spec.evaluation,
             "allow_oversubscription": spec.allow_oversubscription,
+            "bucket_tail": spec.bucket_tail,
             "effective_batch": eff.total,
             "buckets": {key: sorted(ids) for key, ids in sorted(spec.buckets.items())},
             # Undersized buckets that allow_dataset_oversubscription cycled up to E occurrences.
             "extended": {key: c.occurrences for key, c in counts.items() if c.extended},
         }
-    epochs = {str(epoch): {d: dict(sorted(trimmed[epoch].get(d, {}).items())) for d in planned}
-              for epoch in sorted(trimmed)}
+
+    def per_epoch(found: Leftovers) -> dict:
+        return {str(epoch): {d: dict(sorted(found[epoch].get(d, {}).items())) for d in planned}
+                for epoch in sorted(found)}
+
     return {"seed": seed, "world_size": world_size, "accumulation": accumulation,
-            "datasets": planned, "epochs": epochs}
+            "datasets": planned, "epochs": per_epoch(trimmed), "carried": per_epoch(carried)}
 
 
 def effective_batch(plan: dict, dataset: dict) -> int:
@@ -51,16 +68,38 @@ def effective_batch(plan: dict, dataset: dict) -> int:
 
 
 def bucket_occurrences(samples: int, dataset: dict, e: int) -> tuple[int, bool]:
-    """Occurrences per epoch before the trim, and whether oversubscription (on, no manual
-    repeats) cycled an undersized bucket up to ``E``."""
+    """Occurrences per pass, and whether oversubscription (on, no manual repeats, a training
+    dataset) cycled an undersized bucket up to ``E``."""
     natural = samples * (dataset["repeats"] + 1)
-    if dataset["allow_oversubscription"] and dataset["repeats"] == 0 and 0 < natural < e:
+    if (dataset["allow_oversubscription"] and not dataset["evaluation"]
+            and dataset["repeats"] == 0 and 0 < natural < e):
         return e, True
     return natural, False
 
 
+def tail_rule(dataset: dict, extended: bool) -> str | None:
+    """'trim' or 'carry' where a bucket has a leftover; None for evaluation (every occurrence
+    is evaluated) and for an extended bucket (exactly E occurrences)."""
+    return None if dataset["evaluation"] or extended else dataset["bucket_tail"]
+
+
+def expected_leftovers(dataset: dict, total: int, e: int, extended: bool,
+                       epochs: int) -> list[tuple[int, int]]:
+    """(trimmed, carried into the next epoch) for epochs 0.. from the settings alone."""
+    rule = tail_rule(dataset, extended)
+    if rule is None:
+        return [(0, 0)] * epochs
+    if rule == "trim":
+        return [(total % e, 0)] * epochs
+    found, carried = [], 0
+    for _ in range(epochs):  # each epoch trains what came in first, then its own pass
+        carried = (carried + total) % e
+        found.append((0, carried))
+    return found
+
+
 def untrimmed_occurrences(plan: dict) -> Counter:
-    """(dataset, bucket, sample) -> occurrences per epoch before the trim."""
+    """(dataset, bucket, sample) -> occurrences per pass."""
     expected: Counter = Counter()
     for dataset_id, d in plan["datasets"].items():
         e = effective_batch(plan, d)
@@ -76,41 +115,89 @@ def untrimmed_occurrences(plan: dict) -> Counter:
     return expected
 
 
+def _listed(plan: dict, kind: str, epoch: int) -> Counter:
+    """(dataset, bucket, sample) -> occurrences the plan lists as trimmed or carried in
+    ``epoch`` (none before epoch 0)."""
+    found = plan[kind].get(str(epoch), {})
+    return Counter((dataset_id, key, s) for dataset_id, buckets in found.items()
+                   for key, ids in buckets.items() for s in ids)
+
+
 def expected_occurrences(plan: dict, epoch: int, untrimmed: Counter) -> Counter:
     """(dataset, bucket, sample) -> occurrences the epoch should assign."""
-    expected = untrimmed.copy()
-    for dataset_id in plan["datasets"]:
-        for key, trimmed in plan["epochs"][str(epoch)].get(dataset_id, {}).items():
-            expected.subtract((dataset_id, key, sample) for sample in trimmed)
+    expected = untrimmed + _listed(plan, "carried", epoch - 1)
+    expected.subtract(_listed(plan, "epochs", epoch))
+    expected.subtract(_listed(plan, "carried", epoch))
     return expected
 
 
-def trim_problems(plan: dict, epoch: int, untrimmed: Counter) -> list[str]:
-    """Each bucket's trim must be its occurrences modulo E and only ids of that bucket."""
+def leftover_problems(plan: dict, epoch: int, untrimmed: Counter) -> list[str]:
+    """Each bucket's trim and carry must be the counts re-derived from the settings, and only
+    ids of that bucket."""
     problems = []
     for dataset_id, d in plan["datasets"].items():
         e = effective_batch(plan, d)
         if d["effective_batch"] != e:
             problems.append(f"dataset '{dataset_id}': plan says E = {d['effective_batch']}, "
                             f"the settings give {e}")
-        trims = plan["epochs"][str(epoch)].get(dataset_id, {})
+        for kind in ("epochs", "carried"):
+            listed = plan[kind][str(epoch)].get(dataset_id, {})
+            for key in sorted(set(listed) - set(d["buckets"])):
+                problems.append(f"epoch {epoch}: dataset '{dataset_id}': lists unknown bucket "
+                                f"{key}")
         for key, ids in d["buckets"].items():
-            total, extended = bucket_occurrences(len(ids), d, e)
-            if extended != (key in d["extended"]):
-                problems.append(f"dataset '{dataset_id}' bucket {key}: plan and settings "
-                                "disagree on whether oversubscription extends it")
-            trimmed = trims.get(key, [])
-            want = 0 if extended else total % e
-            if len(trimmed) != want:
-                problems.append(
-                    f"epoch {epoch}: dataset '{dataset_id}' bucket {key}: {len(trimmed)} "
-                    f"occurrences trimmed, expected {total} mod E={e} = {want}")
-            over = Counter((dataset_id, key, s) for s in trimmed) - untrimmed
-            if over:
-                problems.append(f"epoch {epoch}: dataset '{dataset_id}' bucket {key}: trims "
-                                f"occurrences the bucket does not have: {sorted(over)[:5]}")
-        for key in sorted(set(trims) - set(d["buckets"])):
-            problems.append(f"epoch {epoch}: dataset '{dataset_id}': trims unknown bucket {key}")
+            problems += _bucket_leftover_problems(plan, epoch, untrimmed, dataset_id, key, e)
+    return problems
+
+
+def _bucket_leftover_problems(plan: dict, epoch: int, untrimmed: Counter, dataset_id: str,
+                              key: str, e: int) -> list[str]:
+    d = plan["datasets"][dataset_id]
+    total, extended = bucket_occurrences(len(d["buckets"][key]), d, e)
+    problems = []
+    if extended != (key in d["extended"]):
+        problems.append(f"dataset '{dataset_id}' bucket {key}: plan and settings disagree on "
+                        "whether oversubscription extends it")
+    where = f"epoch {epoch}: dataset '{dataset_id}' bucket {key}"
+    leftovers = expected_leftovers(d, total, e, extended, epoch + 1)
+    carried_in = leftovers[epoch - 1][1] if epoch else 0
+    trimmed = plan["epochs"][str(epoch)].get(dataset_id, {}).get(key, [])
+    carried = plan["carried"][str(epoch)].get(dataset_id, {}).get(key, [])
+    want_trimmed, want_carried = leftovers[epoch]
+    rule = tail_rule(d, extended)
+    if len(trimmed) != want_trimmed:
+        problems.append(f"{where}: {len(trimmed)} occurrences trimmed, expected {total} mod "
+                        f"E={e} = {want_trimmed}" if rule == "trim" else
+                        f"{where}: {len(trimmed)} occurrences trimmed, expected none")
+    if len(carried) != want_carried:
+        problems.append(f"{where}: {len(carried)} occurrences carried into epoch {epoch + 1}, "
+                        f"expected ({carried_in} carried in + {total}) mod E={e} = "
+                        f"{want_carried}" if rule == "carry" else
+                        f"{where}: {len(carried)} occurrences carried, expected none")
+    over = Counter((dataset_id, key, s) for s in trimmed + carried) - untrimmed
+    if over:
+        problems.append(f"{where}: trims or carries occurrences the bucket does not have: "
+                        f"{sorted(over)[:5]}")
+    return problems
+
+
+def carried_first_problems(plan: dict, epoch: int, per_rank: dict[int, list[dict]]) -> list[str]:
+    """What epoch ``epoch-1`` carried must open the bucket in ``epoch``: be among the samples
+    of its first micro-batches over the ranks (ceil(carried / (B*W)) of them per rank)."""
+    problems = []
+    for dataset_id, buckets in plan["carried"].get(str(epoch - 1), {}).items():
+        width = plan["datasets"][dataset_id]["batch_size"] * plan["world_size"]
+        for key, carried in buckets.items():
+            first = math.ceil(len(carried) / width)
+            opened: Counter = Counter()
+            for records in per_rank.values():
+                of_bucket = [r for r in records if (r["dataset"], r["bucket"]) == (dataset_id, key)]
+                opened.update(s for r in of_bucket[:first] for s in r["samples"])
+            late = Counter(carried) - opened
+            if late:
+                problems.append(f"epoch {epoch}: dataset '{dataset_id}' bucket {key}: "
+                                f"occurrences carried from epoch {epoch - 1} are not trained "
+                                f"first: {sorted(late)[:5]}")
     return problems
 
 
@@ -122,23 +209,35 @@ class EpochSummary:
     missing: int
     duplicated: int
     trimmed: int
+    carried: int   # into the next epoch (bucket_tail carry)
 
     def line(self) -> str:
         return (f"epoch {self.epoch}: {self.assigned} assigned, {self.unique} unique, "
-                f"{self.missing} missing, {self.duplicated} duplicated, {self.trimmed} trimmed")
+                f"{self.missing} missing, {self.duplicated} duplicated, {self.trimmed} trimmed, "
+                f"{self.carried} carried into epoch {self.epoch + 1}")
 
 
 @dataclass
 class AuditReport:
     epochs: list[EpochSummary]
-    problems: list[str] = field(default_factory=list)   # lockstep and step-count violations
+    problems: list[str] = field(default_factory=list)   # lockstep, step-count, tail violations
 
     @property
     def ok(self) -> bool:
         return not self.problems and all(e.missing == 0 and e.duplicated == 0 for e in self.epochs)
 
+    @property
+    def untrained(self) -> int:
+        """Carried past the last audited epoch: short of one effective batch when it ends."""
+        return self.epochs[-1].carried if self.epochs else 0
+
     def lines(self) -> list[str]:
-        verdict = "OK: every kept occurrence assigned exactly once" if self.ok else "FAILED"
+        verdict = "FAILED"
+        if self.ok:
+            verdict = "OK: every kept occurrence assigned exactly once"
+            if any(e.carried for e in self.epochs):
+                verdict += (f"; every carried one in the next epoch, so only the last epoch's "
+                            f"{self.untrained} (short of one effective batch) are untrained")
         return [e.line() for e in self.epochs] + [f"problem: {p}" for p in self.problems] + [verdict]
 
 
@@ -176,9 +275,10 @@ def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
         per_rank = {rank: [r for r in records if r["epoch"] == epoch]
                     for rank, records in sorted(traces.items())}
         problems.extend(_lockstep_problems(epoch, per_rank))
-        problems.extend(trim_problems(plan, epoch, untrimmed))
-        got = Counter((r["dataset"], r["bucket"], s)
-                      for records in per_rank.values() for r in records for s in r["samples"])
+        problems.extend(leftover_problems(plan, epoch, untrimmed))
+        problems.extend(carried_first_problems(plan, epoch, per_rank))
+        got = Counter((r["dataset"], r["bucket"], s) for records in per_rank.values()
+                      for r in records if not r.get("stand_in") for s in r["samples"])
         expected = expected_occurrences(plan, epoch, untrimmed)
         keys = set(got) | set(expected)
         summaries.append(EpochSummary(
@@ -187,6 +287,7 @@ def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
             unique=sum(min(got[k], expected[k]) for k in keys),
             missing=sum(max(0, expected[k] - got[k]) for k in keys),
             duplicated=sum(max(0, got[k] - expected[k]) for k in keys),
-            trimmed=sum(len(t) for d in plan["epochs"][str(epoch)].values() for t in d.values()),
+            trimmed=sum(_listed(plan, "epochs", epoch).values()),
+            carried=sum(_listed(plan, "carried", epoch).values()),
         ))
     return AuditReport(summaries, problems)

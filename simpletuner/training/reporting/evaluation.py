@@ -1,11 +1,14 @@
 """Evaluation loss: the training loss on the ``eval`` datasets, every ``eval_steps_interval``.
 
 The same number whenever the weights are the same: every evaluation walks epoch 0 of the
-evaluation sampler (one sample per rank per micro-batch, nothing trimmed twice differently) and
+evaluation sampler (one sample per rank per micro-batch, every sample exactly once) and
 draws noise and timesteps from generators seeded by (seed, rank, micro-batch), with the network
 in eval mode and no gradients. It touches neither the training sampler nor any global RNG, so a
 run with evaluation on trains exactly as one without, and a resumed run's evaluations equal the
-uninterrupted run's. Every rank takes part (one all-reduce); the main rank logs the mean and
+uninterrupted run's. Every rank runs the same number of micro-batches, whatever the set's size:
+a rank whose share ended runs a stand-in (a sample of the same bucket, so a sharded network's
+collectives are made on every rank alike) whose loss is left out. One all-reduce of the loss sum
+and the count of real samples gives the mean over the set itself; the main rank logs it and
 appends it to ``output_dir/eval_loss.jsonl`` inside failing_together, so a failed write stops
 every rank. A resumed run first cuts that file back to the lines up to its resume step: a
 crashed run logged past its last checkpoint, and the resumed run logs those steps again.
@@ -57,24 +60,29 @@ class Evaluator:
         return step % self.interval == 0
 
     @torch.no_grad()
-    def loss(self) -> float:
-        """The mean loss over every evaluation sample (all ranks), for the current weights."""
+    def local_totals(self) -> torch.Tensor:
+        """This rank's (loss sum, real samples) over its share, stand-ins run but not counted."""
         rank = self.accelerator.process_index
         total = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
         was_training = self.network.training
         self.network.eval()
         try:
-            for index in range(len(self.sampler)):
+            for index in range(self.sampler.micro_batches_in(0)):
                 micro_batch = self.sampler.micro_batch(0, index)
                 batch = self.assembler(micro_batch)
                 with self.accelerator.autocast():
                     loss = self.adapter.compute_loss(batch, _generator(self.seed, rank, index),
                                                      network=self.network)
-                total[0] += loss.double() * len(micro_batch.samples)
-                total[1] += len(micro_batch.samples)
+                if not micro_batch.stand_in:
+                    total[0] += loss.double() * len(micro_batch.samples)
+                    total[1] += len(micro_batch.samples)
         finally:
             self.network.train(was_training)
-        total = self.accelerator.reduce(total, reduction="sum")
+        return total
+
+    def loss(self) -> float:
+        """The mean loss over every evaluation sample (all ranks), for the current weights."""
+        total = self.accelerator.reduce(self.local_totals(), reduction="sum")
         return float(total[0] / total[1])
 
     def run(self, step: int) -> float:

@@ -226,11 +226,13 @@ class MetadataBackend:
     # -- the split, and the ranks' agreement: the only collectives of the data path ----------
 
     def split_spec(self, index: DatasetIndex) -> DatasetSpec:
-        """This dataset's split settings: its batch override, repeats, kind, oversubscription."""
+        """This dataset's split settings: its batch override, repeats, kind, oversubscription,
+        bucket tail (its own, else config.json's)."""
         ds = self.dataset
         return DatasetSpec(index.dataset_id, index.buckets, ds.repeats,
                            ds.train_batch_size or self.training.train_batch_size,
-                           ds.dataset_type == "eval", self.training.allow_dataset_oversubscription)
+                           ds.dataset_type == "eval", self.training.allow_dataset_oversubscription,
+                           ds.bucket_tail or self.training.bucket_tail)
 
     def split_buckets_between_processes(self, index: DatasetIndex, *, seed: int, epoch: int,
                                         processes: int, rank: int,
