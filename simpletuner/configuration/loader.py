@@ -222,15 +222,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         usable = len(problems) == before
         if not values.get("disabled", False):
             enabled_types[name] = values.get("dataset_type", "image")
-        if values.get("metadata_backend") == "parquet":
-            values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
-            usable = usable and values["parquet"] is not None
-        if values.get("type") == "huggingface":
-            # SimpleTuner's defaults for this type; given values are checked against it
-            values.setdefault("caption_strategy", "huggingface")
-            values.setdefault("metadata_backend", "huggingface")
-            values["huggingface"] = parse_huggingface_block(values, label, problems)
-            usable = usable and values["huggingface"] is not None
+        usable = _parse_blocks(values, label, problems) and usable
         if "id" not in values:
             if "instance_data_dir" in values and not values.get("disabled", False):
                 _check_folder(values["instance_data_dir"], label, base, problems)
@@ -249,6 +241,21 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
     _check_something_trains(enabled_types, where, problems)
     return apply_embed_entries(datasets, embed_entries, where, problems)
+
+
+def _parse_blocks(values: dict, label: str, problems: list[str]) -> bool:
+    """The entry's ``parquet`` or ``huggingface`` block, parsed in place; False when unusable."""
+    usable = True
+    if values.get("metadata_backend") == "parquet":
+        values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
+        usable = values["parquet"] is not None
+    if values.get("type") == "huggingface":
+        # SimpleTuner's defaults for this type; given values are checked against it
+        values.setdefault("caption_strategy", "huggingface")
+        values.setdefault("metadata_backend", "huggingface")
+        values["huggingface"] = parse_huggingface_block(values, label, problems)
+        usable = usable and values["huggingface"] is not None
+    return usable
 
 
 def _inherit(ds: DatasetConfig, training: TrainingConfig) -> DatasetConfig:
