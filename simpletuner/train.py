@@ -79,7 +79,9 @@ def configure_logging(level_name: str) -> None:
 
 
 def exit_status_for(exc: Exception) -> int:
-    if isinstance(exc, ConfigError):
+    # A bucket too small for the effective batch cannot start as configured, like a config
+    # problem: it is known before any step, and the report lists the settings that fix it.
+    if isinstance(exc, (ConfigError, UndersizedBucketsError)):
         return EXIT_CONFIG
     if isinstance(exc, Preempted):
         return EXIT_PREEMPTED

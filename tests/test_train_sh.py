@@ -15,7 +15,7 @@ import unittest
 from pathlib import Path
 
 from simpletuner.training.run.output_dir_lock import LOCK_NAME, OutputDirLock
-from simpletuner.training.run.outcomes import EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
+from simpletuner.training.run.outcomes import EXIT_CONFIG, EXIT_PREEMPTED
 
 from launching import REPO, Launch
 from training_fixtures import environment, make_shapes, run_train_sh, write_config
@@ -145,12 +145,15 @@ class TrainShTest(unittest.TestCase):
         for launcher_said in ("Traceback", "CalledProcessError", "ChildFailedError"):
             self.assertNotIn(launcher_said, output)
 
-    def test_a_plain_failure_is_status_1(self):
-        # Two images and batches of four: the bucket cannot fill one batch.
-        config = write_config(self.root, self.root / "data", "failure", train_batch_size=4)
+    def test_a_bucket_smaller_than_the_batch_is_status_2_with_its_report(self):
+        # Two images and batches of four: the bucket cannot fill one batch. Known before any
+        # step and fixed by settings, so a configuration status, not a failure.
+        config = write_config(self.root, self.root / "data", "undersized", train_batch_size=4)
         result = run_train_sh(config, self.tmp, timeout=180)
-        self.assertEqual(result.returncode, EXIT_FAILED, result.stderr[-3000:])
-        self.assertIn("[rank 0] training stopped (exit status 1)", result.stderr)
+        self.assertEqual(result.returncode, EXIT_CONFIG, result.stderr[-3000:])
+        self.assertIn("[rank 0] training stopped (exit status 2): Dataset 'shapes' has buckets "
+                      "smaller than the effective batch size E = 4", result.stderr)
+        self.assertIn("Fixes: a smaller train_batch_size", result.stderr)
         self.assert_no_launcher_traceback(result.stderr)
 
     def test_sigterm_reaches_the_training_process_and_leaves_nothing_running(self):

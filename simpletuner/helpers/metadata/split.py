@@ -74,13 +74,12 @@ def check_bucket_sizes(datasets: Sequence[DatasetSpec], processes: int,
     """
     failures: list[str] = []
     notes: list[str] = []
+    undersized = False
     for spec in datasets:
         eff = spec.effective_batch(processes, accumulation)
         e = eff.total
         sizes = {key: len(ids) for key, ids in sorted(spec.buckets.items())}
-        samples = sum(sizes.values())
-        copies = spec.repeats + 1
-        if samples == 0:
+        if not sizes or sum(sizes.values()) == 0:
             failures.append(f"Dataset '{spec.dataset_id}' has no usable samples; check its "
                             "instance_data_dir and the skipped-file report of `plan`.")
             continue
@@ -94,33 +93,44 @@ def check_bucket_sizes(datasets: Sequence[DatasetSpec], processes: int,
                              "(allow_dataset_oversubscription)")
             elif counts.kept == 0:
                 bad[key] = n
-        if not bad:
-            continue
-        lines = [
-            f"Dataset '{spec.dataset_id}' has buckets smaller than the effective batch size "
-            f"E = {eff.describe()}.",
-            f"  It has {samples} samples and {samples * copies} occurrences per epoch "
-            f"(repeats {spec.repeats}) in {len(sizes)} buckets; each bucket needs at least "
-            f"{e} occurrences.",
-        ]
-        for key, n in bad.items():
-            need = math.ceil(e / n) - 1
-            named = ", ".join(map(printable, sorted(spec.buckets[key])[:NAMED_PER_BUCKET]))
-            more = f" and {n - NAMED_PER_BUCKET} more" if n > NAMED_PER_BUCKET else ""
-            lines.append(f"  bucket {key}: {n} samples x {copies} = {n * copies} occurrences; "
-                         f"needs repeats >= {need} ({named}{more})")
-        if spec.allow_oversubscription and spec.repeats > 0:
-            lines.append(f"  allow_dataset_oversubscription is on but does not apply: 'repeats' "
-                         f"is set by hand ({spec.repeats}).")
-        failures.append("\n".join(lines))
+        if bad:
+            failures.append(_undersized_report(spec, sizes, bad, eff))
+            undersized = True
     if failures:
-        fixes = ("Fixes: a smaller train_batch_size (config.json or the dataset's override), "
-                 "fewer gradient_accumulation_steps, fewer processes, a larger 'repeats' for the "
-                 "dataset in multidatabackend.json, more images in these buckets, or "
-                 "allow_dataset_oversubscription: true in config.json (it extends only undersized "
-                 "buckets, and only for datasets without manual 'repeats').")
-        raise UndersizedBucketsError("\n".join(failures + [fixes]))
+        # The fixes are for buckets too small; an empty dataset's own line says what to check.
+        raise UndersizedBucketsError("\n".join(failures + [UNDERSIZED_FIXES] * undersized))
     return notes
+
+
+UNDERSIZED_FIXES = (
+    "Fixes: a smaller train_batch_size (config.json or the dataset's override), fewer "
+    "gradient_accumulation_steps, fewer processes, a larger 'repeats' for the dataset in "
+    "multidatabackend.json, more images in these buckets, or allow_dataset_oversubscription: "
+    "true in config.json (it extends only undersized buckets, and only for datasets without "
+    "manual 'repeats').")
+
+
+def _undersized_report(spec: DatasetSpec, sizes: dict[str, int], bad: dict[str, int],
+                       eff: EffectiveBatch) -> str:
+    e, copies = eff.total, spec.repeats + 1
+    samples = sum(sizes.values())
+    lines = [
+        f"Dataset '{spec.dataset_id}' has buckets smaller than the effective batch size "
+        f"E = {eff.describe()}.",
+        f"  It has {samples} samples and {samples * copies} occurrences per epoch "
+        f"(repeats {spec.repeats}) in {len(sizes)} buckets; each bucket needs at least "
+        f"{e} occurrences.",
+    ]
+    for key, n in bad.items():
+        need = math.ceil(e / n) - 1
+        named = ", ".join(map(printable, sorted(spec.buckets[key])[:NAMED_PER_BUCKET]))
+        more = f" and {n - NAMED_PER_BUCKET} more" if n > NAMED_PER_BUCKET else ""
+        lines.append(f"  bucket {key}: {n} samples x {copies} = {n * copies} occurrences; "
+                     f"needs repeats >= {need} ({named}{more})")
+    if spec.allow_oversubscription and spec.repeats > 0:
+        lines.append(f"  allow_dataset_oversubscription is on but does not apply: 'repeats' "
+                     f"is set by hand ({spec.repeats}).")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True, eq=False)
