@@ -1,7 +1,7 @@
 """`python -m simpletuner.train --config CONFIG`, normally started by ./train.sh through
 accelerate launch. Exit status (simpletuner/training/run/outcomes.py): 0 trained, 1 failure,
 2 configuration problem (including an output_dir in use or holding an earlier run's
-checkpoints), 3 diverged, 75 preempted (resumable with resume_from_checkpoint 'latest')."""
+checkpoints, and a bucket smaller than the effective batch), 3 diverged, 75 preempted (resumable with resume_from_checkpoint 'latest')."""
 
 from __future__ import annotations
 
