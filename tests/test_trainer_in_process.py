@@ -10,6 +10,8 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
+import time
 import unittest
 from contextlib import closing
 from dataclasses import replace
@@ -21,6 +23,7 @@ from accelerate import Accelerator
 from simpletuner.configuration import load_configuration
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.training.recipe import Trainer
+from simpletuner.training.run.leftovers import leftovers
 from simpletuner.training.run.outcomes import Preempted
 from training_fixtures import make_shapes, write_config
 
@@ -194,6 +197,42 @@ class EndOfTrainingTest(TrainerCase):
         self.assertEqual((caught.exception.signal_name, caught.exception.step), ("SIGTERM", 2))
         self.assertEqual(caught.exception.checkpoint, trainer.output_dir / "checkpoint-2")
         self.assertTrue((trainer.output_dir / "checkpoint-2" / "manifest.json").is_file())
+
+    def test_a_signal_in_the_middle_of_the_export_finishes_it(self):
+        config = write_config(self.root, self.data, name="export-signal", max_train_steps=2,
+                              use_ema=False)
+        trainer = Trainer(load_configuration(config), self.accelerator)
+        signaller = SignalWhileStaging(trainer.output_dir)
+        signaller.start()
+        with self.assertLogs("simpletuner.training.run.preemption", "WARNING") as logs:
+            result = trainer.run()
+        signaller.join()
+        self.assertIn("SIGTERM received during the export: finishing it", logs.output[0])
+        self.assertTrue(signaller.fired, "the export's staging folder was never seen")
+        self.assertEqual(trainer.watcher.requested, "SIGTERM")
+        for part in ("model_index.json", "README.md", "unet/diffusion_pytorch_model.safetensors"):
+            self.assertTrue((result.pipeline_dir / part).is_file(), part)
+        summary = json.loads((trainer.output_dir / "training_summary.json").read_text())
+        self.assertEqual(summary["steps"], 2)
+        self.assertEqual(leftovers(trainer.output_dir), [])
+
+
+class SignalWhileStaging(threading.Thread):
+    """Sends this process a real SIGTERM once the export's staging folder exists."""
+
+    def __init__(self, output_dir: Path):
+        super().__init__(daemon=True)
+        self.output_dir, self.fired = output_dir, False
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.output_dir.is_dir() and any(
+                    entry.name.startswith(".pipeline-") for entry in os.scandir(self.output_dir)):
+                os.kill(os.getpid(), signal.SIGTERM)
+                self.fired = True
+                return
+            time.sleep(0.0005)
 
 
 if __name__ == "__main__":
