@@ -103,12 +103,17 @@ class SimpleTunerConfigTest(unittest.TestCase):
         self.assertIn("differs from SimpleTuner", problems[0])
         self.assertIn("offset_noise", problems[0])
 
-    def test_quoted_values_get_a_hint_and_simpletuners_zero_means_not_set(self):
-        problems = self.problems({"learning_rate": "1e-4", "use_ema": "true"},
+    def test_quoted_values_are_read_as_simpletuner_reads_them_and_its_zero_means_not_set(self):
+        # SimpleTuner passes config.json's values as command-line text: its files quote them.
+        config = self.load({"learning_rate": "1e-4", "use_ema": "True", "train_batch_size": "3",
+                            "max_grad_norm": " 0.5 "}, [self.image_dataset()])
+        training = config.training
+        self.assertEqual((training.learning_rate, training.use_ema, training.train_batch_size,
+                          training.max_grad_norm), (0.0001, True, 3, 0.5))
+        problems = self.problems({"train_batch_size": "2.5", "use_ema": "yes"},
                                  [self.image_dataset()])
-        self.assertEqual(len(problems), 2, problems)
-        self.assertIn("expected a number (write it without quotes: 0.0001)", problems[0])
-        self.assertIn("(write it without quotes: true)", problems[1])
+        self.assertEqual(len(problems), 2, problems)  # quoted, but still not an integer / bool
+        self.assertIn("key 'train_batch_size' is '2.5'", problems[0] + problems[1])
         config = self.load({"num_train_epochs": 0, "max_train_steps": 7}, [self.image_dataset()])
         self.assertIsNone(config.training.num_train_epochs)
         self.assertEqual(config.training.max_train_steps, 7)

@@ -129,20 +129,23 @@ def _rejected_value_message(where: str, key: str, value: Any, tp: Any,
         return f"{where}: key '{key}': {unsupported}"
     choices = _literal_choices(tp)
     hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
-    hint += _unquoted(value, tp)
     note = vocabulary.meaning_note(key) if vocabulary else ""
     return f"{where}: key '{key}' is {value!r}; expected {type_name(tp)}{hint}{note}"
 
 
-def _unquoted(value: Any, tp: Any) -> str:
-    """SimpleTuner's config.json often quotes numbers and booleans ("20", "true"); say how."""
+def _unquoted(value: Any) -> Any:
+    """SimpleTuner reads config.json's values as command-line text, so its files quote numbers
+    and booleans ("1e-4", "true", "True"): such a text as the JSON value it spells, else as is."""
     if not isinstance(value, str):
-        return ""
+        return value
+    text = value.strip()
+    if text.lower() in ("true", "false", "null", "none"):
+        return {"true": True, "false": False}.get(text.lower())
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(text)
     except json.JSONDecodeError:
-        return ""
-    return f" (write it without quotes: {json.dumps(parsed)})" if accepts(parsed, tp) else ""
+        return value
+    return parsed if isinstance(parsed, (int, float)) else value
 
 
 def normalise_key(key: str) -> str:
@@ -181,6 +184,8 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
             continue
         tp = hints[key]
         ok, converted = _coerce(value, tp)
+        if not ok:
+            ok, converted = _coerce(_unquoted(value), tp)
         if not ok:
             problems.append(_rejected_value_message(where, key, value, tp, vocabulary))
             continue
