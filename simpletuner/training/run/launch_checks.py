@@ -13,6 +13,9 @@ from pathlib import Path
 from simpletuner.configuration import Configuration
 from simpletuner.configuration.validation_options import validation_sizes
 from simpletuner.helpers.data_backend.huggingface_loading import dataset_problems
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.split import UndersizedBucketsError, check_bucket_sizes
+from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.models.model_path import model_path_problem
 from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
 from simpletuner.training.run.output_dir_lock import OutputDirLock
@@ -23,13 +26,34 @@ _CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
 
 
 def launch_problems(configuration: Configuration) -> list[str]:
-    """``check``'s: static_problems, and an output_dir locked by a run that is still going.
-    The preflight runs inside the run's own lock, so it cannot ask the lock this."""
+    """``check``'s: static_problems, an output_dir locked by a run that is still going (the
+    preflight runs inside the run's own lock, so it cannot ask the lock this), and buckets
+    too small for the effective batch that an earlier run's index cache already shows."""
     problems = static_problems(configuration)
     in_use = OutputDirLock(Path(configuration.training.output_dir)).in_use_problem()
     if in_use:
         problems.append(f"{configuration.config_path}: key 'output_dir': {in_use}")
+    if not problems:  # the index caches are read only for a config that is otherwise sound
+        problems += cached_bucket_problems(configuration)
     return problems
+
+
+def cached_bucket_problems(configuration: Configuration) -> list[str]:
+    """Undersized buckets of the folder datasets whose index cache holds every listed file's
+    header; a dataset without one is left to the run, which reports the same (status 2)."""
+    training, specs = configuration.training, []
+    for dataset in configuration.datasets:
+        if dataset.type != "local" or dataset.metadata_backend != "discovery":
+            continue  # remote listings and tables are read by the run, not by check
+        backend = MetadataBackend.from_config(dataset, training)
+        index = backend.index_if_cached()
+        if index is not None:
+            specs.append(backend.split_spec(limit_samples(index, dataset.max_num_samples)))
+    try:
+        check_bucket_sizes(specs, training.num_processes, training.gradient_accumulation_steps)
+    except UndersizedBucketsError as exc:
+        return [f"{training.data_backend_config} (as its index cache in output_dir shows): {exc}"]
+    return []
 
 
 def launch_warnings(configuration: Configuration) -> list[str]:

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from accelerate.utils import broadcast_object_list, gather_object
 from PIL import Image
 
 from simpletuner.configuration import DatasetConfig, TrainingConfig
@@ -170,6 +169,18 @@ class MetadataBackend:
             forgotten=found.forgotten, cache_written=changed)
         return index
 
+    def index_if_cached(self) -> DatasetIndex | None:
+        """The index refresh_index would build, when the cache already holds the header of
+        every listed file (nothing to read); else None. Writes nothing: ``check`` asks it."""
+        cache = self._read_cache()
+        if cache is None or cache.get("files_key") != self._file_entries_key():
+            return None
+        known = self._cached_files(cache)
+        listing = self.storage.list_files()
+        if known is None or known.reconcile(listing)[1]:
+            return None
+        return self._build_index(self.source.read(listing, known, False), listing)[0]
+
     def load_index(self) -> DatasetIndex:
         """The index the main process wrote; reads no image and lists no folder."""
         return self._index_from(self._read_cache())
@@ -244,6 +255,8 @@ class MetadataBackend:
     @staticmethod
     def resolve_shared_seed(configured: int | None, accelerator) -> int:
         """The configured seed, else one drawn on the main process and broadcast to all ranks."""
+        from accelerate.utils import broadcast_object_list  # here: check imports this file, torch-free
+
         drawn = secrets.randbits(64) if configured is None and accelerator.is_main_process else None
         seed = configured if configured is not None else broadcast_object_list([drawn])[0]
         if accelerator.is_main_process:
@@ -256,6 +269,8 @@ class MetadataBackend:
     def check_index_agreement(indexes: dict[str, DatasetIndex], load_error: str | None,
                               accelerator) -> None:
         """One gather of every rank's index digests; any difference fails every rank alike."""
+        from accelerate.utils import gather_object  # here: check imports this file, torch-free
+
         mine = {"error": load_error,
                 "digests": {dataset_id: index.digest() for dataset_id, index in indexes.items()}}
         everyone = gather_object([mine])

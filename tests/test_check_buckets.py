@@ -1,0 +1,63 @@
+"""`check` reports a bucket too small for the effective batch before launch when an earlier run
+(or `plan`) left the dataset's index cache, without importing torch; without a cache, or with
+files the cache has not seen, it leaves the question to the run."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from simpletuner.configuration import load_configuration
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.training.run.launch_checks import launch_problems
+from launching import run_bounded
+from training_fixtures import environment, make_shapes, write_config
+
+
+class CachedBucketsCheckTest(unittest.TestCase):
+    def setUp(self):
+        self.root = Path(tempfile.mkdtemp(prefix="st-check-buckets-"))
+        self.addCleanup(shutil.rmtree, self.root, ignore_errors=True)
+        make_shapes(self.root / "data", per_size=2, sizes=((64, 64),))  # one bucket of two
+
+    def config(self, batch: int) -> Path:
+        return write_config(self.root, self.root / "data", "run", train_batch_size=batch)
+
+    def index(self, config: Path) -> None:
+        """What an earlier run (or plan) leaves: the dataset's index cache in output_dir."""
+        configuration = load_configuration(config)
+        (dataset,) = configuration.datasets
+        MetadataBackend.from_config(dataset, configuration.training).refresh_index(False)
+
+    def test_a_cached_index_shows_the_undersized_bucket_before_launch(self):
+        self.index(self.config(batch=2))
+        (problem,) = launch_problems(load_configuration(self.config(batch=4)))
+        self.assertIn("run-multidatabackend.json (as its index cache in output_dir shows): "
+                      "Dataset 'shapes' has buckets smaller than the effective batch size E = 4",
+                      problem)
+        self.assertIn("bucket 64x64: 2 samples x 1 = 2 occurrences; needs repeats >= 1", problem)
+        self.assertEqual(launch_problems(load_configuration(self.config(batch=2))), [])
+
+    def test_without_a_cache_or_with_new_files_check_leaves_it_to_the_run(self):
+        self.assertEqual(launch_problems(load_configuration(self.config(batch=4))), [])
+        self.index(self.config(batch=2))
+        make_shapes(self.root / "data", per_size=4, sizes=((64, 64),))  # two headers unread
+        self.assertEqual(launch_problems(load_configuration(self.config(batch=4))), [])
+
+    def test_check_reads_the_cache_without_torch_and_exits_2(self):
+        self.index(self.config(batch=2))
+        config = self.config(batch=4)
+        code = ("import sys; from simpletuner.cli import main; "
+                f"status = main(['check', '--config', {str(config)!r}]); "
+                "print('torch' in sys.modules, status)")
+        result = run_bounded([sys.executable, "-c", code], tmpdir=self.root,
+                             env=environment(str(self.root)), timeout=300)
+        self.assertEqual(result.stdout.split(), ["False", "2"], result.stderr[-3000:])
+        self.assertIn("has buckets smaller than the effective batch size", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
