@@ -5,7 +5,6 @@ files the cache has not seen, it leaves the question to the run."""
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -13,8 +12,7 @@ from pathlib import Path
 from simpletuner.configuration import load_configuration
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.training.run.launch_checks import launch_problems
-from launching import run_bounded
-from training_fixtures import environment, make_shapes, write_config
+from training_fixtures import check_recording_torch, make_shapes, write_config
 
 
 class CachedBucketsCheckTest(unittest.TestCase):
@@ -50,11 +48,7 @@ class CachedBucketsCheckTest(unittest.TestCase):
     def test_check_reads_the_cache_without_torch_and_exits_2(self):
         self.index(self.config(batch=2))
         config = self.config(batch=4)
-        code = ("import sys; from simpletuner.cli import main; "
-                f"status = main(['check', '--config', {str(config)!r}]); "
-                "print('torch' in sys.modules, status)")
-        result = run_bounded([sys.executable, "-c", code], tmpdir=self.root,
-                             env=environment(str(self.root)), timeout=300)
+        result = check_recording_torch(config, self.root)
         self.assertEqual(result.stdout.split(), ["False", "2"], result.stderr[-3000:])
         self.assertIn("has buckets smaller than the effective batch size", result.stderr)
 

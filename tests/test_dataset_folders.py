@@ -20,7 +20,8 @@ from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.training.run.launch_checks import launch_problems, launch_warnings
 
 from launching import run_bounded
-from training_fixtures import environment, make_shapes, run_training, write_config
+from training_fixtures import (check_recording_torch, environment, make_shapes, run_training,
+                               write_config)
 
 
 class OutputDirPlaceTest(unittest.TestCase):
@@ -156,11 +157,7 @@ class SharedFolderWarningTest(unittest.TestCase):
         # train.sh runs check before accelerate: it must stay quick, so torch-free.
         config = write_config(self.root, self.root / "data", "lean", datasets=self.datasets(2),
                               output_dir=str(self.root / "data" / "out"))
-        code = ("import sys; from simpletuner.cli import main; "
-                f"status = main(['check', '--config', {str(config)!r}]); "
-                "print('torch' in sys.modules, status)")
-        result = run_bounded([sys.executable, "-c", code], tmpdir=self.root,
-                             env=environment(str(self.root)), timeout=300)
+        result = check_recording_torch(config, self.root)
         self.assertEqual(result.stdout.split(), ["False", "2"], result.stderr[-3000:])
         self.assertIn("warning:", result.stderr)
         self.assertIn("is inside", result.stderr)

@@ -80,6 +80,17 @@ def run_train_sh(config: Path, tmpdir: str, timeout: int = 400,
                        env=environment(tmpdir, fresh_model_cache), timeout=timeout)
 
 
+def check_recording_torch(config: Path, tmpdir: str | Path) -> subprocess.CompletedProcess:
+    """``python -m simpletuner check`` in a fresh interpreter that prints, on its stdout,
+    whether torch got imported and check's status (train.sh runs check before accelerate, so
+    it must stay torch-free)."""
+    code = ("import sys; from simpletuner.cli import main; "
+            f"status = main(['check', '--config', {str(config)!r}]); "
+            "print('torch' in sys.modules, status)")
+    return run_bounded([sys.executable, "-c", code], tmpdir=tmpdir,
+                       env=environment(str(tmpdir)), timeout=300)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
