@@ -3,7 +3,6 @@ process started with a umask, then the mode of every folder and file it left."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 import sys
