@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from simpletuner.models.tiny import RECIPES
+
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_NAMES = ("tiny-sd1x", "tiny-sd2x", "tiny-sdxl", "tiny-sd3", "tiny-flux")
+BUILTIN_NAMES = tuple(RECIPES)
 
 
 def known_builtins() -> str:

@@ -63,3 +63,30 @@ def write_tiny_t5_tokenizer(folder: Path, max_length: int) -> dict[str, int]:
     tokenizer.save_pretrained(folder)
     return {"vocab_size": len(vocab), "pad_token_id": 0, "eos_token_id": 1,
             "decoder_start_token_id": 0}
+
+
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def write_tiny_qwen2_tokenizer(folder: Path, max_length: int,
+                               extra_special_tokens: tuple[str, ...] = ()) -> dict[str, int]:
+    """Save a byte-level Qwen2Tokenizer (the tokenizer of Qwen2.5-VL and Qwen3) with no merges:
+    one token per byte, id = byte value, then Qwen's chat tokens and ``extra_special_tokens``,
+    so chat templates tokenize as in the real model. Return the ids a Qwen config needs."""
+    from transformers import Qwen2Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    special = list(QWEN_SPECIAL_TOKENS) + list(extra_special_tokens)
+    vocab = {token: index for index, token in enumerate(_byte_alphabet() + special)}
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    config = {"model_max_length": max_length, "eos_token": "<|im_end|>",
+              "pad_token": "<|endoftext|>", "unk_token": None, "bos_token": None,
+              "additional_special_tokens": special[1:]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    # Saved again as tokenizer.json, the one file Qwen2Tokenizer and AutoTokenizer both read.
+    Qwen2Tokenizer.from_pretrained(folder).save_pretrained(folder)
+    (folder / "vocab.json").unlink()
+    (folder / "merges.txt").unlink()
+    return {"vocab_size": len(vocab), "pad_token_id": vocab["<|endoftext|>"],
+            "eos_token_id": vocab["<|im_end|>"], "bos_token_id": vocab["<|endoftext|>"]}
