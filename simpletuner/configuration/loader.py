@@ -23,7 +23,8 @@ from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.huggingface_block import (
     check_huggingface_keys, parse_huggingface_block, with_absolute_paths,
 )
-from simpletuner.configuration.options import FLOW_FAMILIES, LogLevel, TrainingConfig
+from simpletuner.configuration.families import FLOW_FAMILIES
+from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 from simpletuner.configuration.validation_options import check_validation_options
@@ -95,7 +96,8 @@ def _check_loss_options_fit_the_family(values: dict[str, Any], where: str,
     if family not in FLOW_FAMILIES and flow_keys:
         problems.append(
             f"{where}: {', '.join(repr(k) for k in flow_keys)} apply to the flow-matching "
-            f"families (sd3, flux); model_family '{family}' would ignore them. Remove them.")
+            f"families ({', '.join(FLOW_FAMILIES)}); model_family '{family}' would ignore them. "
+            "Remove them.")
     if family != "flux" and "flux_guidance_value" in values:
         problems.append(f"{where}: key 'flux_guidance_value' applies to model_family 'flux' "
                         f"only; '{family}' has no guidance input. Remove it.")

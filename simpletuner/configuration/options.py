@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from simpletuner.configuration.families import MODEL_FAMILIES
 from simpletuner.configuration.fields import option
 
-ModelFamily = Literal["sd1x", "sd2x", "sdxl", "sd3", "flux"]
-FLOW_FAMILIES = ("sd3", "flux")  # flow matching; the others predict noise (DDPM)
+ModelFamily = Literal[MODEL_FAMILIES]
 LrScheduler = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"
 ]
@@ -36,7 +36,7 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 @dataclass
 class TrainingConfig:
     # Model
-    model_family: ModelFamily = option(required=True, help="sd1x, sd2x, sdxl, sd3 or flux")
+    model_family: ModelFamily = option(required=True, help=", ".join(MODEL_FAMILIES))
     pretrained_model_name_or_path: str = option(
         required=True, help="a local diffusers folder, or builtin:tiny-<family>")
     model_type: Literal["full", "lora"] = option("full", help="lora: train a peft adapter only")

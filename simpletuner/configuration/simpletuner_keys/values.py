@@ -3,6 +3,8 @@ values that mean "not set", values not supported, and options whose meaning diff
 
 from __future__ import annotations
 
+from simpletuner.configuration.families import MODEL_FAMILIES
+
 _SUPPORTED_OPTIMIZERS = "use one of adamw, adamw_bf16, ao-adamw8bit, bnb-adamw8bit, prodigy, " \
                         "adafactor, lion"
 _OTHER_PRECISIONS = ("int2-quanto int8dq-torchao int8dq-int4-torchao int4-torchao fp8-quanto "
@@ -16,6 +18,7 @@ _OTHER_FAMILIES = ("ace_step anima auraflow boogu_image chroma cosmos cosmos2ima
                    "longcat_video ltxvideo ltxvideo2 lumina2 mageflow minimaxh3 minimaxmusic "
                    "moss_image omnigen pixart pixart_sigma qwen_image sana sanavideo smoldit "
                    "stable_cascade wan wan_s2v z_image z_image_omni zlab_i1")
+_OTHER_FAMILIES = " ".join(f for f in _OTHER_FAMILIES.split() if f not in MODEL_FAMILIES)
 _OTHER_OPTIMIZERS = ("torch-adam torch-sgd torch-radam torch-nadam torch-rmsprop torch-adagrad "
                      "torch-adadelta torch-adamax torch-asgd torch-sparseadam ao-adamw4bit "
                      "adamw_schedulefree adamw_schedulefree+aggressive adamw_schedulefree+no_kahan "
@@ -37,8 +40,8 @@ _PRECISION_ADVICE = ("use no_change, int8-torchao, int8-quanto, int4-quanto, fp8
 CONFIG_VALUES: dict[str, dict[str, str]] = {
     "model_family": {
         "legacy": "use 'sd1x' or 'sd2x' (SimpleTuner's older name for both)",
-        **_each(_OTHER_FAMILIES, "this family is not supported here (supported: sd1x, sd2x, "
-                                 "sdxl, sd3, flux)"),
+        **_each(_OTHER_FAMILIES, "this family is not supported here (supported: "
+                                 + ", ".join(MODEL_FAMILIES) + ")"),
     },
     "optimizer": {
         **_each(_OTHER_OPTIMIZERS, _SUPPORTED_OPTIMIZERS),
