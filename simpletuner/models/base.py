@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from diffusers import AutoencoderKL
 
 
 @dataclass
@@ -61,6 +62,7 @@ class ModelAdapter(ABC):
     # (text encoder subfolder, tokenizer subfolder, encoder class, tokenizer class), in the
     # pipeline's order; the subfolder names are also the pipeline's component names.
     text_encoder_specs: tuple[tuple[str, str, type, type], ...]
+    vae_class: type = AutoencoderKL  # the vae/ subfolder's class
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):

@@ -8,8 +8,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKL
-
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.layout import check_model_folder
 
@@ -31,16 +29,17 @@ def checked_folder(adapter_class, folder: Path) -> Path:
     return folder
 
 
-def load_frozen_components(folder: Path, text_encoder_specs, *, device: torch.device,
+def load_frozen_components(adapter_class, folder: Path, *, device: torch.device,
                            weight_dtype: torch.dtype, vae_dtype: torch.dtype) -> dict:
-    """{"vae", "text_encoders", "tokenizers"}, frozen in eval mode on ``device``: the VAE in
-    ``vae_dtype``, the text encoders in ``weight_dtype``. ``text_encoder_specs`` is the family's
-    (encoder subfolder, tokenizer subfolder, encoder class, tokenizer class) tuple."""
+    """{"vae", "text_encoders", "tokenizers"} of ``adapter_class``'s family (its ``vae_class``
+    and ``text_encoder_specs``), frozen in eval mode on ``device``: the VAE in ``vae_dtype``,
+    the text encoders in ``weight_dtype``."""
     # Cast while loading: diffusers keeps any modules it must keep in float32.
-    vae = load_component(partial(AutoencoderKL.from_pretrained, torch_dtype=vae_dtype), folder,
-                         "vae")
+    vae = load_component(partial(adapter_class.vae_class.from_pretrained, torch_dtype=vae_dtype),
+                         folder, "vae")
     text_encoders, tokenizers = [], []
-    for encoder_folder, tokenizer_folder, encoder_class, tokenizer_class in text_encoder_specs:
+    for encoder_folder, tokenizer_folder, encoder_class, tokenizer_class in (
+            adapter_class.text_encoder_specs):
         text_encoders.append(load_component(encoder_class.from_pretrained, folder,
                                             encoder_folder))
         tokenizers.append(load_component(tokenizer_class.from_pretrained, folder,

@@ -44,7 +44,7 @@ class FlowFamilyAdapter(ModelAdapter):
                                    "scheduler")
         transformer = load_component(cls.transformer_class.from_pretrained, folder,
                                      "transformer")
-        frozen = load_frozen_components(folder, cls.text_encoder_specs, device=device,
+        frozen = load_frozen_components(cls, folder, device=device,
                                         weight_dtype=weight_dtype, vae_dtype=weight_dtype)
         transformer.to(device).requires_grad_(True).train()
         return cls(folder=folder, transformer=transformer, scheduler=scheduler, device=device,

@@ -63,7 +63,7 @@ class UNetFamilyAdapter(ModelAdapter):
         vae_dtype = weight_dtype
         if cls.vae_float32_under_fp16 and weight_dtype == torch.float16:
             vae_dtype = torch.float32
-        frozen = load_frozen_components(folder, cls.text_encoder_specs, device=device,
+        frozen = load_frozen_components(cls, folder, device=device,
                                         weight_dtype=weight_dtype, vae_dtype=vae_dtype)
         unet.to(device).requires_grad_(True).train()
         return cls(folder=folder, unet=unet, noise_scheduler=noise_scheduler,

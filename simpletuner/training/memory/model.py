@@ -92,12 +92,12 @@ def meta_network(adapter_class, folder: Path, training) -> torch.nn.Module:
 def frozen_component_bytes(adapter_class, folder: Path, training) -> dict[str, int]:
     """The VAE's and the text encoders' bytes as the trainer loads them (mixed_precision's
     dtype; SDXL's VAE stays float32 under fp16) and quantizes the encoders."""
-    from diffusers import AutoencoderKL
     dtype = weight_dtype(training.mixed_precision)
     vae_dtype = (FLOAT32 if getattr(adapter_class, "vae_float32_under_fp16", False)
                  and dtype == torch.float16 else dtype)
     with torch.device("meta"):
-        vae = AutoencoderKL.from_config(AutoencoderKL.load_config(folder / "vae"))
+        vae_class = adapter_class.vae_class
+        vae = vae_class.from_config(vae_class.load_config(folder / "vae"))
         held = frozen_bytes(vae.requires_grad_(False), "no_change", vae_dtype)
         for number, (encoder_folder, _, encoder_class, _) in enumerate(
                 adapter_class.text_encoder_specs, start=1):

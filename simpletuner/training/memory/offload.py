@@ -46,7 +46,7 @@ class FrozenComponentsAway:
 
     def _reload(self) -> None:
         adapter = self.adapter
-        frozen = load_frozen_components(adapter.folder, adapter.text_encoder_specs,
+        frozen = load_frozen_components(type(adapter), adapter.folder,
                                         device=adapter.device,
                                         weight_dtype=self.text_encoder_dtype,
                                         vae_dtype=self.vae_dtype)
