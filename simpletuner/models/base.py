@@ -91,6 +91,12 @@ class ModelAdapter(ABC):
         return nullcontext() if self.frozen_away is None else self.frozen_away.on_device()
 
     @classmethod
+    def for_folder(cls, folder: Path) -> type["ModelAdapter"]:
+        """The class for ``folder``'s layout: a family with several (FLUX.2's dev and klein,
+        told apart by model_index.json) picks one; every other family is one class."""
+        return cls
+
+    @classmethod
     def required_subfolders(cls) -> tuple[str, ...]:
         """Subfolders a diffusers folder of this family must have; preflight checks them (and
         ``forbidden_subfolders``) with layout.check_model_folder before anything loads."""

@@ -179,7 +179,7 @@ class MemoryPlan:
 def memory_plan(training, model_folder: Path, world: int) -> MemoryPlan:
     """Per rank at ``world`` processes, under DDP and under FSDP2."""
     from simpletuner.models.registry import get_adapter_class
-    adapter_class = get_adapter_class(training.model_family)
+    adapter_class = get_adapter_class(training.model_family).for_folder(model_folder)
     network = meta_network(adapter_class, model_folder, training)
     components = frozen_component_bytes(adapter_class, model_folder, training)
     refusal = fsdp_refusal(training)
