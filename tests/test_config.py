@@ -124,7 +124,8 @@ class ConfigTest(unittest.TestCase):
                                   "pretrained_model_name_or_path": "builtin:tiny-sd3"},
                                  [self.dataset()])
         self.assertEqual(len(problems), 1)
-        self.assertIn("'flux_guidance_value' applies to model_family 'flux' only", problems[0])
+        self.assertIn("'flux_guidance_value' applies to model_families 'flux' and 'flux2' "
+                      "only", problems[0])
         self.write({"model_family": "sd3", "flow_shift": 3.0, "snr_gamma": None,
                     "pretrained_model_name_or_path": "builtin:tiny-sd3"}, [self.dataset()])
         self.assertEqual(load_configuration(self.config_path, cwd=self.root).training.flow_shift,

@@ -98,9 +98,9 @@ def _check_loss_options_fit_the_family(values: dict[str, Any], where: str,
             f"{where}: {', '.join(repr(k) for k in flow_keys)} apply to the flow-matching "
             f"families ({', '.join(FLOW_FAMILIES)}); model_family '{family}' would ignore them. "
             "Remove them.")
-    if family != "flux" and "flux_guidance_value" in values:
-        problems.append(f"{where}: key 'flux_guidance_value' applies to model_family 'flux' "
-                        f"only; '{family}' has no guidance input. Remove it.")
+    if family not in ("flux", "flux2") and "flux_guidance_value" in values:
+        problems.append(f"{where}: key 'flux_guidance_value' applies to model_families 'flux' "
+                        f"and 'flux2' only; '{family}' has no guidance input. Remove it.")
 
 
 def _check_fsdp_options(values: dict[str, Any], where: str, problems: list[str]) -> None:

@@ -97,6 +97,12 @@ class ModelAdapter(ABC):
         return cls
 
     @classmethod
+    def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
+        """What is wrong with model_flavour ``flavour`` for ``folder``, if anything; families
+        whose folder alone decides the model ignore the flavour."""
+        return None
+
+    @classmethod
     def required_subfolders(cls) -> tuple[str, ...]:
         """Subfolders a diffusers folder of this family must have; preflight checks them (and
         ``forbidden_subfolders``) with layout.check_model_folder before anything loads."""

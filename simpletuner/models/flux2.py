@@ -24,6 +24,8 @@ from simpletuner.models.flow_family import FlowFamilyAdapter
 
 KLEIN_PIPELINE = "Flux2KleinPipeline"
 MAX_SEQUENCE_LENGTH = 512  # both pipelines' default max_sequence_length
+FLAVOUR_PIPELINES = {"dev": "Flux2Pipeline", "klein-4b": KLEIN_PIPELINE,
+                     "klein-9b": KLEIN_PIPELINE}  # SimpleTuner's model_flavour names
 
 
 def pipeline_class_name(folder: Path) -> str | None:
@@ -55,6 +57,19 @@ class Flux2Adapter(FlowFamilyAdapter):
         if pipeline_class_name(folder) == KLEIN_PIPELINE:
             return Flux2KleinAdapter
         return Flux2Adapter
+
+    @classmethod
+    def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
+        if flavour is None:
+            return None
+        if flavour not in FLAVOUR_PIPELINES:
+            return (f"{flavour!r} is not a FLUX.2 flavour; use one of "
+                    f"{', '.join(FLAVOUR_PIPELINES)}, or remove it (the folder decides)")
+        expected, found = FLAVOUR_PIPELINES[flavour], pipeline_class_name(folder)
+        if found == expected:
+            return None
+        return (f"{flavour!r} is a {expected} model, but the model_index.json of {folder} "
+                f"names {found}; set model_flavour to match the folder, or remove it")
 
     @classmethod
     def load(cls, folder: Path, **settings) -> "Flux2Adapter":

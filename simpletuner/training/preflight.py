@@ -81,6 +81,9 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
             check_model_folder(model_folder, training.model_family,
                                adapter_class.required_subfolders(),
                                adapter_class.forbidden_subfolders)
+            flavour_problem = adapter_class.flavour_problem(model_folder, training.model_flavour)
+            if flavour_problem:
+                problems.append(f"{where}: key 'model_flavour': {flavour_problem}")
         except (ModelFolderError, ValueError) as exc:
             problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
 

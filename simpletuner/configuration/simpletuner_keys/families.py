@@ -18,7 +18,6 @@ _OTHER_FAMILIES = {
                  "deepfloyd_validation_stage2_num_inference_steps "
                  "deepfloyd_validation_stage1_guidance deepfloyd_validation_stage2_guidance "
                  "deepfloyd_validation_stage3_guidance deepfloyd_validation_stage3_noise_level",
-    "flux2": "custom_text_encoder_intermediary_layers",
     "flux3_image": "flux3_prompt_upsample",
     "hidream": "hidream_use_load_balancing_loss hidream_load_balancing_loss_weight",
     "ideogram": "ideogram_auto_json ideogram_validation ideogram_prompt_upsample "
@@ -76,6 +75,10 @@ FAMILY_KEYS = {
     **refused("flux_fast_schedule", "remove it; Flux trains on its ordinary schedule here"),
     **ignored("fuse_qkv_projections", "accepted; it selects an attention kernel, and attention "
               "here uses PyTorch's scaled_dot_product_attention"),
+    # FLUX.2
+    **refused("custom_text_encoder_intermediary_layers", "remove it; FLUX.2 stacks its "
+              "pipeline's text encoder layers (dev: 10, 20, 30; klein: 9, 18, 27), as "
+              "validation and the exported pipeline do"),
     # SD3
     **refused("sd3_clip_uncond_behaviour sd3_t5_uncond_behaviour", "remove it; the "
               "unconditional embedding is the empty prompt's", (None, "empty_string")),

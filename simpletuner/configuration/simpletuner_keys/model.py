@@ -19,9 +19,6 @@ NO_CONTROLNET = ("remove it; ControlNet and control training are not supported h
                  "base network (model_type 'full' or 'lora')")
 
 MODEL_KEYS = {
-    **ignored("model_flavour", "accepted; the model is the folder in "
-              "pretrained_model_name_or_path (required here), and its configs decide what a "
-              "flavour would"),
     **refused("controlnet control", NO_CONTROLNET),
     **ignored("controlnet_custom_config controlnet_model_name_or_path", "used only with "
               "controlnet, which is refused here"),

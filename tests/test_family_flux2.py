@@ -1,0 +1,271 @@
+"""FLUX.2 (model_family flux2): the adapter feeds the transformer what Flux2KleinPipeline and
+Flux2Pipeline feed it and learns; builtin:tiny-flux2 (klein's layout) trains full and LoRA
+through ./train.sh, resumes to the same weights and exports what diffusers loads; plan --memory
+counts the published sizes; config mistakes are named before anything loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import (DiffusionPipeline, Flux2KleinPipeline, Flux2Pipeline,
+                       Flux2Transformer2DModel)
+from safetensors.torch import load_file
+
+from launching import run_bounded
+from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
+from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
+from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.flux2 import Flux2Adapter, Flux2KleinAdapter
+from simpletuner.models.layout import check_model_folder
+from simpletuner.models.registry import get_adapter_class
+from training_fixtures import environment, make_shapes, run_train_sh, write_config
+
+PROMPTS = ["a red circle", "a blue square"]
+
+
+def capture_call(module: torch.nn.Module, run) -> dict:
+    """The keyword arguments of ``module``'s first call while ``run()`` runs."""
+    seen = {}
+
+    def hook(_module, _args, kwargs):
+        if not seen:
+            seen.update(kwargs)
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        run()
+    finally:
+        handle.remove()
+    return seen
+
+
+def echo_network(seen: dict):
+    """A stand-in transformer that records its inputs and returns its image tokens."""
+    def network(**inputs):
+        seen.update(inputs)
+        return (inputs["hidden_states"],)
+    return network
+
+
+class Flux2Case(TinyModelCase):
+    def assert_same_inputs(self, adapter, pipeline, embeds: torch.Tensor, **call):
+        """One denoising step of ``pipeline`` from fixed latents and the adapter's _predict at
+        that step's sigma give the transformer identical inputs; the prediction is unpacked
+        back to the latents' layout."""
+        latents = torch.randn(1, adapter.transformer.config.in_channels, 4, 3,
+                              generator=torch.Generator().manual_seed(3))
+        reference = capture_call(adapter.transformer, lambda: pipeline(
+            prompt_embeds=embeds, latents=latents, height=64, width=48, num_inference_steps=1,
+            output_type="latent", **call))
+        ours = {}
+        batch = TrainingBatch(latents, {"prompt_embeds": embeds}, [], [], [])
+        prediction = adapter._predict(echo_network(ours), latents, reference["timestep"], batch,
+                                      torch.float32)
+        self.assertTrue(torch.equal(prediction, latents))  # unpacking inverts the packing
+        for name in ("hidden_states", "timestep", "encoder_hidden_states", "txt_ids",
+                     "img_ids", "guidance"):
+            with self.subTest(name=name):
+                expected, actual = reference[name], ours[name]
+                if expected is None:
+                    self.assertIsNone(actual)
+                else:
+                    self.assertTrue(torch.equal(actual.to(expected.dtype), expected))
+        return reference
+
+
+class Flux2AdapterTest(Flux2Case):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.folder = ensure_builtin_model("tiny-flux2")
+        cls.adapter = get_adapter_class("flux2").load(
+            cls.folder, device=CPU, weight_dtype=torch.float32, loss_settings=LossSettings())
+        cls.pipeline = cls.adapter.build_pipeline()
+        cls.pipeline.set_progress_bar_config(disable=True)
+
+    def test_the_folder_picks_the_klein_layout(self):
+        self.assertIsInstance(self.adapter, Flux2KleinAdapter)
+        self.assertIsInstance(self.pipeline, Flux2KleinPipeline)
+        self.assertEqual(self.adapter.resolution_alignment, 16)  # 8x VAE, then 2x2 patches
+
+    def test_prompts_are_the_pipelines_encode_prompt(self):
+        embeds, _ = self.pipeline.encode_prompt(PROMPTS, device=CPU)
+        ours = self.adapter.encode_prompts(PROMPTS)["prompt_embeds"]
+        self.assertEqual(tuple(ours.shape), (2, 512, 3 * 16))  # layers 9, 18, 27 side by side
+        self.assertTrue(torch.equal(ours, embeds))
+
+    def test_latents_are_the_pipelines_normalised_patchified_latents(self):
+        pixels = torch.rand(2, 3, 64, 32, generator=torch.Generator().manual_seed(1)) * 2 - 1
+        ours = self.adapter.encode_images(pixels)
+        self.assertEqual(tuple(ours.shape), (2, 32, 4, 2))
+        self.assertTrue(torch.allclose(ours, self.pipeline._encode_vae_image(pixels, None)))
+        vae = self.adapter.vae  # the tiny VAE's statistics are not (0, 1): really normalised
+        raw = Flux2Pipeline._patchify_latents(vae.encode(pixels).latent_dist.mode())
+        self.assertGreater((ours - raw).abs().max().item(), 1e-3)
+
+    def test_the_transformer_gets_what_the_klein_pipeline_gives_it(self):
+        embeds, _ = self.pipeline.encode_prompt(PROMPTS[:1], device=CPU)
+        seen = self.assert_same_inputs(self.adapter, self.pipeline, embeds, guidance_scale=1.0)
+        self.assertIsNone(seen["guidance"])  # klein has no guidance input
+
+    def test_loss_is_the_velocity_error_at_sigma(self):
+        batch = random_batch(self.adapter, 2, 64, 48)
+        seen = {}
+        loss = self.adapter.compute_loss(batch, torch.Generator().manual_seed(5),
+                                         network=echo_network(seen))
+        clean = Flux2Pipeline._pack_latents(batch.latents)
+        sigma = seen["timestep"].view(-1, 1, 1)
+        noise = (seen["hidden_states"] - (1 - sigma) * clean) / sigma
+        self.assertAlmostEqual(noise.std().item(), 1.0, delta=0.15)  # it really is noise
+        # The echo predicts the noisy input: loss = mean((noisy - (noise - clean))^2).
+        expected = (seen["hidden_states"] - (noise - clean)).pow(2).mean().item()
+        self.assertAlmostEqual(loss.item(), expected, places=4)
+
+    def test_loss_on_a_fixed_batch_falls(self):
+        adapter = self.adapter  # the other tests hold for any transformer weights
+        batch = random_batch(adapter, 2)
+        # The chat-templated prompts' first 64 tokens: the rest is padding, and all 512 tokens
+        # make a CPU step twenty times slower.
+        batch.prompt_embeds = {"prompt_embeds": batch.prompt_embeds["prompt_embeds"][:, :64]}
+        before, after = losses_around_training(adapter, batch, lr=2e-3, steps=40)
+        self.assertLess(after, 0.75 * before, f"{before} -> {after}")
+
+
+class Flux2DevLayoutTest(Flux2Case):
+    """dev's layout without its text encoder (a PixtralProcessor needs torchvision): the
+    guidance-distilled transformer gets flux_guidance_value as Flux2Pipeline's guidance."""
+
+    def test_the_transformer_gets_what_flux2pipeline_gives_it(self):
+        klein = get_adapter_class("flux2").load(
+            ensure_builtin_model("tiny-flux2"), device=CPU, weight_dtype=torch.float32,
+            loss_settings=LossSettings())
+        torch.manual_seed(0)
+        config = dict(klein.transformer.config) | {"guidance_embeds": True}
+        transformer = Flux2Transformer2DModel.from_config(config)
+        dev = Flux2Adapter(folder=klein.folder, vae=klein.vae, text_encoders=[], tokenizers=[],
+                           device=CPU, loss_settings=LossSettings(flux_guidance_value=3.5),
+                           transformer=transformer, scheduler=klein.scheduler)
+        pipeline = Flux2Pipeline(scheduler=klein.scheduler, vae=klein.vae, text_encoder=None,
+                                 tokenizer=None, transformer=transformer)
+        pipeline.set_progress_bar_config(disable=True)
+        embeds = klein.encode_prompts(PROMPTS[:1])["prompt_embeds"]
+        seen = self.assert_same_inputs(dev, pipeline, embeds, guidance_scale=3.5)
+        self.assertEqual(seen["guidance"].tolist(), [3.5])
+
+    def test_model_index_chooses_the_layout(self):
+        root = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        for name, expected in (("Flux2Pipeline", Flux2Adapter),
+                               ("Flux2KleinPipeline", Flux2KleinAdapter)):
+            (root / "model_index.json").write_text(json.dumps({"_class_name": name}))
+            self.assertIs(Flux2Adapter.for_folder(root), expected)
+            self.assertIsNone(Flux2Adapter.flavour_problem(
+                root, "dev" if expected is Flux2Adapter else "klein-9b"))
+        problem = Flux2Adapter.flavour_problem(root, "dev")
+        self.assertIn("'dev' is a Flux2Pipeline model", problem)
+        self.assertIn("names Flux2KleinPipeline", problem)
+        self.assertIn("not a FLUX.2 flavour", Flux2Adapter.flavour_problem(root, "schnell"))
+
+    def test_flux_and_flux2_folders_are_told_apart(self):
+        root = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        for name in ("transformer", "vae", "scheduler", "text_encoder", "tokenizer"):
+            (root / name).mkdir()
+        (root / "model_index.json").write_text(json.dumps({"_class_name": "Flux2KleinPipeline"}))
+        with self.assertRaises(ModelFolderError) as caught:
+            check_model_folder(root, "flux", get_adapter_class("flux").required_subfolders())
+        self.assertIn("says it is flux2", str(caught.exception))
+        (root / "text_encoder_2").mkdir()
+        (root / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+        with self.assertRaises(ModelFolderError) as caught:
+            check_model_folder(root, "flux2", Flux2Adapter.required_subfolders(),
+                               Flux2Adapter.forbidden_subfolders)
+        self.assertIn("says it is flux:", str(caught.exception))
+
+
+class Flux2TrainingTest(unittest.TestCase):
+    """Three ./train.sh runs of builtin:tiny-flux2: full for 4 steps (checkpoints at 2 and 4,
+    validation images, the pipeline exported), the same resumed from a copy of checkpoint-2,
+    and a LoRA run."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="st-flux2-")
+        cls.root = root = Path(cls.tmp)
+        make_shapes(root / "data", per_size=2, sizes=((64, 48), (48, 64)))
+        common = dict(model_family="flux2", pretrained_model_name_or_path="builtin:tiny-flux2",
+                      max_train_steps=4, checkpointing_steps=2, train_batch_size=2)
+        cls.full = run_train_sh(write_config(
+            root, root / "data", "full", validation_prompt="a red circle", validation_steps=4,
+            validation_num_inference_steps=2, validation_guidance_scale=2.0, **common),
+            cls.tmp)
+        if cls.full.returncode == 0:
+            (root / "resumed-out").mkdir()
+            shutil.copytree(root / "full-out" / "checkpoint-2",
+                            root / "resumed-out" / "checkpoint-2")
+        cls.resumed = run_train_sh(write_config(
+            root, root / "data", "resumed", resume_from_checkpoint="latest", **common), cls.tmp)
+        cls.lora = run_train_sh(write_config(
+            root, root / "data", "lora", model_type="lora", lora_rank=4, learning_rate=5e-3,
+            **common), cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def sample(self, pipeline, width: int = 48, height: int = 32) -> np.ndarray:
+        pipeline.set_progress_bar_config(disable=True)
+        image = pipeline(prompt="a red circle", height=height, width=width,
+                         num_inference_steps=2, guidance_scale=1.0,
+                         generator=torch.Generator().manual_seed(0)).images[0]
+        self.assertEqual(image.size, (width, height))
+        return np.asarray(image).astype(np.float64)
+
+    def assert_ran(self, result):
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+
+    def test_full_run_exports_a_klein_pipeline_that_generates(self):
+        self.assert_ran(self.full)
+        out = self.root / "full-out"
+        self.assertTrue((out / "validation" / "step-4" / "grid.png").is_file())
+        pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
+        self.assertIsInstance(pipeline, Flux2KleinPipeline)
+        self.assertGreater(self.sample(pipeline).std(), 0.0)
+        base = load_file(ensure_builtin_model_in(self.tmp) / "transformer"
+                         / "diffusion_pytorch_model.safetensors")
+        trained = load_file(out / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors")
+        self.assertTrue(any(not torch.equal(base[k], trained[k]) for k in base))
+
+    def test_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
+        self.assert_ran(self.full)
+        self.assert_ran(self.resumed)
+        self.assertRegex(self.resumed.stdout + self.resumed.stderr,
+                         r"resumed from \S*checkpoint-2 at step 2")
+        name = Path("pipeline") / "transformer" / "diffusion_pytorch_model.safetensors"
+        full = load_file(self.root / "full-out" / name)
+        resumed = load_file(self.root / "resumed-out" / name)
+        self.assertEqual(full.keys(), resumed.keys())
+        for key in full:
+            self.assertTrue(torch.equal(full[key], resumed[key]), key)
+
+    def test_lora_export_loads_onto_the_base_and_changes_its_output(self):
+        self.assert_ran(self.lora)
+        out = self.root / "lora-out"
+        self.assertFalse((out / "pipeline").exists())
+        pipeline = Flux2KleinPipeline.from_pretrained(ensure_builtin_model_in(self.tmp))
+        before = self.sample(pipeline)
+        pipeline.load_lora_weights(out / "lora")
+        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+
+
+def ensure_builtin_model_in(tmp: str) -> Path:
+    """builtin:tiny-flux2 in the model cache the runs under ``tmp`` used."""
+    return Path(environment(tmp)["SIMPLETUNER_CACHE"]) / "builtin" / "tiny-flux2"
