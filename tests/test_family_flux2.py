@@ -6,6 +6,7 @@ counts the published sizes; config mistakes are named before anything loads."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import (DiffusionPipeline, Flux2KleinPipeline, Flux2Pipeline,
-                       Flux2Transformer2DModel)
+from diffusers import (AutoencoderKLFlux2, DiffusionPipeline, Flux2KleinPipeline,
+                       Flux2Pipeline, Flux2Transformer2DModel)
 from safetensors.torch import load_file
 
 from launching import run_bounded
@@ -269,3 +270,133 @@ class Flux2TrainingTest(unittest.TestCase):
 def ensure_builtin_model_in(tmp: str) -> Path:
     """builtin:tiny-flux2 in the model cache the runs under ``tmp`` used."""
     return Path(environment(tmp)["SIMPLETUNER_CACHE"]) / "builtin" / "tiny-flux2"
+
+
+# The published configs of black-forest-labs/FLUX.2-dev and FLUX.2-klein-4B/-9B (their
+# transformer/, vae/ and text_encoder/ config.json), the values that size the tensors.
+FLUX2_VAE = {"_class_name": "AutoencoderKLFlux2", "latent_channels": 32, "layers_per_block": 2,
+             "block_out_channels": [128, 256, 512, 512], "patch_size": [2, 2]}
+REAL_FLUX2 = {
+    # FLUX.2-dev model card: "a 32 billion parameter rectified flow transformer".
+    "dev": (32e9, "Flux2Pipeline", {
+        "transformer": {"_class_name": "Flux2Transformer2DModel", "num_layers": 8,
+                        "num_single_layers": 48, "num_attention_heads": 48,
+                        "attention_head_dim": 128, "joint_attention_dim": 15360,
+                        "in_channels": 128, "mlp_ratio": 3.0},
+        # Mistral-Small-3.1-24B-Instruct-2503, as FLUX.2-dev ships it.
+        "text_encoder": {"model_type": "mistral3", "spatial_merge_size": 2,
+                         "multimodal_projector_bias": False, "tie_word_embeddings": False,
+                         "text_config": {"model_type": "mistral", "hidden_size": 5120,
+                                         "intermediate_size": 32768, "num_hidden_layers": 40,
+                                         "num_attention_heads": 32, "num_key_value_heads": 8,
+                                         "head_dim": 128, "vocab_size": 131072,
+                                         "tie_word_embeddings": False},
+                         "vision_config": {"model_type": "pixtral", "hidden_size": 1024,
+                                           "intermediate_size": 4096, "num_hidden_layers": 24,
+                                           "num_attention_heads": 16, "head_dim": 64,
+                                           "patch_size": 14, "image_size": 1540}}}),
+    # FLUX.2-klein model cards: 4 billion and 9 billion parameter flow models.
+    "klein-4b": (4e9, "Flux2KleinPipeline", {
+        "transformer": {"_class_name": "Flux2Transformer2DModel", "num_layers": 5,
+                        "num_single_layers": 20, "num_attention_heads": 24,
+                        "joint_attention_dim": 7680, "guidance_embeds": False},
+        "text_encoder": {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728,
+                         "num_hidden_layers": 36, "num_attention_heads": 32,
+                         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                         "tie_word_embeddings": True}}),  # Qwen3-4B
+    "klein-9b": (9e9, "Flux2KleinPipeline", {
+        "transformer": {"_class_name": "Flux2Transformer2DModel", "num_layers": 8,
+                        "num_single_layers": 24, "num_attention_heads": 32,
+                        "joint_attention_dim": 12288, "guidance_embeds": False},
+        "text_encoder": {"model_type": "qwen3", "hidden_size": 4096,
+                         "intermediate_size": 12288, "num_hidden_layers": 36,
+                         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                         "vocab_size": 151936, "tie_word_embeddings": False}}),  # Qwen3-8B
+}
+# Text encoders' published sizes: Mistral Small 3.1 24B, Qwen3-4B 4.0B, Qwen3-8B 8.2B.
+TEXT_ENCODER_PARAMETERS = {"dev": 24.0e9, "klein-4b": 4.02e9, "klein-9b": 8.19e9}
+
+
+def write_real_folder(root: Path, flavour: str) -> Path:
+    _, pipeline, configs = REAL_FLUX2[flavour]
+    folder = root / flavour
+    for subfolder, config in {**configs, "vae": FLUX2_VAE}.items():
+        (folder / subfolder).mkdir(parents=True, exist_ok=True)
+        (folder / subfolder / "config.json").write_text(json.dumps(config))
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
+    return folder
+
+
+class Flux2MemoryPlanTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = cls.enterClassContext(tempfile.TemporaryDirectory(prefix="st-flux2-plan-"))
+        cls.root = Path(cls.tmp)
+        make_shapes(cls.root / "data", per_size=1, sizes=((64, 64),))
+
+    def config(self, flavour: str, **options) -> Path:
+        return write_config(self.root, self.root / "data", flavour, model_family="flux2",
+                            pretrained_model_name_or_path=str(write_real_folder(
+                                self.root, flavour)), mixed_precision="bf16",
+                            model_flavour=flavour, **options)
+
+    def test_plan_command_counts_flux2_devs_published_32b(self):
+        result = run_bounded(
+            [sys.executable, "-m", "simpletuner", "plan", "--memory", "--config",
+             str(self.config("dev")), "--num-processes", "8"],
+            tmpdir=self.tmp, timeout=300, env=environment(self.tmp))
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        count = float(re.search(r"trained network: ([0-9.]+) B parameters",
+                                result.stdout).group(1))
+        self.assertEqual(round(count), 32)  # 32.22 B
+
+    def test_klein_plans_count_the_published_sizes_and_their_qwen3_encoders(self):
+        from simpletuner.training.memory.model import frozen_component_bytes, memory_plan
+        for flavour in ("klein-4b", "klein-9b", "dev"):
+            with self.subTest(flavour=flavour):
+                training = load_configuration(self.config(flavour)).training
+                folder = Path(training.pretrained_model_name_or_path)
+                plan = memory_plan(training, folder, 1)
+                self.assertEqual(round(plan.parameters / 1e9), REAL_FLUX2[flavour][0] / 1e9)
+                layout = get_adapter_class("flux2").for_folder(folder)
+                held = sum(frozen_component_bytes(layout, folder, training).values())
+                with torch.device("meta"):
+                    vae = AutoencoderKLFlux2.from_config(FLUX2_VAE)
+                vae_parameters = sum(p.numel() for p in vae.parameters())
+                text_parameters = held / 2 - vae_parameters  # bf16: 2 bytes a parameter
+                self.assertAlmostEqual(text_parameters / TEXT_ENCODER_PARAMETERS[flavour], 1,
+                                       delta=0.02)
+
+
+class Flux2ConfigTest(TinyModelCase):
+    """Mistakes named before anything heavy: a flavour the folder contradicts (preflight), and
+    SimpleTuner's intermediary-layer option, which would change what the pipeline encodes."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = cls.enterClassContext(tempfile.TemporaryDirectory(prefix="st-flux2-config-"))
+        cls.root = Path(cls.tmp)
+        make_shapes(cls.root / "data", per_size=1, sizes=((64, 64),))
+
+    def problems(self, **options) -> str:
+        from simpletuner.training.preflight import run_preflight
+
+        config = write_config(self.root, self.root / "data", model_family="flux2",
+                              pretrained_model_name_or_path="builtin:tiny-flux2", **options)
+        try:
+            run_preflight(load_configuration(config))
+        except ConfigError as error:
+            return str(error)
+        return ""
+
+    def test_a_flavour_the_folder_contradicts_is_named(self):
+        self.assertEqual(self.problems(model_flavour="klein-4b", flux_guidance_value=2.0), "")
+        problem = self.problems(model_flavour="dev")
+        self.assertIn("key 'model_flavour': 'dev' is a Flux2Pipeline model", problem)
+        self.assertIn("names Flux2KleinPipeline", problem)
+
+    def test_intermediary_layers_are_refused_with_the_pipelines_layers(self):
+        problem = self.problems(custom_text_encoder_intermediary_layers=[1, 2, 3])
+        self.assertIn("custom_text_encoder_intermediary_layers", problem)
+        self.assertIn("klein: 9, 18, 27", problem)
