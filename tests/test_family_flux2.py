@@ -32,6 +32,11 @@ from training_fixtures import environment, make_shapes, run_train_sh, write_conf
 PROMPTS = ["a red circle", "a blue square"]
 
 
+def cached_tiny_flux2(tmp: str) -> Path:
+    """builtin:tiny-flux2 in the model cache the runs under ``tmp`` used."""
+    return Path(environment(tmp)["SIMPLETUNER_CACHE"]) / "builtin" / "tiny-flux2"
+
+
 def capture_call(module: torch.nn.Module, run) -> dict:
     """The keyword arguments of ``module``'s first call while ``run()`` runs."""
     seen = {}
@@ -240,9 +245,9 @@ class Flux2TrainingTest(unittest.TestCase):
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
         self.assertIsInstance(pipeline, Flux2KleinPipeline)
         self.assertGreater(self.sample(pipeline).std(), 0.0)
-        base = load_file(ensure_builtin_model_in(self.tmp) / "transformer"
-                         / "diffusion_pytorch_model.safetensors")
-        trained = load_file(out / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors")
+        weights = Path("transformer") / "diffusion_pytorch_model.safetensors"
+        base = load_file(cached_tiny_flux2(self.tmp) / weights)
+        trained = load_file(out / "pipeline" / weights)
         self.assertTrue(any(not torch.equal(base[k], trained[k]) for k in base))
 
     def test_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
@@ -261,15 +266,10 @@ class Flux2TrainingTest(unittest.TestCase):
         self.assert_ran(self.lora)
         out = self.root / "lora-out"
         self.assertFalse((out / "pipeline").exists())
-        pipeline = Flux2KleinPipeline.from_pretrained(ensure_builtin_model_in(self.tmp))
+        pipeline = Flux2KleinPipeline.from_pretrained(cached_tiny_flux2(self.tmp))
         before = self.sample(pipeline)
         pipeline.load_lora_weights(out / "lora")
         self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
-
-
-def ensure_builtin_model_in(tmp: str) -> Path:
-    """builtin:tiny-flux2 in the model cache the runs under ``tmp`` used."""
-    return Path(environment(tmp)["SIMPLETUNER_CACHE"]) / "builtin" / "tiny-flux2"
 
 
 # The published configs of black-forest-labs/FLUX.2-dev and FLUX.2-klein-4B/-9B (their
@@ -400,3 +400,7 @@ class Flux2ConfigTest(TinyModelCase):
         problem = self.problems(custom_text_encoder_intermediary_layers=[1, 2, 3])
         self.assertIn("custom_text_encoder_intermediary_layers", problem)
         self.assertIn("klein: 9, 18, 27", problem)
+
+
+if __name__ == "__main__":
+    unittest.main()
