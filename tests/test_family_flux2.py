@@ -27,6 +27,7 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flux2 import Flux2Adapter, Flux2KleinAdapter
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.memory.sharding import repeated_blocks
 from training_fixtures import environment, make_shapes, run_train_sh, write_config
 
 PROMPTS = ["a red circle", "a blue square"]
@@ -101,6 +102,11 @@ class Flux2AdapterTest(Flux2Case):
         self.assertIsInstance(self.adapter, Flux2KleinAdapter)
         self.assertIsInstance(self.pipeline, Flux2KleinPipeline)
         self.assertEqual(self.adapter.resolution_alignment, 16)  # 8x VAE, then 2x2 patches
+
+    def test_fsdp2_shards_every_double_and_single_stream_block(self):
+        names = [type(block).__name__ for block in repeated_blocks(self.adapter.transformer)]
+        self.assertEqual((names.count("Flux2TransformerBlock"),
+                          names.count("Flux2SingleTransformerBlock")), (1, 1))
 
     def test_prompts_are_the_pipelines_encode_prompt(self):
         embeds, _ = self.pipeline.encode_prompt(PROMPTS, device=CPU)
@@ -400,6 +406,12 @@ class Flux2ConfigTest(TinyModelCase):
         problem = self.problems(custom_text_encoder_intermediary_layers=[1, 2, 3])
         self.assertIn("custom_text_encoder_intermediary_layers", problem)
         self.assertIn("klein: 9, 18, 27", problem)
+
+    def test_validation_options_the_pipelines_lack_are_refused(self):
+        problem = self.problems(validation_negative_prompt="blurry",
+                                validation_guidance_rescale=0.7)
+        self.assertIn("'validation_negative_prompt': the FLUX.2 pipelines take no", problem)
+        self.assertIn("the flux2 pipeline has no guidance rescale", problem)
 
 
 if __name__ == "__main__":
