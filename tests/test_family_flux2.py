@@ -206,7 +206,7 @@ class Flux2DevLayoutTest(Flux2Case):
 class Flux2TrainingTest(unittest.TestCase):
     """Three ./train.sh runs of builtin:tiny-flux2: full for 4 steps (checkpoints at 2 and 4,
     validation images, the pipeline exported), the same resumed from a copy of checkpoint-2,
-    and a LoRA run."""
+    and a LoRA run on an int8-quantized base."""
 
     @classmethod
     def setUpClass(cls):
@@ -227,7 +227,7 @@ class Flux2TrainingTest(unittest.TestCase):
             root, root / "data", "resumed", resume_from_checkpoint="latest", **common), cls.tmp)
         cls.lora = run_train_sh(write_config(
             root, root / "data", "lora", model_type="lora", lora_rank=4, learning_rate=5e-3,
-            **common), cls.tmp)
+            base_model_precision="int8-torchao", mixed_precision="bf16", **common), cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
@@ -268,7 +268,7 @@ class Flux2TrainingTest(unittest.TestCase):
         for key in full:
             self.assertTrue(torch.equal(full[key], resumed[key]), key)
 
-    def test_lora_export_loads_onto_the_base_and_changes_its_output(self):
+    def test_lora_on_a_quantized_base_loads_onto_the_base_and_changes_its_output(self):
         self.assert_ran(self.lora)
         out = self.root / "lora-out"
         self.assertFalse((out / "pipeline").exists())
