@@ -5,6 +5,7 @@ counts the published sizes; config mistakes are named before anything loads."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -171,6 +172,17 @@ class Flux2DevLayoutTest(Flux2Case):
         embeds = klein.encode_prompts(PROMPTS[:1])["prompt_embeds"]
         seen = self.assert_same_inputs(dev, pipeline, embeds, guidance_scale=3.5)
         self.assertEqual(seen["guidance"].tolist(), [3.5])
+
+    @unittest.skipIf(importlib.util.find_spec("torchvision"), "torchvision is installed")
+    def test_a_dev_folder_without_torchvision_is_refused_before_loading(self):
+        root = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        (root / "model_index.json").write_text(json.dumps({"_class_name": "Flux2Pipeline"}))
+        with self.assertRaises(ModelFolderError) as caught:
+            get_adapter_class("flux2").load(root, device=CPU, weight_dtype=torch.float32,
+                                            loss_settings=LossSettings())
+        self.assertIn("PixtralProcessor, which transformers imports only with torchvision",
+                      str(caught.exception))
 
     def test_model_index_chooses_the_layout(self):
         root = Path(tempfile.mkdtemp())

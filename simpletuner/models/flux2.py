@@ -9,6 +9,7 @@ the pipelines do for this is reused from their static helpers."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
 from transformers import (AutoProcessor, Mistral3ForConditionalGeneration, Qwen2Tokenizer,
                           Qwen3ForCausalLM)
 
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.base import ModelFolderError, TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
 
 KLEIN_PIPELINE = "Flux2KleinPipeline"
@@ -74,6 +75,11 @@ class Flux2Adapter(FlowFamilyAdapter):
     @classmethod
     def load(cls, folder: Path, **settings) -> "Flux2Adapter":
         layout = cls.for_folder(folder)
+        if layout is Flux2Adapter and importlib.util.find_spec("torchvision") is None:
+            raise ModelFolderError(
+                f"{folder} is a FLUX.2-dev folder: its tokenizer is a PixtralProcessor, which "
+                "transformers imports only with torchvision; install the torchvision build "
+                "that matches your torch (klein folders do not need it)")
         return super(Flux2Adapter, layout).load(folder, **settings)
 
     @property
