@@ -28,10 +28,15 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flux2 import Flux2Adapter, Flux2KleinAdapter
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.models.tiny.tokenizers import write_tiny_qwen2_tokenizer
 from simpletuner.training.memory.sharding import repeated_blocks
 from training_fixtures import environment, make_shapes, run_train_sh, write_config
 
 PROMPTS = ["a red circle", "a blue square"]
+MISTRAL_TEMPLATE = (  # Mistral's layout of a system and a user message
+    "{% for m in messages %}{% if m['role'] == 'system' %}[SYSTEM_PROMPT]"
+    "{{ m['content'][0]['text'] }}[/SYSTEM_PROMPT]{% else %}[INST]"
+    "{{ m['content'][0]['text'] }}[/INST]{% endif %}{% endfor %}")
 
 
 def cached_tiny_flux2(tmp: str) -> Path:
@@ -166,6 +171,33 @@ class Flux2DevLayoutTest(Flux2Case):
         seen = self.assert_same_inputs(dev, pipeline, embeds, guidance_scale=3.5)
         self.assertEqual(seen["guidance"].tolist(), [3.5])
 
+    def test_dev_prompts_are_flux2pipelines_encode_prompt(self):
+        """With a stand-in for the PixtralProcessor (it needs torchvision): a byte-level
+        tokenizer with a Mistral-style chat template, all the pipeline's helper asks of it."""
+        from transformers import Mistral3Config, Mistral3ForConditionalGeneration, Qwen2Tokenizer
+
+        folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        vocab = write_tiny_qwen2_tokenizer(folder, 512)["vocab_size"]
+        tokenizer = Qwen2Tokenizer.from_pretrained(folder)
+        tokenizer.chat_template = MISTRAL_TEMPLATE
+        torch.manual_seed(0)
+        encoder = Mistral3ForConditionalGeneration(Mistral3Config(
+            text_config=dict(model_type="mistral", hidden_size=16, intermediate_size=32,
+                             num_hidden_layers=30, num_attention_heads=2, head_dim=8,
+                             num_key_value_heads=1, vocab_size=vocab),
+            vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32,
+                               num_hidden_layers=1, num_attention_heads=2, head_dim=8,
+                               image_size=16, patch_size=4))).eval()
+        dev = Flux2Adapter(folder=folder, vae=None, text_encoders=[encoder],
+                           tokenizers=[tokenizer], device=CPU, loss_settings=LossSettings(),
+                           transformer=None, scheduler=None)
+        pipeline = Flux2Pipeline(scheduler=None, vae=None, text_encoder=encoder,
+                                 tokenizer=tokenizer, transformer=None)
+        expected, _ = pipeline.encode_prompt(PROMPTS, device=CPU)
+        ours = dev.encode_prompts(PROMPTS)["prompt_embeds"]
+        self.assertEqual(tuple(ours.shape), (2, 512, 3 * 16))  # layers 10, 20, 30
+        self.assertTrue(torch.equal(ours, expected))
+
     @unittest.skipIf(importlib.util.find_spec("torchvision"), "torchvision is installed")
     def test_a_dev_folder_without_torchvision_is_refused_before_loading(self):
         root = Path(self.enterContext(tempfile.TemporaryDirectory()))
@@ -279,57 +311,20 @@ class Flux2TrainingTest(unittest.TestCase):
         self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
 
 
-# The published configs of black-forest-labs/FLUX.2-dev and FLUX.2-klein-4B/-9B (their
-# transformer/, vae/ and text_encoder/ config.json), the values that size the tensors, with the
-# published parameter counts of the transformer and of the text encoder.
-FLUX2_VAE = {"_class_name": "AutoencoderKLFlux2", "latent_channels": 32, "layers_per_block": 2,
-             "block_out_channels": [128, 256, 512, 512], "patch_size": [2, 2]}
-FLUX2 = "Flux2Transformer2DModel"
-REAL_FLUX2 = {
-    # FLUX.2-dev's model card: "a 32 billion parameter rectified flow transformer" (the plan
-    # counts 32.22 B); its encoder is Mistral-Small-3.1-24B-Instruct-2503 (24 B).
-    "dev": (32e9, 24.0e9, "Flux2Pipeline", {
-        "transformer": {"_class_name": FLUX2, "num_layers": 8, "num_single_layers": 48,
-                        "num_attention_heads": 48, "attention_head_dim": 128,
-                        "joint_attention_dim": 15360, "in_channels": 128, "mlp_ratio": 3.0},
-        "text_encoder": {
-            "model_type": "mistral3", "spatial_merge_size": 2, "tie_word_embeddings": False,
-            "multimodal_projector_bias": False,
-            "text_config": {"model_type": "mistral", "hidden_size": 5120, "head_dim": 128,
-                            "intermediate_size": 32768, "num_hidden_layers": 40,
-                            "num_attention_heads": 32, "num_key_value_heads": 8,
-                            "vocab_size": 131072, "tie_word_embeddings": False},
-            "vision_config": {"model_type": "pixtral", "hidden_size": 1024, "head_dim": 64,
-                              "intermediate_size": 4096, "num_hidden_layers": 24,
-                              "num_attention_heads": 16, "patch_size": 14, "image_size": 1540}}}),
-    # FLUX.2-klein's model cards: 4 billion (3.88 B counted) and 9 billion (9.08 B) parameter
-    # flow models, with Qwen3-4B (4.02 B) and Qwen3-8B (8.19 B) as their text encoders.
-    "klein-4b": (4e9, 4.02e9, "Flux2KleinPipeline", {
-        "transformer": {"_class_name": FLUX2, "num_layers": 5, "num_single_layers": 20,
-                        "num_attention_heads": 24, "joint_attention_dim": 7680,
-                        "guidance_embeds": False},
-        "text_encoder": {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728,
-                         "num_hidden_layers": 36, "num_attention_heads": 32, "head_dim": 128,
-                         "num_key_value_heads": 8, "vocab_size": 151936,
-                         "tie_word_embeddings": True}}),
-    "klein-9b": (9e9, 8.19e9, "Flux2KleinPipeline", {
-        "transformer": {"_class_name": FLUX2, "num_layers": 8, "num_single_layers": 24,
-                        "num_attention_heads": 32, "joint_attention_dim": 12288,
-                        "guidance_embeds": False},
-        "text_encoder": {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
-                         "num_hidden_layers": 36, "num_attention_heads": 32, "head_dim": 128,
-                         "num_key_value_heads": 8, "vocab_size": 151936,
-                         "tie_word_embeddings": False}}),
-}
+# Published configs and parameter counts of FLUX.2-dev and FLUX.2-klein-4B/-9B (sources in the
+# file). The plan counts 32.22 B, 3.88 B and 9.08 B transformer parameters.
+PUBLISHED = json.loads((Path(__file__).parent / "fixtures" / "flux2_published_configs.json")
+                       .read_text(encoding="utf-8"))
+FLAVOURS = ("dev", "klein-4b", "klein-9b")
 
 
 def write_real_folder(root: Path, flavour: str) -> Path:
-    *_, pipeline, configs = REAL_FLUX2[flavour]
     folder = root / flavour
-    for subfolder, config in {**configs, "vae": FLUX2_VAE}.items():
+    published = PUBLISHED[flavour]
+    for subfolder, config in {**published["configs"], "vae": PUBLISHED["vae"]}.items():
         (folder / subfolder).mkdir(parents=True, exist_ok=True)
         (folder / subfolder / "config.json").write_text(json.dumps(config))
-    (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": published["pipeline"]}))
     return folder
 
 
@@ -363,19 +358,22 @@ class Flux2MemoryPlanTest(Flux2ConfigCase):
     def test_plans_count_the_published_sizes_and_their_text_encoders(self):
         """memory_plan is what plan --memory prints, here for every flavour."""
         from simpletuner.training.memory.model import frozen_component_bytes, memory_plan
-        for flavour, (published, text_published, *_) in REAL_FLUX2.items():
+        for flavour in FLAVOURS:
+            published = PUBLISHED[flavour]
             with self.subTest(flavour=flavour):
                 training = load_configuration(self.config(flavour)).training
                 folder = Path(training.pretrained_model_name_or_path)
                 plan = memory_plan(training, folder, 1)
-                self.assertEqual(round(plan.parameters / 1e9), published / 1e9)
+                self.assertEqual(round(plan.parameters / 1e9),
+                                 published["transformer_parameters"] / 1e9)
                 layout = get_adapter_class("flux2").for_folder(folder)
                 held = sum(frozen_component_bytes(layout, folder, training).values())
                 with torch.device("meta"):
-                    vae = AutoencoderKLFlux2.from_config(FLUX2_VAE)
+                    vae = AutoencoderKLFlux2.from_config(PUBLISHED["vae"])
                 vae_parameters = sum(p.numel() for p in vae.parameters())
                 text_parameters = held / 2 - vae_parameters  # bf16: 2 bytes a parameter
-                self.assertAlmostEqual(text_parameters / text_published, 1, delta=0.02)
+                self.assertAlmostEqual(
+                    text_parameters / published["text_encoder_parameters"], 1, delta=0.02)
 
 
 class Flux2ConfigTest(Flux2ConfigCase):
