@@ -21,7 +21,8 @@ from simpletuner.configuration.command_line import load_with_option_args
 from simpletuner.helpers.caching.storage import CacheEntryError
 from simpletuner.common.clean_exit import exit_process
 from simpletuner.common.error_report import report_unexpected
-from simpletuner.common.peer_watch import PeerWatch, collective_timeout
+from simpletuner.common.peer_watch import (
+    PeerWatch, collective_timeout, record_stop, stopped_peers)
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.backends.captions import CaptionError
@@ -37,6 +38,8 @@ from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_
 from simpletuner.training.recipe import run_training
 from simpletuner.training.run.preemption import PreemptionWatcher, StopRequested
 from simpletuner.training.reporting.trackers import start_trackers, tracker_names
+
+logger = logging.getLogger(__name__)
 
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
 # A RankFailure is one when every rank's error it reports is; any other error is a bug whose
@@ -124,6 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         return train_and_report(configuration, accelerator, watcher, peer_timeout)
 
 
+def stopped_with_peers(rank: int, stopped: dict[int, str], exc: Exception) -> int:
+    """This rank's report when peers stopped on a signal before the first step."""
+    peers = ", ".join(f"rank {peer} by {name}" for peer, name in sorted(stopped.items()))
+    logger.debug("this rank's error after its peers stopped", exc_info=exc)
+    print(f"[rank {rank}] training stopped (exit status {EXIT_PREEMPTED}): stopped before the "
+          f"first step with its peers ({peers}); what was cached is kept: run again to "
+          f"continue (here the stop showed as {type(exc).__name__})", file=sys.stderr)
+    return EXIT_PREEMPTED
+
+
 def train_and_report(configuration, accelerator, watcher: PreemptionWatcher,
                      peer_timeout: float) -> int:
     """The exit status; a failure is one line per rank (and an unexpected one's traceback)."""
@@ -135,10 +148,14 @@ def train_and_report(configuration, accelerator, watcher: PreemptionWatcher,
             train(configuration, accelerator, watcher)
         return EXIT_TRAINED
     except StopRequested as stop:
+        record_stop(stop.signal_name)
         print(f"[rank {rank}] training stopped (exit status {EXIT_PREEMPTED}): {stop}",
               file=sys.stderr)
         return EXIT_PREEMPTED
     except Exception as exc:
+        stopped = stopped_peers()
+        if stopped:  # a peer left on a signal: what broke here is its absence
+            return stopped_with_peers(rank, stopped, exc)
         where = report_unexpected(exc, rank=rank, output_dir=configuration.training.output_dir,
                                   expected=EXPECTED_ERRORS)
         status = exit_status_for(exc)
