@@ -69,7 +69,8 @@ class ChromaAdapter(FlowFamilyAdapter):
         embeds = batch.prompt_embeds
         prompt_embeds = embeds["prompt_embeds"].to(dtype)
         packed = ChromaPipeline._pack_latents(noisy, count, channels, height, width)
-        # As ChromaPipeline._prepare_attention_mask: the image tokens are never masked.
+        # As ChromaPipeline._prepare_attention_mask: the image tokens are never masked, and the
+        # mask stays float 0/1 (SDPA adds it to the scores), not bool, as inference sees it.
         image_tokens = torch.ones(count, packed.shape[1], device=self.device, dtype=torch.bool)
         mask = torch.cat([embeds["prompt_attention_mask"].to(dtype), image_tokens], dim=1)
         tokens = network(
