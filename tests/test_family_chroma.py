@@ -127,20 +127,26 @@ class ChromaAdapterTest(TinyModelCase):
 
 
 class ChromaConfigTest(unittest.TestCase):
-    def problems(self, **options) -> str:
+    def load(self, **options):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             make_shapes(root / "data", per_size=1, sizes=((64, 64),))
             config = write_config(root, root / "data", model_family="chroma",
                                   pretrained_model_name_or_path="builtin:tiny-chroma", **options)
-            with self.assertRaises(ConfigError) as caught:
-                load_configuration(config, cwd=root)
+            return load_configuration(config, cwd=root)
+
+    def problems(self, **options) -> str:
+        with self.assertRaises(ConfigError) as caught:
+            self.load(**options)
         return str(caught.exception)
 
     def test_flux_lora_target_all_asks_for_the_modules_it_means(self):
         message = self.problems(model_type="lora", flux_lora_target="all")
         self.assertIn("flux_lora_target", message)
         self.assertIn('"add_q_proj"', message)
+        # Full training has no targets; named targets say what 'all' would have meant.
+        self.load(flux_lora_target="all")
+        self.load(model_type="lora", flux_lora_target="all", lora_target_modules=["to_q"])
 
     def test_options_chroma_has_no_use_for_are_named(self):
         self.assertIn("validation_guidance_rescale", self.problems(validation_guidance_rescale=0.7))

@@ -107,7 +107,8 @@ def _check_chroma_lora_target(raw: dict, values: dict[str, Any], where: str,
                               problems: list[str]) -> None:
     """flux_lora_target 'all' is accepted as the family's default targets, which for Chroma (as
     in SimpleTuner) leave out the text-stream projections that SimpleTuner's 'all' adds."""
-    if values.get("model_family") != "chroma" or values.get("lora_target_modules"):
+    if (values.get("model_family") != "chroma" or values.get("model_type") != "lora"
+            or values.get("lora_target_modules")):
         return
     if {normalise_key(key): value for key, value in raw.items()}.get("flux_lora_target") == "all":
         problems.append(f"{where}: key 'flux_lora_target' 'all' adapts more of Chroma than its "
