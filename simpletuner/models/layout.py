@@ -13,6 +13,7 @@ from simpletuner.models.base import ModelFolderError
 _PIPELINE_FAMILIES = (
     ("StableDiffusionXL", "sdxl"),
     ("StableDiffusion3", "sd3"),
+    ("Chroma", "chroma"),
     ("Flux", "flux"),
     ("StableDiffusion", "sd1x or sd2x"),
 )

@@ -16,6 +16,7 @@ RECIPES = {
     "tiny-sdxl": ("simpletuner.models.tiny.unet_models", "build_sdxl"),
     "tiny-sd3": ("simpletuner.models.tiny.flow_models", "build_sd3"),
     "tiny-flux": ("simpletuner.models.tiny.flow_models", "build_flux"),
+    "tiny-chroma": ("simpletuner.models.tiny.chroma_model", "build_chroma"),
 }
 
 
