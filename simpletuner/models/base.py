@@ -159,6 +159,12 @@ class ModelAdapter(ABC):
         """A diffusers pipeline sharing the loaded components, for validation and export;
         ``trainable`` replaces the live network (e.g. an EMA copy)."""
 
+    def validation_arguments(self, arguments: dict) -> dict:
+        """The pipeline call's keyword arguments for ValidationSettings.pipeline_arguments()
+        (guidance_scale, negative_prompt...); a family whose pipeline names them differently
+        translates them here."""
+        return arguments
+
     def _pipeline_text_components(self) -> dict:
         """The text encoders and tokenizers under their pipeline component names."""
         components = {}

@@ -14,6 +14,7 @@ _PIPELINE_FAMILIES = (
     ("StableDiffusionXL", "sdxl"),
     ("StableDiffusion3", "sd3"),
     ("Flux", "flux"),
+    ("QwenImage", "qwen_image"),
     ("StableDiffusion", "sd1x or sd2x"),
 )
 

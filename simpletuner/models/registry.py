@@ -13,6 +13,7 @@ ADAPTERS = {
     "sdxl": ("simpletuner.models.sdxl", "SDXLAdapter"),
     "sd3": ("simpletuner.models.sd3", "SD3Adapter"),
     "flux": ("simpletuner.models.flux", "FluxAdapter"),
+    "qwen_image": ("simpletuner.models.qwen_image", "QwenImageAdapter"),
 }
 
 
