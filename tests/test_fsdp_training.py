@@ -199,5 +199,11 @@ class FluxLoraFsdpTest(DdpFsdpPair, unittest.TestCase):
     weights = LORA_WEIGHTS
 
 
+class QwenImageFullFsdpTest(DdpFsdpPair, unittest.TestCase):
+    options = {"model_family": "qwen_image",
+               "pretrained_model_name_or_path": "builtin:tiny-qwen_image"}
+    weights = TRANSFORMER_WEIGHTS
+
+
 if __name__ == "__main__":
     unittest.main()

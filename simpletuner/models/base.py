@@ -63,6 +63,8 @@ class ModelAdapter(ABC):
     # pipeline's order; the subfolder names are also the pipeline's component names.
     text_encoder_specs: tuple[tuple[str, str, type, type], ...]
     vae_class: type = AutoencoderKL  # the vae/ subfolder's class
+    # Some parameters get no gradient in a step (DDP then needs find_unused_parameters).
+    ddp_find_unused_parameters: bool = False
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):

@@ -29,6 +29,9 @@ class QwenImageAdapter(FlowFamilyAdapter):
     # SimpleTuner's default LoRA targets for Qwen-Image: the joint attention's image-stream
     # projections (QKV and output).
     lora_target_modules = ("to_k", "to_q", "to_v", "to_out.0")
+    # The last block's text-stream output (to_add_out, txt_mlp...) feeds nothing: the network
+    # returns the image stream only.
+    ddp_find_unused_parameters = True
 
     @property
     def vae_factor(self) -> int:
