@@ -28,7 +28,7 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
-from training_fixtures import environment, make_shapes, run_train_sh, write_config
+from training_fixtures import environment, make_shapes, read_jsonl, run_train_sh, write_config
 
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
 # Qwen/Qwen-Image's published configs (transformer/, vae/, text_encoder/config.json on the Hub),
@@ -193,30 +193,40 @@ class QwenAdapterTest(QwenCase):
 
 
 class QwenTrainingTest(unittest.TestCase):
-    """Three ./train.sh launches: full (4 steps, checkpoints every 2, validation), LoRA, and
-    the full run resumed from a copy of its checkpoint-2."""
+    """Three ./train.sh launches: full (4 steps, checkpoints every 2, EMA, gradient
+    checkpointing, eval loss, validation), a lean LoRA (int8 base, bf16, adamw_bf16), and the
+    full run resumed from a copy of its checkpoint-2."""
 
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="st-qwen-")
         cls.root = root = Path(cls.tmp)
         make_shapes(root / "data", per_size=2)
+        make_shapes(root / "held-out", per_size=1, sizes=((64, 64),))
+        cls.datasets = [
+            {"id": "shapes", "instance_data_dir": str(root / "data"),
+             "caption_strategy": "textfile"},
+            {"id": "held-out", "dataset_type": "eval", "instance_data_dir": str(root / "held-out"),
+             "caption_strategy": "textfile"}]
         common = dict(model_family="qwen_image",
                       pretrained_model_name_or_path="builtin:tiny-qwen_image",
-                      max_train_steps=4, checkpointing_steps=2,
+                      max_train_steps=4, checkpointing_steps=2, gradient_checkpointing=True,
                       validation_prompt="a red circle", validation_num_inference_steps=1,
                       validation_guidance_scale=4.0)
-        cls.full = cls.train("full", **common)
+        full = dict(common, use_ema=True, eval_steps_interval=2)
+        cls.full = cls.train("full", **full)
         cls.lora = cls.train("lora", model_type="lora", lora_rank=4, learning_rate=1e-2,
-                             **common)
+                             base_model_precision="int8-torchao", mixed_precision="bf16",
+                             optimizer="adamw_bf16", **common)
         if cls.full.returncode == 0:
             (root / "resumed-out").mkdir()
             shutil.copytree(root / "full-out/checkpoint-2", root / "resumed-out/checkpoint-2")
-            cls.resumed = cls.train("resumed", resume_from_checkpoint="latest", **common)
+            cls.resumed = cls.train("resumed", resume_from_checkpoint="latest", **full)
 
     @classmethod
     def train(cls, name: str, **options):
-        return run_train_sh(write_config(cls.root, cls.root / "data", name, **options), cls.tmp)
+        return run_train_sh(write_config(cls.root, cls.root / "data", name,
+                                         datasets=cls.datasets, **options), cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
@@ -233,6 +243,9 @@ class QwenTrainingTest(unittest.TestCase):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
         out = self.root / "full-out"
         self.assertTrue((out / "validation/step-4/grid.png").is_file())
+        losses = read_jsonl(out / "eval_loss.jsonl")
+        self.assertEqual([line["step"] for line in losses], [2, 4])
+        self.assertTrue(all(np.isfinite(line["eval_loss"]) for line in losses))
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
         self.assertIsInstance(pipeline, QwenImagePipeline)
         self.assertGreater(self.sample(pipeline).std(), 0.0)
