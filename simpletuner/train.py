@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
+from accelerate.utils import (DistributedDataParallelKwargs, InitProcessGroupKwargs,
+                               ProjectConfiguration)
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from simpletuner.configuration import ConfigError
@@ -28,6 +29,7 @@ from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.models.base import ModelFolderError
+from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.manifest import CheckpointError
 from simpletuner.training.run.output_dir_claim import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
@@ -53,13 +55,16 @@ def build_accelerator(training, peer_timeout: float) -> Accelerator:
     logging_dir = Path(training.output_dir) / "logs"
     # The process group's own timeout comes after PeerWatch's, which names the missing rank.
     process_group = InitProcessGroupKwargs(timeout=timedelta(seconds=peer_timeout + 120))
+    # DDP must be told when a family's network leaves parameters without a gradient.
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=get_adapter_class(
+        training.model_family).ddp_find_unused_parameters)
     return Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=training.mixed_precision,
         log_with=list(tracker_names(training.report_to)) or None,
         project_config=ProjectConfiguration(project_dir=training.output_dir,
                                             logging_dir=str(logging_dir)),
-        kwargs_handlers=[process_group])
+        kwargs_handlers=[process_group, ddp])
 
 
 def stop_waiting_rank(rank: int):
