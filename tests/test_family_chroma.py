@@ -151,7 +151,8 @@ class ChromaConfigTest(unittest.TestCase):
     def test_options_chroma_has_no_use_for_are_named(self):
         self.assertIn("validation_guidance_rescale", self.problems(validation_guidance_rescale=0.7))
         self.assertIn("flux_guidance_value", self.problems(flux_guidance_value=3.5))
-        self.assertIn("true CFG already", self.problems(validation_guidance_real=4.0))
+        self.assertIn("Qwen-Image and Chroma: their true classifier-free guidance",
+                      self.problems(validation_guidance_real=4.0))
 
 
 class ChromaTrainingTest(unittest.TestCase):

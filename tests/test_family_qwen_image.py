@@ -317,7 +317,7 @@ class QwenConfigTest(unittest.TestCase):
         self.assertIn("the qwen_image pipeline has no guidance rescale", problem)
         (problem,) = self.problems(validation_guidance_real=4.0)
         self.assertIn("validation_guidance_real", problem)
-        self.assertIn("Qwen-Image: its true CFG scale", problem)
+        self.assertIn("Qwen-Image and Chroma: their true classifier-free guidance", problem)
         (problem,) = self.problems(flux_guidance_value=3.5)
         self.assertIn("applies to model_family 'flux' only", problem)
 
