@@ -14,6 +14,8 @@ _PIPELINE_FAMILIES = (
     ("StableDiffusionXL", "sdxl"),
     ("StableDiffusion3", "sd3"),
     ("Flux", "flux"),
+    ("ZImageOmni", "z_image_omni"),
+    ("ZImage", "z_image"),
     ("StableDiffusion", "sd1x or sd2x"),
 )
 

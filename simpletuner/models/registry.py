@@ -13,6 +13,7 @@ ADAPTERS = {
     "sdxl": ("simpletuner.models.sdxl", "SDXLAdapter"),
     "sd3": ("simpletuner.models.sd3", "SD3Adapter"),
     "flux": ("simpletuner.models.flux", "FluxAdapter"),
+    "z_image": ("simpletuner.models.z_image", "ZImageAdapter"),
 }
 
 
