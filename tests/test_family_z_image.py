@@ -31,7 +31,8 @@ from simpletuner.training.lora import add_lora
 from simpletuner.training.memory.sharding import repeated_blocks
 from simpletuner.training.settings import ValidationSettings
 from test_memory_plan_command import GIB, row
-from training_fixtures import environment, make_shapes, run_train_sh, write_config
+from training_fixtures import (
+    environment, make_shapes, run_train_sh, run_training, write_config)
 
 # Z-Image's 6.15 B-parameter S3-DiT, as the Z-Image technical report (arXiv 2511.22699) and
 # Tongyi-MAI's model cards give it.
@@ -66,7 +67,7 @@ class ZImageAdapterTest(TinyModelCase):
 
         def network(frames, timestep, captions, return_dict=False):
             seen.update(frames=frames, timestep=timestep, captions=captions)
-            return ((output or (lambda: [torch.zeros_like(f) for f in frames]))(),)
+            return (output() if output else [torch.zeros_like(f) for f in frames],)
 
         adapter = self.load("z_image", **loss) if loss else self.adapter
         return adapter.compute_loss(batch, torch.Generator().manual_seed(3),
@@ -173,8 +174,8 @@ class ZImageShardingTest(unittest.TestCase):
 
 
 class ZImageTrainingTest(unittest.TestCase):
-    """./train.sh: a full run of 4 steps (checkpoints at 2 and 4, validation at the end), the
-    same run resumed from a copy of its checkpoint-2, and a LoRA run on a quantized base."""
+    """./train.sh: a full run of 4 steps (checkpoints at 2 and 4, validation at the end) and a
+    LoRA run on a quantized base; the full run resumed from a copy of its checkpoint-2."""
 
     @classmethod
     def setUpClass(cls):
@@ -190,7 +191,8 @@ class ZImageTrainingTest(unittest.TestCase):
         if cls.full.returncode == 0:
             shutil.copytree(root / "full-out" / "checkpoint-2",
                             root / "resumed-out" / "checkpoint-2")
-        cls.resumed = run_train_sh(write_config(root, root / "data", "resumed",
+        # The trainer's own entry point, without train.sh's launcher: the same resume, cheaper.
+        cls.resumed = run_training(write_config(root, root / "data", "resumed",
                                                 resume_from_checkpoint="latest", **full), cls.tmp)
         # The LoRA trains on an int8 base under bf16 autocast, as on one small GPU.
         cls.lora = run_train_sh(write_config(
