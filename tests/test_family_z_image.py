@@ -161,6 +161,19 @@ class ZImageAdapterTest(TinyModelCase):
                                           weight_dtype=torch.float32,
                                           loss_settings=LossSettings())
 
+    def test_a_folder_with_z_images_subfolders_but_another_pipeline_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(shutil.copytree(ensure_builtin_model("tiny-z_image"),
+                                          Path(tmp) / "other"))
+            index = json.loads((folder / "model_index.json").read_text())
+            (folder / "model_index.json").write_text(
+                json.dumps(dict(index, _class_name="FluxPipeline")))
+            with self.assertRaisesRegex(ModelFolderError, "names another pipeline.*says it is "
+                                        "flux: set model_family to match"):
+                get_adapter_class("z_image").load(folder, device=CPU,
+                                                  weight_dtype=torch.float32,
+                                                  loss_settings=LossSettings())
+
 
 class ZImageShardingTest(unittest.TestCase):
     def test_fsdp_shards_the_three_block_lists_and_nothing_else_heavy(self):
