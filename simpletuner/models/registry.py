@@ -15,6 +15,7 @@ ADAPTERS = {
     "flux": ("simpletuner.models.flux", "FluxAdapter"),
     "chroma": ("simpletuner.models.chroma", "ChromaAdapter"),
     "qwen_image": ("simpletuner.models.qwen_image", "QwenImageAdapter"),
+    "z_image": ("simpletuner.models.z_image", "ZImageAdapter"),
 }
 
 

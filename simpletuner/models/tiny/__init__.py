@@ -18,6 +18,7 @@ RECIPES = {
     "tiny-flux": ("simpletuner.models.tiny.flow_models", "build_flux"),
     "tiny-chroma": ("simpletuner.models.tiny.chroma_model", "build_chroma"),
     "tiny-qwen_image": ("simpletuner.models.tiny.qwen_models", "build_qwen_image"),
+    "tiny-z_image": ("simpletuner.models.tiny.z_image", "build_z_image"),
 }
 
 
