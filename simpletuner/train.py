@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
+from accelerate.utils import (DistributedDataParallelKwargs, InitProcessGroupKwargs,
+                               ProjectConfiguration)
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from simpletuner.configuration import ConfigError
@@ -21,12 +22,14 @@ from simpletuner.configuration.command_line import load_with_option_args
 from simpletuner.helpers.caching.storage import CacheEntryError
 from simpletuner.common.clean_exit import exit_process
 from simpletuner.common.error_report import report_unexpected
-from simpletuner.common.peer_watch import PeerWatch, collective_timeout
+from simpletuner.common.peer_watch import (
+    PeerWatch, collective_timeout, record_stop, stopped_peers)
 from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.models.base import ModelFolderError
+from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.manifest import CheckpointError
 from simpletuner.training.run.output_dir_claim import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
@@ -37,6 +40,8 @@ from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_
 from simpletuner.training.recipe import run_training
 from simpletuner.training.run.preemption import PreemptionWatcher, StopRequested
 from simpletuner.training.reporting.trackers import start_trackers, tracker_names
+
+logger = logging.getLogger(__name__)
 
 # Errors whose message says what to do: reported as one line per rank, without a traceback.
 # A RankFailure is one when every rank's error it reports is; any other error is a bug whose
@@ -50,13 +55,16 @@ def build_accelerator(training, peer_timeout: float) -> Accelerator:
     logging_dir = Path(training.output_dir) / "logs"
     # The process group's own timeout comes after PeerWatch's, which names the missing rank.
     process_group = InitProcessGroupKwargs(timeout=timedelta(seconds=peer_timeout + 120))
+    # DDP must be told when a family's network leaves parameters without a gradient.
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=get_adapter_class(
+        training.model_family).ddp_find_unused_parameters)
     return Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=training.mixed_precision,
         log_with=list(tracker_names(training.report_to)) or None,
         project_config=ProjectConfiguration(project_dir=training.output_dir,
                                             logging_dir=str(logging_dir)),
-        kwargs_handlers=[process_group])
+        kwargs_handlers=[process_group, ddp])
 
 
 def stop_waiting_rank(rank: int):
@@ -124,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         return train_and_report(configuration, accelerator, watcher, peer_timeout)
 
 
+def stopped_with_peers(rank: int, stopped: dict[int, str], exc: Exception) -> int:
+    """This rank's report when peers stopped on a signal before the first step."""
+    peers = ", ".join(f"rank {peer} by {name}" for peer, name in sorted(stopped.items()))
+    logger.debug("this rank's error after its peers stopped", exc_info=exc)
+    print(f"[rank {rank}] training stopped (exit status {EXIT_PREEMPTED}): stopped before the "
+          f"first step with its peers ({peers}); what was cached is kept: run again to "
+          f"continue (here the stop showed as {type(exc).__name__})", file=sys.stderr)
+    return EXIT_PREEMPTED
+
+
 def train_and_report(configuration, accelerator, watcher: PreemptionWatcher,
                      peer_timeout: float) -> int:
     """The exit status; a failure is one line per rank (and an unexpected one's traceback)."""
@@ -135,10 +153,14 @@ def train_and_report(configuration, accelerator, watcher: PreemptionWatcher,
             train(configuration, accelerator, watcher)
         return EXIT_TRAINED
     except StopRequested as stop:
+        record_stop(stop.signal_name)
         print(f"[rank {rank}] training stopped (exit status {EXIT_PREEMPTED}): {stop}",
               file=sys.stderr)
         return EXIT_PREEMPTED
     except Exception as exc:
+        stopped = stopped_peers()
+        if stopped:  # a peer left on a signal: what broke here is its absence
+            return stopped_with_peers(rank, stopped, exc)
         where = report_unexpected(exc, rank=rank, output_dir=configuration.training.output_dir,
                                   expected=EXPECTED_ERRORS)
         status = exit_status_for(exc)

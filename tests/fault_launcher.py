@@ -4,7 +4,8 @@ at a single rank or moment), runs a real entry point, and records this rank's ex
 torchrun would otherwise merge into one.
 
     python tests/fault_launcher.py STATUS_DIR [--fault MODULE:ATTRIBUTE --on-rank K
-                                   [--config-problem | --broken-self | --killed-after N]]
+                                   [--config-problem | --broken-self | --killed-after N |
+                                    --signalled-after N]]
                                    {train,audit} ARGS...
 
 The injected message is ``injected fault on rank K``; ``--config-problem`` raises it as a
@@ -12,6 +13,8 @@ ConfigError (a problem only that node sees), otherwise as a RuntimeError. ``--br
 injects no message: the method runs with None for ``self``, so its own code raises the
 AttributeError a bug would, with the method's frame in the traceback. ``--killed-after N``: the
 process is SIGKILLed as the function's Nth call returns, a crash at a chosen moment.
+``--signalled-after N``: the process sends itself a real SIGTERM as the Nth call returns, a
+stop signal that reaches one rank only.
 """
 
 from __future__ import annotations
@@ -39,15 +42,17 @@ def fault_for(args: argparse.Namespace, original):
 
     if args.broken_self:
         return lambda *a, **k: original(None, *a[1:], **k)
-    if args.killed_after:
+    if args.killed_after or args.signalled_after:
         calls = itertools.count(1)
+        after, sent = ((args.killed_after, signal.SIGKILL) if args.killed_after
+                       else (args.signalled_after, signal.SIGTERM))
 
-        def killed(*a, **k):
+        def signalled(*a, **k):
             result = original(*a, **k)
-            if next(calls) == args.killed_after:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if next(calls) == after:
+                os.kill(os.getpid(), sent)
             return result
-        return killed
+        return signalled
 
     def raising(*a, **k):
         message = injected_message(args.on_rank)
@@ -89,6 +94,7 @@ def main() -> None:
     kind.add_argument("--config-problem", action="store_true")
     kind.add_argument("--broken-self", action="store_true")
     kind.add_argument("--killed-after", type=int, metavar="N")
+    kind.add_argument("--signalled-after", type=int, metavar="N")
     parser.add_argument("entry", choices=("train", "audit"))
     parser.add_argument("entry_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()

@@ -60,13 +60,15 @@ class FailTogetherTest(unittest.TestCase):
         return write_config(self.root, self.root / "data", "run", max_train_steps=1, **options)
 
     def launch(self, entry: str, entry_args: list[str], fault: str | None = None,
-               on_rank: int = 0, config_problem: bool = False,
-               broken_self: bool = False) -> subprocess.CompletedProcess:
+               on_rank: int = 0, config_problem: bool = False, broken_self: bool = False,
+               signalled_after: int | None = None) -> subprocess.CompletedProcess:
         injection = ["--fault", fault, "--on-rank", str(on_rank)] if fault else []
         if config_problem:
             injection.append("--config-problem")
         if broken_self:
             injection.append("--broken-self")
+        if signalled_after:
+            injection += ["--signalled-after", str(signalled_after)]
         # Each rank's stderr goes to its own file (--redirects 2), so lines never interleave.
         return run_bounded([
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
@@ -202,6 +204,23 @@ class FailTogetherTest(unittest.TestCase):
         (self.output / "training_summary.json").mkdir(parents=True)
         run = self.train()
         self.assertStoppedTogether(run, "the export failed on rank 0: IsADirectoryError")
+
+    # -- a stop signal that reaches one rank before the first step -----------------------
+
+    def test_a_signal_to_one_rank_while_caching_stops_both_as_a_stop(self):
+        self.new_run()
+        run = self.train(fault="simpletuner.models.unet_family:UNetFamilyAdapter.encode_images",
+                         on_rank=1, signalled_after=1)
+        statuses = [(self.status_dir / f"rank-{rank}.status").read_text() for rank in (0, 1)]
+        context = self.rank_stderr(0)[-3000:] + self.rank_stderr(1)[-3000:]
+        self.assertEqual(statuses, ["75", "75"], context)
+        self.assertRegex(self.rank_stderr(1), r"\[rank 1\] training stopped \(exit status 75\): "
+                                              r"stopped by SIGTERM before the first step")
+        self.assertRegex(self.rank_stderr(0), r"\[rank 0\] training stopped \(exit status 75\): "
+                                              r"stopped before the first step with its peers "
+                                              r"\(rank 1 by SIGTERM\)")
+        self.assertNotIn("Traceback", self.rank_stderr(0))
+        self.assertFalse((self.output / "logs" / "rank-0-error.txt").exists())
 
     def test_an_audit_plan_write_error_on_the_main_rank_stops_both(self):
         self.new_run()

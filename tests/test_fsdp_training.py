@@ -199,5 +199,20 @@ class FluxLoraFsdpTest(DdpFsdpPair, unittest.TestCase):
     weights = LORA_WEIGHTS
 
 
+class ChromaFullFsdpTest(DdpFsdpPair, unittest.TestCase):
+    # gradient_checkpointing: Chroma's own per-block checkpoint under fully_shard.
+    options = {"model_family": "chroma", "pretrained_model_name_or_path": "builtin:tiny-chroma",
+               "gradient_checkpointing": True}
+    weights = TRANSFORMER_WEIGHTS
+
+
+class QwenImageFullFsdpTest(DdpFsdpPair, unittest.TestCase):
+    # Its last block's text stream gets no gradient: DDP runs with find_unused_parameters.
+    options = {"model_family": "qwen_image",
+               "pretrained_model_name_or_path": "builtin:tiny-qwen_image",
+               "gradient_checkpointing": True}
+    weights = TRANSFORMER_WEIGHTS
+
+
 if __name__ == "__main__":
     unittest.main()

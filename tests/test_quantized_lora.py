@@ -1,6 +1,6 @@
 """LoRA on an int8-quantized frozen base, through torchao and optimum-quanto, for a UNet family
-(sd1x) and a transformer family (flux): the base layers really hold quantized weights, the loss
-on a fixed batch falls, a checkpoint resumes exactly, and the exported adapter loads with
+(sd1x) and transformer families (flux, chroma): the base layers really hold quantized weights,
+the loss on a fixed batch falls, a checkpoint resumes exactly, and the exported adapter loads with
 load_lora_weights onto the *unquantized* base pipeline and changes its output."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class QuantizedLoraTest(TinyModelCase):
         return adapter
 
     def test_lora_on_an_int8_base_trains_resumes_and_exports(self):
-        for family in ("sd1x", "flux"):
+        for family in ("sd1x", "flux", "chroma"):
             for precision, library in QUANTIZED_BY.items():
                 with self.subTest(family=family, precision=precision):
                     self.check(family, memory_settings(base_model_precision=precision,

@@ -33,6 +33,7 @@ DEFAULT_TIMEOUT = 5400.0  # SimpleTuner's default
 LIFELESS_AFTER = 10.0     # seconds without a heartbeat: the process is stopped or its host hung
 _ENTERED, _LEFT = "simpletuner/entered/{}", "simpletuner/left/{}"
 _PLACE, _BEAT = "simpletuner/at/{}", "simpletuner/alive/{}"
+_STOPPED = "simpletuner/stopped/{}"
 
 
 def collective_timeout(environ=os.environ) -> float:
@@ -69,6 +70,31 @@ def in_collective(what: str) -> Iterator[None]:
         yield
     finally:
         store.add(_LEFT.format(rank), 1)
+
+
+def record_stop(signal_name: str) -> None:
+    """Tell the other ranks that this one stops on ``signal_name``. Before the first step a
+    signal that reaches one rank stops it at once; the others then see only a broken collective
+    and read why here (``stopped_peers``)."""
+    store = _store()
+    if store is not None:
+        store.set(_STOPPED.format(dist.get_rank()), signal_name)
+
+
+def stopped_peers() -> dict[int, str]:
+    """The other ranks that recorded a stop, with its signal ({} without peers)."""
+    store = _store()
+    if store is None:
+        return {}
+    found = {}
+    try:
+        for rank in range(dist.get_world_size()):
+            key = _STOPPED.format(rank)
+            if rank != dist.get_rank() and store.check([key]):
+                found[rank] = store.get(key).decode()
+    except (RuntimeError, OSError):  # the store is gone with its host: report what was read
+        pass
+    return found
 
 
 class PeerWatch:

@@ -103,6 +103,20 @@ def _check_loss_options_fit_the_family(values: dict[str, Any], where: str,
                         f"and 'flux2' only; '{family}' has no guidance input. Remove it.")
 
 
+def _check_chroma_lora_target(raw: dict, values: dict[str, Any], where: str,
+                              problems: list[str]) -> None:
+    """flux_lora_target 'all' is accepted as the family's default targets, which for Chroma (as
+    in SimpleTuner) leave out the text-stream projections that SimpleTuner's 'all' adds."""
+    if (values.get("model_family") != "chroma" or values.get("model_type") != "lora"
+            or values.get("lora_target_modules")):
+        return
+    if {normalise_key(key): value for key, value in raw.items()}.get("flux_lora_target") == "all":
+        problems.append(f"{where}: key 'flux_lora_target' 'all' adapts more of Chroma than its "
+                        "default (to_q, to_k, to_v, to_out.0); set lora_target_modules to "
+                        '["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", '
+                        '"add_v_proj", "to_add_out"] for SimpleTuner\'s \'all\'')
+
+
 def _check_fsdp_options(values: dict[str, Any], where: str, problems: list[str]) -> None:
     if not values.get("fsdp_enable", False):
         return
@@ -129,6 +143,7 @@ def parse_training(raw: Any, where: str, problems: list[str],
                             "pixels")
     _check_loss_options_fit_the_family(values, where, problems)
     _check_fsdp_options(values, where, problems)
+    _check_chroma_lora_target(raw, values, where, problems)
     if len(problems) > before:
         return None
     training = TrainingConfig(**values)

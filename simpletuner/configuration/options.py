@@ -209,7 +209,8 @@ class TrainingConfig:
         "(sd1x, sd2x, sdxl: reduces over-exposure at high guidance); 0 = off")
     validation_disable_unconditional: bool = option(
         False, help="validate without the unconditional pass: classifier-free guidance off "
-        "(families with it: sd1x, sd2x, sdxl, sd3); Flux's guidance input is unaffected")
+        "(families with it: sd1x, sd2x, sdxl, sd3, chroma, qwen_image, z_image); Flux's "
+        "guidance input is unaffected")
     validation_guidance_skip_layers: list[int] | None = option(
         None, help="sd3: skip-layer guidance over these transformer blocks while validating "
         "(e.g. [7, 8, 9]); none = off")

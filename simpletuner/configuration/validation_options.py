@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simpletuner.configuration.families import UNET_FAMILIES
+
 PROMPT_KEYS = ("prompt", "caption")
 
 
@@ -71,7 +73,7 @@ def check_validation_options(training, where: str, base: Path, problems: list[st
         except ValueError as error:
             problems.append(f"{where}: key 'user_prompt_library': {error}")
     family = training.model_family
-    if training.validation_guidance_rescale and family in ("sd3", "flux", "flux2"):
+    if training.validation_guidance_rescale and family not in UNET_FAMILIES:
         problems.append(f"{where}: key 'validation_guidance_rescale' applies to sd1x, sd2x and "
                         f"sdxl; the {family} pipeline has no guidance rescale. Remove it.")
     if training.validation_negative_prompt is not None and family == "flux2":

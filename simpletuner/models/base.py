@@ -63,6 +63,8 @@ class ModelAdapter(ABC):
     # pipeline's order; the subfolder names are also the pipeline's component names.
     text_encoder_specs: tuple[tuple[str, str, type, type], ...]
     vae_class: type = AutoencoderKL  # the vae/ subfolder's class
+    # Some parameters get no gradient in a step (DDP then needs find_unused_parameters).
+    ddp_find_unused_parameters: bool = False
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):
@@ -170,6 +172,12 @@ class ModelAdapter(ABC):
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
         """A diffusers pipeline sharing the loaded components, for validation and export;
         ``trainable`` replaces the live network (e.g. an EMA copy)."""
+
+    def validation_arguments(self, arguments: dict) -> dict:
+        """The pipeline call's keyword arguments for ValidationSettings.pipeline_arguments()
+        (guidance_scale, negative_prompt...); a family whose pipeline names them differently
+        translates them here."""
+        return arguments
 
     def _pipeline_text_components(self) -> dict:
         """The text encoders and tokenizers under their pipeline component names."""

@@ -14,7 +14,11 @@ _PIPELINE_FAMILIES = (
     ("StableDiffusionXL", "sdxl"),
     ("StableDiffusion3", "sd3"),
     ("Flux2", "flux2"),
+    ("Chroma", "chroma"),
     ("Flux", "flux"),
+    ("QwenImage", "qwen_image"),
+    ("ZImageOmni", "z_image_omni"),
+    ("ZImage", "z_image"),
     ("StableDiffusion", "sd1x or sd2x"),
 )
 
@@ -38,17 +42,20 @@ def check_model_folder(folder: Path, family: str, required: tuple[str, ...],
     one does (a subfolder that marks another family, such as SDXL's text_encoder_2/)."""
     missing = [name for name in required if not (folder / name).is_dir()]
     unexpected = [name for name in forbidden if (folder / name).is_dir()]
-    if not missing and not unexpected:
+    guessed = guess_family(folder)
+    # Some families have the same subfolders (Z-Image, Qwen-Image): the index tells them apart.
+    other_family = guessed is not None and family not in guessed.split(" or ")
+    if not missing and not unexpected and not other_family:
         return
     problems = []
     if missing:
         problems.append("missing " + ", ".join(f"{name}/" for name in missing))
     if unexpected:
         problems.append("has " + ", ".join(f"{name}/" for name in unexpected))
-    message = (f"{folder} is not a {family} model folder ({'; '.join(problems)}). "
+    message = (f"{folder} is not a {family} model folder "
+               f"({'; '.join(problems) or 'its model_index.json names another pipeline'}). "
                f"model_family {family} expects a diffusers folder with "
                + ", ".join(f"{name}/" for name in required) + ".")
-    guessed = guess_family(folder)
-    if guessed and family not in guessed.split(" or "):
+    if other_family:
         message += f" Its model_index.json says it is {guessed}: set model_family to match."
     raise ModelFolderError(message)

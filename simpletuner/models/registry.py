@@ -13,6 +13,9 @@ ADAPTERS = {
     "sdxl": ("simpletuner.models.sdxl", "SDXLAdapter"),
     "sd3": ("simpletuner.models.sd3", "SD3Adapter"),
     "flux": ("simpletuner.models.flux", "FluxAdapter"),
+    "chroma": ("simpletuner.models.chroma", "ChromaAdapter"),
+    "qwen_image": ("simpletuner.models.qwen_image", "QwenImageAdapter"),
+    "z_image": ("simpletuner.models.z_image", "ZImageAdapter"),
     "flux2": ("simpletuner.models.flux2", "Flux2Adapter"),
 }
 

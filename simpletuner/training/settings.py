@@ -126,7 +126,9 @@ class ValidationSettings(_FromConfig):
     def pipeline_arguments(self) -> dict:
         """Keyword arguments of the family's pipeline call besides prompt, size and steps."""
         cfg_off = self.validation_disable_unconditional and self.model_family != "flux"
-        arguments = {"guidance_scale": 1.0 if cfg_off else self.validation_guidance_scale}
+        # ZImagePipeline runs the unconditional pass whenever guidance_scale > 0.
+        off = 0.0 if self.model_family == "z_image" else 1.0
+        arguments = {"guidance_scale": off if cfg_off else self.validation_guidance_scale}
         if self.validation_negative_prompt is not None:
             arguments["negative_prompt"] = self.validation_negative_prompt
         if self.validation_guidance_rescale:

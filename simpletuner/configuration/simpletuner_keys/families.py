@@ -70,8 +70,8 @@ FAMILY_KEYS = {
     **refused("flux_guidance_mode", "use flux_guidance_value (a constant)", (None, "constant")),
     **ignored("flux_guidance_min flux_guidance_max", "used only with flux_guidance_mode "
               "'random-range', which is refused here"),
-    **refused("flux_attention_masked_training", "remove it; attention is not masked by the "
-              "prompt's padding here"),
+    **refused("flux_attention_masked_training", "remove it; Flux attention is not masked by "
+              "the prompt's padding here (Chroma's always is, as in its pipeline)"),
     **refused("flux_fast_schedule", "remove it; Flux trains on its ordinary schedule here"),
     **ignored("fuse_qkv_projections", "accepted; it selects an attention kernel, and attention "
               "here uses PyTorch's scaled_dot_product_attention"),

@@ -52,8 +52,9 @@ REPORTING_KEYS = {
     **ignored("validation_adapter_name validation_adapter_strength validation_adapter_mode "
               "validation_adapter_config", "used only with validation_adapter_path, which is "
               "refused here"),
-    **refused("validation_guidance_real", "remove it; Flux validation uses its guidance input "
-              "(validation_guidance_scale), not true CFG", (None, 1)),
+    **refused("validation_guidance_real", "remove it; validation_guidance_scale is the "
+              "guidance of every family (Flux: its guidance input; Qwen-Image and Chroma: "
+              "their true classifier-free guidance)", (None, 1)),
     **ignored("validation_no_cfg_until_timestep", "used only with validation_guidance_real "
               "above 1, which is refused here"),
     **ignored("i_know_what_i_am_doing", "accepted; it overrides no check here"),

@@ -25,6 +25,18 @@ def default_text_dir(dataset, output_dir: str | Path) -> Path:
     return Path(dataset.cache_dir or Path(output_dir) / "cache" / "text")
 
 
+def stack_padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Stack rows; rows of different lengths (variable-length embeddings such as Qwen-Image's,
+    cached with their masks) are first zero-padded at the end of their first dimension, as the
+    pipelines pad a batch: padded positions have mask 0 and are not attended to."""
+    if all(row.shape == rows[0].shape for row in rows):
+        return torch.stack(rows)
+    longest = max(row.shape[0] for row in rows)
+    return torch.stack([torch.nn.functional.pad(row, (0, 0) * (row.dim() - 1)
+                                                + (0, longest - row.shape[0]))
+                        for row in rows])
+
+
 @dataclass
 class TextEmbedCache:
     folder: Path
@@ -40,7 +52,7 @@ class TextEmbedCache:
     def load(self, captions: Sequence[str]) -> dict[str, torch.Tensor]:
         """Named tensors stacked over ``captions``: each [len(captions), ...]."""
         rows = [self._row(caption) for caption in captions]
-        return {name: torch.stack([row[name] for row in rows]) for name in rows[0]}
+        return {name: stack_padded([row[name] for row in rows]) for name in rows[0]}
 
     def _row(self, caption: str) -> dict[str, torch.Tensor]:
         row = self._recent.get(caption)

@@ -16,6 +16,9 @@ RECIPES = {
     "tiny-sdxl": ("simpletuner.models.tiny.unet_models", "build_sdxl"),
     "tiny-sd3": ("simpletuner.models.tiny.flow_models", "build_sd3"),
     "tiny-flux": ("simpletuner.models.tiny.flow_models", "build_flux"),
+    "tiny-chroma": ("simpletuner.models.tiny.chroma_model", "build_chroma"),
+    "tiny-qwen_image": ("simpletuner.models.tiny.qwen_models", "build_qwen_image"),
+    "tiny-z_image": ("simpletuner.models.tiny.z_image", "build_z_image"),
     "tiny-flux2": ("simpletuner.models.tiny.flux2_models", "build_flux2_klein"),
 }
 

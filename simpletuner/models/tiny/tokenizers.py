@@ -69,10 +69,12 @@ QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def write_tiny_qwen2_tokenizer(folder: Path, max_length: int,
-                               extra_special_tokens: tuple[str, ...] = ()) -> dict[str, int]:
+                               extra_special_tokens: tuple[str, ...] = (),
+                               chat_template: str | None = None) -> dict[str, int]:
     """Save a byte-level Qwen2Tokenizer (the tokenizer of Qwen2.5-VL and Qwen3) with no merges:
     one token per byte, id = byte value, then Qwen's chat tokens and ``extra_special_tokens``,
-    so chat templates tokenize as in the real model. Return the ids a Qwen config needs."""
+    so chat templates tokenize as in the real model; ``chat_template`` (Jinja) for pipelines
+    that call apply_chat_template. Return the ids a Qwen config needs."""
     from transformers import Qwen2Tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -83,6 +85,8 @@ def write_tiny_qwen2_tokenizer(folder: Path, max_length: int,
     config = {"model_max_length": max_length, "eos_token": "<|im_end|>",
               "pad_token": "<|endoftext|>", "unk_token": None, "bos_token": None,
               "additional_special_tokens": special[1:]}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     # Saved again as tokenizer.json, the one file Qwen2Tokenizer and AutoTokenizer both read.
     Qwen2Tokenizer.from_pretrained(folder).save_pretrained(folder)
