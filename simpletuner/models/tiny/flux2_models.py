@@ -6,27 +6,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simpletuner.models.tiny.tokenizers import write_tiny_qwen2_tokenizer
+from simpletuner.models.tiny.tokenizers import QWEN3_CHAT_TEMPLATE, write_tiny_qwen2_tokenizer
 
 TEXT_WIDTH = 16
 TEXT_LAYERS = 27  # klein stacks hidden states 9, 18 and 27: the encoder needs 27 layers
 MAX_LENGTH = 512  # the pipeline's max_sequence_length
-# Qwen3's chat template as klein's pipeline renders it (one user message, thinking off).
-QWEN3_CHAT_TEMPLATE = (
-    "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
-    "message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
 
 
 def _qwen3_encoder(staging: Path):
     from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
     folder = staging / "tokenizer"
-    ids = write_tiny_qwen2_tokenizer(folder, MAX_LENGTH, ("<think>", "</think>"))
+    ids = write_tiny_qwen2_tokenizer(folder, MAX_LENGTH, ("<think>", "</think>"),
+                                     chat_template=QWEN3_CHAT_TEMPLATE)
     tokenizer = Qwen2Tokenizer.from_pretrained(folder)
-    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
     config = Qwen3Config(hidden_size=TEXT_WIDTH, intermediate_size=32,
                          num_hidden_layers=TEXT_LAYERS, num_attention_heads=2,
                          num_key_value_heads=1, head_dim=8, max_position_embeddings=MAX_LENGTH,

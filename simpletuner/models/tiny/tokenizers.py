@@ -67,6 +67,17 @@ def write_tiny_t5_tokenizer(folder: Path, max_length: int) -> dict[str, int]:
 
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
+# Qwen3's template for plain chat messages: Z-Image's pipeline applies it with
+# enable_thinking=True (the assistant turn only opens), FLUX.2-klein's with False (an empty
+# think block follows).
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
+
 
 def write_tiny_qwen2_tokenizer(folder: Path, max_length: int,
                                extra_special_tokens: tuple[str, ...] = (),

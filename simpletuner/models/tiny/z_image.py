@@ -7,17 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from simpletuner.models.tiny.parts import flow_vae
-from simpletuner.models.tiny.tokenizers import write_tiny_qwen2_tokenizer
+from simpletuner.models.tiny.tokenizers import QWEN3_CHAT_TEMPLATE, write_tiny_qwen2_tokenizer
 
-# Qwen3's template for plain chat messages: the pipeline applies it with
-# add_generation_prompt=True and enable_thinking=True, which opens the assistant turn only.
-QWEN3_CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
 TOKEN_LENGTH = 512  # ZImagePipeline's max_sequence_length
 TEXT_WIDTH = 32
 
