@@ -22,6 +22,7 @@ from transformers import (AutoProcessor, Mistral3ForConditionalGeneration, Qwen2
 
 from simpletuner.models.base import ModelFolderError, TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
+from simpletuner.models.transfer import to_device
 
 KLEIN_PIPELINE = "Flux2KleinPipeline"
 MAX_SEQUENCE_LENGTH = 512  # both pipelines' default max_sequence_length
@@ -42,7 +43,6 @@ class Flux2Adapter(FlowFamilyAdapter):
     """FLUX.2-dev's layout; for_folder picks Flux2KleinAdapter for a klein folder."""
 
     family = "flux2"
-    layout = "dev"
     text_encoder_specs = (("text_encoder", "tokenizer", Mistral3ForConditionalGeneration,
                            AutoProcessor),)
     transformer_class = Flux2Transformer2DModel
@@ -120,7 +120,7 @@ class Flux2Adapter(FlowFamilyAdapter):
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
         pipeline = self.pipeline_class
         prompt_embeds = batch.prompt_embeds["prompt_embeds"].to(dtype)
-        latent_ids = pipeline._prepare_latent_ids(noisy).to(self.device)
+        latent_ids = to_device(pipeline._prepare_latent_ids(noisy), self.device)
         guidance = None  # the pipelines pass one only to guidance-distilled transformers
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((noisy.shape[0],), self.loss_settings.flux_guidance_value,
@@ -128,15 +128,15 @@ class Flux2Adapter(FlowFamilyAdapter):
         tokens = network(
             hidden_states=pipeline._pack_latents(noisy), timestep=sigmas.to(dtype),
             guidance=guidance, encoder_hidden_states=prompt_embeds,
-            txt_ids=pipeline._prepare_text_ids(prompt_embeds).to(self.device),
+            txt_ids=to_device(pipeline._prepare_text_ids(prompt_embeds), self.device),
             img_ids=latent_ids, return_dict=False)[0]
-        return Flux2Pipeline._unpack_latents_with_ids(tokens, latent_ids)
+        # klein's variant takes the size, so no device sync for it per step
+        return Flux2KleinPipeline._unpack_latents_with_ids(tokens, latent_ids, *noisy.shape[-2:])
 
 
 class Flux2KleinAdapter(Flux2Adapter):
     """FLUX.2-klein (4B, 9B): Qwen3 hidden states of the chat-templated prompt."""
 
-    layout = "klein"
     text_encoder_specs = (("text_encoder", "tokenizer", Qwen3ForCausalLM, Qwen2Tokenizer),)
     pipeline_class = Flux2KleinPipeline
     text_layers = (9, 18, 27)
