@@ -214,5 +214,12 @@ class QwenImageFullFsdpTest(DdpFsdpPair, unittest.TestCase):
     weights = TRANSFORMER_WEIGHTS
 
 
+class Flux2FullFsdpTest(DdpFsdpPair, unittest.TestCase):
+    # gradient_checkpointing: FLUX.2's double- and single-stream blocks under fully_shard.
+    options = {"model_family": "flux2", "pretrained_model_name_or_path": "builtin:tiny-flux2",
+               "gradient_checkpointing": True}
+    weights = TRANSFORMER_WEIGHTS
+
+
 if __name__ == "__main__":
     unittest.main()
