@@ -240,9 +240,9 @@ class Flux2DevLayoutTest(Flux2Case):
 
 
 class Flux2TrainingTest(unittest.TestCase):
-    """Three ./train.sh runs of builtin:tiny-flux2: full for 4 steps (checkpoints at 2 and 4,
-    validation images, the pipeline exported), the same resumed from a copy of checkpoint-2,
-    and a LoRA run on an int8-quantized base."""
+    """Three ./train.sh runs of builtin:tiny-flux2: full with EMA for 4 steps (checkpoints at 2
+    and 4, validation images, the pipeline exported), the same resumed from a copy of
+    checkpoint-2, and a LoRA run on an int8-quantized base."""
 
     @classmethod
     def setUpClass(cls):
@@ -253,14 +253,15 @@ class Flux2TrainingTest(unittest.TestCase):
                       max_train_steps=4, checkpointing_steps=2, train_batch_size=2)
         cls.full = run_train_sh(write_config(
             root, root / "data", "full", validation_prompt="a red circle", validation_steps=4,
-            validation_num_inference_steps=2, validation_guidance_scale=2.0, **common),
-            cls.tmp)
+            validation_num_inference_steps=2, validation_guidance_scale=2.0, use_ema=True,
+            **common), cls.tmp)
         if cls.full.returncode == 0:
             (root / "resumed-out").mkdir()
             shutil.copytree(root / "full-out" / "checkpoint-2",
                             root / "resumed-out" / "checkpoint-2")
         cls.resumed = run_train_sh(write_config(
-            root, root / "data", "resumed", resume_from_checkpoint="latest", **common), cls.tmp)
+            root, root / "data", "resumed", resume_from_checkpoint="latest", use_ema=True,
+            **common), cls.tmp)
         cls.lora = run_train_sh(write_config(
             root, root / "data", "lora", model_type="lora", lora_rank=4, learning_rate=5e-3,
             base_model_precision="int8-torchao", mixed_precision="bf16", **common), cls.tmp)
