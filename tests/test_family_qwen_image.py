@@ -319,7 +319,7 @@ class QwenConfigTest(unittest.TestCase):
         self.assertIn("validation_guidance_real", problem)
         self.assertIn("Qwen-Image and Chroma: their true classifier-free guidance", problem)
         (problem,) = self.problems(flux_guidance_value=3.5)
-        self.assertIn("applies to model_family 'flux' only", problem)
+        self.assertIn("applies to model_families 'flux' and 'flux2' only", problem)
 
 
 if __name__ == "__main__":

@@ -278,8 +278,8 @@ class ZImageConfigTest(unittest.TestCase):
         for option, message in (
                 (dict(validation_guidance_rescale=0.7), "key 'validation_guidance_rescale' "
                  "applies to sd1x, sd2x and sdxl; the z_image pipeline has no guidance rescale"),
-                (dict(flux_guidance_value=3.5), "'flux_guidance_value' applies to model_family "
-                 "'flux' only")):
+                (dict(flux_guidance_value=3.5), "'flux_guidance_value' applies to model_families "
+                 "'flux' and 'flux2' only")):
             with self.subTest(option=option), self.assertRaises(ConfigError) as caught:
                 self.configuration(**option)
             self.assertIn(message, str(caught.exception))
