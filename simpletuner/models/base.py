@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 from diffusers import AutoencoderKL
@@ -63,6 +64,8 @@ class ModelAdapter(ABC):
     # pipeline's order; the subfolder names are also the pipeline's component names.
     text_encoder_specs: tuple[tuple[str, str, type, type], ...]
     vae_class: type = AutoencoderKL  # the vae/ subfolder's class
+    # Pipeline call arguments validation adds for this family (e.g. a video pipeline's frames).
+    validation_arguments = MappingProxyType({})
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):
@@ -93,9 +96,18 @@ class ModelAdapter(ABC):
     @classmethod
     def required_subfolders(cls) -> tuple[str, ...]:
         """Subfolders a diffusers folder of this family must have; preflight checks them (and
-        ``forbidden_subfolders``) with layout.check_model_folder before anything loads."""
+        ``forbidden_subfolders``) in check_folder before anything loads."""
         text = tuple(name for spec in cls.text_encoder_specs for name in spec[:2])
         return (cls.trainable_component, "vae", "scheduler") + text
+
+    @classmethod
+    def check_folder(cls, folder: Path) -> None:
+        """Raise ModelFolderError unless ``folder`` has this family's layout; preflight and
+        loading call it before anything loads. Families add checks of their own variants."""
+        from simpletuner.models.layout import check_model_folder  # layout imports this module
+
+        check_model_folder(folder, cls.family, cls.required_subfolders(),
+                           cls.forbidden_subfolders)
 
     @classmethod
     @abstractmethod

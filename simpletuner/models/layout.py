@@ -15,6 +15,7 @@ _PIPELINE_FAMILIES = (
     ("StableDiffusion3", "sd3"),
     ("Chroma", "chroma"),
     ("Flux", "flux"),
+    ("Wan", "wan"),
     ("StableDiffusion", "sd1x or sd2x"),
 )
 

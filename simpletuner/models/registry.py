@@ -14,6 +14,7 @@ ADAPTERS = {
     "sd3": ("simpletuner.models.sd3", "SD3Adapter"),
     "flux": ("simpletuner.models.flux", "FluxAdapter"),
     "chroma": ("simpletuner.models.chroma", "ChromaAdapter"),
+    "wan": ("simpletuner.models.wan", "WanAdapter"),
 }
 
 

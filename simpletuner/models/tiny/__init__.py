@@ -17,6 +17,7 @@ RECIPES = {
     "tiny-sd3": ("simpletuner.models.tiny.flow_models", "build_sd3"),
     "tiny-flux": ("simpletuner.models.tiny.flow_models", "build_flux"),
     "tiny-chroma": ("simpletuner.models.tiny.chroma_model", "build_chroma"),
+    "tiny-wan": ("simpletuner.models.tiny.wan_model", "build_wan"),
 }
 
 
