@@ -71,7 +71,7 @@ def check_validation_options(training, where: str, base: Path, problems: list[st
         except ValueError as error:
             problems.append(f"{where}: key 'user_prompt_library': {error}")
     family = training.model_family
-    if training.validation_guidance_rescale and family in ("sd3", "flux", "chroma"):
+    if training.validation_guidance_rescale and family in ("sd3", "flux", "chroma", "wan"):
         problems.append(f"{where}: key 'validation_guidance_rescale' applies to sd1x, sd2x and "
                         f"sdxl; the {family} pipeline has no guidance rescale. Remove it.")
     if training.validation_guidance_skip_layers and family != "sd3":

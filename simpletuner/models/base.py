@@ -17,7 +17,7 @@ class TrainingBatch:
     """One micro-batch as the model sees it: cached latents, cached prompt embeddings and the
     per-sample geometry SDXL-style micro-conditioning needs. Sizes are (height, width)."""
 
-    latents: torch.Tensor                      # [B, C, h, w], already scaled for the model
+    latents: torch.Tensor  # [B, C, h, w] ([B, C, F, h, w] for video families), model-scaled
     prompt_embeds: dict[str, torch.Tensor]     # each [B, ...], as returned by encode_prompts
     original_sizes: list[tuple[int, int]]
     crop_top_lefts: list[tuple[int, int]]
