@@ -28,7 +28,8 @@ from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
 from test_memory_plan_command import GIB, row
-from training_fixtures import environment, make_shapes, run_train_sh, write_config
+from training_fixtures import (check_recording_torch, environment, make_shapes, run_train_sh,
+                               write_config)
 
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
 # Parameters of the published transformers, from their checkpoints' sizes: Comfy-Org's
@@ -162,6 +163,22 @@ class WanConfigTest(unittest.TestCase):
         with self.assertRaises(ConfigError) as caught:
             self.load(**options)
         return str(caught.exception)
+
+    def test_check_refuses_a_wan_i2v_folder_before_launch_without_torch(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            folder = root / "wan-i2v"
+            (folder / "image_encoder").mkdir(parents=True)
+            (folder / "model_index.json").write_text(
+                json.dumps({"_class_name": "WanImageToVideoPipeline"}))
+            make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+            config = write_config(root, root / "data", model_family="wan",
+                                  pretrained_model_name_or_path=str(folder))
+            result = check_recording_torch(config, root)
+        # check stayed torch-free and exited 2, a configuration problem
+        self.assertEqual(result.stdout.split()[-2:], ["False", "2"], result.stderr[-2000:])
+        self.assertRegex(result.stdout + result.stderr, "names WanImageToVideoPipeline; only "
+                         "Wan 2.1 text-to-video is supported here")
 
     def test_wan_options_are_accepted_or_refused_with_advice(self):
         self.load(wan_force_2_1_time_embedding=True, wan_validation_load_other_stage=False)
