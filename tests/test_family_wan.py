@@ -121,6 +121,24 @@ class WanAdapterTest(TinyModelCase):
         self.assertTrue(torch.isfinite(loss))
         self.assertGreater(adapter.transformer.proj_out.weight.grad.abs().sum().item(), 0)
 
+    def test_gradient_checkpointing_keeps_the_loss_and_its_gradients(self):
+        adapter = self.load("wan")
+        batch = random_batch(adapter, 2)
+
+        def loss_and_gradients():
+            adapter.transformer.zero_grad()
+            loss = adapter.compute_loss(batch, torch.Generator().manual_seed(3))
+            loss.backward()
+            return loss.item(), [p.grad.clone() for p in adapter.transformer.parameters()]
+
+        plain_loss, plain = loss_and_gradients()
+        adapter.set_gradient_checkpointing(True)
+        self.assertTrue(adapter.transformer.gradient_checkpointing)
+        checkpointed_loss, checkpointed = loss_and_gradients()
+        self.assertEqual(checkpointed_loss, plain_loss)
+        for first, second in zip(plain, checkpointed):
+            torch.testing.assert_close(second, first, rtol=1e-5, atol=1e-7)
+
     def test_fsdp_shards_each_wan_transformer_block(self):
         transformer = self.load("wan").transformer
         blocks = repeated_blocks(transformer)
