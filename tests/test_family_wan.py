@@ -25,6 +25,7 @@ from model_fixtures import CPU, TinyModelCase, losses_around_training, random_ba
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
+from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
 from test_memory_plan_command import GIB, row
@@ -108,6 +109,19 @@ class WanAdapterTest(TinyModelCase):
         self.assertAlmostEqual(loss.item(), (noise - batch.latents).pow(2).mean().item(),
                                places=4)
         self.assertAlmostEqual(noise.std().item(), 1.0, delta=0.15)
+
+    def test_training_noise_levels_are_shifted_as_the_pipelines_schedule(self):
+        adapter = self.load("wan")
+        scheduler = adapter.build_pipeline().scheduler
+        scheduler.set_timesteps(10)
+        levels = torch.linspace(1, 1 / 1000, 11, dtype=torch.float64)[:-1]
+        shifted = shift_sigmas(levels, adapter.sigma_shift(8, 8))
+        # The same shift; the pipeline nudges its first sigma 1e-6 below 1, and passes the
+        # timestep as int(sigma * 1000) (UniPC's int64 timesteps; training passes it unrounded).
+        sigmas = torch.as_tensor(scheduler.sigmas[:-1], dtype=torch.float64)
+        torch.testing.assert_close(sigmas, shifted, rtol=0, atol=2e-6)
+        self.assertTrue(torch.equal(scheduler.timesteps, (sigmas * 1000).long()))
+        self.assertEqual(self.load("wan", flow_shift=5.0).sigma_shift(8, 8), 5.0)
 
     def test_clips_of_several_latent_frames_train_too(self):
         adapter = self.load("wan")
