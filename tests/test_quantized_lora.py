@@ -1,5 +1,5 @@
 """LoRA on an int8-quantized frozen base, through torchao and optimum-quanto, for a UNet family
-(sd1x) and transformer families (flux, chroma): the base layers really hold quantized weights,
+(sd1x) and transformer families (flux, chroma, wan): the base layers really hold quantized weights,
 the loss on a fixed batch falls, a checkpoint resumes exactly, and the exported adapter loads with
 load_lora_weights onto the *unquantized* base pipeline and changes its output."""
 
@@ -14,6 +14,7 @@ import torch
 from diffusers import DiffusionPipeline
 
 from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.pipelines import first_image
 from simpletuner.training.lora import add_lora, export_lora
 from simpletuner.training.optimization.optimizers import build_optimizer
 from simpletuner.training.memory.quantization import quantize_frozen_weights
@@ -42,7 +43,7 @@ class QuantizedLoraTest(TinyModelCase):
         return adapter
 
     def test_lora_on_an_int8_base_trains_resumes_and_exports(self):
-        for family in ("sd1x", "flux", "chroma"):
+        for family in ("sd1x", "flux", "chroma", "wan"):
             for precision, library in QUANTIZED_BY.items():
                 with self.subTest(family=family, precision=precision):
                     self.check(family, memory_settings(base_model_precision=precision,
@@ -79,8 +80,9 @@ class QuantizedLoraTest(TinyModelCase):
 
         def image():
             result = pipeline(prompt="a red circle", height=64, width=64, num_inference_steps=2,
-                              generator=torch.Generator().manual_seed(0))
-            return np.asarray(result.images[0]).astype(np.float64)
+                              generator=torch.Generator().manual_seed(0),
+                              **type(adapter).validation_arguments)  # Wan: one frame
+            return np.asarray(first_image(result)).astype(np.float64)
 
         before = image()
         pipeline.load_lora_weights(exported.parent)

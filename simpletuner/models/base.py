@@ -16,7 +16,7 @@ class TrainingBatch:
     """One micro-batch as the model sees it: cached latents, cached prompt embeddings and the
     per-sample geometry SDXL-style micro-conditioning needs. Sizes are (height, width)."""
 
-    latents: torch.Tensor                      # [B, C, h, w], already scaled for the model
+    latents: torch.Tensor  # [B, C, h, w] ([B, C, F, h, w] for video families), model-scaled
     prompt_embeds: dict[str, torch.Tensor]     # each [B, ...], as returned by encode_prompts
     original_sizes: list[tuple[int, int]]
     crop_top_lefts: list[tuple[int, int]]
@@ -107,9 +107,18 @@ class ModelAdapter(ABC):
     @classmethod
     def required_subfolders(cls) -> tuple[str, ...]:
         """Subfolders a diffusers folder of this family must have; preflight checks them (and
-        ``forbidden_subfolders``) with layout.check_model_folder before anything loads."""
+        ``forbidden_subfolders``) in check_folder before anything loads."""
         text = tuple(name for spec in cls.text_encoder_specs for name in spec[:2])
         return (cls.trainable_component, "vae", "scheduler") + text
+
+    @classmethod
+    def check_folder(cls, folder: Path) -> None:
+        """Raise ModelFolderError unless ``folder`` has this family's layout; preflight and
+        loading call it before anything loads. Families add checks of their own variants."""
+        from simpletuner.models.layout import check_model_folder  # layout imports this module
+
+        check_model_folder(folder, cls.family, cls.required_subfolders(),
+                           cls.forbidden_subfolders)
 
     @classmethod
     @abstractmethod

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 from simpletuner.models.base import ModelFolderError
-from simpletuner.models.layout import check_model_folder
 
 
 def load_component(load, folder: Path, subfolder: str):
@@ -24,8 +23,7 @@ def load_component(load, folder: Path, subfolder: str):
 def checked_folder(adapter_class, folder: Path) -> Path:
     """``folder`` as a Path, after the layout check against ``adapter_class``'s family."""
     folder = Path(folder)
-    check_model_folder(folder, adapter_class.family, adapter_class.required_subfolders(),
-                       adapter_class.forbidden_subfolders)
+    adapter_class.check_folder(folder)
     return folder
 
 

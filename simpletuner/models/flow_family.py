@@ -26,6 +26,7 @@ class FlowFamilyAdapter(ModelAdapter):
     transformer_class: type
     forbidden_subfolders: tuple[str, ...] = ("unet",)  # a UNet (SD 1.x/2.x/XL) folder
     trainable_component = "transformer"
+    scheduler_class: type = FlowMatchEulerDiscreteScheduler  # the scheduler/ subfolder's class
     # Image and text stream projections of the joint attention (single blocks: image only).
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0",
                            "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
@@ -40,7 +41,7 @@ class FlowFamilyAdapter(ModelAdapter):
     def load(cls, folder: Path, *, device: torch.device, weight_dtype: torch.dtype,
              loss_settings: LossSettings) -> "FlowFamilyAdapter":
         folder = checked_folder(cls, folder)
-        scheduler = load_component(FlowMatchEulerDiscreteScheduler.from_pretrained, folder,
+        scheduler = load_component(cls.scheduler_class.from_pretrained, folder,
                                    "scheduler")
         transformer = load_component(cls.transformer_class.from_pretrained, folder,
                                      "transformer")

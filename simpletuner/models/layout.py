@@ -19,6 +19,7 @@ _PIPELINE_FAMILIES = (
     ("QwenImage", "qwen_image"),
     ("ZImageOmni", "z_image_omni"),
     ("ZImage", "z_image"),
+    ("Wan", "wan"),
     ("StableDiffusion", "sd1x or sd2x"),
 )
 

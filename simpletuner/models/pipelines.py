@@ -59,8 +59,15 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
             result = pipeline(prompt=prompt, height=height, width=width,
                               num_inference_steps=num_inference_steps,
                               guidance_scale=guidance_scale, generator=generator, **extra)
-            images.append(result.images[0])
+            images.append(first_image(result))
     return images
+
+
+def first_image(result) -> Image.Image:
+    """The image of a pipeline's output; a video pipeline's (WanPipeline: ``frames``, one clip
+    per prompt) gives the first frame of its first clip."""
+    frames = getattr(result, "frames", None)
+    return result.images[0] if frames is None else frames[0][0]
 
 
 def make_grid(images: list[Image.Image], columns: int | None = None) -> Image.Image:

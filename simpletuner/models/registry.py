@@ -17,6 +17,7 @@ ADAPTERS = {
     "qwen_image": ("simpletuner.models.qwen_image", "QwenImageAdapter"),
     "z_image": ("simpletuner.models.z_image", "ZImageAdapter"),
     "flux2": ("simpletuner.models.flux2", "Flux2Adapter"),
+    "wan": ("simpletuner.models.wan", "WanAdapter"),
 }
 
 

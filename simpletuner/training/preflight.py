@@ -17,7 +17,6 @@ from simpletuner.configuration import ConfigError, Configuration
 from simpletuner.common.together import failing_together
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
-from simpletuner.models.layout import check_model_folder
 from simpletuner.models.model_path import model_path_problem
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.checkpointer import read_run_state
@@ -78,9 +77,7 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
         try:
             adapter_class = get_adapter_class(training.model_family)
             model_folder = resolve_model_path(training.pretrained_model_name_or_path)
-            check_model_folder(model_folder, training.model_family,
-                               adapter_class.required_subfolders(),
-                               adapter_class.forbidden_subfolders)
+            adapter_class.check_folder(model_folder)
             flavour_problem = adapter_class.flavour_problem(model_folder, training.model_flavour)
             if flavour_problem:
                 problems.append(f"{where}: key 'model_flavour': {flavour_problem}")

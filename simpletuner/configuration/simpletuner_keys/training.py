@@ -60,8 +60,8 @@ TRAINING_KEYS = {
               "here"),
     **refused("flow_schedule_auto_shift", "remove it; flow_shift unset uses the model "
               "scheduler's own shift (Flux: its resolution-dependent shift)"),
-    **refused("t5_padding", "remove it; T5 embeddings keep the tokenizer's padding",
-              (None, "unmodified")),
+    **refused("t5_padding", "remove it; T5 embeddings keep the tokenizer's padding (Wan's are "
+              "zero past the prompt, as in WanPipeline)", (None, "unmodified")),
     **refused("masked_loss_probability", "remove it; masked loss is not supported here",
               (None, 1)),
     **refused("scheduled_sampling_max_step_offset", "remove it; scheduled sampling is not "

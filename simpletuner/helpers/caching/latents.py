@@ -77,7 +77,7 @@ class LatentSettings:
 
 @dataclass(frozen=True)
 class CachedLatents:
-    latents: torch.Tensor                      # [B, C, h, w]
+    latents: torch.Tensor                      # [B, C, h, w] or [B, C, F, h, w] (video)
     original_sizes: list[tuple[int, int]]      # (height, width)
     crop_top_lefts: list[tuple[int, int]]      # (top, left)
     target_sizes: list[tuple[int, int]]        # (height, width)

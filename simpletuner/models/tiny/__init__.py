@@ -20,6 +20,7 @@ RECIPES = {
     "tiny-qwen_image": ("simpletuner.models.tiny.qwen_models", "build_qwen_image"),
     "tiny-z_image": ("simpletuner.models.tiny.z_image", "build_z_image"),
     "tiny-flux2": ("simpletuner.models.tiny.flux2_models", "build_flux2_klein"),
+    "tiny-wan": ("simpletuner.models.tiny.wan_model", "build_wan"),
 }
 
 

@@ -16,7 +16,7 @@ from simpletuner.helpers.data_backend.huggingface_loading import dataset_problem
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.split import UndersizedBucketsError, check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
-from simpletuner.models.model_path import model_path_problem
+from simpletuner.models.model_path import family_folder_problem, model_path_problem
 from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 from simpletuner.training.reporting.trackers import tracker_problems
@@ -80,7 +80,9 @@ def static_problems(configuration: Configuration) -> list[str]:
         problems.append("key 'lora_target_modules' is an empty list; name the modules to "
                         "adapt, or leave it unset for the family's defaults")
     problems += tracker_problems(training.report_to)
-    model_problem = model_path_problem(training.pretrained_model_name_or_path)
+    model_problem = (model_path_problem(training.pretrained_model_name_or_path)
+                     or family_folder_problem(training.model_family,
+                                              training.pretrained_model_name_or_path))
     if model_problem:
         problems.append(f"key 'pretrained_model_name_or_path': {model_problem}")
     problems += output_dir_problems(configuration)

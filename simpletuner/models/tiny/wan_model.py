@@ -1,0 +1,39 @@
+"""The tiny Wan 2.1 text-to-video model: a one-block WanTransformer3DModel, a narrow causal 3D
+VAE with Wan 2.1's 8x spatial and 4x temporal downsampling (and its latents_mean/latents_std),
+a tiny UMT5 encoder with a locally written T5 tokenizer, and Wan 2.1's scheduler (UniPC with
+flow sigmas, flow_shift 3.0)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from simpletuner.models.tiny.parts import T5_TOKEN_LENGTH
+from simpletuner.models.tiny.tokenizers import write_tiny_t5_tokenizer
+
+
+def tiny_umt5(staging: Path, subfolder: str, width: int):
+    """A T5Tokenizer written to ``staging/subfolder`` and a tiny UMT5EncoderModel."""
+    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
+
+    ids = write_tiny_t5_tokenizer(staging / subfolder, T5_TOKEN_LENGTH)
+    config = UMT5Config(d_model=width, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                        relative_attention_num_buckets=8, dropout_rate=0.0,
+                        feed_forward_proj="gated-gelu", **ids)
+    return T5Tokenizer.from_pretrained(staging / subfolder), UMT5EncoderModel(config)
+
+
+def build_wan(staging: Path):
+    from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline,
+                           WanTransformer3DModel)
+
+    tokenizer, text_encoder = tiny_umt5(staging, "tokenizer", 32)
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+        out_channels=16, text_dim=text_encoder.config.d_model, freq_dim=32, ffn_dim=32,
+        num_layers=1, rope_max_seq_len=32)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                        num_train_timesteps=1000, flow_shift=3.0)
+    return WanPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder,
+                       tokenizer=tokenizer, scheduler=scheduler)
