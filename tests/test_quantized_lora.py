@@ -81,7 +81,7 @@ class QuantizedLoraTest(TinyModelCase):
         def image():
             result = pipeline(prompt="a red circle", height=64, width=64, num_inference_steps=2,
                               generator=torch.Generator().manual_seed(0),
-                              **type(adapter).validation_arguments)  # Wan: one frame
+                              **adapter.validation_arguments({}))  # Wan: one frame
             return np.asarray(first_image(result)).astype(np.float64)
 
         before = image()
