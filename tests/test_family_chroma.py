@@ -1,7 +1,8 @@
 """Chroma: the adapter learns and gives the transformer what ChromaPipeline gives it (packed
 latents, ids, sigma, the pipeline's T5 embeddings and attention mask); full and LoRA runs of
-builtin:tiny-chroma through ./train.sh export what ChromaPipeline loads, and a resumed run ends
-with the uninterrupted run's weights; plan --memory counts the published 8.9 B parameters."""
+builtin:tiny-chroma through ./train.sh export what ChromaPipeline loads, and a resumed run (full
+or LoRA) ends with the uninterrupted run's weights; plan --memory counts the published 8.9 B
+parameters."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from test_memory_plan_command import GIB, row
 from training_fixtures import environment, make_shapes, run_train_sh, write_config
 
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
+LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
 # "Chroma is a 8.9 billion parameter rectified flow transformer" (the model card,
 # huggingface.co/lodestones/Chroma; Chroma1-HD and Chroma1-Base share its architecture).
 CHROMA_PARAMETERS = 8.9e9
@@ -156,8 +158,9 @@ class ChromaConfigTest(unittest.TestCase):
 
 
 class ChromaTrainingTest(unittest.TestCase):
-    """Three launches of ./train.sh: a full run of 4 steps checkpointed at 2, the same run
-    resumed from a copy of its checkpoint-2, and a LoRA run."""
+    """Four launches of ./train.sh: a full run of 4 steps checkpointed at 2, the same run
+    resumed from a copy of its checkpoint-2, a LoRA run checkpointed at 2, and the LoRA run
+    resumed from a copy of its checkpoint-2."""
 
     @classmethod
     def setUpClass(cls):
@@ -173,8 +176,13 @@ class ChromaTrainingTest(unittest.TestCase):
             shutil.copytree(root / "full-out/checkpoint-2", root / "resumed-out/checkpoint-2")
             cls.resumed = cls.train("resumed", checkpointing_steps=2,
                                     resume_from_checkpoint="latest", **common)
-        cls.lora = cls.train("lora", model_type="lora", lora_rank=4, learning_rate=1e-2,
-                             **common)
+        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2,
+                    checkpointing_steps=2)
+        cls.lora = cls.train("lora", **lora)
+        if cls.lora.returncode == 0:
+            (root / "lora-resumed-out").mkdir()
+            shutil.copytree(root / "lora-out/checkpoint-2", root / "lora-resumed-out/checkpoint-2")
+            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
 
     @classmethod
     def train(cls, name: str, **options):
@@ -219,6 +227,20 @@ class ChromaTrainingTest(unittest.TestCase):
         before = self.sample(pipeline)
         pipeline.load_lora_weights(out / "lora")
         self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+
+    def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
+        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
+        self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
+        self.assertIn("resumed from", self.lora_resumed.stderr)
+        whole = load_file(str(self.root / "lora-out" / LORA_WEIGHTS))
+        resumed = load_file(str(self.root / "lora-resumed-out" / LORA_WEIGHTS))
+        self.assertEqual(set(whole), set(resumed))
+        for name, tensor in whole.items():
+            self.assertTrue(torch.equal(tensor, resumed[name]),
+                            f"{name}: {(tensor - resumed[name]).abs().max().item()}")
+        start, end = (load_file(str(self.root / "lora-out" / f"checkpoint-{step}" /
+                                    "lora_adapter.safetensors")) for step in (2, 4))
+        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
 
 
 class ChromaMemoryPlanTest(unittest.TestCase):

@@ -1,7 +1,7 @@
 """FLUX.2 (model_family flux2): the adapter feeds the transformer what Flux2KleinPipeline and
 Flux2Pipeline feed it and learns; builtin:tiny-flux2 (klein's layout) trains full and LoRA
-through ./train.sh, resumes to the same weights and exports what diffusers loads; plan --memory
-counts the published sizes; config mistakes are named before anything loads."""
+through ./train.sh, resumes either to the same weights and exports what diffusers loads; plan
+--memory counts the published sizes; config mistakes are named before anything loads."""
 
 from __future__ import annotations
 
@@ -240,9 +240,9 @@ class Flux2DevLayoutTest(Flux2Case):
 
 
 class Flux2TrainingTest(unittest.TestCase):
-    """Three ./train.sh runs of builtin:tiny-flux2: full with EMA for 4 steps (checkpoints at 2
-    and 4, validation images, the pipeline exported), the same resumed from a copy of
-    checkpoint-2, and a LoRA run on an int8-quantized base."""
+    """Four ./train.sh runs of builtin:tiny-flux2: full with EMA for 4 steps (checkpoints at 2
+    and 4, validation images, the pipeline exported), a LoRA run on an int8-quantized base, and
+    each of the two resumed from a copy of its checkpoint-2."""
 
     @classmethod
     def setUpClass(cls):
@@ -251,20 +251,27 @@ class Flux2TrainingTest(unittest.TestCase):
         make_shapes(root / "data", per_size=2, sizes=((64, 48), (48, 64)))
         common = dict(model_family="flux2", pretrained_model_name_or_path="builtin:tiny-flux2",
                       max_train_steps=4, checkpointing_steps=2, train_batch_size=2)
-        cls.full = run_train_sh(write_config(
-            root, root / "data", "full", validation_prompt="a red circle", validation_steps=4,
-            validation_num_inference_steps=2, validation_guidance_scale=2.0, use_ema=True,
-            **common), cls.tmp)
-        if cls.full.returncode == 0:
-            (root / "resumed-out").mkdir()
-            shutil.copytree(root / "full-out" / "checkpoint-2",
-                            root / "resumed-out" / "checkpoint-2")
-        cls.resumed = run_train_sh(write_config(
-            root, root / "data", "resumed", resume_from_checkpoint="latest", use_ema=True,
-            **common), cls.tmp)
-        cls.lora = run_train_sh(write_config(
-            root, root / "data", "lora", model_type="lora", lora_rank=4, learning_rate=5e-3,
-            base_model_precision="int8-torchao", mixed_precision="bf16", **common), cls.tmp)
+        cls.full = cls.train("full", validation_prompt="a red circle", validation_steps=4,
+                             validation_num_inference_steps=2, validation_guidance_scale=2.0,
+                             use_ema=True, **common)
+        cls.resumed = cls.resume("full", "resumed", use_ema=True, **common)
+        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=5e-3,
+                    base_model_precision="int8-torchao", mixed_precision="bf16")
+        cls.lora = cls.train("lora", **lora)
+        cls.lora_resumed = cls.resume("lora", "lora-resumed", **lora)
+
+    @classmethod
+    def train(cls, name: str, **options):
+        return run_train_sh(write_config(cls.root, cls.root / "data", name, **options), cls.tmp)
+
+    @classmethod
+    def resume(cls, run: str, name: str, **options):
+        """Run ``name``, resumed ("latest") from a copy of run ``run``'s checkpoint-2."""
+        (cls.root / f"{name}-out").mkdir()
+        if (cls.root / f"{run}-out" / "checkpoint-2").is_dir():
+            shutil.copytree(cls.root / f"{run}-out" / "checkpoint-2",
+                            cls.root / f"{name}-out" / "checkpoint-2")
+        return cls.train(name, resume_from_checkpoint="latest", **options)
 
     @classmethod
     def tearDownClass(cls):
@@ -312,6 +319,22 @@ class Flux2TrainingTest(unittest.TestCase):
         before = self.sample(pipeline)
         pipeline.load_lora_weights(out / "lora")
         self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+
+    def test_resumed_lora_run_on_a_quantized_base_ends_with_the_uninterrupted_adapter(self):
+        self.assert_ran(self.lora)
+        self.assert_ran(self.lora_resumed)
+        self.assertRegex(self.lora_resumed.stdout + self.lora_resumed.stderr,
+                         r"resumed from \S*checkpoint-2 at step 2")
+        name = Path("lora") / "pytorch_lora_weights.safetensors"
+        full = load_file(self.root / "lora-out" / name)
+        resumed = load_file(self.root / "lora-resumed-out" / name)
+        self.assertEqual(full.keys(), resumed.keys())
+        for key in full:
+            self.assertTrue(torch.equal(full[key], resumed[key]),
+                            f"{key}: {(full[key] - resumed[key]).abs().max().item()}")
+        start, end = (load_file(self.root / "lora-out" / f"checkpoint-{step}" /
+                                "lora_adapter.safetensors") for step in (2, 4))
+        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
 
 
 # Published configs and parameter counts of FLUX.2-dev and FLUX.2-klein-4B/-9B (sources in the

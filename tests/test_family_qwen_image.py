@@ -1,8 +1,8 @@
 """Qwen-Image (model_family qwen_image): the adapter learns, trains on what QwenImagePipeline
 would give its transformer, keeps a padded batch's prediction unchanged; ./train.sh runs of
-builtin:tiny-qwen_image (full, LoRA, and a run resumed from the full run's checkpoint) export
-what the pipeline class loads; plan --memory sizes the published 20B transformer; its config
-mistakes are named."""
+builtin:tiny-qwen_image (full and LoRA, each also resumed from its checkpoint to the
+uninterrupted run's weights) export what the pipeline class loads; plan --memory sizes the
+published 20B transformer; its config mistakes are named."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from simpletuner.training.memory.sharding import repeated_blocks
 from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
 
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
+LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
 # Qwen/Qwen-Image's published configs (transformer/, vae/, text_encoder/config.json on the Hub),
 # the values that size the tensors.
 QWEN_IMAGE_CONFIGS = {
@@ -194,9 +195,9 @@ class QwenAdapterTest(QwenCase):
 
 
 class QwenTrainingTest(unittest.TestCase):
-    """Three ./train.sh launches: full (4 steps, checkpoints every 2, EMA, gradient
-    checkpointing, eval loss, validation), a lean LoRA (int8 base, bf16, adamw_bf16), and the
-    full run resumed from a copy of its checkpoint-2."""
+    """Four ./train.sh launches: full (4 steps, checkpoints every 2, EMA, gradient
+    checkpointing, eval loss, validation), a lean LoRA (int8 base, bf16, adamw_bf16), and each
+    of the two resumed from a copy of its checkpoint-2."""
 
     @classmethod
     def setUpClass(cls):
@@ -216,9 +217,14 @@ class QwenTrainingTest(unittest.TestCase):
                       validation_guidance_scale=4.0)
         full = dict(common, use_ema=True, eval_steps_interval=2)
         cls.full = cls.train("full", **full)
-        cls.lora = cls.train("lora", model_type="lora", lora_rank=4, learning_rate=1e-2,
-                             base_model_precision="int8-torchao", mixed_precision="bf16",
-                             optimizer="adamw_bf16", **common)
+        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2,
+                    base_model_precision="int8-torchao", mixed_precision="bf16",
+                    optimizer="adamw_bf16")
+        cls.lora = cls.train("lora", **lora)
+        if cls.lora.returncode == 0:
+            (root / "lora-resumed-out").mkdir()
+            shutil.copytree(root / "lora-out/checkpoint-2", root / "lora-resumed-out/checkpoint-2")
+            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
         if cls.full.returncode == 0:
             (root / "resumed-out").mkdir()
             shutil.copytree(root / "full-out/checkpoint-2", root / "resumed-out/checkpoint-2")
@@ -270,6 +276,20 @@ class QwenTrainingTest(unittest.TestCase):
         before = self.sample(pipeline)
         pipeline.load_lora_weights(out / "lora")
         self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+
+    def test_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
+        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
+        self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
+        self.assertIn("resumed from", self.lora_resumed.stderr)
+        whole = load_file(str(self.root / "lora-out" / LORA_WEIGHTS))
+        resumed = load_file(str(self.root / "lora-resumed-out" / LORA_WEIGHTS))
+        self.assertEqual(set(whole), set(resumed))
+        for key, tensor in whole.items():
+            self.assertTrue(torch.equal(tensor, resumed[key]),
+                            f"{key}: {(tensor - resumed[key]).abs().max().item()}")
+        start, end = (load_file(str(self.root / "lora-out" / f"checkpoint-{step}" /
+                                    "lora_adapter.safetensors")) for step in (2, 4))
+        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
 
 
 class QwenMemoryPlanTest(unittest.TestCase):

@@ -2,8 +2,8 @@
 transformer what WanPipeline gives it ([B, C, F, h, w] latents, timestep sigma * 1000, the
 pipeline's zero-padded UMT5 embeddings); other Wan flavours are refused by name; full and LoRA
 runs of builtin:tiny-wan through ./train.sh export what WanPipeline loads (one frame or a clip
-of five), and a resumed run ends with the uninterrupted run's weights; plan --memory counts the
-published parameters of Wan2.1-T2V-1.3B and -14B."""
+of five), and a resumed run (full or LoRA) ends with the uninterrupted run's weights; plan
+--memory counts the published parameters of Wan2.1-T2V-1.3B and -14B."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from training_fixtures import (check_recording_torch, environment, make_shapes, 
                                write_config)
 
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
+LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
 # Parameters of the published transformers, from their checkpoints' sizes: Comfy-Org's
 # wan2.1_t2v_1.3B_fp16.safetensors is 2.84 GB and wan2.1_t2v_14B_fp16.safetensors 28.6 GB, two
 # bytes a parameter (huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged); the model names'
@@ -222,8 +223,9 @@ class WanConfigTest(unittest.TestCase):
 
 
 class WanTrainingTest(unittest.TestCase):
-    """Three launches of ./train.sh: a full run of 4 steps checkpointed at 2, the same run
-    resumed from a copy of its checkpoint-2, and a LoRA run."""
+    """Four launches of ./train.sh: a full run of 4 steps checkpointed at 2, the same run
+    resumed from a copy of its checkpoint-2, a LoRA run checkpointed at 2, and the LoRA run
+    resumed from a copy of its checkpoint-2."""
 
     @classmethod
     def setUpClass(cls):
@@ -239,8 +241,13 @@ class WanTrainingTest(unittest.TestCase):
             shutil.copytree(root / "full-out/checkpoint-2", root / "resumed-out/checkpoint-2")
             cls.resumed = cls.train("resumed", checkpointing_steps=2,
                                     resume_from_checkpoint="latest", **common)
-        cls.lora = cls.train("lora", model_type="lora", lora_rank=4, learning_rate=3e-2,
-                             **common)
+        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=3e-2,
+                    checkpointing_steps=2)
+        cls.lora = cls.train("lora", **lora)
+        if cls.lora.returncode == 0:
+            (root / "lora-resumed-out").mkdir()
+            shutil.copytree(root / "lora-out/checkpoint-2", root / "lora-resumed-out/checkpoint-2")
+            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
 
     @classmethod
     def train(cls, name: str, **options):
@@ -288,6 +295,20 @@ class WanTrainingTest(unittest.TestCase):
         before = self.sample(pipeline)
         pipeline.load_lora_weights(out / "lora")
         self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 1e-3)
+
+    def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
+        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
+        self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
+        self.assertIn("resumed from", self.lora_resumed.stderr)
+        whole = load_file(str(self.root / "lora-out" / LORA_WEIGHTS))
+        resumed = load_file(str(self.root / "lora-resumed-out" / LORA_WEIGHTS))
+        self.assertEqual(set(whole), set(resumed))
+        for name, tensor in whole.items():
+            self.assertTrue(torch.equal(tensor, resumed[name]),
+                            f"{name}: {(tensor - resumed[name]).abs().max().item()}")
+        start, end = (load_file(str(self.root / "lora-out" / f"checkpoint-{step}" /
+                                    "lora_adapter.safetensors")) for step in (2, 4))
+        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
 
 
 class WanMemoryPlanTest(unittest.TestCase):

@@ -1,8 +1,8 @@
 """Z-Image (model_family z_image): the adapter learns and trains on exactly what ZImagePipeline
 gives its transformer (per-sample lists, timestep 1 - sigma, the pipeline's own caption
 features, its sign); full and LoRA runs of builtin:tiny-z_image through ./train.sh export what
-ZImagePipeline loads, and a resumed run ends with the uninterrupted run's weights; plan
---memory on Z-Image's published configs counts its published 6.15 B parameters."""
+ZImagePipeline loads, and a resumed run (full or LoRA) ends with the uninterrupted run's
+weights; plan --memory on Z-Image's published configs counts its published 6.15 B parameters."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ class ZImageShardingTest(unittest.TestCase):
 
 class ZImageTrainingTest(unittest.TestCase):
     """./train.sh: a full run of 4 steps (checkpoints at 2 and 4, validation at the end) and a
-    LoRA run on a quantized base; the full run resumed from a copy of its checkpoint-2."""
+    LoRA run on a quantized base; each resumed from a copy of its checkpoint-2."""
 
     @classmethod
     def setUpClass(cls):
@@ -208,9 +208,15 @@ class ZImageTrainingTest(unittest.TestCase):
         cls.resumed = run_training(write_config(root, root / "data", "resumed",
                                                 resume_from_checkpoint="latest", **full), cls.tmp)
         # The LoRA trains on an int8 base under bf16 autocast, as on one small GPU.
-        cls.lora = run_train_sh(write_config(
-            root, root / "data", "lora", model_type="lora", lora_rank=4, learning_rate=1e-2,
-            base_model_precision="int8-torchao", mixed_precision="bf16", **base), cls.tmp)
+        lora = dict(base, model_type="lora", lora_rank=4, learning_rate=1e-2,
+                    base_model_precision="int8-torchao", mixed_precision="bf16")
+        cls.lora = run_train_sh(write_config(root, root / "data", "lora", **lora), cls.tmp)
+        (root / "lora-resumed-out").mkdir()
+        if cls.lora.returncode == 0:
+            shutil.copytree(root / "lora-out" / "checkpoint-2",
+                            root / "lora-resumed-out" / "checkpoint-2")
+        cls.lora_resumed = run_training(write_config(
+            root, root / "data", "lora-resumed", resume_from_checkpoint="latest", **lora), cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
@@ -252,6 +258,21 @@ class ZImageTrainingTest(unittest.TestCase):
         before = self.sample(pipeline)
         pipeline.load_lora_weights(out / "lora")
         self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+
+    def test_resumed_lora_run_ends_with_the_uninterrupted_adapter(self):
+        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
+        self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
+        self.assertIn("resumed from", self.lora_resumed.stderr)
+        relative = "lora/pytorch_lora_weights.safetensors"
+        full = load_file(str(self.root / "lora-out" / relative))
+        resumed = load_file(str(self.root / "lora-resumed-out" / relative))
+        self.assertEqual(full.keys(), resumed.keys())
+        for key in full:
+            self.assertTrue(torch.equal(full[key], resumed[key]),
+                            f"{key}: {(full[key] - resumed[key]).abs().max().item()}")
+        start, end = (load_file(str(self.root / "lora-out" / f"checkpoint-{step}" /
+                                    "lora_adapter.safetensors")) for step in (2, 4))
+        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
 
 
 class ZImageConfigTest(unittest.TestCase):
