@@ -107,8 +107,9 @@ class DeclaredDependenciesTest(unittest.TestCase):
 
     def test_a_removed_dependency_is_named_with_the_file_that_imports_it(self):
         pyproject = load_pyproject()
-        pyproject["project"]["dependencies"] = [
-            r for r in pyproject["project"]["dependencies"] if requirement_name(r) != "peft"]
+        project = pyproject["project"]
+        for requirements in [project["dependencies"], *project["optional-dependencies"].values()]:
+            requirements[:] = [r for r in requirements if requirement_name(r) != "peft"]
         problems = undeclared_imports(pyproject, REPO / PACKAGE, extra="*")
         self.assertTrue(any("simpletuner/training/lora.py imports 'peft'" in p for p in problems),
                         problems)
