@@ -32,7 +32,7 @@ from simpletuner.training.memory.sharding import repeated_blocks
 from simpletuner.training.settings import ValidationSettings
 from test_memory_plan_command import GIB, row
 from training_fixtures import (
-    environment, make_shapes, run_train_sh, run_training, write_config)
+    environment, make_shapes, run_train_sh, write_config)
 
 # Z-Image's 6.15 B-parameter S3-DiT, as the Z-Image technical report (arXiv 2511.22699) and
 # Tongyi-MAI's model cards give it.
@@ -204,8 +204,7 @@ class ZImageTrainingTest(unittest.TestCase):
         if cls.full.returncode == 0:
             shutil.copytree(root / "full-out" / "checkpoint-2",
                             root / "resumed-out" / "checkpoint-2")
-        # The trainer's own entry point, without train.sh's launcher: the same resume, cheaper.
-        cls.resumed = run_training(write_config(root, root / "data", "resumed",
+        cls.resumed = run_train_sh(write_config(root, root / "data", "resumed",
                                                 resume_from_checkpoint="latest", **full), cls.tmp)
         # The LoRA trains on an int8 base under bf16 autocast, as on one small GPU.
         lora = dict(base, model_type="lora", lora_rank=4, learning_rate=1e-2,
@@ -215,7 +214,7 @@ class ZImageTrainingTest(unittest.TestCase):
         if cls.lora.returncode == 0:
             shutil.copytree(root / "lora-out" / "checkpoint-2",
                             root / "lora-resumed-out" / "checkpoint-2")
-        cls.lora_resumed = run_training(write_config(
+        cls.lora_resumed = run_train_sh(write_config(
             root, root / "data", "lora-resumed", resume_from_checkpoint="latest", **lora), cls.tmp)
 
     @classmethod
