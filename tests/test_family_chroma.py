@@ -49,17 +49,6 @@ CHROMA1_HD_CONFIGS = {  # lodestones/Chroma1-HD's published configs, what sizes 
 
 
 class ChromaAdapterTest(TinyModelCase):
-    def capture_network_inputs(self, adapter, batch):
-        """compute_loss with a network that records its inputs and predicts zeros."""
-        seen = {}
-
-        def zero_network(**inputs):
-            seen.update(inputs)
-            return (torch.zeros_like(inputs["hidden_states"]),)
-
-        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(5), network=zero_network)
-        return loss, seen
-
     def test_loss_on_a_fixed_batch_falls_with_adamw(self):
         torch.manual_seed(0)
         adapter = self.load("chroma")

@@ -62,18 +62,6 @@ class QwenCase(TinyModelCase):
     def load(self, **loss):
         return super().load("qwen_image", **loss)
 
-    def capture_network_inputs(self, adapter, batch, seed: int = 5):
-        """compute_loss with a network that records its inputs and predicts zeros."""
-        seen = {}
-
-        def zero_network(**inputs):
-            seen.update(inputs)
-            return (torch.zeros_like(inputs["hidden_states"]),)
-
-        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(seed),
-                                    network=zero_network)
-        return loss, seen
-
 
 class QwenAdapterTest(QwenCase):
     def test_loss_on_a_fixed_batch_falls_with_adamw(self):
