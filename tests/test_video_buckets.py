@@ -82,6 +82,21 @@ class VideoConfigTest(unittest.TestCase):
         self.assertIn("'dataset_type': 'video' needs a model family that trains on clips (wan); "
                       "model_family 'flux' trains on images", problems[0])
 
+    def test_num_frames_must_be_a_count_the_family_vae_encodes(self):
+        problems = self.problems("wan", self.clips(video={"num_frames": 80}))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("'num_frames' (80) is not a count wan's VAE encodes (4n+1 frames); use 77 "
+                      "or 81", problems[0])
+
+    def test_clips_are_probed_not_read_from_a_table(self):
+        table = self.root / "clips.parquet"
+        problems = self.problems("wan", self.clips(
+            video={"num_frames": 17}, metadata_backend="parquet", caption_strategy="parquet",
+            parquet={"path": str(table), "caption_column": "caption"}))
+        self.assertTrue(any("'dataset_type': 'video' probes each clip (metadata_backend "
+                            "'discovery'); metadata_backend 'parquet' is not read" in p
+                            for p in problems), problems)
+
     def test_a_video_block_on_an_image_dataset_is_refused(self):
         problems = self.problems("wan", {"id": "stills", "instance_data_dir": "clips",
                                          "video": {"num_frames": 17}})

@@ -1,4 +1,5 @@
-"""Checks of one dataset's options that need several keys: captions, crops, bucket_tail."""
+"""Checks of one dataset's options that need several keys: captions, crops, bucket_tail, where
+clips can come from."""
 
 from __future__ import annotations
 
@@ -22,6 +23,21 @@ def check_bucket_tail_applies(ds: DatasetConfig, where: str, problems: list[str]
     if ds.dataset_type == "eval" and ds.bucket_tail is not None:
         problems.append(f"{where}: key 'bucket_tail' shapes training epochs; an 'eval' dataset "
                         "evaluates every sample exactly once whatever it says. Remove it.")
+
+
+def check_video_sources(ds: DatasetConfig, where: str, problems: list[str]) -> None:
+    """Clips are probed from a folder or a bucket ('discovery'); a table or a datasets-library
+    split of clips is not read here."""
+    if ds.dataset_type != "video":
+        return
+    if ds.type == "huggingface":
+        problems.append(f"{where}: 'dataset_type': 'video' reads clip files from type 'local' "
+                        "or 'aws'; a datasets-library split of clips is not read here")
+    elif ds.metadata_backend != "discovery":
+        problems.append(f"{where}: 'dataset_type': 'video' probes each clip (metadata_backend "
+                        f"'discovery'); metadata_backend '{ds.metadata_backend}' is not read for "
+                        "clips. Remove it, with captions from caption files ('textfile') or "
+                        "names ('filename')")
 
 
 def _check_aspect_buckets(ds: DatasetConfig, where: str, problems: list[str]) -> None:

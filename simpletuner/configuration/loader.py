@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
-                                                      check_caption_and_crop_options)
+                                                      check_caption_and_crop_options,
+                                                      check_video_sources)
 from simpletuner.configuration.datasets import (
     STORAGE_TYPES, DatasetConfig, check_storage_keys, parse_parquet_block,
 )
@@ -194,6 +195,7 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
         problems.append(f"{where}: key 'resolution' is {ds.resolution}; with resolution_type "
                         f"'{ds.resolution_type}' it must be a whole number of pixels")
     check_caption_and_crop_options(ds, where, problems)
+    check_video_sources(ds, where, problems)
     if not ds.disabled and ds.type != "aws" and ds.instance_data_dir is not None:
         _check_folder(ds.instance_data_dir, where, base, problems)
 
@@ -242,6 +244,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
             enabled_types[name] = values.get("dataset_type", "image")
         usable = _parse_blocks(values, label, problems) and usable
         check_video_dataset(values.get("dataset_type", "image"), item.get("video"),
+                            values.get("video"),
                             training.model_family if training is not None else None, label,
                             problems)
         if "id" not in values:

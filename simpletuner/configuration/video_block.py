@@ -106,16 +106,27 @@ def _check_combinations(block: VideoConfig, where: str, problems: list[str]) -> 
                         "num_frames, so remove it")
 
 
-def check_video_dataset(dataset_type: str, video: Any, model_family: str | None, where: str,
-                        problems: list[str]) -> None:
-    """A ``video`` block only on a video dataset, and a video dataset only for a family that
-    trains on clips (``model_family`` None: config.json is not known yet)."""
+def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
+                        model_family: str | None, where: str, problems: list[str]) -> None:
+    """A ``video`` block (``given``; ``parsed`` when accepted) only on a video dataset, a video
+    dataset only for a family that trains on clips, and a ``num_frames`` that family's VAE
+    encodes (``model_family`` None: config.json is not known yet)."""
     if dataset_type != "video":
-        if video is not None:
+        if given is not None:
             problems.append(f"{where}: key 'video' is read for 'dataset_type': 'video' only; "
                             f"this dataset is '{dataset_type}'. Remove it, or set dataset_type")
         return
-    if model_family is not None and model_family not in FRAME_RULES:
+    if model_family is None:
+        return
+    rule = FRAME_RULES.get(model_family)
+    if rule is None:
         problems.append(f"{where}: 'dataset_type': 'video' needs a model family that trains on "
                         f"clips ({', '.join(FRAME_RULES)}); model_family '{model_family}' "
                         "trains on images. Convert the clips to images or change model_family")
+        return
+    frames = (parsed or {}).get("num_frames")
+    if frames is not None and not rule.accepts(frames):
+        lower, higher = rule.snap_down(frames), rule.snap_down(frames + rule.multiple)
+        nearest = f"{lower} or {higher}" if lower else str(higher)
+        problems.append(f"{where}: key 'video': 'num_frames' ({frames}) is not a count "
+                        f"{model_family}'s VAE encodes ({rule.describe()} frames); use {nearest}")
