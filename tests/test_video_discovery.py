@@ -1,7 +1,8 @@
 """Clip discovery on real clips written with PyAV: sizes (rotation applied), exact fps and frame
 counts without a full decode, checked against decoding every frame; each bad kind of file
 skipped with its reason in skipped_files.json; the index cache; S3 (a real rclone server) equal
-to local, and a storage outage during the probes stopping the run instead of skipping clips."""
+to local, and a storage outage during the probes stopping the run instead of skipping clips;
+the exactly-once audit in real gloo processes over clips with images mixed in."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from discovery_fixtures import training_config, touch_later
 from s3_server import RcloneS3Server
+from test_distributed import launch
+from training_fixtures import make_shapes
 from simpletuner.configuration import DatasetConfig
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.data_backend.storage import StorageError
@@ -215,6 +218,63 @@ class S3VideoDiscoveryTest(unittest.TestCase):
         finally:
             self.server.start()
         self.assertIn("cannot reach", str(caught.exception))
+
+
+class VideoAuditTest(unittest.TestCase):
+    """Three ranks (gloo), accumulation 2: clips in two frame buckets of one size and one of
+    another, a clip too short and a broken one, and an image dataset beside them."""
+
+    WORLD = 3
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = Path(tempfile.mkdtemp())
+        clips = cls.tmp / "clips"
+        for i in range(7):
+            write_clip(clips / f"walk{i}.mp4", 64, 48, 17 + 6 * (i % 2), seed=i)
+        for i in range(6):
+            write_clip(clips / f"tall/{i}.mkv", 48, 64, 13, fps=24, seed=i)
+        write_clip(clips / "blink.mp4", 64, 48, 2)
+        write_truncated(clips / "cut.mp4")
+        make_shapes(cls.tmp / "stills", per_size=6)
+        datasets = [{"id": "clips", "dataset_type": "video", "instance_data_dir": str(clips),
+                     "repeats": 1, "video": {"bucket_strategy": "resolution_frames",
+                                                       "min_frames": 5}},
+                    {"id": "stills", "instance_data_dir": str(cls.tmp / "stills")}]
+        (cls.tmp / "multidatabackend.json").write_text(json.dumps(datasets))
+        config = {"model_family": "wan", "pretrained_model_name_or_path": "builtin:tiny-wan",
+                  "output_dir": str(cls.tmp / "out"), "resolution": 64,
+                  "data_backend_config": str(cls.tmp / "multidatabackend.json"),
+                  "aspect_bucket_alignment": 16, "train_batch_size": 1,
+                  "gradient_accumulation_steps": 2, "seed": 11}
+        (cls.tmp / "config.json").write_text(json.dumps(config))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_every_clip_occurrence_once_and_every_step_one_bucket(self):
+        output = self.tmp / "audit"
+        private = self.tmp / "tmp"
+        private.mkdir(exist_ok=True)
+        results = launch(["--config", str(self.tmp / "config.json"), "--output", str(output),
+                          "--epochs", "2"], self.WORLD, str(private))
+        for rank, (code, out, err) in enumerate(results):
+            self.assertEqual(code, 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}")
+        report = results[0][1]
+        self.assertEqual(report.count(" 0 missing, 0 duplicated"), 2, report)
+        plan = json.loads((output / "plan.json").read_text())
+        self.assertEqual(sorted(plan["datasets"]["clips"]["buckets"]),
+                         ["64x80@13", "80x64@17", "80x64@21"])
+        traces = [[json.loads(line) for line in (output / f"rank-{r}.jsonl").open()]
+                  for r in range(self.WORLD)]
+        self.assertEqual(len({len(t) for t in traces}), 1)
+        for at in range(0, len(traces[0]), 2):  # one optimizer step: 2 micro-batches x 3 ranks
+            step = [m for t in traces for m in t[at:at + 2]]
+            self.assertEqual(len({(m["dataset"], m["bucket"]) for m in step}), 1, step)
+        trained = {s for t in traces for m in t if m["dataset"] == "clips" for s in m["samples"]}
+        self.assertEqual(trained, {f"walk{i}.mp4" for i in range(7)}
+                         | {f"tall/{i}.mkv" for i in range(6)})
 
 
 if __name__ == "__main__":
