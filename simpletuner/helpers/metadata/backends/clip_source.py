@@ -2,9 +2,10 @@
 (clip_probe.py), only new or changed ones, through the storage interface: local files by path,
 remote objects by ranged reads. A StorageError stops the run, as for image headers.
 
-Threads, not worker processes (as headers.py uses for local images): a probe's time is spent
-in FFmpeg's demuxer and decoder, which PyAV runs without the GIL, and a clip dataset holds
-thousands of files, not millions (figures: benchmarks/PERFORMANCE.md, bench_video_discovery.py).
+Threads, not worker processes (as headers.py uses for local images): a probe costs about 2 ms
+(a container parse and one decoded frame), a clip dataset holds thousands of files, not
+millions, and remote probes wait on ranged GETs, which threads overlap (figures:
+benchmarks/PERFORMANCE.md, bench_video_discovery.py).
 """
 
 from __future__ import annotations
