@@ -2,13 +2,13 @@
 
     python benchmarks/bench_video_discovery.py [--clips 120] [--size 320x240] [--json]
 
-Generates N clips once (moving shapes, 33-121 frames at 16 or 24 fps, MP4 / Matroska / WebM;
+Generates N clips once (a block sliding over a gradient, 33-121 frames at 16 or 24 fps, MP4 / Matroska / WebM;
 kept under $SIMPLETUNER_CACHE/benchmarks), then measures in one run, each pass after reading
 every file once (OS page cache):
 
 * cold discovery through the project: MetadataBackend.refresh_index of a dataset_type video
   dataset with an empty metadata cache (list, probe each clip on threads, bucket, write);
-* the same probes on one thread (what the threads buy on this machine);
+* the probes alone, on one thread and on the default threads (what the threads buy here);
 * warm start, nothing changed: refresh_index, then load_index as another rank would;
 * decoding every frame of every clip (one thread, PyAV): how a count is had without the
   container's. Its counts are compared with the probe's: a difference is reported.
@@ -24,19 +24,20 @@ import time
 from pathlib import Path
 
 import av
+import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from benchlib import data_folder, emit, format_table, machine, ratio  # noqa: E402
-from simpletuner.configuration import DatasetConfig, TrainingConfig  # noqa: E402
-from simpletuner.helpers.data_backend.local import LocalStorage  # noqa: E402
-from simpletuner.helpers.data_backend.storage import VIDEO_EXTENSIONS  # noqa: E402
-from simpletuner.helpers.metadata.backends.base import MetadataBackend  # noqa: E402
-from simpletuner.helpers.metadata.backends.clip_source import probe_clips  # noqa: E402
-from video_fixtures import decoded_frame_count, write_clip  # noqa: E402 (tests/)
+from benchlib import data_folder, emit, format_table, machine, ratio
+from simpletuner.configuration import DatasetConfig, TrainingConfig
+from simpletuner.helpers.data_backend.local import LocalStorage
+from simpletuner.helpers.data_backend.storage import VIDEO_EXTENSIONS
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.backends.clip_source import probe_clips
 
-SUFFIXES = (".mp4", ".mp4", ".mkv", ".webm")  # MP4 keeps a count; Matroska and WebM do not
-GENERATOR_VERSION = 1
+# MP4 keeps a frame count; Matroska and WebM do not
+SUFFIXES = {".mp4": "libx264", ".mkv": "libx264", ".webm": "libvpx-vp9"}
+ORDER = (".mp4", ".mp4", ".mkv", ".webm")
+GENERATOR_VERSION = 2
 COMPLETE_MARKER = ".complete"
 
 
@@ -44,13 +45,34 @@ def ensure_clips(count: int, width: int, height: int) -> Path:
     folder = data_folder(f"video-discovery-v{GENERATOR_VERSION}-{width}x{height}-{count}")
     if (folder / COMPLETE_MARKER).exists():
         return folder
+    folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     for i in tqdm(range(count), desc=f"generating {count} clips in {folder}", unit="clip",
                   file=sys.stderr):
-        write_clip(folder / f"clip{i:05d}{SUFFIXES[i % len(SUFFIXES)]}", width, height,
-                   rng.randint(33, 121), fps=rng.choice((16, 24)), seed=i)
+        write_clip(folder / f"clip{i:05d}{ORDER[i % len(ORDER)]}", width, height,
+                   rng.randint(33, 121), rng.choice((16, 24)))
     (folder / COMPLETE_MARKER).write_text("done\n")
     return folder
+
+
+def write_clip(path: Path, width: int, height: int, frames: int, fps: int) -> None:
+    """A block sliding over a gradient: cheap to encode, decoded like any clip."""
+    background = np.zeros((height, width, 3), np.uint8)
+    background[..., 0] = np.linspace(0, 255, width, dtype=np.uint8)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(SUFFIXES[path.suffix], rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for index in range(frames):
+            picture = background.copy()
+            x = index * 3 % (width - 32)
+            picture[height // 3:height // 3 + 32, x:x + 32] = (250, 200, 40)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
+        container.mux(stream.encode())
+
+
+def decoded_frame_count(path: Path) -> int:
+    with av.open(str(path)) as container:
+        return sum(1 for _ in container.decode(video=0))
 
 
 def warm_page_cache(root: Path) -> None:
@@ -63,6 +85,7 @@ def backend_for(root: Path, output_dir: Path) -> MetadataBackend:
                               output_dir=str(output_dir), data_backend_config="none",
                               resolution=256, resolution_type="pixel")
     dataset = DatasetConfig(id="bench", dataset_type="video", instance_data_dir=str(root),
+                            caption_strategy="filename",
                             video={"bucket_strategy": "resolution_frames"})
     return MetadataBackend.from_config(dataset, training)
 
@@ -83,6 +106,7 @@ def measure(root: Path) -> dict:
             show_progress=False))
         warm_page_cache(root)
         one_thread_s, probes = timed(lambda: probe_clips(storage, names, sizes, threads=1))
+        threaded_s, _ = timed(lambda: probe_clips(storage, names, sizes))
         backend = backend_for(root, Path(out))
         warm_s, _ = timed(lambda: backend.refresh_index(show_progress=False))
         load_s, _ = timed(backend_for(root, Path(out)).load_index)
@@ -96,10 +120,12 @@ def measure(root: Path) -> dict:
         "buckets": len(index.buckets), "data_mb": round(sum(sizes) / 2**20, 1),
         "counted_by_duration": by_duration, "counts_differing_from_decode": differing,
         "cold_discovery_s": round(cold_s, 3), "probe_one_thread_s": round(one_thread_s, 3),
+        "probe_threaded_s": round(threaded_s, 3),
         "warm_discovery_s": round(warm_s, 3), "warm_load_index_s": round(load_s, 3),
         "decode_every_frame_s": round(decode_s, 3),
         "decode_over_cold": ratio(decode_s, cold_s),
         "one_thread_over_cold": ratio(one_thread_s, cold_s),
+        "threaded_over_cold": ratio(threaded_s, cold_s),
     }
 
 
@@ -112,8 +138,10 @@ def render(result: dict) -> str:
     rows = [
         ["decode every frame (PyAV, 1 thread)", result["decode_every_frame_s"],
          per_s(result["decode_every_frame_s"]), result["decode_over_cold"]],
-        ["project probes, 1 thread", result["probe_one_thread_s"],
+        ["project probes alone, 1 thread", result["probe_one_thread_s"],
          per_s(result["probe_one_thread_s"]), result["one_thread_over_cold"]],
+        ["project probes alone, threaded", result["probe_threaded_s"],
+         per_s(result["probe_threaded_s"]), result["threaded_over_cold"]],
         ["project discovery, cold", result["cold_discovery_s"],
          per_s(result["cold_discovery_s"]), 1.0],
         ["project discovery, warm (main rank)", result["warm_discovery_s"],

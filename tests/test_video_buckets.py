@@ -101,14 +101,13 @@ class VideoConfigTest(unittest.TestCase):
         self.assertIn("'num_frames' (80) is not a count wan's VAE encodes (4n+1 frames); use 77 "
                       "or 81", problems[0])
 
-    def test_clips_are_probed_not_read_from_a_table(self):
-        table = self.root / "clips.parquet"
+    def test_clips_are_listed_and_probed_even_with_a_table(self):
         problems = self.problems("wan", self.clips(
             video={"num_frames": 17}, metadata_backend="parquet", caption_strategy="parquet",
-            parquet={"path": str(table), "caption_column": "caption"}))
-        self.assertTrue(any("'dataset_type': 'video' probes each clip (metadata_backend "
-                            "'discovery'); metadata_backend 'parquet' is not read" in p
-                            for p in problems), problems)
+            parquet={"path": "clips.parquet", "caption_column": "caption", "trust_table": True}))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("parquet.trust_table skips listing the storage, but every clip is probed "
+                      "for its frames; set trust_table false", problems[0])
 
     def test_a_video_block_on_an_image_dataset_is_refused(self):
         problems = self.problems("wan", {"id": "stills", "instance_data_dir": "clips",

@@ -13,6 +13,9 @@ import unittest
 from fractions import Fraction
 from pathlib import Path
 
+import pyarrow
+import pyarrow.parquet
+
 from discovery_fixtures import training_config, touch_later
 from s3_server import RcloneS3Server
 from test_distributed import launch
@@ -168,6 +171,32 @@ class VideoDiscoveryTest(unittest.TestCase):
         changed = self.backend("out-warm")
         self.assertEqual(changed.refresh_index(show_progress=False).digest(), first.digest())
         self.assertEqual(changed.last_refresh.read, 1)
+
+    def test_a_metadata_table_names_and_captions_the_clips(self):
+        table = self.tmp / "clips.parquet"
+        pyarrow.parquet.write_table(pyarrow.table({
+            "filename": ["walk.mp4", "wave.mkv", "nested/long.webm", "phone.mp4", "gone.mp4"],
+            "caption": ["a walk", "a wave", "a long one", None, "nothing"],
+            "width": [64, 64, 48, 48, 1], "height": [48, 48, 48, 64, 1]}), table)
+        dataset = DatasetConfig(
+            id="clips", dataset_type="video", instance_data_dir=str(self.data),
+            metadata_backend="parquet", caption_strategy="parquet",
+            parquet={"path": str(table), "caption_column": "caption"},
+            video={"bucket_strategy": "resolution_frames", "min_frames": 5})
+        backend = MetadataBackend.from_config(dataset, wan_training(self.tmp / "out-table"))
+        index = backend.refresh_index(show_progress=False)
+        self.assertEqual(sorted(index.clips), ["nested/long.webm", "walk.mp4", "wave.mkv"])
+        self.assertEqual(index.clips["wave.mkv"].frames, 21)  # from the clip, not the table
+        self.assertEqual([backend.caption_for(s) for s in ("walk.mp4", "nested/long.webm")],
+                         ["a walk", "a long one"])
+        reasons = {s.path: s.reason for s in index.skipped}
+        self.assertIn("empty 'caption' (caption_strategy 'parquet')", reasons["phone.mp4"])
+        self.assertIn("no such image in", reasons["gone.mp4"])
+        self.assertEqual(reasons["blink.mp4"], f"no row in the metadata table {table}")
+        self.assertEqual(reasons["cut.mp4"], EXPECTED_SKIPS["cut.mp4"])  # its probe's reason
+        other_rank = MetadataBackend.from_config(dataset, wan_training(self.tmp / "out-table"))
+        other_rank.load_index()
+        self.assertEqual(other_rank.caption_for("wave.mkv"), "a wave")
 
     def test_filename_captions(self):
         dataset = DatasetConfig(id="clips", dataset_type="video", instance_data_dir=str(self.data),

@@ -26,18 +26,16 @@ def check_bucket_tail_applies(ds: DatasetConfig, where: str, problems: list[str]
 
 
 def check_video_sources(ds: DatasetConfig, where: str, problems: list[str]) -> None:
-    """Clips are probed from a folder or a bucket ('discovery'); a table or a datasets-library
-    split of clips is not read here."""
+    """Clips are files of a folder or a bucket, each probed; a metadata table may name them and
+    caption them, but the storage is listed (the probes need the files)."""
     if ds.dataset_type != "video":
         return
     if ds.type == "huggingface":
         problems.append(f"{where}: 'dataset_type': 'video' reads clip files from type 'local' "
                         "or 'aws'; a datasets-library split of clips is not read here")
-    elif ds.metadata_backend != "discovery":
-        problems.append(f"{where}: 'dataset_type': 'video' probes each clip (metadata_backend "
-                        f"'discovery'); metadata_backend '{ds.metadata_backend}' is not read for "
-                        "clips. Remove it, with captions from caption files ('textfile') or "
-                        "names ('filename')")
+    elif isinstance(ds.parquet, dict) and ds.parquet.get("trust_table"):
+        problems.append(f"{where}: parquet.trust_table skips listing the storage, but every clip "
+                        "is probed for its frames; set trust_table false for a video dataset")
 
 
 def _check_aspect_buckets(ds: DatasetConfig, where: str, problems: list[str]) -> None:

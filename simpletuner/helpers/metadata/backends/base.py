@@ -109,7 +109,8 @@ class MetadataBackend:
         if dataset.dataset_type == "video":
             from simpletuner.helpers.metadata.backends.clip_source import ClipSource  # PyAV
 
-            source = ClipSource(storage, dataset.id)
+            source = ClipSource(storage, dataset.id, TableSource(storage, dataset)
+                                if dataset.metadata_backend == "parquet" else None)
         elif dataset.type == "huggingface":
             source = HuggingFaceSource(storage, dataset)
         elif dataset.metadata_backend == "parquet":

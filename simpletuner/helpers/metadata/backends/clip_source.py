@@ -1,6 +1,9 @@
 """``dataset_type: video`` with ``metadata_backend: discovery``: clips probed with PyAV
 (clip_probe.py), only new or changed ones, through the storage interface: local files by path,
 remote objects by ranged reads. A StorageError stops the run, as for image headers.
+With ``metadata_backend: parquet`` the table (table.py, its row checks) names the clips and
+gives their captions; the size and frames still come from each clip's container, the truth the
+decode will see.
 
 Threads, not worker processes (as headers.py uses for local images): a probe costs about 2 ms
 (a container parse and one decoded frame), a clip dataset holds thousands of files, not
@@ -18,6 +21,7 @@ from tqdm import tqdm
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.clip_probe import ClipProbe, probe_stored_clip
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
+from simpletuner.helpers.metadata.backends.table import TableSource
 from simpletuner.helpers.metadata.file_table import FileTable
 
 MAX_LOCAL_THREADS = 8
@@ -26,12 +30,14 @@ PROBE_VERSION = 1  # bump when a probe reads a clip differently: the cached read
 
 
 class ClipSource:
-    def __init__(self, storage: Storage, dataset_id: str):
+    def __init__(self, storage: Storage, dataset_id: str, table: TableSource | None = None):
         self.storage = storage
         self.dataset_id = dataset_id
+        self.table = table
 
     def key(self) -> dict:
-        return {"metadata_backend": "discovery", "samples": "clips", "probe": PROBE_VERSION}
+        return {"samples": "clips", "probe": PROBE_VERSION,
+                **(self.table.key() if self.table else {"metadata_backend": "discovery"})}
 
     def unchanged(self, listing: Listing, known: FileTable) -> bool:
         """Never: whether a caption file exists decides skips too, and it is not in ``known``."""
@@ -47,7 +53,14 @@ class ClipSource:
                              description=f"{self.dataset_id}: reading clips")
         for row, probe in zip(stale, probes):
             files.record(row, probe)
-        return FoundFiles(files, len(stale), forgotten)
+        if self.table is None:
+            return FoundFiles(files, len(stale), forgotten)
+        tabled = self.table.read(listing, FileTable(), False)  # rows in listing order, as files
+        for row, sample_id in enumerate(files.ids):
+            reason = tabled.files.errors.get(sample_id)
+            if reason is not None and sample_id not in files.errors:
+                files.record(row, ClipProbe(error=reason))
+        return FoundFiles(files, len(stale), forgotten, tabled.skipped, tabled.captions)
 
 
 def probe_clips(storage: Storage, names: list[str], sizes: list[int], *,
