@@ -239,7 +239,7 @@ class VideoBucketGridTest(unittest.TestCase):
         one_pass = Counter({(d.index.dataset_id, s): REPEATS + 1 for d in datasets
                             for ids in d.index.buckets.values() for s in ids})
         trained: Counter = Counter()
-        for epoch in range(3):
+        for epoch in range(2):  # the second trains what the first carried
             runs = [[s.plan(epoch, step) for step in range(s.micro_batches_in(epoch))]
                     for s in samplers]
             self.assertEqual(len({len(run) for run in runs}), 1)

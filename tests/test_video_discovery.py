@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import unittest
 from fractions import Fraction
@@ -17,6 +18,7 @@ import pyarrow
 import pyarrow.parquet
 
 from discovery_fixtures import training_config, touch_later
+from launching import run_bounded
 from s3_server import RcloneS3Server
 from test_distributed import launch
 from training_fixtures import make_shapes
@@ -277,6 +279,8 @@ class VideoAuditTest(unittest.TestCase):
                   "aspect_bucket_alignment": 16, "train_batch_size": 1,
                   "gradient_accumulation_steps": 2, "seed": 11}
         (cls.tmp / "config.json").write_text(json.dumps(config))
+        cls.private = cls.tmp / "tmp"  # the launched processes' TMPDIR
+        cls.private.mkdir()
 
     @classmethod
     def tearDownClass(cls):
@@ -284,10 +288,8 @@ class VideoAuditTest(unittest.TestCase):
 
     def test_every_clip_occurrence_once_and_every_step_one_bucket(self):
         output = self.tmp / "audit"
-        private = self.tmp / "tmp"
-        private.mkdir(exist_ok=True)
         results = launch(["--config", str(self.tmp / "config.json"), "--output", str(output),
-                          "--epochs", "2"], self.WORLD, str(private))
+                          "--epochs", "2"], self.WORLD, str(self.private))
         for rank, (code, out, err) in enumerate(results):
             self.assertEqual(code, 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}")
         report = results[0][1]
@@ -304,6 +306,21 @@ class VideoAuditTest(unittest.TestCase):
         trained = {s for t in traces for m in t if m["dataset"] == "clips" for s in m["samples"]}
         self.assertEqual(trained, {f"walk{i}.mp4" for i in range(7)}
                          | {f"tall/{i}.mkv" for i in range(6)})
+
+    def test_plan_shows_the_frame_buckets_and_the_skips(self):
+        result = run_bounded([sys.executable, "-m", "simpletuner", "plan", "--config",
+                              str(self.tmp / "config.json")], tmpdir=self.private,
+                             timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        table = result.stdout.split("dataset 'clips'", 1)[1].split("dataset 'stills'", 1)[0]
+        rows = {line.split()[0]: line.split()[1] for line in table.splitlines()
+                if "@" in line}
+        self.assertEqual(rows, {"80x64@17": "4", "80x64@21": "3", "64x80@13": "6"})
+        self.assertIn("bucket    clips", table)
+        self.assertIn("1  too short: 2 frames, below min_frames 5", table)
+        self.assertIn("1  cannot be decoded (truncated, corrupt or not a video)", table)
+        self.assertIn("dataset 'clips': 15 clip files, ", result.stderr)
+        self.assertIn("13 clips in 3 buckets, 2 skipped", result.stderr)
 
 
 if __name__ == "__main__":
