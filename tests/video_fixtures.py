@@ -48,9 +48,7 @@ def write_clip(path: Path, width: int, height: int, frames: int, fps: int | Frac
                                                format="rgb24")
             container.mux(stream.encode(image))
         container.mux(stream.encode())
-    if caption is not None:
-        path.with_suffix(".txt").write_text(caption)
-    return path
+    return _captioned(path, caption)
 
 
 def write_audio_only(path: Path, seconds: float = 1.0, caption: str | None = "a tone") -> Path:
@@ -66,9 +64,7 @@ def write_audio_only(path: Path, seconds: float = 1.0, caption: str | None = "a 
             frame.sample_rate = rate
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
-    if caption is not None:
-        path.with_suffix(".txt").write_text(caption)
-    return path
+    return _captioned(path, caption)
 
 
 def write_truncated(path: Path, keep: float = 0.5, caption: str | None = "cut short") -> Path:
@@ -83,14 +79,17 @@ def write_truncated(path: Path, keep: float = 0.5, caption: str | None = "cut sh
 def write_zero_length(path: Path, caption: str | None = "empty") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
-    if caption is not None:
-        path.with_suffix(".txt").write_text(caption)
-    return path
+    return _captioned(path, caption)
 
 
 def write_not_a_video(path: Path, caption: str | None = "text") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"this is a text file with a video name\n" * 40)
+    return _captioned(path, caption)
+
+
+def _captioned(path: Path, caption: str | None) -> Path:
+    """``path``, with ``caption`` written beside it as <name>.txt unless None."""
     if caption is not None:
         path.with_suffix(".txt").write_text(caption)
     return path
