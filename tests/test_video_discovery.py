@@ -69,7 +69,7 @@ EXPECTED_SKIPS = {
     "notes.mov": "cannot be decoded (truncated, corrupt or not a video): Invalid data found "
                  "when processing input",
     "tone.mp4": "audio only: no video stream",
-    "uncaptioned.mp4": "missing caption: no <name>.txt beside the image (caption_strategy "
+    "uncaptioned.mp4": "missing caption: no <name>.txt beside the file (caption_strategy "
                        "'textfile')",
 }
 

@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 
 # 3: ``files`` is a table of columns; 4: buckets are rows of that table; 5: any storage
 CACHE_VERSION = 5
-MISSING_CAPTION = "missing caption: no <name>.txt beside the image (caption_strategy 'textfile')"
+MISSING_CAPTION = "missing caption: no <name>.txt beside the file (caption_strategy 'textfile')"
 
 
 class MetadataCacheError(RuntimeError):
