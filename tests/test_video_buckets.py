@@ -190,6 +190,16 @@ class TrainingFramesTest(unittest.TestCase):
         self.assertEqual(len(digests), 4)
         self.assertNotIn(IMAGE_DIGEST, digests)
 
+    def test_a_clip_dropped_from_the_index_takes_its_plan_along(self):
+        plan = ClipPlan(17, "24/1", 20, "duration")
+        index = DatasetIndex("clips", {"64x64@17": ["a.mp4", "b.mp4"]}, {},
+                             clips={"a.mp4": plan, "b.mp4": plan})
+        kept = index.without({"a.mp4": "decoded 12 frames, its bucket needs 17"})
+        self.assertEqual((dict(kept.buckets), dict(kept.clips)),
+                         ({"64x64@17": ["b.mp4"]}, {"b.mp4": plan}))
+        self.assertEqual([(s.path, s.reason) for s in kept.skipped],
+                         [("a.mp4", "decoded 12 frames, its bucket needs 17")])
+
 
 LENGTHS = (3, 9, 17, 23, 40, 61, 88)  # frames: some too short, most snapping down
 REPEATS = 3
