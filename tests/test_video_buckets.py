@@ -100,6 +100,9 @@ class VideoConfigTest(unittest.TestCase):
         self.assertEqual(len(problems), 1, problems)
         self.assertIn("'num_frames' (80) is not a count wan's VAE encodes (4n+1 frames); use 77 "
                       "or 81", problems[0])
+        problems = self.problems("wan", self.clips(video={"num_frames": 80, "max_frames": 50}))
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("'num_frames' (80) is not a count wan's VAE encodes", problems[1])
 
     def test_clips_are_listed_and_probed_even_with_a_table(self):
         problems = self.problems("wan", self.clips(

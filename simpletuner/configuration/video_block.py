@@ -124,8 +124,11 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
                         f"clips ({', '.join(FRAME_RULES)}); model_family '{model_family}' "
                         "trains on images. Convert the clips to images or change model_family")
         return
-    frames = (parsed or {}).get("num_frames")
-    if frames is not None and not rule.accepts(frames):
+    # the given value too when the block was refused for another key: every problem at once
+    frames = parsed.get("num_frames") if parsed is not None else (
+        given.get("num_frames") if isinstance(given, dict) else None)
+    if (isinstance(frames, int) and not isinstance(frames, bool) and frames >= 1
+            and not rule.accepts(frames)):
         lower, higher = rule.snap_down(frames), rule.snap_down(frames + rule.multiple)
         nearest = f"{lower} or {higher}" if lower else str(higher)
         problems.append(f"{where}: key 'video': 'num_frames' ({frames}) is not a count "
