@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from simpletuner.common.atomic import json_text
@@ -25,6 +26,9 @@ def _plan_json(indexes: list[DatasetIndex]) -> dict:
         index.dataset_id: {
             "buckets": index.buckets,
             "skipped": [{"path": s.path, "reason": s.reason} for s in index.skipped],
+            # a video dataset's: what each clip's latents are cached from
+            **({"clips": {s: asdict(plan) for s, plan in index.clips.items()}}
+               if index.clips else {}),
         }
         for index in indexes
     }}

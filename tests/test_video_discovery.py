@@ -321,6 +321,14 @@ class VideoAuditTest(unittest.TestCase):
         self.assertIn("1  cannot be decoded (truncated, corrupt or not a video)", table)
         self.assertIn("dataset 'clips': 15 clip files, ", result.stderr)
         self.assertIn("13 clips in 3 buckets, 2 skipped", result.stderr)
+        result = run_bounded([sys.executable, "-m", "simpletuner", "plan", "--json", "--config",
+                              str(self.tmp / "config.json")], tmpdir=self.private,
+                             timeout=120)
+        clips = json.loads(result.stdout)["datasets"]["clips"]["clips"]
+        self.assertEqual(clips["walk1.mp4"], {"frames": 21, "fps": "16/1", "source_frames": 23,
+                                              "counted_by": "container"})
+        self.assertEqual(clips["tall/0.mkv"], {"frames": 13, "fps": "24/1", "source_frames": 13,
+                                               "counted_by": "duration"})
 
 
 if __name__ == "__main__":
