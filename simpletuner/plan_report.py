@@ -28,7 +28,7 @@ def _bucket_order(index: DatasetIndex) -> list[str]:
 
 def bucket_table(index: DatasetIndex) -> str:
     total = index.sample_count
-    rows = [("bucket", "images", "share")]
+    rows = [("bucket", "clips" if index.clips else "images", "share")]
     for key in _bucket_order(index):
         count = len(index.buckets[key])
         rows.append((key, str(count), f"{100 * count / total:.1f}%"))

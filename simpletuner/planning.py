@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from simpletuner.common.atomic import json_text
@@ -25,6 +26,9 @@ def _plan_json(indexes: list[DatasetIndex]) -> dict:
         index.dataset_id: {
             "buckets": index.buckets,
             "skipped": [{"path": s.path, "reason": s.reason} for s in index.skipped],
+            # a video dataset's: what each clip's latents are cached from
+            **({"clips": {s: asdict(plan) for s, plan in index.clips.items()}}
+               if index.clips else {}),
         }
         for index in indexes
     }}
@@ -88,9 +92,12 @@ def _index_datasets(config) -> tuple[list[DatasetIndex], list]:
         except OSError as exc:
             raise OSError(f"dataset '{dataset.id}': discovery failed: {exc}") from exc
         report = backend.last_refresh
-        logger.info("dataset '%s': %d image files, %d headers read, %d reused from cache, "
-                    "%d images in %d buckets, %d skipped", dataset.id, report.listed, report.read,
-                    report.reused, index.sample_count, len(index.buckets), len(index.skipped))
+        kind, probe = ("clip", "clips probed") if dataset.dataset_type == "video" else (
+            "image", "headers read")
+        logger.info("dataset '%s': %d %s files, %d %s, %d reused from cache, %d %ss in %d "
+                    "buckets, %d skipped", dataset.id, report.listed, kind, report.read, probe,
+                    report.reused, index.sample_count, kind, len(index.buckets),
+                    len(index.skipped))
         indexes.append(index)
         split_specs.append(backend.split_spec(index))
     return indexes, split_specs

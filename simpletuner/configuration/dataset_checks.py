@@ -1,4 +1,5 @@
-"""Checks of one dataset's options that need several keys: captions, crops, bucket_tail."""
+"""Checks of one dataset's options that need several keys: captions, crops, bucket_tail, where
+clips can come from."""
 
 from __future__ import annotations
 
@@ -22,6 +23,19 @@ def check_bucket_tail_applies(ds: DatasetConfig, where: str, problems: list[str]
     if ds.dataset_type == "eval" and ds.bucket_tail is not None:
         problems.append(f"{where}: key 'bucket_tail' shapes training epochs; an 'eval' dataset "
                         "evaluates every sample exactly once whatever it says. Remove it.")
+
+
+def check_video_sources(ds: DatasetConfig, where: str, problems: list[str]) -> None:
+    """Clips are files of a folder or a bucket, each probed; a metadata table may name them and
+    caption them, but the storage is listed (the probes need the files)."""
+    if ds.dataset_type != "video":
+        return
+    if ds.type == "huggingface":
+        problems.append(f"{where}: 'dataset_type': 'video' reads clip files from type 'local' "
+                        "or 'aws'; a datasets-library split of clips is not read here")
+    elif isinstance(ds.parquet, dict) and ds.parquet.get("trust_table"):
+        problems.append(f"{where}: parquet.trust_table skips listing the storage, but every clip "
+                        "is probed for its frames; set trust_table false for a video dataset")
 
 
 def _check_aspect_buckets(ds: DatasetConfig, where: str, problems: list[str]) -> None:

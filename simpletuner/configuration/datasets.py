@@ -9,14 +9,15 @@ from typing import Any, Literal
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.configuration.huggingface_block import HuggingFaceConfig
 from simpletuner.configuration.options import BucketTail
+from simpletuner.configuration.video_block import VideoSettings
 
 STORAGE_TYPES = ("local", "aws", "huggingface")
 TABLE_SUFFIXES = (".parquet", ".jsonl")
 # SimpleTuner's weighted crop_aspect_buckets entry: {"aspect_bucket": 1.5, "weight": 0.25}
 ASPECT_KEY, WEIGHT_KEY = "aspect_bucket", "weight"
-# storage type / metadata backend -> (module it needs, the extra that brings it)
+# storage type / metadata backend / dataset type -> (module it needs, the extra that brings it)
 _EXTRAS = {"aws": ("boto3", "s3"), "parquet": ("pyarrow", "parquet"),
-           "huggingface": ("datasets", "huggingface")}
+           "huggingface": ("datasets", "huggingface"), "video": ("av", "video")}
 
 
 @dataclass
@@ -41,7 +42,9 @@ class DatasetConfig:
     id: str = option(required=True, help="unique, safe for file names")
     type: str = option("local", help="storage backend: 'local' (a folder), 'aws' (S3-compatible) "
                        "or 'huggingface' (a dataset read with the datasets library)")
-    dataset_type: Literal["image", "eval"] = option("image")
+    dataset_type: Literal["image", "video", "eval"] = option(
+        "image", help="'video': clips (.mp4, .webm, .mkv, .mov, .avi), read with PyAV; their "
+        "frames are set by the video block")
     disabled: bool = option(False)
     instance_data_dir: str | None = option(None, help="the folder; required for type 'local'")
     # type 'aws': SimpleTuner's keys. Credentials left out come from AWS_* or ~/.aws/.
@@ -61,6 +64,8 @@ class DatasetConfig:
         "discovery", help="'discovery' reads image headers; 'parquet' reads sizes from a table; "
         "'huggingface' (type 'huggingface', its default): from the rows")
     parquet: dict | None = option(None, help="the table's path and columns (the parquet block)")
+    video: dict | None = option(None, help="dataset_type 'video': the frames clips train at "
+                                "(the video block)")
     # type 'huggingface': SimpleTuner's keys, here or in its huggingface block
     dataset_name: str | None = option(None, help="type 'huggingface': a dataset folder or a "
                                       "downloaded Hub id (huggingface.dataset_name)")
@@ -141,6 +146,10 @@ class DatasetConfig:
         """The merged, checked ``huggingface`` block (type 'huggingface')."""
         return HuggingFaceConfig(**(self.huggingface or {}))
 
+    def video_settings(self, model_family: str) -> VideoSettings:
+        """The checked ``video`` block with its defaults, for a ``dataset_type: video`` dataset."""
+        return VideoSettings.for_dataset(self.video, model_family)
+
     def parquet_config(self) -> ParquetConfig:
         """The checked ``parquet`` block (the loader reported any problem in it)."""
         return ParquetConfig(**(self.parquet or {}))
@@ -184,7 +193,8 @@ def check_storage_keys(ds: DatasetConfig, where: str, problems: list[str]) -> No
             problems.append(f"{where}: parquet.trust_table needs file names with their "
                             "extension (identifier_includes_extension true): without a "
                             "listing nothing says which file 'a/img' is")
-    for choice in dict.fromkeys((ds.type, ds.metadata_backend)):  # type huggingface names both
+    # type huggingface names both of the first two
+    for choice in dict.fromkeys((ds.type, ds.metadata_backend, ds.dataset_type)):
         if choice in _EXTRAS and importlib.util.find_spec(_EXTRAS[choice][0]) is None:
             module, extra = _EXTRAS[choice]
             problems.append(f"{where}: '{choice}' needs {module}, which is not installed; run "

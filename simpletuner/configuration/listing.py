@@ -11,6 +11,7 @@ import json
 import typing
 
 from simpletuner.configuration.datasets import DatasetConfig, ParquetConfig
+from simpletuner.configuration.video_block import VideoConfig
 from simpletuner.configuration.embed_entries import EmbedCacheEntry
 from simpletuner.configuration.fields import REQUIRED, RANGE, type_name
 from simpletuner.configuration.huggingface_block import BLOCK_VOCABULARY, HuggingFaceConfig
@@ -117,7 +118,7 @@ def options_markdown() -> str:
     sections = [
         _INTRO,
         "## config.json\n", *option_table(TrainingConfig, CONFIG_JSON), "",
-        "## multidatabackend.json: image and eval datasets\n",
+        "## multidatabackend.json: image, video and eval datasets\n",
         *option_table(DatasetConfig, MULTIDATABACKEND_JSON), "",
         "## multidatabackend.json: a dataset's `parquet` block (`metadata_backend: parquet`)\n",
         *option_table(ParquetConfig, MULTIDATABACKEND_JSON), "",
@@ -125,6 +126,8 @@ def options_markdown() -> str:
         "dataset_name, split, revision, image_column and caption_column may also be given at the "
         "top of the dataset's entry, as SimpleTuner reads them.\n",
         *option_table(HuggingFaceConfig, BLOCK_VOCABULARY), "",
+        "## multidatabackend.json: a dataset's `video` block (`dataset_type: video`)\n",
+        *option_table(VideoConfig, MULTIDATABACKEND_JSON), "",
         "## multidatabackend.json: `text_embeds` and `image_embeds` entries\n",
         *option_table(EmbedCacheEntry, MULTIDATABACKEND_JSON), "",
         *_simpletuner_sections("config.json", CONFIG_JSON),

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
-                                                      check_caption_and_crop_options)
+                                                      check_caption_and_crop_options,
+                                                      check_video_sources)
 from simpletuner.configuration.datasets import (
     STORAGE_TYPES, DatasetConfig, check_storage_keys, parse_parquet_block,
 )
@@ -28,6 +29,7 @@ from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 from simpletuner.configuration.validation_options import check_validation_options
+from simpletuner.configuration.video_block import check_video_dataset, parse_video_block
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PIXEL_TYPES = ("pixel", "pixel_area")  # resolution types whose resolution counts pixels
@@ -193,6 +195,7 @@ def _check_dataset(ds: DatasetConfig, where: str, base: Path, problems: list[str
         problems.append(f"{where}: key 'resolution' is {ds.resolution}; with resolution_type "
                         f"'{ds.resolution_type}' it must be a whole number of pixels")
     check_caption_and_crop_options(ds, where, problems)
+    check_video_sources(ds, where, problems)
     if not ds.disabled and ds.type != "aws" and ds.instance_data_dir is not None:
         _check_folder(ds.instance_data_dir, where, base, problems)
 
@@ -240,6 +243,10 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
         if not values.get("disabled", False):
             enabled_types[name] = values.get("dataset_type", "image")
         usable = _parse_blocks(values, label, problems) and usable
+        check_video_dataset(values.get("dataset_type", "image"), item.get("video"),
+                            values.get("video"),
+                            training.model_family if training is not None else None, label,
+                            problems)
         if "id" not in values:
             if "instance_data_dir" in values and not values.get("disabled", False):
                 _check_folder(values["instance_data_dir"], label, base, problems)
@@ -266,6 +273,9 @@ def _parse_blocks(values: dict, label: str, problems: list[str]) -> bool:
     if values.get("metadata_backend") == "parquet":
         values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
         usable = values["parquet"] is not None
+    if values.get("dataset_type") == "video":
+        values["video"] = parse_video_block(values.get("video"), label, problems)
+        usable = usable and values["video"] is not None
     if values.get("type") == "huggingface":
         # SimpleTuner's defaults for this type; given values are checked against it
         values.setdefault("caption_strategy", "huggingface")

@@ -31,12 +31,11 @@ _DATASET_KEYS: dict[str, str] = {
     "caption_filter_list": "remove it; edit the captions themselves",
     "disable_validation": DROP,
     "ignore_epochs": DROP, "start_epoch": DROP, "start_step": DROP,
-    "video": DROP,
 }
 
 _DATASET_VALUES: dict[str, dict[str, str]] = {
     "dataset_type": {name: "this dataset type is not supported here; remove the entry"
-                     for name in ("conditioning", "video", "audio")},
+                     for name in ("conditioning", "audio")},
     "caption_strategy": {"csv": "use 'textfile' (a .txt beside each image)"},
     "crop_style": {"face": "use 'center', 'random' or 'corner'"},
 }

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 from simpletuner.helpers.data_backend.huggingface import HuggingFaceStorage
 from simpletuner.helpers.data_backend.local import LocalStorage
-from simpletuner.helpers.data_backend.storage import Storage
+from simpletuner.helpers.data_backend.storage import Storage, sample_extensions
 
 
 def open_storage(dataset) -> Storage:
     """For a configuration.DatasetConfig; the loader has checked the keys and the extras."""
+    extensions = sample_extensions(dataset.dataset_type)
     if dataset.type == "aws":
         from simpletuner.helpers.data_backend.s3 import S3Settings, S3Storage  # the 's3' extra
 
-        storage = S3Storage(S3Settings.for_dataset(dataset))
+        storage = S3Storage(S3Settings.for_dataset(dataset), extensions)
     elif dataset.type == "huggingface":  # the datasets library is imported when it is opened
         return HuggingFaceStorage(dataset)
     else:
-        storage = LocalStorage(dataset.instance_data_dir)
+        storage = LocalStorage(dataset.instance_data_dir, extensions)
     if dataset.metadata_backend == "parquet" and dataset.parquet_config().trust_table:
         from simpletuner.helpers.metadata.backends.table_listed import TableListedStorage
 

@@ -7,19 +7,21 @@ from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_bytes
 from simpletuner.helpers.data_backend.storage import (
-    CAPTION_EXTENSION, IMAGE_EXTENSIONS, FileVersion, Listing, is_image_name,
+    CAPTION_EXTENSION, IMAGE_EXTENSIONS, FileVersion, Listing, extension_of,
 )
 
 
 class LocalStorage:
-    """Images under ``root``, named by sample id. Hidden files and folders are ignored."""
+    """Samples (images, or the ``extensions`` given) under ``root``, named by sample id. Hidden
+    files and folders are ignored."""
 
     remote = False
     max_connections = 1  # never asked: local headers are read by worker processes
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, extensions: frozenset[str] = IMAGE_EXTENSIONS):
         self.root = Path(root)
         self.location = str(self.root)
+        self.extensions = extensions
 
     def path(self, sample_id: str) -> Path:
         return self.root.joinpath(*sample_id.split("/"))
@@ -58,14 +60,14 @@ class LocalStorage:
                     extension = name[dot:].lower() if dot > 0 else ""
                     if extension == CAPTION_EXTENSION:  # captions are '<stem>.txt'
                         captions[sample_id] = None  # read on demand, so never compared
-                    elif extension in IMAGE_EXTENSIONS:
+                    elif extension in self.extensions:
                         stat = entry.stat()
                         sample_ids.append(sample_id)
                         sizes.append(stat.st_size)
                         mtimes_ns.append(stat.st_mtime_ns)
                 except OSError as exc:
                     # e.g. a dangling symlink: report it, do not lose it silently
-                    if is_image_name(name):
+                    if extension_of(name) in self.extensions:
                         unreadable.append((sample_id, f"cannot be read ({exc.strerror})"))
         order = sorted(range(len(sample_ids)), key=sample_ids.__getitem__)
         unreadable.sort()

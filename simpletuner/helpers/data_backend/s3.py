@@ -62,12 +62,13 @@ def _normalised_prefix(prefix: str) -> str:
 class S3Storage:
     remote = True
 
-    def __init__(self, settings: S3Settings):
+    def __init__(self, settings: S3Settings, extensions: frozenset[str] = IMAGE_EXTENSIONS):
         import boto3  # the 's3' extra; the config loader checks it is installed
         import botocore.session
         from botocore.config import Config
 
         self.settings = settings
+        self.extensions = extensions  # what is listed as a sample: images, or clips
         self.bucket = settings.bucket
         self.prefix = _normalised_prefix(settings.prefix)
         where = f" at {settings.endpoint_url}" if settings.endpoint_url else ""
@@ -98,7 +99,7 @@ class S3Storage:
             extension = extension_of(sample_id)
             if extension == CAPTION_EXTENSION:
                 captions[sample_id] = f"{size}:{change_key}"
-            elif extension in IMAGE_EXTENSIONS:
+            elif extension in self.extensions:
                 rows.append((sample_id, size, change_key))
         rows.sort()
         return Listing([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], captions)

@@ -146,8 +146,8 @@ def bucket_key(size: tuple[int, int]) -> str:
 
 
 def parse_bucket_key(key: str) -> tuple[int, int]:
-    """"768x512" -> (768, 512)."""
-    width, sep, height = key.partition("x")
+    """"768x512" -> (768, 512); a clip bucket's size: "768x512@81" -> (768, 512)."""
+    width, sep, height = key.split("@", 1)[0].partition("x")
     if not sep or not width.isdigit() or not height.isdigit():
         raise ValueError(f"not a bucket key 'WxH': {key!r}")
     return int(width), int(height)

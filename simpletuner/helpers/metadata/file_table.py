@@ -14,15 +14,21 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
 from simpletuner.helpers.data_backend.storage import ChangeKey, Listing
 from simpletuner.helpers.metadata.backends.discovery import Probe
+
+if TYPE_CHECKING:  # clip_probe imports PyAV, which image datasets never need
+    from simpletuner.helpers.metadata.backends.clip_probe import ClipProbe
 from simpletuner.helpers.metadata.split import SortedIds
 
 _COLUMNS = ("ids", "bytes", "change_key", "width", "height")
+# a clip table's columns besides those (ClipProbe's fields); an image table has none of them
+CLIP_COLUMNS = ("frames", "fps", "counted_by")
+_UNKNOWN = {"frames": 0, "fps": "", "counted_by": ""}
 
 
 def shared_ints(values) -> list[int]:
@@ -47,10 +53,16 @@ class FileTable:
     widths: list[int] = field(default_factory=list)     # EXIF-oriented
     heights: list[int] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # sample id -> why it is skipped
+    clips: dict[str, list] | None = None  # a clip table's CLIP_COLUMNS; None for images
+
+    @classmethod
+    def for_clips(cls) -> "FileTable":
+        return cls(clips={name: [] for name in CLIP_COLUMNS})
 
     def to_json(self) -> dict[str, Any]:
-        return {"ids": self.ids, "bytes": self.sizes, "change_key": self.change_keys,
-                "width": self.widths, "height": self.heights, "errors": self.errors}
+        columns = {"ids": self.ids, "bytes": self.sizes, "change_key": self.change_keys,
+                   "width": self.widths, "height": self.heights, "errors": self.errors}
+        return columns if self.clips is None else {**columns, "clips": self.clips}
 
     @classmethod
     def from_json(cls, data: Any) -> "FileTable":
@@ -61,7 +73,13 @@ class FileTable:
             raise FileTableFormatError(f"'files' lacks one of the columns {', '.join(_COLUMNS)}")
         if len({len(column) for column in columns}) != 1:
             raise FileTableFormatError("the columns of 'files' differ in length")
-        return cls(*columns, data["errors"])
+        clips = data.get("clips")
+        if clips is not None and not (isinstance(clips, dict) and set(clips) == set(CLIP_COLUMNS)
+                                      and all(isinstance(clips[n], list)
+                                              and len(clips[n]) == len(columns[0])
+                                              for n in CLIP_COLUMNS)):
+            raise FileTableFormatError(f"'files.clips' is not the columns {CLIP_COLUMNS}")
+        return cls(*columns, data["errors"], clips)
 
     def reconcile(self, listing: Listing) -> tuple["FileTable", list[int], int]:
         """(rows for the listed files, positions whose header must be read, rows forgotten).
@@ -73,7 +91,8 @@ class FileTable:
         if ids == self.ids and sizes == self.sizes and keys == self.change_keys:
             return self, [], 0  # nothing changed: the usual start, three list comparisons
         position = dict(zip(self.ids, range(len(self.ids))))
-        table = FileTable(list(ids), list(sizes), list(keys))
+        table = FileTable(list(ids), list(sizes), list(keys),
+                          clips=None if self.clips is None else {n: [] for n in CLIP_COLUMNS})
         stale: list[int] = []
         still_there = 0
         for row, (sample_id, size, key) in enumerate(zip(ids, sizes, keys)):
@@ -82,16 +101,20 @@ class FileTable:
             if old is not None and self.sizes[old] == size and self.change_keys[old] == key:
                 table.widths.append(self.widths[old])
                 table.heights.append(self.heights[old])
+                for name, column in (table.clips or {}).items():
+                    column.append(self.clips[name][old])
                 if sample_id in self.errors:
                     table.errors[sample_id] = self.errors[sample_id]
             else:
                 table.widths.append(0)
                 table.heights.append(0)
+                for name, column in (table.clips or {}).items():
+                    column.append(_UNKNOWN[name])
                 stale.append(row)
         return table, stale, len(self.ids) - still_there
 
-    def record(self, row: int, probe: Probe) -> None:
-        """Store what the header of the file in ``row`` said."""
+    def record(self, row: int, probe: Probe | ClipProbe) -> None:
+        """Store what the header (or a clip table: the container) of the file in ``row`` said."""
         sample_id = self.ids[row]
         self.errors.pop(sample_id, None)
         if probe.error:
@@ -99,6 +122,8 @@ class FileTable:
             self.errors[sample_id] = probe.error
         else:
             self.widths[row], self.heights[row] = probe.width, probe.height
+        for name, column in (self.clips or {}).items():
+            column[row] = _UNKNOWN[name] if probe.error else getattr(probe, name)
 
     def row_of(self, sample_id: str) -> int:
         """The row of a sample id the table holds (bisect: the ids are sorted)."""

@@ -16,12 +16,24 @@ class SkippedFile:
     reason: str  # human-readable, e.g. "truncated or unreadable header"
 
 
+@dataclass(frozen=True)
+class ClipPlan:
+    """What caching decodes of one clip: its first ``frames`` frames of the first video stream,
+    in presentation order (start 0, stride 1), at the source's rate; never re-timed here."""
+
+    frames: int         # the count of its bucket "WxH@F"
+    fps: str            # the source's exact rate, 'num/den'
+    source_frames: int  # what discovery read (``counted_by``: the container's count or
+    counted_by: str     # duration x rate); the decode verifies at least ``frames`` exist
+
+
 @dataclass
 class DatasetIndex:
     dataset_id: str
-    buckets: dict[str, SortedIds]              # "WxH" -> sorted sample ids
+    buckets: dict[str, SortedIds]              # "WxH" (clips "WxH@F") -> sorted sample ids
     original_sizes: Mapping[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
     skipped: list[SkippedFile] = field(default_factory=list)
+    clips: Mapping[str, ClipPlan] = field(default_factory=dict)  # a video dataset's samples
 
     def __post_init__(self):
         # Any list is accepted and put in canonical order once, here (see SortedIds).
@@ -33,8 +45,10 @@ class DatasetIndex:
 
     def digest(self) -> str:
         """Stable across processes and machines: ranks compare it to agree on the index."""
-        payload = json.dumps([self.dataset_id, dict(sorted(self.buckets.items()))],
-                             separators=(",", ":"))
+        content = [self.dataset_id, dict(sorted(self.buckets.items()))]
+        if self.clips:  # only then, so an image index keeps its digest
+            content.append({s: [c.fps, c.source_frames] for s, c in sorted(self.clips.items())})
+        payload = json.dumps(content, separators=(",", ":"))
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
     def without(self, removed: dict[str, str]) -> "DatasetIndex":
@@ -48,4 +62,5 @@ class DatasetIndex:
                 buckets[key] = kept
         sizes = {s: wh for s, wh in self.original_sizes.items() if s not in removed}
         skipped = self.skipped + [SkippedFile(s, r) for s, r in sorted(removed.items())]
-        return DatasetIndex(self.dataset_id, buckets, sizes, skipped)
+        clips = {s: plan for s, plan in self.clips.items() if s not in removed}
+        return DatasetIndex(self.dataset_id, buckets, sizes, skipped, clips)

@@ -56,12 +56,13 @@ from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
 from simpletuner.helpers.metadata.split import (
     BucketSlice, DatasetSpec, SortedIds, split_dataset,
 )
+from simpletuner.helpers.metadata.video_buckets import clip_plans, with_frames
 
 logger = logging.getLogger(__name__)
 
 # 3: ``files`` is a table of columns; 4: buckets are rows of that table; 5: any storage
 CACHE_VERSION = 5
-MISSING_CAPTION = "missing caption: no <name>.txt beside the image (caption_strategy 'textfile')"
+MISSING_CAPTION = "missing caption: no <name>.txt beside the file (caption_strategy 'textfile')"
 
 
 class MetadataCacheError(RuntimeError):
@@ -97,13 +98,20 @@ class MetadataBackend:
         self.cache_path = Path(cache_dir) / "metadata" / f"{dataset.id}.json"
         self.bucket_settings = BucketSettings.for_dataset(dataset, training)
         self.filters = SizeFilters.for_dataset(dataset, training)
+        self.video = (dataset.video_settings(training.model_family)
+                      if dataset.dataset_type == "video" else None)
         self.last_refresh: RefreshReport | None = None
 
     @classmethod
     def from_config(cls, dataset: DatasetConfig, training: TrainingConfig) -> "MetadataBackend":
         """The dataset's storage and metadata backend, the cache under ``output_dir``."""
         storage = open_storage(dataset)
-        if dataset.type == "huggingface":
+        if dataset.dataset_type == "video":
+            from simpletuner.helpers.metadata.backends.clip_source import ClipSource  # PyAV
+
+            source = ClipSource(storage, dataset.id, TableSource(storage, dataset)
+                                if dataset.metadata_backend == "parquet" else None)
+        elif dataset.type == "huggingface":
             source = HuggingFaceSource(storage, dataset)
         elif dataset.metadata_backend == "parquet":
             source = TableSource(storage, dataset)
@@ -137,6 +145,7 @@ class MetadataBackend:
             # Only when set (it lifts the maximum's skip), so older index caches stay valid.
             **({"target_downsample_size": ds.target_downsample_size}
                if ds.target_downsample_size is not None else {}),
+            **({"video": self.video.key()} if self.video is not None else {}),
         }
 
     # -- discovery -----------------------------------------------------------------------
@@ -217,7 +226,8 @@ class MetadataBackend:
                     f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} lacks "
                     "its captions; refresh it on the main process first")
         sizes = files.image_sizes({s.path for s in skipped})
-        return DatasetIndex(self.dataset.id, buckets, sizes, skipped)
+        return DatasetIndex(self.dataset.id, buckets, sizes, skipped,
+                            self._clip_plans(buckets, files))
 
     def caption_for(self, sample_id: str) -> str:
         if self.captions is not None:
@@ -352,8 +362,12 @@ class MetadataBackend:
         skipped.sort(key=lambda s: (s.path, s.reason))
         buckets = {key: SortedIds(map(files.ids.__getitem__, r)) for key, r in ordered.items()}
         sizes = files.image_sizes({s.path for s in skipped})
-        index = DatasetIndex(self.dataset.id, buckets, sizes, skipped)
+        index = DatasetIndex(self.dataset.id, buckets, sizes, skipped,
+                             self._clip_plans(buckets, files))
         return index, ordered
+
+    def _clip_plans(self, buckets: dict[str, SortedIds], files: FileTable) -> dict:
+        return clip_plans(buckets, files) if self.video is not None else {}
 
     def _decide(self, width: int, height: int) -> tuple[str | None, str | None]:
         """(why an image of this size is skipped, or None; its bucket key, or None when
@@ -383,10 +397,16 @@ class MetadataBackend:
             names = [None if key is None or why[key] else key for key in names]
         else:
             names = [key for _, key in decisions]
+        per_row = settings.draws_aspect or self.video is not None
+        if self.video is not None:  # a clip's bucket also depends on its frame count
+            rows = sized.tolist()
+            names = names if settings.draws_aspect else [names[w] for w in which.tolist()]
+            names = with_frames(names, [files.ids[row] for row in rows],
+                                [files.clips["frames"][row] for row in rows], self.video, skipped)
         keys = sorted({key for key in names if key is not None})
         number = {key: n for n, key in enumerate(keys)}
         bucket = np.array([number.get(key, -1) for key in names], np.int64)
-        return (bucket if self.bucket_settings.draws_aspect else bucket[which]), keys
+        return (bucket if per_row else bucket[which]), keys
 
     @staticmethod
     def _without_caption_files(ids: list[str], sized, bucket, listing: Listing,

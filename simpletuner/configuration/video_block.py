@@ -1,0 +1,135 @@
+"""``dataset_type: video``: SimpleTuner's ``video`` block and the settings later stages read.
+
+SimpleTuner's meanings: ``num_frames`` is the frame count every clip trains at (its first
+frames); clips shorter than it are skipped. ``min_frames`` / ``max_frames`` skip clips with
+fewer / more frames (``min_frames`` defaults to ``num_frames``). ``bucket_strategy``
+``aspect_ratio`` (its default) buckets by size only, so it needs ``num_frames``;
+``resolution_frames`` buckets by size and frame count: without ``num_frames`` each clip trains
+at its own length, rounded down to a multiple of ``frame_interval`` (when set). Either way the
+count is then snapped down to the family's VAE rule (video_frames.py: Wan 4n+1), as SimpleTuner
+trims to it; a clip left below ``min_frames`` is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from simpletuner.configuration.fields import option, parse_fields
+from simpletuner.configuration.video_frames import FRAME_RULES, FrameRule
+
+BUCKET_STRATEGIES = ("aspect_ratio", "resolution_frames")
+
+
+@dataclass
+class VideoConfig:
+    """The ``video`` block of a ``dataset_type: video`` dataset."""
+
+    num_frames: int | None = option(
+        None, minimum=1, help="frames every clip trains at (its first ones; snapped down to the "
+        "family's rule, Wan 4n+1); shorter clips are skipped. Unset: each clip's own length "
+        "(bucket_strategy 'resolution_frames' only)")
+    min_frames: int | None = option(
+        None, minimum=1, help="clips with fewer frames are skipped; unset: num_frames (or 1)")
+    max_frames: int | None = option(None, minimum=1, help="clips with more frames are skipped")
+    frame_interval: int | None = option(
+        None, minimum=1, help="bucket_strategy 'resolution_frames': a clip's frame count is "
+        "rounded down to a multiple of this before the family's rule")
+    is_i2v: bool = option(False, help="image-to-video: the first frame is the clean condition")
+    bucket_strategy: Literal["aspect_ratio", "resolution_frames"] = option(
+        "aspect_ratio", help="'aspect_ratio': by size, every clip at num_frames; "
+        "'resolution_frames': by size and frame count (bucket 'WxH@F')")
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """A video dataset's frame settings with the defaults filled in and the family's rule."""
+
+    rule: FrameRule
+    num_frames: int | None
+    min_frames: int
+    max_frames: int | None
+    frame_interval: int | None
+    is_i2v: bool
+    bucket_strategy: str
+
+    @classmethod
+    def for_dataset(cls, video: dict | None, model_family: str) -> "VideoSettings":
+        """From the checked block (``DatasetConfig.video``) of a dataset the loader accepted."""
+        block = VideoConfig(**(video or {}))
+        floor = block.min_frames or block.num_frames or 1
+        return cls(rule=FRAME_RULES[model_family], num_frames=block.num_frames,
+                   min_frames=max(floor, block.num_frames or 1), max_frames=block.max_frames,
+                   frame_interval=block.frame_interval, is_i2v=block.is_i2v,
+                   bucket_strategy=block.bucket_strategy)
+
+    def key(self) -> dict[str, Any]:
+        """What the index depends on (the metadata cache's settings)."""
+        return {"frame_rule": self.rule.describe(), "num_frames": self.num_frames,
+                "min_frames": self.min_frames, "max_frames": self.max_frames,
+                "frame_interval": self.frame_interval, "bucket_strategy": self.bucket_strategy}
+
+
+def parse_video_block(raw: Any, where: str, problems: list[str]) -> dict | None:
+    """The accepted ``video`` block (absent: all defaults), or None after appending what is
+    wrong with it, every problem at once."""
+    where = f"{where}: key 'video'"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected an object such as {{\"num_frames\": 81}}, found "
+                        f"{type(raw).__name__}")
+        return None
+    before = len(problems)
+    values = parse_fields(VideoConfig, raw, where, problems)
+    if len(problems) == before:
+        _check_combinations(VideoConfig(**values), where, problems)
+    return values if len(problems) == before else None
+
+
+def _check_combinations(block: VideoConfig, where: str, problems: list[str]) -> None:
+    low, high, frames = block.min_frames, block.max_frames, block.num_frames
+    if low is not None and high is not None and low > high:
+        problems.append(f"{where}: 'min_frames' ({low}) is larger than 'max_frames' ({high}), "
+                        "so every clip would be skipped")
+    if frames is not None and high is not None and frames > high:
+        problems.append(f"{where}: 'num_frames' ({frames}) is larger than 'max_frames' ({high}): "
+                        "a clip long enough to train is skipped as too long")
+    if block.bucket_strategy == "aspect_ratio" and frames is None:
+        problems.append(f"{where}: bucket_strategy 'aspect_ratio' trains every clip at one "
+                        "frame count; set 'num_frames' (e.g. 81, 5 s at Wan's 16 fps), or "
+                        "bucket_strategy 'resolution_frames' to train each clip at its length")
+    if block.frame_interval is not None and (block.bucket_strategy != "resolution_frames"
+                                             or frames is not None):
+        problems.append(f"{where}: 'frame_interval' rounds the frame counts of bucket_strategy "
+                        "'resolution_frames' without 'num_frames'; here every clip trains at "
+                        "num_frames, so remove it")
+
+
+def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
+                        model_family: str | None, where: str, problems: list[str]) -> None:
+    """A ``video`` block (``given``; ``parsed`` when accepted) only on a video dataset, a video
+    dataset only for a family that trains on clips, and a ``num_frames`` that family's VAE
+    encodes (``model_family`` None: config.json is not known yet)."""
+    if dataset_type != "video":
+        if given is not None:
+            problems.append(f"{where}: key 'video' is read for 'dataset_type': 'video' only; "
+                            f"this dataset is '{dataset_type}'. Remove it, or set dataset_type")
+        return
+    if model_family is None:
+        return
+    rule = FRAME_RULES.get(model_family)
+    if rule is None:
+        problems.append(f"{where}: 'dataset_type': 'video' needs a model family that trains on "
+                        f"clips ({', '.join(FRAME_RULES)}); model_family '{model_family}' "
+                        "trains on images. Convert the clips to images or change model_family")
+        return
+    # the given value too when the block was refused for another key: every problem at once
+    frames = parsed.get("num_frames") if parsed is not None else (
+        given.get("num_frames") if isinstance(given, dict) else None)
+    if (isinstance(frames, int) and not isinstance(frames, bool) and frames >= 1
+            and not rule.accepts(frames)):
+        lower, higher = rule.snap_down(frames), rule.snap_down(frames + rule.multiple)
+        nearest = f"{lower} or {higher}" if lower else str(higher)
+        problems.append(f"{where}: key 'video': 'num_frames' ({frames}) is not a count "
+                        f"{model_family}'s VAE encodes ({rule.describe()} frames); use {nearest}")

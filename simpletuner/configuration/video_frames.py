@@ -1,0 +1,31 @@
+"""Which model families train on clips, and the frame counts each one's VAE accepts.
+
+A video VAE compresses time by a factor ``multiple`` and keeps the first frame on its own, so a
+clip it encodes has ``multiple * n + remainder`` frames (Wan: 4n+1, so 1, 5, 9, ..., 81).
+Torch-free: ``check`` and ``plan`` read it as the loader does. A family missing here trains on
+images only, and a ``dataset_type: video`` dataset is refused for it before anything loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FrameRule:
+    multiple: int   # the VAE's temporal compression
+    remainder: int  # frames encoded on their own (the first one)
+
+    def describe(self) -> str:
+        return f"{self.multiple}n+{self.remainder}"
+
+    def accepts(self, frames: int) -> bool:
+        return frames >= self.remainder and (frames - self.remainder) % self.multiple == 0
+
+    def snap_down(self, frames: int) -> int:
+        """The largest accepted count not above ``frames``; 0 when there is none."""
+        if frames < self.remainder:
+            return 0
+        return frames - (frames - self.remainder) % self.multiple
+
+
+FRAME_RULES: dict[str, FrameRule] = {"wan": FrameRule(multiple=4, remainder=1)}

@@ -1,0 +1,144 @@
+"""What a clip's container says, read with PyAV without decoding every frame.
+
+Width and height come from the first decoded frame, with the container's display matrix applied
+(a phone's portrait clip is stored landscape with a 90 degree rotation, so the two swap);
+decoding that one frame also proves the stream can be decoded. The frame count is the
+container's own where it keeps one (``stream.frames``: MP4/MOV's sample table, AVI's index),
+else the stream's duration times its frame rate (Matroska and WebM store no count); the
+latent cache decodes the clip and verifies the count it needs. A remote object is read through
+ranged reads (RangedFile), so only the parts of the file the demuxer asks for are fetched.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import av
+
+from simpletuner.helpers.data_backend.storage import Storage, StorageError
+from simpletuner.helpers.metadata.backends.discovery import ZERO_BYTE
+from simpletuner.helpers.metadata.backends.headers import VANISHED
+
+NO_VIDEO_STREAM = "no video stream"
+AUDIO_ONLY = "audio only: no video stream"
+UNDECODABLE = "cannot be decoded (truncated, corrupt or not a video)"
+NO_FRAMES = "no frames"
+NO_FRAME_RATE = "no frame rate in the container"
+COUNTED_BY_CONTAINER, COUNTED_BY_DURATION = "container", "duration"
+READ_AHEAD = 256 * 1024  # per ranged read: a demuxer asks for a few KiB at a time
+
+
+@dataclass(frozen=True)
+class ClipProbe:
+    """A clip as discovery sees it, or why it is skipped (``error``)."""
+
+    width: int = 0            # as displayed (rotation applied)
+    height: int = 0
+    frames: int = 0           # frames in the first video stream
+    fps: str = ""             # exact frame rate, 'num/den' (30000/1001 stays exact)
+    counted_by: str = ""      # COUNTED_BY_CONTAINER or COUNTED_BY_DURATION
+    error: str | None = None
+
+
+def probe_clip(source, size: int, ranged: "RangedFile | None" = None) -> ClipProbe:
+    """Probe a path or a seekable binary file of ``size`` bytes (``ranged``: the remote file
+    under it). A StorageError of a remote read is raised: an outage is not a bad clip."""
+    if size == 0:
+        return ClipProbe(error=ZERO_BYTE)
+    try:
+        with av.open(source, "r") as container:
+            return _probe_container(container)
+    except StorageError:
+        raise
+    except FileNotFoundError:  # PyAV's is also an FFmpegError
+        return ClipProbe(error=VANISHED)
+    except av.FFmpegError as exc:
+        failure = ranged.failure if ranged is not None else None  # PyAV wraps what a read raised
+        if isinstance(failure, StorageError):
+            raise failure from exc
+        if isinstance(failure, FileNotFoundError):
+            return ClipProbe(error=VANISHED)
+        return ClipProbe(error=f"{UNDECODABLE}: {exc.strerror or type(exc).__name__}")
+    except (OSError, ValueError, EOFError) as exc:
+        return ClipProbe(error=f"{UNDECODABLE}: {exc}")
+
+
+def _probe_container(container) -> ClipProbe:
+    if not container.streams.video:
+        return ClipProbe(error=AUDIO_ONLY if container.streams.audio else NO_VIDEO_STREAM)
+    stream = container.streams.video[0]
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    if not rate:
+        return ClipProbe(error=NO_FRAME_RATE)
+    frames, counted_by = stream.frames, COUNTED_BY_CONTAINER
+    if frames <= 0:
+        frames, counted_by = _frames_from_duration(container, stream, Fraction(rate))
+    first = next(iter(container.decode(stream)), None)
+    if first is None or frames <= 0:
+        return ClipProbe(error=NO_FRAMES)
+    width, height = first.width, first.height
+    if (first.rotation or 0) % 180:
+        width, height = height, width
+    rate = Fraction(rate)
+    return ClipProbe(width, height, frames, f"{rate.numerator}/{rate.denominator}", counted_by)
+
+
+def _frames_from_duration(container, stream, rate: Fraction) -> tuple[int, str]:
+    if stream.duration is not None and stream.time_base:
+        seconds = stream.duration * Fraction(stream.time_base)
+    elif container.duration is not None:
+        seconds = Fraction(container.duration, av.time_base)
+    else:
+        return 0, COUNTED_BY_DURATION
+    # rounded, not floored: a duration stored in milliseconds is off by a fraction of a frame
+    return int(math.floor(seconds * rate + Fraction(1, 2))), COUNTED_BY_DURATION
+
+
+class RangedFile(io.RawIOBase):
+    """A remote object as a seekable read-only file, each read a ranged GET. A failed read's
+    error is kept in ``failure``: PyAV turns an exception in a read into its own."""
+
+    def __init__(self, storage: Storage, name: str, size: int):
+        self.storage, self.name, self.size = storage, name, size
+        self.position = 0
+        self.failure: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        length = min(len(buffer), self.size - self.position)
+        if length <= 0:
+            return 0
+        try:
+            data = self.storage.read_range(self.name, self.position, length)
+        except OSError as exc:  # StorageError, or FileNotFoundError when it was deleted
+            self.failure = exc
+            raise
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+def probe_stored_clip(storage: Storage, name: str, size: int) -> ClipProbe:
+    """Probe one clip of ``storage``: by path when local, by ranged reads when remote."""
+    path = storage.local_path(name)
+    if path is not None:
+        return probe_clip(str(path), size)
+    ranged = RangedFile(storage, name, size)
+    with io.BufferedReader(ranged, READ_AHEAD) as handle:
+        return probe_clip(handle, size, ranged)

@@ -1,0 +1,101 @@
+"""Real clips written with PyAV for the video tests: coloured shapes moving over a gradient, of a
+given size, fps and frame count, plus the bad files discovery must skip (truncated, zero-length,
+audio-only, not a video). Shared by the discovery, bucket and video training tests."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+# codec per container: what this FFmpeg build writes and every PyAV build reads back
+CODECS = {".mp4": "libx264", ".mkv": "libx264", ".webm": "libvpx-vp9", ".avi": "mpeg4",
+          ".mov": "libx264"}
+
+
+def shapes_frame(width: int, height: int, index: int, seed: int = 0) -> np.ndarray:
+    """Frame ``index`` (H x W x 3 uint8): a square and a bar that move a step per frame."""
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(40, 255, size=(3, 3))
+    ys, xs = np.mgrid[0:height, 0:width]
+    frame = np.empty((height, width, 3), np.uint8)
+    frame[..., 0] = (xs * 255 // max(width - 1, 1)).astype(np.uint8)
+    frame[..., 1] = (ys * 255 // max(height - 1, 1)).astype(np.uint8)
+    frame[..., 2] = colours[0, 2]
+    side = max(2, min(width, height) // 3)
+    x = (index * max(1, width // 16)) % max(1, width - side)
+    y = (index * max(1, height // 24) + height // 4) % max(1, height - side)
+    frame[y:y + side, x:x + side] = colours[1]
+    bar = (height - 1 - index * 2) % height
+    frame[bar:bar + max(1, height // 10), :] = colours[2]
+    return frame
+
+
+def write_clip(path: Path, width: int, height: int, frames: int, fps: int | Fraction = 16,
+               seed: int = 0, rotation: int = 0, caption: str | None = "moving shapes") -> Path:
+    """A clip of exactly ``frames`` frames at ``fps``; ``rotation`` (degrees, counter-clockwise)
+    goes in the container's display matrix, as phones write it. ``caption``: a .txt beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(CODECS[path.suffix.lower()], rate=Fraction(fps))
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if rotation:
+            stream.set_display_rotation(rotation)
+        for index in range(frames):
+            image = av.VideoFrame.from_ndarray(shapes_frame(width, height, index, seed),
+                                               format="rgb24")
+            container.mux(stream.encode(image))
+        container.mux(stream.encode())
+    return _captioned(path, caption)
+
+
+def write_audio_only(path: Path, seconds: float = 1.0, caption: str | None = "a tone") -> Path:
+    """A file with a video name and one AAC audio stream, no video stream."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rate = 16000
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=rate)
+        samples = np.sin(np.arange(int(rate * seconds)) * 0.05).astype(np.float32)
+        for start in range(0, len(samples), 1024):
+            chunk = samples[start:start + 1024]
+            frame = av.AudioFrame.from_ndarray(chunk[None, :], format="flt", layout="mono")
+            frame.sample_rate = rate
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return _captioned(path, caption)
+
+
+def write_truncated(path: Path, keep: float = 0.5, caption: str | None = "cut short") -> Path:
+    """A real clip cut to ``keep`` of its bytes, as an interrupted copy leaves it (an MP4's
+    index is written last, so it is lost)."""
+    write_clip(path, 64, 48, 17, caption=caption)
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+    return path
+
+
+def write_zero_length(path: Path, caption: str | None = "empty") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    return _captioned(path, caption)
+
+
+def write_not_a_video(path: Path, caption: str | None = "text") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"this is a text file with a video name\n" * 40)
+    return _captioned(path, caption)
+
+
+def _captioned(path: Path, caption: str | None) -> Path:
+    """``path``, with ``caption`` written beside it as <name>.txt unless None."""
+    if caption is not None:
+        path.with_suffix(".txt").write_text(caption)
+    return path
+
+
+def decoded_frame_count(path: Path) -> int:
+    """Frames of the first video stream, counted by decoding every one."""
+    with av.open(str(path)) as container:
+        return sum(1 for _ in container.decode(video=0))
