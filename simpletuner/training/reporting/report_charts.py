@@ -23,29 +23,27 @@ class Series:
 
 
 def nice_ticks(low: float, high: float, count: int = 5, smallest: float = 0.0) -> list[float]:
-    """Round tick values covering [low, high]: steps of 1, 2 or 5 times a power of ten, at
-    least ``smallest`` apart (1 for steps)."""
+    """Round tick values from at or below ``low`` to at or above ``high``: steps of 1, 2 or 5
+    times a power of ten, at least ``smallest`` apart (1 for steps)."""
     if not math.isfinite(low) or not math.isfinite(high):
         return []
-    if high <= low:
-        high = low + (abs(low) or 1.0)
+    if high <= low:  # a constant series sits in the middle of the chart
+        margin = abs(low) / 2 or 1.0
+        low, high = low - margin, high + margin
     raw = (high - low) / count
     power = 10 ** math.floor(math.log10(raw))
     step = max(smallest, next(m * power for m in (1, 2, 5, 10) if m * power >= raw))
-    first = math.ceil(low / step - 1e-9) * step
-    ticks, value = [], first
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
-    return ticks
+    first = math.floor(low / step + 1e-9)
+    last = math.ceil(high / step - 1e-9)
+    return [round(index * step, 12) for index in range(first, max(last, first + 1) + 1)]
 
 
-def tick_label(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) < 1e-3 or abs(value) >= 1e5:
-        return f"{value:.1e}"
-    return f"{value:.4g}"
+def tick_labels(ticks: list[float]) -> list[str]:
+    """One format per axis: exponents when the axis' values are all small or large."""
+    largest = max((abs(t) for t in ticks), default=0)
+    if largest and (largest < 1e-2 or largest >= 1e5):
+        return [f"{t:.1e}" if t else "0" for t in ticks]
+    return [f"{t:.4g}" for t in ticks]
 
 
 def thinned(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -78,16 +76,16 @@ def _axes(frame: _Frame, y_label: str) -> list[str]:
     parts = [f'<line class="axis" x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" '
              f'y2="{HEIGHT - BOTTOM}"/>',
              f'<line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{HEIGHT - BOTTOM}"/>']
-    for tick in frame.x_ticks:
+    for tick, label in zip(frame.x_ticks, tick_labels(frame.x_ticks)):
         x = frame.x(tick)
         parts.append(f'<line class="grid" x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" '
                      f'y2="{HEIGHT - BOTTOM}"/><text class="tick" x="{x:.1f}" '
-                     f'y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{tick_label(tick)}</text>')
-    for tick in frame.y_ticks:
+                     f'y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{label}</text>')
+    for tick, label in zip(frame.y_ticks, tick_labels(frame.y_ticks)):
         y = frame.y(tick)
         parts.append(f'<line class="grid" x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" '
                      f'y2="{y:.1f}"/><text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" '
-                     f'text-anchor="end">{tick_label(tick)}</text>')
+                     f'text-anchor="end">{label}</text>')
     parts.append(f'<text class="label" x="{(LEFT + WIDTH - RIGHT) / 2:.0f}" y="{HEIGHT - 6}" '
                  'text-anchor="middle">step</text>')
     parts.append(f'<text class="label" transform="translate(14 {(TOP + HEIGHT - BOTTOM) / 2:.0f})'

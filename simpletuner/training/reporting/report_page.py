@@ -20,6 +20,7 @@ SMOOTHING = 0.9  # exponential moving average, debiased (as tensorboard's smooth
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d2330;background:#fafbfc}
+.top{display:flex;flex-wrap:wrap;gap:48px}.top table td,.top table th{padding:1px 10px}
 h1{font-size:22px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse}td,th{padding:3px 10px;border-bottom:1px solid #e6e6e6;
 text-align:left;vertical-align:top}
@@ -54,8 +55,9 @@ def render_report(output_dir: Path, *, verify_hashes: bool = False) -> Path:
 
 def report_html(data: ReportData) -> str:
     title = f"Training report: {data.output_dir.name}"
-    sections = [status_section(data), settings_section(data.status.get("settings", {})),
-                "<h2>Curves</h2>" + curves(data), validation_section(data.validation),
+    top = (f'<div class="top"><div>{status_section(data)}</div>'
+           f'<div>{settings_section(data.status.get("settings", {}))}</div></div>')
+    sections = [top, "<h2>Curves</h2>" + curves(data), validation_section(data.validation),
                 buckets_section(data.status.get("buckets", {})), skipped_section(data.skipped),
                 exactly_once_section(data.exactly_once), checkpoint_section(data.checkpoints)]
     if data.notes:
