@@ -1,0 +1,88 @@
+"""The run report's page from files written by hand: how a failed run reads, what a torn or
+damaged file becomes (a note, never a traceback), long curves thinned to a bounded page, and
+axes whose ticks cover every point."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+from simpletuner.training.reporting.report_charts import MAX_POINTS, nice_ticks
+from simpletuner.training.reporting.report_page import render_report
+from simpletuner.training.reporting.run_log import RunLog
+from training_fixtures import ReportView
+
+
+def write_steps(folder: Path, count: int, torn: bool = False) -> None:
+    lines = [json.dumps({"step": s, "loss": 1.0 / s, "lr": 1e-4, "skipped": False,
+                         "time": 1000.0 + s}) + "\n" for s in range(1, count + 1)]
+    text = "".join(lines) + ('{"step": ' if torn else "")
+    (folder / "training_steps.jsonl").write_text(text)
+
+
+class ReportPageTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.out = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def page(self) -> str:
+        return render_report(self.out).read_text(encoding="utf-8")
+
+    def test_a_failed_run_says_failed_with_its_message(self):
+        log = RunLog(self.out, main=True, render=render_report)
+        log.start(resume_step=0, total_steps=10, settings={"learning_rate": 1e-4},
+                  buckets={"photos": {"64x64": 3}}, effective_batch=2)
+        log.log_step(1, 0.5, 1e-4, skipped=False)
+        log.end_with(RuntimeError("the disk at /data went away"))
+        html = (self.out / "training_report.html").read_text()
+        self.assertEqual(ReportView(html).status, "failed")
+        self.assertIn("RuntimeError: the disk at /data went away", html)
+        self.assertEqual(ReportView(html).series["loss"], [(1, 0.5)])
+
+    def test_a_run_on_another_rank_writes_nothing(self):
+        log = RunLog(self.out, main=False, render=render_report)
+        log.start(resume_step=0, total_steps=10, settings={}, buckets={}, effective_batch=2)
+        log.log_step(1, 0.5, 1e-4, skipped=False)
+        log.finish()
+        self.assertEqual(list(self.out.iterdir()), [])
+
+    def test_a_start_keeps_the_steps_up_to_the_resume_step_only(self):
+        write_steps(self.out, 6)
+        RunLog(self.out, main=True, render=render_report).start(
+            resume_step=4, total_steps=10, settings={}, buckets={}, effective_batch=2)
+        steps = [s for s, _ in ReportView(self.page()).series["loss"]]
+        self.assertEqual(steps, [1, 2, 3, 4])
+
+    def test_a_torn_line_and_a_damaged_file_are_notes(self):
+        write_steps(self.out, 3, torn=True)
+        (self.out / "skipped_files.json").write_text("{not json")
+        html = self.page()
+        self.assertEqual([s for s, _ in ReportView(html).series["loss"]], [1, 2, 3])
+        self.assertIn("training_steps.jsonl: line 4 is not a complete record", html)
+        self.assertIn("skipped_files.json: not readable", html)
+        self.assertIn("unknown", ReportView(html).status)
+
+    def test_a_long_run_is_thinned_to_a_bounded_page_keeping_the_last_step(self):
+        write_steps(self.out, 20_000)
+        html = self.page()
+        loss = ReportView(html).series["loss"]
+        self.assertLessEqual(len(loss), MAX_POINTS + 1)
+        self.assertEqual(loss[-1][0], 20_000)
+        self.assertLess(len(html), 1_000_000)
+
+    def test_ticks_cover_every_value(self):
+        for low, high in ((0.745, 1.12), (3e-5, 3e-4), (-2.0, 7.5), (0.001, 0.001), (1, 8)):
+            ticks = nice_ticks(low, high)
+            self.assertLessEqual(ticks[0], low)
+            self.assertGreaterEqual(ticks[-1], high)
+            self.assertLessEqual(len(ticks), 12)
+        self.assertEqual(nice_ticks(0, 3, smallest=1), [0, 1, 2, 3])
+
+
+if __name__ == "__main__":
+    unittest.main()
