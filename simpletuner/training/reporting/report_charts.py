@@ -115,12 +115,12 @@ def _marks(frame: _Frame, steps: list[int]) -> str:
 
 
 def line_chart(title: str, y_label: str, series: list[Series], *, step_range: tuple[int, int],
-               marked_steps: list[int] = ()) -> str:
+               marked_steps: list[int] = (), empty: str = "nothing logged yet") -> str:
     """An SVG chart of ``series`` against step over ``step_range``, with ``marked_steps`` as
-    vertical marks; an empty chart says there is nothing to show yet."""
+    vertical marks; without any point, one line saying ``empty``."""
     values = [v for s in series for _, v in s.points]
     if not values and not marked_steps:
-        return f'<p class="empty">{escape(title)}: nothing logged yet.</p>'
+        return f'<p class="empty">{escape(title)}: {escape(empty)}.</p>'
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
     frame = _Frame(step_range, (low, high))
     legend = " ".join(f'<span class="key {s.css_class}">{escape(s.name)}</span>' for s in series)

@@ -149,7 +149,9 @@ def curves(data: ReportData) -> str:
         line_chart("Learning rate", "learning rate", [Series("lr", "lr", rates)],
                    step_range=span),
         line_chart("Evaluation loss", "eval loss",
-                   [Series("eval loss", "eval", evals, markers=True)], step_range=span)])
+                   [Series("eval loss", "eval", evals, markers=True)], step_range=span,
+                   empty="none logged yet (eval_steps_interval and a dataset_type 'eval' "
+                   "dataset turn it on)")])
 
 
 def buckets_section(buckets: dict[str, dict[str, int]]) -> str:
