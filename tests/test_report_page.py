@@ -35,6 +35,7 @@ class ReportPageTest(unittest.TestCase):
 
     def test_a_failed_run_says_failed_with_its_message(self):
         log = RunLog(self.out, main=True, render=render_report)
+        log.output_dir_accepted()
         log.start(resume_step=0, total_steps=10, settings={"learning_rate": 1e-4},
                   buckets={"photos": {"64x64": 3}}, effective_batch=2)
         log.log_step(1, 0.5, 1e-4, skipped=False)
@@ -46,15 +47,22 @@ class ReportPageTest(unittest.TestCase):
 
     def test_a_run_on_another_rank_writes_nothing(self):
         log = RunLog(self.out, main=False, render=render_report)
+        log.output_dir_accepted()
         log.start(resume_step=0, total_steps=10, settings={}, buckets={}, effective_batch=2)
         log.log_step(1, 0.5, 1e-4, skipped=False)
         log.finish()
         self.assertEqual(list(self.out.iterdir()), [])
 
+    def test_nothing_is_written_before_the_preflight_accepted_output_dir(self):
+        log = RunLog(self.out, main=True, render=render_report)
+        log.end_with(RuntimeError("output_dir is a dataset's folder"))
+        self.assertEqual(list(self.out.iterdir()), [])
+
     def test_a_start_keeps_the_steps_up_to_the_resume_step_only(self):
         write_steps(self.out, 6)
-        RunLog(self.out, main=True, render=render_report).start(
-            resume_step=4, total_steps=10, settings={}, buckets={}, effective_batch=2)
+        log = RunLog(self.out, main=True, render=render_report)
+        log.output_dir_accepted()
+        log.start(resume_step=4, total_steps=10, settings={}, buckets={}, effective_batch=2)
         steps = [s for s, _ in ReportView(self.page()).series["loss"]]
         self.assertEqual(steps, [1, 2, 3, 4])
 

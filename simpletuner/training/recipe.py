@@ -122,6 +122,7 @@ class Trainer:
     def set_up(self) -> None:
         # Everything that can be checked cheaply, on every rank, before any heavy work.
         self.preflight = run_preflight_on_all_ranks(self.configuration, self.accelerator)
+        self.run_log.output_dir_accepted()
         with failing_together("removing what an earlier run left"):  # this run holds the lock
             if self.accelerator.is_main_process:
                 remove_leftovers(self.output_dir)

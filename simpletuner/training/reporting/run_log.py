@@ -58,12 +58,17 @@ def shown_settings(training, processes: int) -> dict:
 
 
 class RunLog:
-    """The main rank's writer; on other ranks every method does nothing."""
+    """The main rank's writer; on other ranks, and until the preflight accepted output_dir,
+    every method writes nothing (a refused output_dir may be a dataset's folder)."""
 
     def __init__(self, output_dir: Path, *, main: bool, render):
         """``render(output_dir)`` writes the report page from what is on disk."""
         self.output_dir, self.main, self._render = Path(output_dir), main, render
+        self.writing = False
         self.status: dict = {"status": "starting", "started_at": time.time()}
+
+    def output_dir_accepted(self) -> None:
+        self.writing = self.main
 
     def start(self, *, resume_step: int, total_steps: int, settings: dict,
               buckets: dict[str, dict[str, int]], effective_batch: int) -> None:
@@ -105,9 +110,9 @@ class RunLog:
         self.render()
 
     def _guarded(self, *actions) -> None:
-        """Main rank only; a failure is a warning: the report never stops a run (nor makes
-        the main rank late for a collective)."""
-        if not self.main:
+        """Main rank only, once writing; a failure is a warning: the report never stops a run
+        (nor makes the main rank late for a collective)."""
+        if not self.writing:
             return
         try:
             for action in actions:

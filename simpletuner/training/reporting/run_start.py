@@ -30,7 +30,7 @@ def epochs_covering(sampler, total_steps: int) -> int:
 
 def start_run_log(run_log: RunLog, *, training, data, sampler, indexes, resume_step: int,
                   total_steps: int, processes: int) -> None:
-    if not run_log.main:
+    if not run_log.writing:
         return
     buckets = {dataset_id: {key: len(ids) for key, ids in index.buckets.items()}
                for dataset_id, index in sorted(indexes.items())}
