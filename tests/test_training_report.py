@@ -133,6 +133,7 @@ class PreemptedThenResumedRunReportTest(unittest.TestCase):
         html = (self.out / "training_report.html").read_text()
         self.assertNotIn("<script", html)
         self.assertNotIn("://", html)
+        self.assertNotIn("url(", html)
         for link in self.dom.links:
             self.assertTrue((self.out / link).is_file(), link)
 

@@ -343,6 +343,7 @@ class Trainer:
         # The last step is always saved: a finished run can be continued with more steps.
         if (every and step % every == 0) or step == self.total_steps:
             saved = self.checkpoint()
+            self.run_log.render()  # (a preemption's checkpoint: by Trainer.run, outside the save)
         if totals.stopping:
             with self.watcher.aborting_on_signal():
                 saved = saved or self.checkpoint()
@@ -371,7 +372,6 @@ class Trainer:
 
     def checkpoint(self) -> Path:
         self.last_checkpoint = self.checkpointer.save(self.state, self.parts)
-        self.run_log.render()
         return self.last_checkpoint
 
     def validate(self) -> None:
