@@ -4,11 +4,13 @@ axes whose ticks cover every point."""
 
 from __future__ import annotations
 
+import html
 import json
 import tempfile
 import unittest
 from pathlib import Path
 
+from simpletuner.training.checkpointing.manifest import write_manifest
 from simpletuner.training.reporting.report_charts import MAX_POINTS, nice_ticks
 from simpletuner.training.reporting.report_page import render_report
 from simpletuner.training.reporting.run_log import RunLog
@@ -31,7 +33,8 @@ class ReportPageTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def page(self) -> str:
-        return render_report(self.out).read_text(encoding="utf-8")
+        """The page's text, HTML entities decoded."""
+        return html.unescape(render_report(self.out).read_text(encoding="utf-8"))
 
     def test_a_failed_run_says_failed_with_its_message(self):
         log = RunLog(self.out, main=True, render=render_report)
@@ -40,10 +43,10 @@ class ReportPageTest(unittest.TestCase):
                   buckets={"photos": {"64x64": 3}}, effective_batch=2)
         log.log_step(1, 0.5, 1e-4, skipped=False)
         log.end_with(RuntimeError("the disk at /data went away"))
-        html = (self.out / "training_report.html").read_text()
-        self.assertEqual(ReportView(html).status, "failed")
-        self.assertIn("RuntimeError: the disk at /data went away", html)
-        self.assertEqual(ReportView(html).series["loss"], [(1, 0.5)])
+        page = (self.out / "training_report.html").read_text()
+        self.assertEqual(ReportView(page).status, "failed")
+        self.assertIn("RuntimeError: the disk at /data went away", page)
+        self.assertEqual(ReportView(page).series["loss"], [(1, 0.5)])
 
     def test_a_run_on_another_rank_writes_nothing(self):
         log = RunLog(self.out, main=False, render=render_report)
@@ -69,19 +72,31 @@ class ReportPageTest(unittest.TestCase):
     def test_a_torn_line_and_a_damaged_file_are_notes(self):
         write_steps(self.out, 3, torn=True)
         (self.out / "skipped_files.json").write_text("{not json")
-        html = self.page()
-        self.assertEqual([s for s, _ in ReportView(html).series["loss"]], [1, 2, 3])
-        self.assertIn("training_steps.jsonl: line 4 is not a complete record", html)
-        self.assertIn("skipped_files.json: not readable", html)
-        self.assertIn("unknown", ReportView(html).status)
+        page = self.page()
+        self.assertEqual([s for s, _ in ReportView(page).series["loss"]], [1, 2, 3])
+        self.assertIn("training_steps.jsonl: line 4 is not a complete record", page)
+        self.assertIn("skipped_files.json: not readable", page)
+        self.assertIn("unknown", ReportView(page).status)
 
     def test_a_long_run_is_thinned_to_a_bounded_page_keeping_the_last_step(self):
         write_steps(self.out, 20_000)
-        html = self.page()
-        loss = ReportView(html).series["loss"]
+        page = self.page()
+        loss = ReportView(page).series["loss"]
         self.assertLessEqual(len(loss), MAX_POINTS + 1)
         self.assertEqual(loss[-1][0], 20_000)
-        self.assertLess(len(html), 1_000_000)
+        self.assertLess(len(page), 1_000_000)
+
+    def test_a_checkpoint_changed_after_its_save_fails_the_hash_check_only(self):
+        folder = self.out / "checkpoint-3"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"weights!")
+        write_manifest(folder)
+        (folder / "model.safetensors").write_bytes(b"weightz!")  # same size, other bytes
+        during_run = self.page()
+        self.assertIn("every file's size matches manifest.json", during_run)
+        command = html.unescape(render_report(self.out, verify_hashes=True).read_text())
+        self.assertIn("FAILED", command)
+        self.assertIn("SHA-256 mismatch", command)
 
     def test_ticks_cover_every_value(self):
         for low, high in ((0.745, 1.12), (3e-5, 3e-4), (-2.0, 7.5), (0.001, 0.001), (1, 8)):

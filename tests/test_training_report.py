@@ -39,7 +39,8 @@ def chromium(tmpdir: str, *args: str) -> str:
     profile = tempfile.mkdtemp(dir=tmpdir, prefix="chromium-")
     result = run_bounded([browser, "--headless", "--no-sandbox", "--disable-gpu",
                           "--no-first-run", f"--user-data-dir={profile}", *args],
-                         tmpdir=tmpdir, timeout=BROWSER_TIMEOUT, env={**os.environ, "HOME": profile})
+                         tmpdir=tmpdir, timeout=BROWSER_TIMEOUT,
+                         env={**os.environ, "HOME": profile})
     if result.returncode != 0:
         raise AssertionError(f"chromium failed ({result.returncode}): {result.stderr[-2000:]}")
     return result.stdout

@@ -74,12 +74,16 @@ def exactly_once_section(summary: ExactlyOnce | None) -> str:
             "max_train_steps, shows its untrained samples as missing.</p>")
 
 
+def _verdict_class(verified: str) -> str:
+    return "fail" if verified.startswith("FAILED") else "ok"
+
+
 def checkpoint_section(checkpoints: list[CheckpointEntry]) -> str:
     if not checkpoints:
         return "<h2>Checkpoints</h2><p class=\"empty\">No complete checkpoint.</p>"
     rows = "".join(
         f'<tr class="checkpoint"><td>{escape(c.name)}</td><td>{c.step}</td><td>{c.files}</td>'
-        f'<td>{c.size / 1e6:.2f} MB</td><td class="{"fail" if c.verified.startswith("FAILED") else ""}">'
+        f'<td>{c.size / 1e6:.2f} MB</td><td class="{_verdict_class(c.verified)}">'
         f"{escape(c.verified)}</td></tr>" for c in checkpoints)
     return ("<h2>Checkpoints</h2><table><tr><th>folder</th><th>step</th><th>files</th>"
             f"<th>size</th><th>verified</th></tr>{rows}</table>")
