@@ -10,10 +10,12 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from simpletuner.cli import main as cli_main
 from simpletuner.training.checkpointing.manifest import write_manifest
 from simpletuner.training.reporting.report_charts import MAX_POINTS, nice_ticks
 from simpletuner.training.reporting.report_page import render_report
 from simpletuner.training.reporting.run_log import RunLog
+from simpletuner.training.run.output_dir_lock import OutputDirLock
 from training_fixtures import ReportView
 
 
@@ -97,6 +99,22 @@ class ReportPageTest(unittest.TestCase):
         command = html.unescape(render_report(self.out, verify_hashes=True).read_text())
         self.assertIn("FAILED", command)
         self.assertIn("SHA-256 mismatch", command)
+
+    def test_the_command_tells_a_killed_run_from_a_running_one_by_the_lock(self):
+        (self.out / "training_status.json").write_text(json.dumps({"status": "running"}))
+        write_steps(self.out, 7)
+        lock = OutputDirLock(self.out)
+        self.assertIsNone(lock.try_acquire())
+        try:
+            self.assertEqual(cli_main(["report", str(self.out)]), 0)
+            running = html.unescape((self.out / "training_report.html").read_text())
+        finally:
+            lock.release()
+        self.assertEqual(cli_main(["report", str(self.out)]), 0)
+        killed = html.unescape((self.out / "training_report.html").read_text())
+        self.assertEqual(ReportView(running).status, "running")
+        self.assertEqual(ReportView(killed).status, "killed")
+        self.assertIn("was running (step 7), but no process holds output_dir's lock", killed)
 
     def test_ticks_cover_every_value(self):
         for low, high in ((0.745, 1.12), (3e-5, 3e-4), (-2.0, 7.5), (0.001, 0.001), (1, 8)):

@@ -27,7 +27,7 @@ text-align:left;vertical-align:top}
 .status{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600}
 .status-running,.status-starting{background:#2f6fdb}.status-finished{background:#2e8b48}
 .status-preempted{background:#c98a0b}.status-diverged,.status-failed{background:#c53030}
-.status-unknown{background:#777}.message{white-space:pre-wrap;max-width:900px}
+.status-unknown,.status-killed{background:#777}.message{white-space:pre-wrap;max-width:900px}
 figure{margin:10px 0}figcaption{font-weight:600;margin-bottom:4px}
 .chart .axis{stroke:#333}.chart .grid{stroke:#e3e3e3}.chart text{font-size:11px;fill:#333}
 .chart .label{font-size:12px}.series polyline{fill:none;stroke-width:1.6}
@@ -47,8 +47,11 @@ border:1px solid #ccc}.prompt{max-width:260px;text-align:left!important}
 
 def render_report(output_dir: Path, *, verify_hashes: bool = False) -> Path:
     """Read what is on disk, write the page; returns its path."""
-    data = read_report_data(output_dir, verify_hashes=verify_hashes)
-    path = Path(output_dir) / REPORT_FILE
+    return write_report(read_report_data(output_dir, verify_hashes=verify_hashes))
+
+
+def write_report(data: ReportData) -> Path:
+    path = data.output_dir / REPORT_FILE
     atomic_write_text(path, report_html(data))
     return path
 
