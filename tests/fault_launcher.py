@@ -5,7 +5,7 @@ torchrun would otherwise merge into one.
 
     python tests/fault_launcher.py STATUS_DIR [--fault MODULE:ATTRIBUTE --on-rank K
                                    [--config-problem | --broken-self | --killed-after N |
-                                    --signalled-after N]]
+                                    --signalled-after N | --frozen-after N]]
                                    {train,audit} ARGS...
 
 The injected message is ``injected fault on rank K``; ``--config-problem`` raises it as a
@@ -14,7 +14,8 @@ injects no message: the method runs with None for ``self``, so its own code rais
 AttributeError a bug would, with the method's frame in the traceback. ``--killed-after N``: the
 process is SIGKILLed as the function's Nth call returns, a crash at a chosen moment.
 ``--signalled-after N``: the process sends itself a real SIGTERM as the Nth call returns, a
-stop signal that reaches one rank only.
+stop signal that reaches one rank only. ``--frozen-after N``: the process sends itself SIGSTOP
+as the Nth call returns, a rank that hangs at a chosen moment.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ def fault_for(args: argparse.Namespace, original):
 
     if args.broken_self:
         return lambda *a, **k: original(None, *a[1:], **k)
-    if args.killed_after or args.signalled_after:
+    after_calls = {signal.SIGKILL: args.killed_after, signal.SIGTERM: args.signalled_after,
+                   signal.SIGSTOP: args.frozen_after}
+    sent, after = next(((sent, after) for sent, after in after_calls.items() if after),
+                       (None, None))
+    if sent is not None:
         calls = itertools.count(1)
-        after, sent = ((args.killed_after, signal.SIGKILL) if args.killed_after
-                       else (args.signalled_after, signal.SIGTERM))
 
         def signalled(*a, **k):
             result = original(*a, **k)
@@ -95,6 +98,7 @@ def main() -> None:
     kind.add_argument("--broken-self", action="store_true")
     kind.add_argument("--killed-after", type=int, metavar="N")
     kind.add_argument("--signalled-after", type=int, metavar="N")
+    kind.add_argument("--frozen-after", type=int, metavar="N")
     parser.add_argument("entry", choices=("train", "audit"))
     parser.add_argument("entry_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()

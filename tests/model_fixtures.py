@@ -35,6 +35,19 @@ class TinyModelCase(unittest.TestCase):
             ensure_builtin_model(f"tiny-{family}"), device=CPU, weight_dtype=torch.float32,
             loss_settings=LossSettings(**loss))
 
+    def capture_network_inputs(self, adapter, batch, seed: int = 5):
+        """compute_loss with a network that records its inputs and predicts zeros: the loss is
+        then the mean square of the target."""
+        seen = {}
+
+        def zero_network(**inputs):
+            seen.update(inputs)
+            return (torch.zeros_like(inputs["hidden_states"]),)
+
+        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(seed),
+                                    network=zero_network)
+        return loss, seen
+
     def assert_export_loads(self, adapter, folder: Path, class_name: str, width: int,
                             height: int):
         """The exported pipeline at ``folder`` loads as ``class_name`` with the adapter's

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import ChromaPipeline, DiffusionPipeline
-from safetensors.torch import load_file
 
 from launching import run_bounded
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
@@ -25,10 +24,10 @@ from simpletuner.models.base import LossSettings, ModelFolderError
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from test_memory_plan_command import GIB, row
-from training_fixtures import environment, make_shapes, run_train_sh, write_config
+from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import (copy_checkpoint, environment, make_shapes, run_train_sh,
+                               write_config)
 
-TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
-LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
 # "Chroma is a 8.9 billion parameter rectified flow transformer" (the model card,
 # huggingface.co/lodestones/Chroma; Chroma1-HD and Chroma1-Base share its architecture).
 CHROMA_PARAMETERS = 8.9e9
@@ -50,17 +49,6 @@ CHROMA1_HD_CONFIGS = {  # lodestones/Chroma1-HD's published configs, what sizes 
 
 
 class ChromaAdapterTest(TinyModelCase):
-    def capture_network_inputs(self, adapter, batch):
-        """compute_loss with a network that records its inputs and predicts zeros."""
-        seen = {}
-
-        def zero_network(**inputs):
-            seen.update(inputs)
-            return (torch.zeros_like(inputs["hidden_states"]),)
-
-        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(5), network=zero_network)
-        return loss, seen
-
     def test_loss_on_a_fixed_batch_falls_with_adamw(self):
         torch.manual_seed(0)
         adapter = self.load("chroma")
@@ -157,7 +145,7 @@ class ChromaConfigTest(unittest.TestCase):
                       self.problems(validation_guidance_real=4.0))
 
 
-class ChromaTrainingTest(unittest.TestCase):
+class ChromaTrainingTest(TrainedOutputAssertions, unittest.TestCase):
     """Four launches of ./train.sh: a full run of 4 steps checkpointed at 2, the same run
     resumed from a copy of its checkpoint-2, a LoRA run checkpointed at 2, and the LoRA run
     resumed from a copy of its checkpoint-2."""
@@ -171,17 +159,13 @@ class ChromaTrainingTest(unittest.TestCase):
                       max_train_steps=4, validation_prompt="a red circle",
                       validation_num_inference_steps=2, validation_resolution="96x64")
         cls.full = cls.train("full", checkpointing_steps=2, **common)
-        if cls.full.returncode == 0:
-            (root / "resumed-out").mkdir()
-            shutil.copytree(root / "full-out/checkpoint-2", root / "resumed-out/checkpoint-2")
+        if copy_checkpoint(root, "full", "resumed"):
             cls.resumed = cls.train("resumed", checkpointing_steps=2,
                                     resume_from_checkpoint="latest", **common)
         lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2,
                     checkpointing_steps=2)
         cls.lora = cls.train("lora", **lora)
-        if cls.lora.returncode == 0:
-            (root / "lora-resumed-out").mkdir()
-            shutil.copytree(root / "lora-out/checkpoint-2", root / "lora-resumed-out/checkpoint-2")
+        if copy_checkpoint(root, "lora", "lora-resumed"):
             cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
 
     @classmethod
@@ -192,55 +176,40 @@ class ChromaTrainingTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def sample(self, pipeline) -> np.ndarray:
-        pipeline.set_progress_bar_config(disable=True)
-        image = pipeline(prompt="a red circle", height=64, width=96, num_inference_steps=2,
-                         generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (96, 64))
-        return np.asarray(image).astype(np.float64)
-
     def test_the_full_run_exports_a_chroma_pipeline_that_generates(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
         out = self.root / "full-out"
         self.assertTrue((out / "validation" / "step-4" / "grid.png").is_file())
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
         self.assertIsInstance(pipeline, ChromaPipeline)
-        self.assertGreater(self.sample(pipeline).std(), 0.0)
+        self.assertGreater(self.sample_image(pipeline).std(), 0.0)
 
     def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
         self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
-        whole = load_file(str(self.root / "full-out" / TRANSFORMER_WEIGHTS))
-        resumed = load_file(str(self.root / "resumed-out" / TRANSFORMER_WEIGHTS))
-        base = load_file(str(resolve_model_path("builtin:tiny-chroma") / TRANSFORMER_WEIGHTS
-                             .removeprefix("pipeline/")))
-        self.assertEqual(set(whole), set(resumed))
-        for name, tensor in whole.items():
-            self.assertTrue(torch.equal(tensor, resumed[name]), name)
-        self.assertFalse(all(torch.equal(whole[k], base[k]) for k in whole))  # it trained
+        whole = self.root / "full-out" / TRANSFORMER_WEIGHTS
+        self.assert_same_tensors(whole, self.root / "resumed-out" / TRANSFORMER_WEIGHTS)
+        self.assert_some_tensor_changed(resolve_model_path("builtin:tiny-chroma") /
+                                        TRANSFORMER_WEIGHTS.removeprefix("pipeline/"), whole)
 
     def test_the_lora_export_loads_onto_the_base_pipeline_and_changes_its_output(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         out = self.root / "lora-out"
         self.assertFalse((out / "pipeline").exists())
         pipeline = ChromaPipeline.from_pretrained(resolve_model_path("builtin:tiny-chroma"))
-        before = self.sample(pipeline)
+        before = self.sample_image(pipeline)
         pipeline.load_lora_weights(out / "lora")
-        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+        self.assertGreater(np.abs(self.sample_image(pipeline) - before).mean(), 0.1)
 
     def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
         self.assertIn("resumed from", self.lora_resumed.stderr)
-        whole = load_file(str(self.root / "lora-out" / LORA_WEIGHTS))
-        resumed = load_file(str(self.root / "lora-resumed-out" / LORA_WEIGHTS))
-        self.assertEqual(set(whole), set(resumed))
-        for name, tensor in whole.items():
-            self.assertTrue(torch.equal(tensor, resumed[name]),
-                            f"{name}: {(tensor - resumed[name]).abs().max().item()}")
-        start, end = (load_file(str(self.root / "lora-out" / f"checkpoint-{step}" /
-                                    "lora_adapter.safetensors")) for step in (2, 4))
-        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
+        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
+                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
+        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
+                      for step in (2, 4))
+        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
 
 
 class ChromaMemoryPlanTest(unittest.TestCase):

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from diffusers import (AutoencoderKLFlux2, DiffusionPipeline, Flux2KleinPipeline,
                        Flux2Pipeline, Flux2Transformer2DModel)
-from safetensors.torch import load_file
 
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.cli import main
@@ -32,7 +31,9 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.models.tiny.tokenizers import write_tiny_qwen2_tokenizer
 from simpletuner.training.memory.sharding import repeated_blocks
 from test_memory_plan_command import GIB, row
-from training_fixtures import environment, make_shapes, run_train_sh, write_config
+from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import (copy_checkpoint, environment, make_shapes, run_train_sh,
+                               write_config)
 
 PROMPTS = ["a red circle", "a blue square"]
 MISTRAL_TEMPLATE = (  # Mistral's layout of a system and a user message
@@ -239,7 +240,7 @@ class Flux2DevLayoutTest(Flux2Case):
         self.assertIn("says it is flux:", str(caught.exception))
 
 
-class Flux2TrainingTest(unittest.TestCase):
+class Flux2TrainingTest(TrainedOutputAssertions, unittest.TestCase):
     """Four ./train.sh runs of builtin:tiny-flux2: full with EMA for 4 steps (checkpoints at 2
     and 4, validation images, the pipeline exported), a LoRA run on an int8-quantized base, and
     each of the two resumed from a copy of its checkpoint-2."""
@@ -267,23 +268,15 @@ class Flux2TrainingTest(unittest.TestCase):
     @classmethod
     def resume(cls, run: str, name: str, **options):
         """Run ``name``, resumed ("latest") from a copy of run ``run``'s checkpoint-2."""
-        (cls.root / f"{name}-out").mkdir()
-        if (cls.root / f"{run}-out" / "checkpoint-2").is_dir():
-            shutil.copytree(cls.root / f"{run}-out" / "checkpoint-2",
-                            cls.root / f"{name}-out" / "checkpoint-2")
+        copy_checkpoint(cls.root, run, name)
         return cls.train(name, resume_from_checkpoint="latest", **options)
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def sample(self, pipeline, width: int = 48, height: int = 32) -> np.ndarray:
-        pipeline.set_progress_bar_config(disable=True)
-        image = pipeline(prompt="a red circle", height=height, width=width,
-                         num_inference_steps=2, guidance_scale=1.0,
-                         generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (width, height))
-        return np.asarray(image).astype(np.float64)
+    def sample(self, pipeline) -> np.ndarray:
+        return self.sample_image(pipeline, width=48, height=32, guidance_scale=1.0)
 
     def assert_ran(self, result):
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
@@ -295,21 +288,17 @@ class Flux2TrainingTest(unittest.TestCase):
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
         self.assertIsInstance(pipeline, Flux2KleinPipeline)
         self.assertGreater(self.sample(pipeline).std(), 0.0)
-        weights = Path("transformer") / "diffusion_pytorch_model.safetensors"
-        base = load_file(cached_tiny_flux2(self.tmp) / weights)
-        trained = load_file(out / "pipeline" / weights)
-        self.assertTrue(any(not torch.equal(base[k], trained[k]) for k in base))
+        self.assert_some_tensor_changed(
+            cached_tiny_flux2(self.tmp) / TRANSFORMER_WEIGHTS.removeprefix("pipeline/"),
+            out / TRANSFORMER_WEIGHTS)
 
     def test_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
         self.assert_ran(self.full)
         self.assert_ran(self.resumed)
         self.assertRegex(self.resumed.stdout + self.resumed.stderr,
                          r"resumed from \S*checkpoint-2 at step 2")
-        name = Path("pipeline") / "transformer" / "diffusion_pytorch_model.safetensors"
-        full = load_file(self.root / "full-out" / name)
-        resumed = load_file(self.root / "resumed-out" / name)
-        self.assertEqual(full.keys(), resumed.keys())
-        self.assertTrue(all(torch.equal(full[key], resumed[key]) for key in full))
+        self.assert_same_tensors(self.root / "full-out" / TRANSFORMER_WEIGHTS,
+                                 self.root / "resumed-out" / TRANSFORMER_WEIGHTS)
 
     def test_lora_on_a_quantized_base_loads_onto_the_base_and_changes_its_output(self):
         self.assert_ran(self.lora)
@@ -325,16 +314,11 @@ class Flux2TrainingTest(unittest.TestCase):
         self.assert_ran(self.lora_resumed)
         self.assertRegex(self.lora_resumed.stdout + self.lora_resumed.stderr,
                          r"resumed from \S*checkpoint-2 at step 2")
-        name = Path("lora") / "pytorch_lora_weights.safetensors"
-        full = load_file(self.root / "lora-out" / name)
-        resumed = load_file(self.root / "lora-resumed-out" / name)
-        self.assertEqual(full.keys(), resumed.keys())
-        for key in full:
-            self.assertTrue(torch.equal(full[key], resumed[key]),
-                            f"{key}: {(full[key] - resumed[key]).abs().max().item()}")
-        start, end = (load_file(self.root / "lora-out" / f"checkpoint-{step}" /
-                                "lora_adapter.safetensors") for step in (2, 4))
-        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
+        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
+                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
+        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
+                      for step in (2, 4))
+        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
 
 
 # Published configs and parameter counts of FLUX.2-dev and FLUX.2-klein-4B/-9B (sources in the

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from diffusers import DiffusionPipeline, QwenImagePipeline
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
-from safetensors.torch import load_file
 
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.cli import main
@@ -29,10 +28,10 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
-from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
+from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import (copy_checkpoint, make_shapes, read_jsonl, run_train_sh,
+                               write_config)
 
-TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
-LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
 # Qwen/Qwen-Image's published configs (transformer/, vae/, text_encoder/config.json on the Hub),
 # the values that size the tensors.
 QWEN_IMAGE_CONFIGS = {
@@ -62,18 +61,6 @@ QWEN_IMAGE_PARAMETERS = 20e9
 class QwenCase(TinyModelCase):
     def load(self, **loss):
         return super().load("qwen_image", **loss)
-
-    def capture_network_inputs(self, adapter, batch, seed: int = 5):
-        """compute_loss with a network that records its inputs and predicts zeros."""
-        seen = {}
-
-        def zero_network(**inputs):
-            seen.update(inputs)
-            return (torch.zeros_like(inputs["hidden_states"]),)
-
-        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(seed),
-                                    network=zero_network)
-        return loss, seen
 
 
 class QwenAdapterTest(QwenCase):
@@ -194,7 +181,7 @@ class QwenAdapterTest(QwenCase):
         self.assertIn("says it is qwen_image", str(caught.exception))
 
 
-class QwenTrainingTest(unittest.TestCase):
+class QwenTrainingTest(TrainedOutputAssertions, unittest.TestCase):
     """Four ./train.sh launches: full (4 steps, checkpoints every 2, EMA, gradient
     checkpointing, eval loss, validation), a lean LoRA (int8 base, bf16, adamw_bf16), and each
     of the two resumed from a copy of its checkpoint-2."""
@@ -221,13 +208,9 @@ class QwenTrainingTest(unittest.TestCase):
                     base_model_precision="int8-torchao", mixed_precision="bf16",
                     optimizer="adamw_bf16")
         cls.lora = cls.train("lora", **lora)
-        if cls.lora.returncode == 0:
-            (root / "lora-resumed-out").mkdir()
-            shutil.copytree(root / "lora-out/checkpoint-2", root / "lora-resumed-out/checkpoint-2")
+        if copy_checkpoint(root, "lora", "lora-resumed"):
             cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
-        if cls.full.returncode == 0:
-            (root / "resumed-out").mkdir()
-            shutil.copytree(root / "full-out/checkpoint-2", root / "resumed-out/checkpoint-2")
+        if copy_checkpoint(root, "full", "resumed"):
             cls.resumed = cls.train("resumed", resume_from_checkpoint="latest", **full)
 
     @classmethod
@@ -239,13 +222,6 @@ class QwenTrainingTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def sample(self, pipeline) -> np.ndarray:
-        pipeline.set_progress_bar_config(disable=True)
-        image = pipeline(prompt="a red circle", height=64, width=96, num_inference_steps=2,
-                         generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (96, 64))
-        return np.asarray(image).astype(np.float64)
-
     def test_full_run_exports_a_qwen_image_pipeline_and_validates(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
         out = self.root / "full-out"
@@ -255,41 +231,33 @@ class QwenTrainingTest(unittest.TestCase):
         self.assertTrue(all(np.isfinite(line["eval_loss"]) for line in losses))
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
         self.assertIsInstance(pipeline, QwenImagePipeline)
-        self.assertGreater(self.sample(pipeline).std(), 0.0)
+        self.assertGreater(self.sample_image(pipeline).std(), 0.0)
 
     def test_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
         self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
-        whole = load_file(str(self.root / "full-out" / TRANSFORMER_WEIGHTS))
-        resumed = load_file(str(self.root / "resumed-out" / TRANSFORMER_WEIGHTS))
-        base = load_file(str(ensure_builtin_model("tiny-qwen_image")
-                             / "transformer/diffusion_pytorch_model.safetensors"))
-        self.assertEqual(set(whole), set(resumed))
-        for key in whole:
-            self.assertTrue(torch.equal(whole[key], resumed[key]), key)
-        self.assertFalse(all(torch.equal(whole[k], base[k]) for k in whole))  # it trained
+        whole = self.root / "full-out" / TRANSFORMER_WEIGHTS
+        self.assert_same_tensors(whole, self.root / "resumed-out" / TRANSFORMER_WEIGHTS)
+        self.assert_some_tensor_changed(ensure_builtin_model("tiny-qwen_image") /
+                                        TRANSFORMER_WEIGHTS.removeprefix("pipeline/"), whole)
 
     def test_lora_export_loads_onto_the_base_pipeline_and_changes_it(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         out = self.root / "lora-out"
         self.assertFalse((out / "pipeline").exists())
         pipeline = QwenImagePipeline.from_pretrained(ensure_builtin_model("tiny-qwen_image"))
-        before = self.sample(pipeline)
+        before = self.sample_image(pipeline)
         pipeline.load_lora_weights(out / "lora")
-        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+        self.assertGreater(np.abs(self.sample_image(pipeline) - before).mean(), 0.1)
 
     def test_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
         self.assertIn("resumed from", self.lora_resumed.stderr)
-        whole = load_file(str(self.root / "lora-out" / LORA_WEIGHTS))
-        resumed = load_file(str(self.root / "lora-resumed-out" / LORA_WEIGHTS))
-        self.assertEqual(set(whole), set(resumed))
-        for key, tensor in whole.items():
-            self.assertTrue(torch.equal(tensor, resumed[key]),
-                            f"{key}: {(tensor - resumed[key]).abs().max().item()}")
-        start, end = (load_file(str(self.root / "lora-out" / f"checkpoint-{step}" /
-                                    "lora_adapter.safetensors")) for step in (2, 4))
-        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
+        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
+                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
+        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
+                      for step in (2, 4))
+        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
 
 
 class QwenMemoryPlanTest(unittest.TestCase):

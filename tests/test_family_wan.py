@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from diffusers import DiffusionPipeline, WanPipeline
 from PIL import Image
-from safetensors.torch import load_file
 
 from launching import run_bounded
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
@@ -29,11 +28,10 @@ from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
 from test_memory_plan_command import GIB, row
-from training_fixtures import (check_recording_torch, environment, make_shapes, run_train_sh,
-                               write_config)
+from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import (check_recording_torch, copy_checkpoint, environment, make_shapes,
+                               run_train_sh, write_config)
 
-TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
-LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
 # Parameters of the published transformers, from their checkpoints' sizes: Comfy-Org's
 # wan2.1_t2v_1.3B_fp16.safetensors is 2.84 GB and wan2.1_t2v_14B_fp16.safetensors 28.6 GB, two
 # bytes a parameter (huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged); the model names'
@@ -61,17 +59,6 @@ def transformer_config(size: str) -> dict:
 
 
 class WanAdapterTest(TinyModelCase):
-    def capture_network_inputs(self, adapter, batch):
-        """compute_loss with a network that records its inputs and predicts zeros."""
-        seen = {}
-
-        def zero_network(**inputs):
-            seen.update(inputs)
-            return (torch.zeros_like(inputs["hidden_states"]),)
-
-        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(5), network=zero_network)
-        return loss, seen
-
     def test_loss_on_a_fixed_batch_falls_with_adamw(self):
         torch.manual_seed(0)
         adapter = self.load("wan")
@@ -222,7 +209,7 @@ class WanConfigTest(unittest.TestCase):
                       self.problems(validation_guidance_rescale=0.7))
 
 
-class WanTrainingTest(unittest.TestCase):
+class WanTrainingTest(TrainedOutputAssertions, unittest.TestCase):
     """Four launches of ./train.sh: a full run of 4 steps checkpointed at 2, the same run
     resumed from a copy of its checkpoint-2, a LoRA run checkpointed at 2, and the LoRA run
     resumed from a copy of its checkpoint-2."""
@@ -236,17 +223,13 @@ class WanTrainingTest(unittest.TestCase):
                       max_train_steps=4, validation_prompt="a red circle",
                       validation_num_inference_steps=2, validation_resolution="96x64")
         cls.full = cls.train("full", checkpointing_steps=2, **common)
-        if cls.full.returncode == 0:
-            (root / "resumed-out").mkdir()
-            shutil.copytree(root / "full-out/checkpoint-2", root / "resumed-out/checkpoint-2")
+        if copy_checkpoint(root, "full", "resumed"):
             cls.resumed = cls.train("resumed", checkpointing_steps=2,
                                     resume_from_checkpoint="latest", **common)
         lora = dict(common, model_type="lora", lora_rank=4, learning_rate=3e-2,
                     checkpointing_steps=2)
         cls.lora = cls.train("lora", **lora)
-        if cls.lora.returncode == 0:
-            (root / "lora-resumed-out").mkdir()
-            shutil.copytree(root / "lora-out/checkpoint-2", root / "lora-resumed-out/checkpoint-2")
+        if copy_checkpoint(root, "lora", "lora-resumed"):
             cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
 
     @classmethod
@@ -278,14 +261,10 @@ class WanTrainingTest(unittest.TestCase):
     def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
         self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
-        whole = load_file(str(self.root / "full-out" / TRANSFORMER_WEIGHTS))
-        resumed = load_file(str(self.root / "resumed-out" / TRANSFORMER_WEIGHTS))
-        base = load_file(str(resolve_model_path("builtin:tiny-wan") / TRANSFORMER_WEIGHTS
-                             .removeprefix("pipeline/")))
-        self.assertEqual(set(whole), set(resumed))
-        for name, tensor in whole.items():
-            self.assertTrue(torch.equal(tensor, resumed[name]), name)
-        self.assertFalse(all(torch.equal(whole[k], base[k]) for k in whole))  # it trained
+        whole = self.root / "full-out" / TRANSFORMER_WEIGHTS
+        self.assert_same_tensors(whole, self.root / "resumed-out" / TRANSFORMER_WEIGHTS)
+        self.assert_some_tensor_changed(resolve_model_path("builtin:tiny-wan") /
+                                        TRANSFORMER_WEIGHTS.removeprefix("pipeline/"), whole)
 
     def test_the_lora_export_loads_onto_the_base_pipeline_and_changes_its_output(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
@@ -300,15 +279,11 @@ class WanTrainingTest(unittest.TestCase):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
         self.assertIn("resumed from", self.lora_resumed.stderr)
-        whole = load_file(str(self.root / "lora-out" / LORA_WEIGHTS))
-        resumed = load_file(str(self.root / "lora-resumed-out" / LORA_WEIGHTS))
-        self.assertEqual(set(whole), set(resumed))
-        for name, tensor in whole.items():
-            self.assertTrue(torch.equal(tensor, resumed[name]),
-                            f"{name}: {(tensor - resumed[name]).abs().max().item()}")
-        start, end = (load_file(str(self.root / "lora-out" / f"checkpoint-{step}" /
-                                    "lora_adapter.safetensors")) for step in (2, 4))
-        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
+        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
+                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
+        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
+                      for step in (2, 4))
+        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
 
 
 class WanMemoryPlanTest(unittest.TestCase):

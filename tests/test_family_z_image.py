@@ -19,7 +19,6 @@ from unittest import mock
 import numpy as np
 import torch
 from diffusers import DiffusionPipeline, ZImagePipeline, ZImageTransformer2DModel
-from safetensors.torch import load_file
 
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.cli import main
@@ -31,8 +30,9 @@ from simpletuner.training.lora import add_lora
 from simpletuner.training.memory.sharding import repeated_blocks
 from simpletuner.training.settings import ValidationSettings
 from test_memory_plan_command import GIB, row
-from training_fixtures import (
-    environment, make_shapes, run_train_sh, write_config)
+from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import (copy_checkpoint, environment, make_shapes, run_train_sh,
+                               write_config)
 
 # Z-Image's 6.15 B-parameter S3-DiT, as the Z-Image technical report (arXiv 2511.22699) and
 # Tongyi-MAI's model cards give it.
@@ -186,7 +186,7 @@ class ZImageShardingTest(unittest.TestCase):
         self.assertLess(rest, 1e-3 * sum(p.numel() for p in network.parameters()))
 
 
-class ZImageTrainingTest(unittest.TestCase):
+class ZImageTrainingTest(TrainedOutputAssertions, unittest.TestCase):
     """./train.sh: a full run of 4 steps (checkpoints at 2 and 4, validation at the end) and a
     LoRA run on a quantized base; each resumed from a copy of its checkpoint-2."""
 
@@ -200,33 +200,21 @@ class ZImageTrainingTest(unittest.TestCase):
                     max_train_steps=4, checkpointing_steps=2)
         full = dict(base, validation_prompt="a red circle", validation_num_inference_steps=2)
         cls.full = run_train_sh(write_config(root, root / "data", "full", **full), cls.tmp)
-        (root / "resumed-out").mkdir()
-        if cls.full.returncode == 0:
-            shutil.copytree(root / "full-out" / "checkpoint-2",
-                            root / "resumed-out" / "checkpoint-2")
-        cls.resumed = run_train_sh(write_config(root, root / "data", "resumed",
-                                                resume_from_checkpoint="latest", **full), cls.tmp)
+        if copy_checkpoint(root, "full", "resumed"):
+            cls.resumed = run_train_sh(write_config(
+                root, root / "data", "resumed", resume_from_checkpoint="latest", **full), cls.tmp)
         # The LoRA trains on an int8 base under bf16 autocast, as on one small GPU.
         lora = dict(base, model_type="lora", lora_rank=4, learning_rate=1e-2,
                     base_model_precision="int8-torchao", mixed_precision="bf16")
         cls.lora = run_train_sh(write_config(root, root / "data", "lora", **lora), cls.tmp)
-        (root / "lora-resumed-out").mkdir()
-        if cls.lora.returncode == 0:
-            shutil.copytree(root / "lora-out" / "checkpoint-2",
-                            root / "lora-resumed-out" / "checkpoint-2")
-        cls.lora_resumed = run_train_sh(write_config(
-            root, root / "data", "lora-resumed", resume_from_checkpoint="latest", **lora), cls.tmp)
+        if copy_checkpoint(root, "lora", "lora-resumed"):
+            cls.lora_resumed = run_train_sh(write_config(
+                root, root / "data", "lora-resumed", resume_from_checkpoint="latest", **lora),
+                cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    def sample(self, pipeline) -> np.ndarray:
-        pipeline.set_progress_bar_config(disable=True)
-        image = pipeline(prompt="a red circle", height=64, width=96, num_inference_steps=2,
-                         guidance_scale=0.0, generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (96, 64))
-        return np.asarray(image).astype(np.float64)
 
     def test_full_run_validates_and_exports_a_pipeline_that_generates(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
@@ -234,44 +222,37 @@ class ZImageTrainingTest(unittest.TestCase):
         self.assertTrue((out / "validation" / "step-4" / "grid.png").is_file())
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
         self.assertIsInstance(pipeline, ZImagePipeline)
-        self.assertGreater(self.sample(pipeline).std(), 0.0)
+        self.assertGreater(self.sample_image(pipeline, guidance_scale=0.0).std(), 0.0)
 
     def test_resumed_run_ends_with_the_uninterrupted_weights(self):
         self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
         self.assertIn("resumed from", self.resumed.stderr)
-        for relative in ("checkpoint-4/model.safetensors",
-                         "pipeline/transformer/diffusion_pytorch_model.safetensors"):
-            full = load_file(str(self.root / "full-out" / relative))
-            resumed = load_file(str(self.root / "resumed-out" / relative))
-            self.assertEqual(full.keys(), resumed.keys())
-            self.assertTrue(all(torch.equal(full[k], resumed[k]) for k in full), relative)
-        start, end = (load_file(str(self.root / "full-out" / f"checkpoint-{step}" /
-                                    "model.safetensors")) for step in (2, 4))
-        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
+        for relative in ("checkpoint-4/model.safetensors", TRANSFORMER_WEIGHTS):
+            self.assert_same_tensors(self.root / "full-out" / relative,
+                                     self.root / "resumed-out" / relative)
+        start, end = (self.root / "full-out" / f"checkpoint-{step}" / "model.safetensors"
+                      for step in (2, 4))
+        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
 
     def test_lora_export_loads_onto_the_base_pipeline_and_changes_it(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         out = self.root / "lora-out"
         self.assertFalse((out / "pipeline").exists())
         pipeline = ZImagePipeline.from_pretrained(resolve_model_path("builtin:tiny-z_image"))
-        before = self.sample(pipeline)
+        before = self.sample_image(pipeline, guidance_scale=0.0)
         pipeline.load_lora_weights(out / "lora")
-        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+        after = self.sample_image(pipeline, guidance_scale=0.0)
+        self.assertGreater(np.abs(after - before).mean(), 0.1)
 
     def test_resumed_lora_run_ends_with_the_uninterrupted_adapter(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
         self.assertIn("resumed from", self.lora_resumed.stderr)
-        relative = "lora/pytorch_lora_weights.safetensors"
-        full = load_file(str(self.root / "lora-out" / relative))
-        resumed = load_file(str(self.root / "lora-resumed-out" / relative))
-        self.assertEqual(full.keys(), resumed.keys())
-        for key in full:
-            self.assertTrue(torch.equal(full[key], resumed[key]),
-                            f"{key}: {(full[key] - resumed[key]).abs().max().item()}")
-        start, end = (load_file(str(self.root / "lora-out" / f"checkpoint-{step}" /
-                                    "lora_adapter.safetensors")) for step in (2, 4))
-        self.assertFalse(all(torch.equal(start[k], end[k]) for k in start))  # it trained on
+        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
+                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
+        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
+                      for step in (2, 4))
+        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
 
 
 class ZImageConfigTest(unittest.TestCase):

@@ -1,6 +1,6 @@
-"""A rank that freezes (a real SIGSTOP) during training: the other rank stops after the
-collective timeout, naming the frozen rank and where it last was, instead of waiting forever;
-and a SIGTERM sent while it waits for the frozen rank is honoured at once."""
+"""A rank that freezes (a real SIGSTOP) during training or start-up: the other rank stops after
+the collective timeout, naming the frozen rank and where each of them was, instead of waiting
+forever; and a SIGTERM sent while it waits for the frozen rank is honoured at once."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import unittest
@@ -16,6 +17,7 @@ from pathlib import Path
 from simpletuner.common.peer_watch import TIMEOUT_ENV
 from simpletuner.training.run.outcomes import EXIT_FAILED
 from launching import Launch
+from test_fail_together import LAUNCHER
 from test_preemption import train_command, worker_pid
 from training_fixtures import environment, make_shapes, write_config
 
@@ -87,11 +89,47 @@ class FrozenRankTest(unittest.TestCase):
                                r"for rank 1 \(last at 'step \d+: [^']+', no sign of life\)$")
 
 
-def _zombie(pid: int) -> bool:
+    def test_a_rank_frozen_in_start_up_is_named_at_the_collective_it_never_reached(self):
+        """Rank 1 stops as it has read the bucket index (rank 0 never does: it wrote it), so
+        rank 0 waits for it in the index agreement."""
+        config = write_config(self.root, self.root / "data", "start-up", num_processes=2,
+                              train_batch_size=1, max_train_steps=2)
+        (self.root / "status").mkdir()
+        env = environment(self.tmp)
+        env.update({"ACCELERATE_USE_CPU": "true", TIMEOUT_ENV: "8"})
+        run = Launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                      "--nproc_per_node", "2", str(LAUNCHER), str(self.root / "status"),
+                      "--fault", "simpletuner.helpers.metadata.backends.base:"
+                      "MetadataBackend.load_index", "--on-rank", "1", "--frozen-after", "1",
+                      "train", "--config", str(config)], tmpdir=self.tmp, env=env)
+        self.addCleanup(run.close)
+        deadline = time.monotonic() + TIMEOUT
+        while (worker_pid(run, 0) is None or worker_pid(run, 1) is None
+               or _state(worker_pid(run, 1)) != "T"):
+            self.assertIsNone(run.process.poll(), run.stderr()[-3000:])
+            self.assertLess(time.monotonic(), deadline, "rank 1 did not freeze")
+            time.sleep(0.1)
+        rank_0, rank_1 = worker_pid(run, 0), worker_pid(run, 1)
+        self.addCleanup(self.kill_quietly, rank_1)
+        line = self.wait_for_rank_0(run, rank_0, within=60)
+        self.assertRegex(line, rf"^waited \d+ s \({TIMEOUT_ENV} 8\) in 'the bucket index "
+                               r"agreement' for rank 1 \(last at 'discovery's outcome from the "
+                               r"main process'(, no sign of life)?\)$")
+        self.kill_quietly(rank_1)
+        with run:
+            self.assertNotEqual(run.wait(TIMEOUT), 0, run.stderr()[-3000:])
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, T for stopped, Z...), or "" once it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
     except (OSError, IndexError):
-        return False
+        return ""
+
+
+def _zombie(pid: int) -> bool:
+    return _state(pid) == "Z"
 
 
 if __name__ == "__main__":

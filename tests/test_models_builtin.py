@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import os
@@ -65,6 +66,21 @@ class BuiltinModelFolderTest(BuiltinCacheCase):
         leftovers = [p.name for p in (self.cache / "builtin").iterdir() if p.name.startswith(".")]
         self.assertEqual(leftovers, [])
 
+
+    def test_a_build_made_with_other_library_versions_is_replaced(self):
+        folder = ensure_builtin_model("tiny-sd1x")
+        marker_path = folder / "simpletuner_builtin.json"
+        marker = json.loads(marker_path.read_text())
+        installed = importlib.metadata.version("diffusers")
+        self.assertEqual(marker["libraries"]["diffusers"], installed)
+        marker["libraries"]["diffusers"] = "0.30.0"  # as an older diffusers would have left it
+        marker_path.write_text(json.dumps(marker))
+        (folder / "built-by-the-other-version").write_text("")
+        self.assertEqual(ensure_builtin_model("tiny-sd1x"), folder)
+        self.assertFalse((folder / "built-by-the-other-version").exists())
+        rebuilt = json.loads(marker_path.read_text())
+        self.assertEqual(rebuilt["libraries"]["diffusers"], installed)
+        self.assertEqual(rebuilt["libraries"]["torch"], importlib.metadata.version("torch"))
 
 class BuiltinDeterminismTest(unittest.TestCase):
     def test_two_builds_give_identical_weights_and_leave_the_global_rng_alone(self):

@@ -28,18 +28,6 @@ class FlowCase(TinyModelCase):
     def fixed_batch(self, adapter, count: int = 4, height: int = 64, width: int = 64):
         return random_batch(adapter, count, height, width)
 
-    def capture_network_inputs(self, adapter, batch, seed: int = 5):
-        """Run compute_loss with a network that records its inputs and predicts zeros."""
-        seen = {}
-
-        def zero_network(**inputs):
-            seen.update(inputs)
-            return (torch.zeros_like(inputs["hidden_states"]),)
-
-        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(seed),
-                                    network=zero_network)
-        return loss, seen
-
 
 class LossFallsTest(FlowCase):
     def test_loss_on_a_fixed_batch_falls_with_adamw(self):

@@ -12,16 +12,16 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
-import torch
 from diffusers import DiffusionPipeline
 
+from trained_outputs import TrainedOutputAssertions
 from training_fixtures import environment, make_shapes, run_training, write_config
 
 RUNS = {"sdxl": {}, "sd3": {}, "flux": {},
         "flux-lora": dict(model_type="lora", lora_rank=4, learning_rate=5e-3)}
 
 
-class FamilyTrainingTest(unittest.TestCase):
+class FamilyTrainingTest(TrainedOutputAssertions, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="st-families-")
@@ -42,13 +42,6 @@ class FamilyTrainingTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def sample(self, pipeline) -> np.ndarray:
-        pipeline.set_progress_bar_config(disable=True)
-        image = pipeline(prompt="a red circle", height=64, width=96, num_inference_steps=2,
-                         generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (96, 64))
-        return np.asarray(image).astype(np.float64)
-
     def test_full_runs_export_pipelines_diffusers_samples_from(self):
         expected = {"sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline",
                     "flux": "FluxPipeline"}
@@ -59,7 +52,7 @@ class FamilyTrainingTest(unittest.TestCase):
                 self.assertTrue((out / "validation" / "step-6" / "grid.png").is_file())
                 pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
                 self.assertEqual(type(pipeline).__name__, class_name)
-                self.assertGreater(self.sample(pipeline).std(), 0.0)
+                self.assertGreater(self.sample_image(pipeline).std(), 0.0)
 
     def test_flux_lora_export_loads_onto_the_base_pipeline(self):
         result, out = self.results["flux-lora"]
@@ -68,9 +61,9 @@ class FamilyTrainingTest(unittest.TestCase):
         from simpletuner.models.builtin import resolve_model_path
 
         pipeline = DiffusionPipeline.from_pretrained(resolve_model_path("builtin:tiny-flux"))
-        before = self.sample(pipeline)
+        before = self.sample_image(pipeline)
         pipeline.load_lora_weights(out / "lora")
-        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
+        self.assertGreater(np.abs(self.sample_image(pipeline) - before).mean(), 0.1)
 
 
 if __name__ == "__main__":

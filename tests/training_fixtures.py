@@ -96,6 +96,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def copy_checkpoint(root: Path, run: str, name: str, step: int = 2) -> bool:
+    """Put a copy of run ``run``'s checkpoint-<step> into run ``name``'s output folder (both
+    under ``root`` as <run>-out), so that ``name`` started with resume_from_checkpoint "latest"
+    resumes from it. False when ``run`` left no such checkpoint (it failed)."""
+    checkpoint = root / f"{run}-out" / f"checkpoint-{step}"
+    if not checkpoint.is_dir():
+        return False
+    shutil.copytree(checkpoint, root / f"{name}-out" / checkpoint.name)
+    return True
+
+
 class ResumedRunPair:
     """Mixed into a TestCase: once per class, a run with ``options`` on ``per_size`` shapes per
     size (``full``, output in ``full_out``), then, if it succeeded, a run resumed ("latest")
@@ -113,10 +124,7 @@ class ResumedRunPair:
         make_shapes(root / "data", per_size=cls.per_size)
         cls.full = run_training(write_config(root, root / "data", "full", **cls.options), cls.tmp)
         cls.full_out, cls.resumed_out = root / "full-out", root / "resumed-out"
-        if cls.full.returncode == 0:
-            checkpoint = f"checkpoint-{cls.resume_step}"
-            cls.resumed_out.mkdir()
-            shutil.copytree(cls.full_out / checkpoint, cls.resumed_out / checkpoint)
+        if copy_checkpoint(root, "full", "resumed", cls.resume_step):
             cls.resumed = run_training(write_config(
                 root, root / "data", "resumed", resume_from_checkpoint="latest", **cls.options),
                 cls.tmp)

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -24,6 +25,13 @@ BUILD_SEED = 0
 # 2: SD 1.x/2.x/SDXL get a pretrained VAE and one-group norms in the UNet.
 BUILTIN_VERSION = 2
 VERSION_FILE = "simpletuner_builtin.json"
+# A build is also tied to the libraries that made it: another version may initialise or save a
+# model differently, and a folder one version wrote can misbehave when another loads it.
+BUILD_LIBRARIES = ("torch", "diffusers", "transformers")
+
+
+def _library_versions() -> dict[str, str]:
+    return {name: version(name) for name in BUILD_LIBRARIES}
 
 
 class UnknownBuiltinError(ModelFolderError):
@@ -45,12 +53,13 @@ def _unknown(name: str) -> UnknownBuiltinError:
 
 
 def _is_current(folder: Path) -> bool:
-    """A complete build made by this version of the recipes."""
+    """A complete build made by this version of the recipes with these libraries."""
     try:
         marker = json.loads((folder / VERSION_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (folder / "model_index.json").is_file() and marker.get("version") == BUILTIN_VERSION
+    return ((folder / "model_index.json").is_file() and marker.get("version") == BUILTIN_VERSION
+            and marker.get("libraries") == _library_versions())
 
 
 def _check_weights_written(staging: Path) -> None:
@@ -86,7 +95,7 @@ def _install(staging: Path, final: Path) -> None:
 
 def ensure_builtin_model(name: str) -> Path:
     """The folder of built-in model ``name`` (e.g. "tiny-sd1x"), building it on first use or
-    when the cached build is from an older recipe version.
+    when the cached build is from an older recipe version or other library versions.
 
     Built in a private temporary folder next to the target and renamed into place, so readers
     never see a partial model."""
@@ -107,7 +116,8 @@ def ensure_builtin_model(name: str) -> Path:
         give_umask_modes(staging)
         _check_weights_written(staging)
         (staging / VERSION_FILE).write_text(
-            json.dumps({"builtin": name, "version": BUILTIN_VERSION}) + "\n", encoding="utf-8")
+            json.dumps({"builtin": name, "version": BUILTIN_VERSION,
+                        "libraries": _library_versions()}) + "\n", encoding="utf-8")
         _install(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

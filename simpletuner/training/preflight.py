@@ -14,6 +14,7 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from simpletuner.configuration import ConfigError, Configuration
+from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
@@ -141,13 +142,15 @@ def run_preflight_on_all_ranks(configuration: Configuration, accelerator) -> Pre
     with failing_together("start-up checks on the main process"):
         if accelerator.is_main_process:
             result, problems = _checked(configuration)
-    problems, main_result = broadcast_object_list([problems, result])
+    with in_collective("the main process's start-up check results"):
+        problems, main_result = broadcast_object_list([problems, result])
     if problems:
         raise ConfigError(problems)
     with failing_together("start-up checks"):
         if not accelerator.is_main_process:
             result, problems = _checked(configuration, main_result)
-    problems = merge_rank_problems(gather_object([problems]))
+    with in_collective("the start-up check results' gather"):
+        problems = merge_rank_problems(gather_object([problems]))
     if problems:
         raise ConfigError(problems)
     assert result is not None

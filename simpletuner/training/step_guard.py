@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
+from simpletuner.common.peer_watch import in_collective
 from simpletuner.training.run.outcomes import Diverged
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ def reduce_step(accelerator, packed: torch.Tensor) -> tuple[StepTotals, StepTota
 def stop_requested_anywhere(accelerator, requested: bool) -> bool:
     """Outside a step (after the last one): whether any rank received a stop signal."""
     flag = torch.tensor(float(requested), device=accelerator.device)
-    return accelerator.reduce(flag, reduction="sum").item() > 0
+    with in_collective("the stop check after the last step"):
+        return accelerator.reduce(flag, reduction="sum").item() > 0
 
 
 class NonFiniteGuard:

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 
 from accelerate.utils import gather_object
 
+from simpletuner.common.peer_watch import in_collective
+
 
 def merge_failures(per_rank: Iterable[Mapping[str, str]]) -> dict[str, str]:
     """Pure: one mapping (sample id -> reason) from every rank's, sorted by sample id. When two
@@ -22,7 +24,8 @@ def gather_failures(local: Mapping[str, str]) -> dict[str, str]:
     """The collective: every rank must call this, after building the Accelerator (with an empty
     mapping when it has nothing), and gets the same merged result. Also a synchronisation
     point: when it returns, every rank has finished its share of the cache."""
-    return merge_failures(gather_object([dict(local)]))
+    with in_collective("the caching failures' gather"):
+        return merge_failures(gather_object([dict(local)]))
 
 
 def describe_failures(dataset_id: str, failures: Mapping[str, str], limit: int = 20) -> str:

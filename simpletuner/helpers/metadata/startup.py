@@ -27,6 +27,7 @@ from accelerate.utils import broadcast_object_list
 from simpletuner.configuration import Configuration, TrainingConfig
 from simpletuner.common.atomic import atomic_write_json
 from simpletuner.common.names import printable
+from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
@@ -64,7 +65,8 @@ def _refresh_on_main(backends: dict[str, MetadataBackend], accelerator) -> dict[
         except Exception as exc:  # any failure must reach the other ranks, not strand them
             logger.exception("discovery failed on the main process")
             error = f"discovery failed on the main process: {type(exc).__name__}: {exc}"
-    (error,) = broadcast_object_list([error])
+    with in_collective("discovery's outcome from the main process"):
+        (error,) = broadcast_object_list([error])
     if error is not None:
         raise DataStartupError(error)
     return indexes

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from simpletuner.common.peer_watch import in_collective
 from simpletuner.training.settings import ShardingSettings
 from simpletuner.training.optimization.optimizers import cast_trainable
 
@@ -104,8 +105,9 @@ def shard_network(network: torch.nn.Module, settings: ShardingSettings, device_t
 def _take_main_ranks_values(network: torch.nn.Module) -> None:
     """Every rank starts from the main rank's parameters and buffers, as DDP does: fully_shard
     keeps each rank's own slice, and randomly initialised ones (a LoRA's A) differ by rank."""
-    for tensor in [*network.parameters(), *network.buffers()]:
-        torch.distributed.broadcast(tensor.data, src=0)
+    with in_collective("the main rank's parameters for the sharded network"):
+        for tensor in [*network.parameters(), *network.buffers()]:
+            torch.distributed.broadcast(tensor.data, src=0)
 
 
 def prepare(accelerator, network: torch.nn.Module, optimizer):
@@ -180,5 +182,6 @@ def network_on_main(accelerator, prepared: torch.nn.Module) -> torch.nn.Module |
     export and validation. Every rank calls this: a sharded network is gathered (to the CPU)."""
     if not is_sharded(prepared):
         return accelerator.unwrap_model(prepared) if accelerator.is_main_process else None
-    state_dict = gathered_state_dict(prepared)
+    with in_collective("gathering the sharded network on the main rank"):
+        state_dict = gathered_state_dict(prepared)
     return unsharded_copy(prepared, state_dict) if accelerator.is_main_process else None

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from simpletuner.common.jsonl_log import keep_leading_records
+from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.training.reporting.run_log import EVAL_LOG
@@ -81,7 +82,9 @@ class Evaluator:
 
     def loss(self) -> float:
         """The mean loss over every evaluation sample (all ranks), for the current weights."""
-        total = self.accelerator.reduce(self.local_totals(), reduction="sum")
+        totals = self.local_totals()
+        with in_collective("the evaluation loss's reduce"):
+            total = self.accelerator.reduce(totals, reduction="sum")
         return float(total[0] / total[1])
 
     def run(self, step: int) -> float:

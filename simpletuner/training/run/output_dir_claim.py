@@ -10,6 +10,7 @@ from pathlib import Path
 from accelerate.utils import broadcast_object_list
 
 from simpletuner.configuration import ConfigError
+from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 
@@ -24,7 +25,8 @@ def output_dir_claimed(output_dir: Path, accelerator, where: str) -> Iterator[No
     with failing_together("taking the output_dir lock"):
         if lock is not None:
             problem = lock.try_acquire()
-    (problem,) = broadcast_object_list([problem])
+    with in_collective("the output_dir lock's outcome"):
+        (problem,) = broadcast_object_list([problem])
     if problem is not None:
         raise ConfigError([f"{where}: key 'output_dir': {problem}"])
     try:

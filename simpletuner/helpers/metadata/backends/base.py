@@ -255,10 +255,16 @@ class MetadataBackend:
     @staticmethod
     def resolve_shared_seed(configured: int | None, accelerator) -> int:
         """The configured seed, else one drawn on the main process and broadcast to all ranks."""
-        from accelerate.utils import broadcast_object_list  # here: check imports this file, torch-free
+        # Imported here: check imports this file, torch-free.
+        from accelerate.utils import broadcast_object_list
 
-        drawn = secrets.randbits(64) if configured is None and accelerator.is_main_process else None
-        seed = configured if configured is not None else broadcast_object_list([drawn])[0]
+        from simpletuner.common.peer_watch import in_collective
+
+        seed = configured
+        if seed is None:
+            drawn = secrets.randbits(64) if accelerator.is_main_process else None
+            with in_collective("the shared seed's broadcast"):
+                seed = broadcast_object_list([drawn])[0]
         if accelerator.is_main_process:
             source = "from config.json" if configured is not None else (
                 "generated; set \"seed\": %d in config.json to reproduce this run" % seed)
@@ -269,11 +275,15 @@ class MetadataBackend:
     def check_index_agreement(indexes: dict[str, DatasetIndex], load_error: str | None,
                               accelerator) -> None:
         """One gather of every rank's index digests; any difference fails every rank alike."""
-        from accelerate.utils import gather_object  # here: check imports this file, torch-free
+        # Imported here: check imports this file, torch-free.
+        from accelerate.utils import gather_object
+
+        from simpletuner.common.peer_watch import in_collective
 
         mine = {"error": load_error,
                 "digests": {dataset_id: index.digest() for dataset_id, index in indexes.items()}}
-        everyone = gather_object([mine])
+        with in_collective("the bucket index agreement"):
+            everyone = gather_object([mine])
         errors = [f"  rank {rank}: {seen['error']}" for rank, seen in enumerate(everyone)
                   if seen["error"]]
         if errors:

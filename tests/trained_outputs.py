@@ -1,0 +1,42 @@
+"""What the training tests compare between runs: weights files tensor by tensor, and the image a
+pipeline samples for a fixed prompt and seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
+LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
+
+
+class TrainedOutputAssertions:
+    """Mixed into a unittest.TestCase."""
+
+    def assert_same_tensors(self, first: Path, second: Path):
+        """The two safetensors files hold the same names and bit-equal tensors."""
+        one, other = load_file(str(first)), load_file(str(second))
+        self.assertEqual(set(one), set(other), f"{first} and {second} name different tensors")
+        for name, tensor in one.items():
+            self.assertTrue(torch.equal(tensor, other[name]),
+                            f"{name}: differs by up to "
+                            f"{(tensor.float() - other[name].float()).abs().max().item()}")
+
+    def assert_some_tensor_changed(self, before: Path, after: Path):
+        """At least one tensor of ``before`` differs in ``after`` (training moved it)."""
+        one, other = load_file(str(before)), load_file(str(after))
+        self.assertFalse(all(torch.equal(one[name], other[name]) for name in one),
+                         f"every tensor of {before} is unchanged in {after}")
+
+    def sample_image(self, pipeline, width: int = 96, height: int = 64,
+                     **call) -> np.ndarray:
+        """The pipeline's image for "a red circle", 2 steps, seed 0, of the size asked for."""
+        pipeline.set_progress_bar_config(disable=True)
+        image = pipeline(prompt="a red circle", height=height, width=width,
+                         num_inference_steps=2, generator=torch.Generator().manual_seed(0),
+                         **call).images[0]
+        self.assertEqual(image.size, (width, height))
+        return np.asarray(image).astype(np.float64)
