@@ -63,6 +63,20 @@ class ReportPageTest(unittest.TestCase):
         log.end_with(RuntimeError("output_dir is a dataset's folder"))
         self.assertEqual(list(self.out.iterdir()), [])
 
+    def test_the_trace_is_checked_at_the_end_of_the_run_only(self):
+        (self.out / "trace").mkdir()
+        (self.out / "trace" / "plan.json").write_text(json.dumps({"world_size": 1,
+                                                                   "epochs": {}}))
+        log = RunLog(self.out, main=True, render=render_report)
+        log.output_dir_accepted()
+        log.render()
+        during = html.unescape((self.out / "training_report.html").read_text())
+        self.assertIn("Checked when the run ends", during)
+        log.finish()
+        after = html.unescape((self.out / "training_report.html").read_text())
+        self.assertNotIn("Checked when the run ends", after)
+        self.assertIn("trace of rank 0 not found", after)  # the check was made, and says why not
+
     def test_a_start_keeps_the_steps_up_to_the_resume_step_only(self):
         write_steps(self.out, 6)
         log = RunLog(self.out, main=True, render=render_report)

@@ -59,15 +59,20 @@ class ReportData:
     skipped: dict[str, list[dict]]
     checkpoints: list[CheckpointEntry]
     exactly_once: ExactlyOnce | None
+    exactly_once_deferred: bool = False  # a trace to check, left for the run's end
     notes: list[str] = field(default_factory=list)  # files that could not be read, and why
 
 
-def read_report_data(output_dir: Path, *, verify_hashes: bool) -> ReportData:
+def read_report_data(output_dir: Path, *, verify_hashes: bool,
+                     check_trace: bool = True) -> ReportData:
     """``verify_hashes``: recompute every checkpoint file's SHA-256 (the report command), else
-    check sizes against the manifests only (the run: cheap at every checkpoint)."""
+    check sizes against the manifests only (the run: cheap at every checkpoint).
+    ``check_trace``: run the exactly-once check of the trace (its cost grows with the samples
+    trained, so the run makes it at its end only)."""
     output_dir = Path(output_dir)
     notes: list[str] = []
     status = _read_json(output_dir / STATUS_FILE, notes) or {"status": "unknown"}
+    trace = output_dir / "trace"
     return ReportData(
         output_dir=output_dir, status=status,
         steps=_read_jsonl(output_dir / STEP_LOG, notes),
@@ -76,7 +81,8 @@ def read_report_data(output_dir: Path, *, verify_hashes: bool) -> ReportData:
         skipped=_read_json(output_dir / SKIPPED_FILES, notes) or {},
         checkpoints=[_checkpoint_entry(step, folder, verify_hashes)
                      for step, folder in complete_checkpoints(output_dir)],
-        exactly_once=_exactly_once(output_dir / "trace", notes),
+        exactly_once=_exactly_once(trace, notes) if check_trace else None,
+        exactly_once_deferred=not check_trace and (trace / PLAN_FILE).is_file(),
         notes=notes)
 
 

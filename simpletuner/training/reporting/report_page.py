@@ -45,9 +45,11 @@ border:1px solid #ccc}.prompt{max-width:260px;text-align:left!important}
 """
 
 
-def render_report(output_dir: Path, *, verify_hashes: bool = False) -> Path:
+def render_report(output_dir: Path, *, verify_hashes: bool = False,
+                  check_trace: bool = True) -> Path:
     """Read what is on disk, write the page; returns its path."""
-    return write_report(read_report_data(output_dir, verify_hashes=verify_hashes))
+    return write_report(read_report_data(output_dir, verify_hashes=verify_hashes,
+                                         check_trace=check_trace))
 
 
 def write_report(data: ReportData) -> Path:
@@ -62,7 +64,8 @@ def report_html(data: ReportData) -> str:
            f'<div>{settings_section(data.status.get("settings", {}))}</div></div>')
     sections = [top, "<h2>Curves</h2>" + curves(data), validation_section(data.validation),
                 buckets_section(data.status.get("buckets", {})), skipped_section(data.skipped),
-                exactly_once_section(data.exactly_once), checkpoint_section(data.checkpoints)]
+                exactly_once_section(data.exactly_once, deferred=data.exactly_once_deferred),
+                checkpoint_section(data.checkpoints)]
     if data.notes:
         sections.append("<h2>Notes</h2><ul>" + "".join(
             f'<li class="note">{escape(n)}</li>' for n in data.notes) + "</ul>")

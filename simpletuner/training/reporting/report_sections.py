@@ -57,7 +57,10 @@ def skipped_section(skipped: dict[str, list[dict]]) -> str:
             + "".join(rows) + "</table>")
 
 
-def exactly_once_section(summary: ExactlyOnce | None) -> str:
+def exactly_once_section(summary: ExactlyOnce | None, *, deferred: bool = False) -> str:
+    if deferred:
+        return ("<h2>Exactly once (trace_samples)</h2><p class=\"note\">Checked when the run "
+                "ends; <code>python -m simpletuner report OUTPUT_DIR</code> checks it now.</p>")
     if summary is None:
         return ""
     verdict = "ok" if summary.ok else "fail"

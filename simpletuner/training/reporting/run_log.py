@@ -62,7 +62,8 @@ class RunLog:
     every method writes nothing (a refused output_dir may be a dataset's folder)."""
 
     def __init__(self, output_dir: Path, *, main: bool, render):
-        """``render(output_dir)`` writes the report page from what is on disk."""
+        """``render(output_dir, check_trace=...)`` writes the report page from what is on
+        disk; the trace's exactly-once check is made at the end only."""
         self.output_dir, self.main, self._render = Path(output_dir), main, render
         self.writing = False
         self.status: dict = {"status": "starting", "started_at": time.time()}
@@ -97,17 +98,18 @@ class RunLog:
         with open(self.output_dir / STEP_LOG, "a", encoding="utf-8") as log:
             log.write(json.dumps(record, allow_nan=False) + "\n")
 
-    def render(self) -> None:
+    def render(self, *, final: bool = False) -> None:
         """The status as it stands and the page; a failure is a warning, not the run's end."""
-        self._guarded(self._write_status, lambda: self._render(self.output_dir))
+        self._guarded(self._write_status,
+                      lambda: self._render(self.output_dir, check_trace=final))
 
     def finish(self) -> None:
         self.status.update(status="finished", exit_status=0)
-        self.render()
+        self.render(final=True)
 
     def end_with(self, exc: BaseException) -> None:
         self.status.update(ending_of(exc))
-        self.render()
+        self.render(final=True)
 
     def _guarded(self, *actions) -> None:
         """Main rank only, once writing; a failure is a warning: the report never stops a run
