@@ -1,7 +1,8 @@
 """The run report as a person sees it: a real tiny run through ./train.sh (validation at steps 3,
 6 and 8, a checkpoint every 2 steps, evaluation, a skipped file, trace_samples) is stopped by
-SIGTERM mid-run (exit 75) and resumed. Its training_report.html says "preempted" after the stop
-and continues the same curves after the resume; headless Chromium (Debian's chromium) renders
+SIGTERM mid-run (exit 75), once its page (rewritten during the run) shows step 3's validation,
+and resumed. Its training_report.html says "preempted" after the stop and continues the same
+curves after the resume; headless Chromium (Debian's chromium) renders
 the final page, whose DOM holds the curves' points, every validation image and the buckets, and
 whose screenshot is not blank. `python -m simpletuner report` writes it again from disk."""
 
@@ -24,7 +25,8 @@ from training_fixtures import (ReportView, environment, make_shapes, read_jsonl,
 
 RUN_TIMEOUT = 400
 BROWSER_TIMEOUT = 120
-STOP_AFTER_STEPS = 4  # SIGTERM once the step log shows this many steps (of 8)
+STOP_AFTER_STEPS = 4  # SIGTERM once the step log shows this many steps (of 8) and the page
+#                       shows step 3's validation
 PROMPTS = ["a red circle on a blue background", "a yellow circle on a green background"]
 OPTIONS = dict(max_train_steps=8, checkpointing_steps=2, validation_steps=3,
                validation_prompt=PROMPTS, validation_num_inference_steps=2,
@@ -46,14 +48,19 @@ def chromium(tmpdir: str, *args: str) -> str:
     return result.stdout
 
 
-def stop_after_steps(run: Launch, step_log: Path, steps: int) -> None:
+def stop_once_the_page_shows(run: Launch, out: Path, steps: int, image: str) -> str:
+    """SIGTERM once the step log has ``steps`` steps and the page (rewritten during the run)
+    shows ``image``; returns the page as it was then."""
     deadline = time.monotonic() + RUN_TIMEOUT
+    step_log, page = out / "training_steps.jsonl", out / "training_report.html"
     while time.monotonic() < deadline and run.process.poll() is None:
         if step_log.is_file() and len(step_log.read_text().splitlines()) >= steps:
-            os.kill(run.pid, signal.SIGTERM)  # train.sh forwards it to the training process
-            return
+            shown = page.read_text() if page.is_file() else ""
+            if image in shown:
+                os.kill(run.pid, signal.SIGTERM)  # train.sh forwards it to the training process
+                return shown
         time.sleep(0.05)
-    raise AssertionError(f"the run ended or stalled before step {steps}")
+    raise AssertionError(f"the run ended or stalled before step {steps} with {image} shown")
 
 
 class PreemptedThenResumedRunReportTest(unittest.TestCase):
@@ -73,7 +80,8 @@ class PreemptedThenResumedRunReportTest(unittest.TestCase):
         cls.out = root / "report-out"
         with Launch([REPO / "train.sh", config], tmpdir=cls.tmp,
                     env=environment(cls.tmp)) as stopped:
-            stop_after_steps(stopped, cls.out / "training_steps.jsonl", STOP_AFTER_STEPS)
+            cls.running_report = ReportView(stop_once_the_page_shows(
+                stopped, cls.out, STOP_AFTER_STEPS, "validation/step-3/image-01.png"))
             cls.stopped_status = stopped.wait(RUN_TIMEOUT)
         cls.stopped_stderr = stopped.stderr()
         cls.stopped_html = (cls.out / "training_report.html").read_text()
@@ -84,6 +92,11 @@ class PreemptedThenResumedRunReportTest(unittest.TestCase):
         cls.resumed = run_train_sh(resumed, cls.tmp, timeout=RUN_TIMEOUT)
         cls.dom = ReportView(chromium(cls.tmp, "--dump-dom",
                                       (cls.out / "training_report.html").as_uri()))
+
+    def test_the_page_is_current_during_the_run(self):
+        self.assertEqual(self.running_report.status, "running")
+        self.assertIn("validation/step-3/image-00.png", self.running_report.images)
+        self.assertGreaterEqual(len(self.running_report.series["loss"]), 3)
 
     def test_the_stopped_run_is_reported_as_preempted(self):
         self.assertEqual(self.stopped_status, 75, self.stopped_stderr[-3000:])
