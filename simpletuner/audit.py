@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -> dict:
+def audit_plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -> dict:
     """What should happen, from the metadata backends' split (not from the sampler's run)."""
     trimmed: Leftovers = {}
     carried: Leftovers = {}
@@ -96,7 +96,7 @@ def _audit_sampler(accelerator: Accelerator, startup: DataStartup, sampler: Mult
     plan = None
     with failing_together(f"writing {output / 'plan.json'}"):
         if main:
-            plan = _plan(startup, sampler, epochs)
+            plan = audit_plan(startup, sampler, epochs)
             atomic_write_json(output / "plan.json", plan, indent=1)
             print(f"{label}seed {sampler.seed}, {sampler.processes} processes, "
                   f"{sampler.micro_batches_in(0)} micro-batches per rank in epoch 0, {epochs} "

@@ -1,5 +1,6 @@
 """`python -m simpletuner <command>`: plan a dataset split, build a built-in tiny model, list
-the options, or check a config (what ./train.sh runs before launching)."""
+the options, check a config (what ./train.sh runs before launching), or render a run's report
+again."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def _parser() -> argparse.ArgumentParser:
         "check", help="validate the config (with --option value overrides) and what it says "
         "about output_dir; print the number of processes to launch", allow_abbrev=False)
     check.add_argument("--config", default="config/config.json")
+
+    report = commands.add_parser(
+        "report", help="write OUTPUT_DIR/training_report.html again from the run's files "
+        "(checkpoints verified by SHA-256)")
+    report.add_argument("output_dir")
     return parser
 
 
@@ -76,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "check":
         return _check(args.config, option_args)
+    if args.command == "report":
+        from simpletuner.training.reporting.report_command import run_report_command
+
+        return run_report_command(args.output_dir)
     raise AssertionError(args.command)
 
 

@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 from simpletuner.training.run.preemption import PreemptionWatcher
 from launching import Launch
-from training_fixtures import environment, make_shapes, read_jsonl, write_config
+from training_fixtures import (ReportView, environment, make_shapes, read_jsonl, read_report,
+                               write_config)
 
 TIMEOUT = 240
 SEED_VARIABLE = "TEST_PREEMPTION_SEED"  # set to a failure's seed to signal at its micro-batch
@@ -129,6 +130,8 @@ class PreemptedRun:
         finally:
             cls.stopped = finish(stopped)
             cls.full = finish(full)
+        page = cls.out / "training_report.html"  # the resumed run rewrites it
+        cls.stopped_report = ReportView(page.read_text()) if page.is_file() else None
         again = write_config(root, root / "data", "stopped", resume_from_checkpoint="latest",
                              **common)
         cls.resumed = finish(start(again, cls.processes, cls.tmp))
@@ -159,6 +162,21 @@ class PreemptedRun:
         self.assertEqual(full.keys(), resumed.keys(), self.rerun)
         worst = max((full[k] - resumed[k]).abs().max().item() for k in full)
         self.assertLessEqual(worst, 1e-6, self.rerun)
+
+    def test_the_reports_say_preempted_and_the_resumed_one_continues_the_same_curve(self):
+        self.assertIsNotNone(self.stopped_report, f"no report after the stop; {self.rerun}")
+        self.assertEqual(self.stopped_report.status, "preempted", self.rerun)
+        stopped = self.stopped_report.series["loss"]
+        resumed, full = read_report(self.out), read_report(self.full_out)
+        self.assertEqual(resumed.status, "finished", self.rerun)
+        page = (self.out / "training_report.html").read_text()  # every rank's trace, checked
+        self.assertIn("OK: every kept occurrence assigned exactly once", page, self.rerun)
+        self.assertEqual(resumed.series["loss"][:len(stopped)], stopped, self.rerun)
+        self.assertEqual([s for s, _ in resumed.series["loss"]],
+                         [s for s, _ in full.series["loss"]], self.rerun)
+        for (step, value), (_, expected) in zip(resumed.series["loss"], full.series["loss"]):
+            self.assertAlmostEqual(value, expected, delta=1e-5 * abs(expected),
+                                   msg=f"step {step}; {self.rerun}")
 
     def test_interrupted_and_resumed_traces_equal_the_uninterrupted_one(self):
         for rank in range(self.processes):

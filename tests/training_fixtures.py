@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 from PIL import Image, ImageDraw
@@ -131,3 +132,43 @@ class ResumedRunPair:
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
+
+
+class ReportView(HTMLParser):
+    """What a training_report.html (or a browser's dump of its DOM) shows: the status, each
+    curve's plotted (step, value) points by series name, the steps marked non-finite, every
+    image's src, every bucket bar's count (dataset order), and all links."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.status, self.series, self.nonfinite = None, {}, []
+        self.images, self.buckets, self.links = [], [], []
+        self._in_status = False
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        classes = (attributes.get("class") or "").split()
+        if attributes.get("id") == "status":
+            self._in_status = True
+        if "series" in classes:
+            steps = [int(s) for s in attributes["data-steps"].split()]
+            values = [float(v) for v in attributes["data-values"].split()]
+            self.series[attributes["data-series"]] = list(zip(steps, values))
+        if "nonfinite" in classes and tag == "g":
+            self.nonfinite = [int(s) for s in attributes["data-steps"].split()]
+        if tag == "img":
+            self.images.append(attributes["src"])
+        if "bar" in classes:
+            self.buckets.append((attributes["data-bucket"], int(attributes["data-count"])))
+        for name in ("src", "href"):
+            if attributes.get(name):
+                self.links.append(attributes[name])
+
+    def handle_data(self, data):
+        if self._in_status:
+            self.status, self._in_status = data.strip(), False
+
+
+def read_report(output_dir: Path) -> ReportView:
+    return ReportView((output_dir / "training_report.html").read_text(encoding="utf-8"))

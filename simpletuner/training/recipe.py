@@ -42,6 +42,7 @@ from simpletuner.training.optimization.optimizers import build_optimizer
 from simpletuner.training.optimization.schedules import build_lr_scheduler
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
 from simpletuner.training.reporting.evaluation import Evaluator
+from simpletuner.training.reporting.run_start import new_run_log, start_run_log
 from simpletuner.training.reporting.validation import is_validation_step, run_validation
 from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
@@ -100,20 +101,28 @@ class Trainer:
         self.output_dir = Path(self.training.output_dir)
         self.weight_dtype = weight_dtype(self.training.mixed_precision)
         self.watcher = watcher or PreemptionWatcher(self.training.preemption_signals)
+        self.run_log = new_run_log(self.output_dir, main=accelerator.is_main_process)
 
     def run(self) -> TrainingResult:
-        with self.watcher:
-            with self.watcher.stopping_at_once():  # nothing to checkpoint before the first step
-                self.set_up()
-            self.train()
-            with self.watcher.finishing("the export"):
-                return self.export()
+        try:
+            with self.watcher:
+                with self.watcher.stopping_at_once():  # nothing to checkpoint before step 1
+                    self.set_up()
+                self.train()
+                with self.watcher.finishing("the export"):
+                    result = self.export()
+        except BaseException as exc:  # the report says how the run ended, then it goes on
+            self.run_log.end_with(exc)
+            raise
+        self.run_log.finish()
+        return result
 
     # ---- set-up, in the order every rank runs it -------------------------------------------
 
     def set_up(self) -> None:
         # Everything that can be checked cheaply, on every rank, before any heavy work.
         self.preflight = run_preflight_on_all_ranks(self.configuration, self.accelerator)
+        self.run_log.output_dir_accepted()
         with failing_together("removing what an earlier run left"):  # this run holds the lock
             if self.accelerator.is_main_process:
                 remove_leftovers(self.output_dir)
@@ -138,6 +147,10 @@ class Trainer:
         self.evaluator = self._build_evaluator()
         self.trace = self._open_trace()
         self._report_start()
+        start_run_log(self.run_log, training=self.training, data=self.data,
+                      sampler=self.sampler, indexes=self.caches.indexes,
+                      resume_step=self.state.step, total_steps=self.total_steps,
+                      processes=self.accelerator.num_processes)
 
     def _load_model(self):
         """Loaded, cast and quantized on the CPU, then moved: the device never holds an fp32
@@ -285,6 +298,9 @@ class Trainer:
             self._skip(totals, local, samples, micro_batch.epoch)
         self.parts.optimizer.zero_grad(set_to_none=True)
         self.state.nonfinite_steps = list(self.guard.bad_steps)
+        self.run_log.log_step(self.state.step, totals.mean_loss,
+                              self.parts.lr_scheduler.get_last_lr()[0],
+                              skipped=self.state.step in self.guard.bad_steps)
         if self.guard.diverged:
             raise diverged_error(self.guard.bad_steps, self.training)
         return totals
@@ -327,6 +343,7 @@ class Trainer:
         # The last step is always saved: a finished run can be continued with more steps.
         if (every and step % every == 0) or step == self.total_steps:
             saved = self.checkpoint()
+            self.run_log.render()  # (a preemption's checkpoint: by Trainer.run, outside the save)
         if totals.stopping:
             with self.watcher.aborting_on_signal():
                 saved = saved or self.checkpoint()
@@ -374,6 +391,7 @@ class Trainer:
         finally:
             if ema is not None:
                 ema.swap(network)
+        self.run_log.render()
 
     # ---- the end ----------------------------------------------------------------------------
 

@@ -26,11 +26,10 @@ from simpletuner.common.jsonl_log import keep_leading_records
 from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.permutation import stable_seed
+from simpletuner.training.reporting.run_log import EVAL_LOG
 from simpletuner.training.settings import EvaluationSettings
 
 logger = logging.getLogger(__name__)
-
-EVAL_LOG = "eval_loss.jsonl"
 
 
 def _generator(seed: int, rank: int, index: int) -> torch.Generator:
