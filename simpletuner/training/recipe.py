@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, closing
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.prior_preservation import adapter_turned_off
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
@@ -100,6 +102,8 @@ class Trainer:
         self.output_dir = Path(self.training.output_dir)
         self.weight_dtype = weight_dtype(self.training.mixed_precision)
         self.watcher = watcher or PreemptionWatcher(self.training.preemption_signals)
+        # is_regularisation_data: their targets are the base model's predictions
+        self.regularisation = {ds.id for ds in configuration.datasets if ds.is_regularisation_data}
 
     def run(self) -> TrainingResult:
         with self.watcher:
@@ -295,11 +299,14 @@ class Trainer:
             self.trace.write(micro_batch)
         with (in_collective(f"step {self.state.step + 1}: micro-batch {micro_batch.step}"),
               accumulating(self.accelerator, self.prepared, sync)):
+            base_model = None
+            if micro_batch.dataset_id in self.regularisation:  # the same on every rank
+                base_model = partial(adapter_turned_off, self.parts.network)
             with self.accelerator.autocast():
                 loss = self.adapter.compute_loss(
                     batch, noise_generator(self.seed, self.accelerator.process_index,
                                            micro_batch.epoch, micro_batch.step),
-                    network=self.prepared)
+                    network=self.prepared, base_model=base_model)
             self.accelerator.backward(loss / self.accumulation)
         return loss.detach().float()
 
