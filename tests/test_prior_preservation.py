@@ -26,7 +26,9 @@ def perturb_lora(network: torch.nn.Module, seed: int) -> None:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
 
 
-class NoiseFamilyTest(TinyModelCase):
+class PriorPreservationTest(TinyModelCase):
+    """One class: the tiny models are built once into its cache."""
+
     def setUp(self):
         self.adapter = self.load("sd1x")
         add_lora(self.adapter.trainable, type(self.adapter), rank=4)
@@ -78,9 +80,7 @@ class NoiseFamilyTest(TinyModelCase):
         # the adapter is on again after the base model's prediction
         self.assertGreater(self.by_hand(4)[0], 0.0)
 
-
-class FlowFamilyTest(TinyModelCase):
-    def test_regularisation_loss_is_zero_for_the_base_and_positive_after(self):
+    def test_flow_family_regularisation_loss_is_zero_for_the_base_and_positive_after(self):
         adapter = self.load("sd3")
         add_lora(adapter.trainable, type(adapter), rank=4)
         batch = random_batch(adapter, 2)

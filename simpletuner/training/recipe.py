@@ -77,10 +77,12 @@ def noise_generator(seed: int, rank: int, epoch: int, step: int) -> torch.Genera
 def total_steps(training, sampler) -> int:
     """max_train_steps, else the optimizer steps of num_train_epochs epochs (bucket_tail carry
     makes an epoch's count depend on the epoch)."""
-    if training.max_train_steps is not None:
-        return training.max_train_steps
-    return sum(sampler.micro_batches_in(epoch) // sampler.accumulation
-               for epoch in range(training.num_train_epochs))
+    steps = training.max_train_steps
+    if steps is None:
+        steps = sum(sampler.micro_batches_in(epoch) // sampler.accumulation
+                    for epoch in range(training.num_train_epochs))
+    sampler.timeline.check_every_dataset_joins(steps)
+    return steps
 
 
 class Trainer:

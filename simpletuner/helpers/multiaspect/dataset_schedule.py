@@ -26,6 +26,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from simpletuner.configuration.errors import ConfigError
 from simpletuner.helpers.metadata.permutation import stable_argsort, stable_permutation, stable_seed
 
 _UNIT = 2.0 ** -53  # 53 random bits -> a float in (0, 1)
@@ -43,10 +44,6 @@ class DatasetSchedule:
     def of(cls, dataset) -> "DatasetSchedule":
         """From a DatasetConfig (start_epoch 0 is SimpleTuner's 1)."""
         return cls(dataset.probability, max(dataset.start_epoch, 1), dataset.start_step)
-
-    @property
-    def starts_late(self) -> bool:
-        return self.start_epoch > 1 or self.start_step > 1
 
     def join_offset(self, epoch: int, steps_before: int) -> int | None:
         """Steps of ``epoch`` (0-based) that pass before this dataset may be drawn, with
@@ -123,6 +120,17 @@ class DatasetTimeline:
             if all(value is not None for value in found.values()):
                 return found
             epoch += 1
+
+    def check_every_dataset_joins(self, total_steps: int) -> None:
+        """A dataset whose start comes after the run's last step would never be trained: a
+        configuration error, found from the bucket sizes every rank has (so on every rank)."""
+        late = [d for d, epoch in self.first_epoch_by(total_steps).items() if epoch is None]
+        if late:
+            raise ConfigError([
+                f"dataset '{d}': start_epoch {self.schedules[d].start_epoch}, start_step "
+                f"{self.schedules[d].start_step} come after the last of the {total_steps} "
+                "optimizer steps, so it would never be trained; lower them or train longer "
+                "(python -m simpletuner plan shows where each dataset joins)" for d in late])
 
 
 def weighted_permutation(weights: np.ndarray, *parts: object) -> np.ndarray:
