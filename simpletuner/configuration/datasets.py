@@ -130,9 +130,9 @@ class DatasetConfig:
         "weights; a plain number weighs 1)")
     # Scheduling and prior preservation: SimpleTuner's keys (helpers/multiaspect/dataset_schedule.py)
     probability: float = option(
-        1.0, minimum=0.0, maximum=1.0, help="relative odds of drawing this dataset's buckets "
-        "for each next optimizer step among the steps the epoch still holds; every sample is "
-        "still trained once per pass (training datasets)")
+        1.0, minimum=0.0, maximum=1.0, help="above 0: relative odds of drawing this "
+        "dataset's buckets for each next optimizer step among the steps the epoch still holds; "
+        "every sample is still trained once per pass (training datasets)")
     start_epoch: int = option(1, minimum=0, help="the epoch (from 1) this dataset joins the "
                               "schedule at; 0 and 1: the first")
     start_step: int = option(0, minimum=0, help="the optimizer step (from 1) from which this "
@@ -141,7 +141,7 @@ class DatasetConfig:
     is_regularisation_data: bool = option(
         False, help="prior preservation (model_type lora): the target of this dataset's samples "
         "is the base model's prediction (the adapter turned off), weighted like every other "
-        "sample, as in SimpleTuner; also spelt is_regularization_data")
+        "sample, as in SimpleTuner")
     max_num_samples: int | None = option(
         None, minimum=1, help="keep this many samples: a fixed subset chosen by a digest of "
         "(dataset id, sample id), the same on every rank and run")
