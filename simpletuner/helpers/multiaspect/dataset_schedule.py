@@ -64,17 +64,19 @@ class EpochEntry:
     is drawn (0 = from the start), and the epoch each of them first joined."""
 
     epoch: int
-    steps_before: int            # optimizer steps of the earlier epochs
+    steps_before: int | None     # optimizer steps of the earlier epochs (None once settled)
     joins: dict[str, int]
     first_epochs: dict[str, int]
-    steps: int                   # optimizer steps (groups) of this epoch
+    steps: int | None            # optimizer steps (groups) of this epoch (None once settled)
 
 
 GroupsOf = Callable[[str, int, int], int]  # (dataset id, epoch, its first epoch) -> groups
 
 
 class DatasetTimeline:
-    """Epoch entries, worked out in order from epoch 0 and kept (a few ints per epoch).
+    """Epoch entries, worked out in order from epoch 0 until every dataset has joined (a few
+    ints per epoch); from then on every epoch holds them all from its first step, so a resume
+    at a late epoch replays nothing (the step counts of those epochs are not needed: None).
 
     ``groups_of`` gives a dataset's optimizer steps in an epoch, which with ``bucket_tail:
     carry`` depends on how many passes it trained before (its first epoch)."""
@@ -85,9 +87,15 @@ class DatasetTimeline:
         self._entries: list[EpochEntry] = []
 
     def entry(self, epoch: int) -> EpochEntry:
-        while len(self._entries) <= epoch:
+        while len(self._entries) <= epoch and not self._settled():
             self._entries.append(self._next(self._entries[-1] if self._entries else None))
-        return self._entries[epoch]
+        if epoch < len(self._entries):
+            return self._entries[epoch]
+        last = self._entries[-1]
+        return EpochEntry(epoch, None, dict.fromkeys(last.joins, 0), last.first_epochs, None)
+
+    def _settled(self) -> bool:
+        return bool(self._entries) and len(self._entries[-1].first_epochs) == len(self.schedules)
 
     def _next(self, previous: EpochEntry | None) -> EpochEntry:
         epoch = 0 if previous is None else previous.epoch + 1
@@ -112,8 +120,8 @@ class DatasetTimeline:
         epoch = 0
         while True:
             entry = self.entry(epoch)
-            if entry.steps_before >= total_steps or entry.steps == 0:
-                return found
+            if entry.steps is None or entry.steps_before >= total_steps or entry.steps == 0:
+                return found  # settled: every dataset that joins in time was found
             for dataset_id, offset in entry.joins.items():
                 if found[dataset_id] is None and entry.steps_before + offset < total_steps:
                     found[dataset_id] = epoch

@@ -123,11 +123,10 @@ class MultiAspectSampler:
         if epoch not in self._counts_by_epoch:
             if len(self._counts_by_epoch) >= 2:
                 self._counts_by_epoch.clear()
-            first = self.timeline.entry(epoch).first_epochs
-            joined = self.timeline.entry(epoch).joins
+            entry = self.timeline.entry(epoch)
             self._counts_by_epoch[epoch] = [
-                self._bucket_counts(d, key, epoch, first.get(d.index.dataset_id),
-                                    joined=d.index.dataset_id in joined)
+                self._bucket_counts(d, key, epoch, entry.first_epochs.get(d.index.dataset_id),
+                                    joined=d.index.dataset_id in entry.joins)
                 for d, key in self.buckets]
         return self._counts_by_epoch[epoch]
 
@@ -223,6 +222,10 @@ class MultiAspectSampler:
         carried_in = sum(c.carried_in for c in counts)
         if carried_in:
             parts.append(f"{carried_in} occurrences carried from epoch {epoch - 1} train first")
+        entry = self.timeline.entry(epoch)
+        parts += [f"dataset '{d}' joins the schedule at step {step + 1} of the epoch"
+                  for d, step in entry.joins.items()
+                  if entry.first_epochs[d] == epoch and (epoch or step)]  # start_epoch/_step
         return f"{kind} {epoch}: " + ("; ".join(parts) or "the split trims nothing")
 
     def _per_bucket(self, counts: list[BucketCounts], field: str) -> tuple[int, str]:
