@@ -12,7 +12,9 @@ from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
 from simpletuner.helpers.metadata.subset import limit_samples
-from simpletuner.helpers.multiaspect.schedule_report import dataset_schedule, schedule_table
+from simpletuner.helpers.multiaspect.schedule_report import (dataset_schedule,
+                                                             schedule_first_epochs,
+                                                             schedule_table)
 from simpletuner.plan_report import (bucket_table, skip_summary, undersized_buckets,
                                      write_histogram)
 
@@ -65,7 +67,9 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     sizing = None
     if num_processes is not None:
         sizing = split_sizing(split_specs, num_processes,
-                              config.training.gradient_accumulation_steps)
+                              config.training.gradient_accumulation_steps,
+                              schedule_first_epochs(config.datasets, split_specs, num_processes,
+                                                    config.training.gradient_accumulation_steps))
     schedule = dataset_schedule(config.datasets, split_specs, processes,
                                 config.training.gradient_accumulation_steps,
                                 config.training.max_train_steps,

@@ -119,11 +119,13 @@ class PlanShowsTheScheduleTest(unittest.TestCase):
             self.assertEqual(schedule["b"]["joins"],
                              {"epoch": 2, "step_of_epoch": 3, "optimizer_step": 11})
             self.assertTrue(schedule["b"]["is_regularisation_data"])
+            self.assertEqual(json.loads(run_plan(config, "--json", "--num-processes", "1").stdout)
+                             ["split"]["micro_batches_per_epoch"], [8, 12, 12])  # b from epoch 1
             text = run_plan(config).stdout
             self.assertIn("dataset 'a': probability 0.25 (20.0% of the odds), start_epoch 1, "
-                          "start_step 0: joins epoch 1 at its step 1 (optimizer step 1)", text)
+                          "start_step 0: joins epoch 1 (trace epoch 0) at its step 1 (optimizer step 1)", text)
             self.assertIn("dataset 'b': probability 1 (80.0% of the odds), start_epoch 1, "
-                          "start_step 11: joins epoch 2 at its step 3 (optimizer step 11); "
+                          "start_step 11: joins epoch 2 (trace epoch 1) at its step 3 (optimizer step 11); "
                           "regularisation (target: the base model's prediction)", text)
 
 

@@ -23,6 +23,27 @@ def _groups_of(specs: dict[str, DatasetSpec], processes: int, accumulation: int)
     return groups
 
 
+def _timeline(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
+              accumulation: int) -> DatasetTimeline:
+    """The sampler's timeline of the training datasets, from their specs."""
+    schedules = {ds.id: DatasetSchedule.of(ds) for ds in datasets if ds.dataset_type != "eval"}
+    by_id = {spec.dataset_id: spec for spec in specs if spec.dataset_id in schedules}
+    return DatasetTimeline(schedules, _groups_of(by_id, processes, accumulation))
+
+
+def schedule_first_epochs(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
+                          accumulation: int):
+    """(dataset id, epoch) -> the epoch it first joined, None before: for `plan
+    --num-processes` (evaluation datasets: 0)."""
+    timeline = _timeline(datasets, specs, processes, accumulation)
+
+    def first_epoch(dataset_id: str, epoch: int) -> int | None:
+        if dataset_id not in timeline.schedules:
+            return 0
+        return timeline.entry(epoch).first_epochs.get(dataset_id)
+    return first_epoch
+
+
 def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
                      accumulation: int, max_train_steps: int | None,
                      num_train_epochs: int | None) -> dict:
@@ -30,15 +51,13 @@ def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes
     epoch (from 1, as start_epoch counts), that epoch's step and the optimizer step (from 1);
     joins None when it would not start within the run's steps."""
     training = [ds for ds in datasets if ds.dataset_type != "eval"]
-    schedules = {ds.id: DatasetSchedule.of(ds) for ds in training}
-    by_id = {spec.dataset_id: spec for spec in specs if spec.dataset_id in schedules}
-    timeline = DatasetTimeline(schedules, _groups_of(by_id, processes, accumulation))
+    timeline = _timeline(datasets, specs, processes, accumulation)
     limit = max_train_steps
     if limit is None:  # num_train_epochs (launch_checks asks for one of the two)
         last = timeline.entry(max((num_train_epochs or 1) - 1, 0))
         limit = last.steps_before + last.steps
     first = timeline.first_epoch_by(limit)
-    share = probability_share(schedules)
+    share = probability_share(timeline.schedules)
     found = {}
     for ds in training:
         epoch = first[ds.id]
@@ -60,8 +79,8 @@ def schedule_table(schedule: dict, processes: int, accumulation: int) -> str:
         where = "never within the training steps"
         if d["joins"] is not None:
             j = d["joins"]
-            where = (f"joins epoch {j['epoch']} at its step {j['step_of_epoch']} (optimizer "
-                     f"step {j['optimizer_step']})")
+            where = (f"joins epoch {j['epoch']} (trace epoch {j['epoch'] - 1}) at its step "
+                     f"{j['step_of_epoch']} (optimizer step {j['optimizer_step']})")
         kind = "; regularisation (target: the base model's prediction)" if (
             d["is_regularisation_data"]) else ""
         lines.append(f"  dataset '{dataset_id}': probability {d['probability']:g} "
