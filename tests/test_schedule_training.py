@@ -101,5 +101,25 @@ class ScheduledRunTest(unittest.TestCase):
         self.assertNotIn("Resuming with different data settings", self.resumed.stderr)
 
 
+class NeverJoinsTest(unittest.TestCase):
+    def test_a_start_after_the_last_epoch_stops_before_the_model_loads(self):
+        """num_train_epochs 2 of 4 steps each: start_step 20 is only known to be too late from
+        the bucket sizes, so the run stops after start-up, with status 2 and the reason."""
+        with tempfile.TemporaryDirectory(prefix="st-never-") as tmp:
+            root = Path(tmp)
+            make_shapes(root / "a", per_size=8, sizes=((64, 64),))
+            make_shapes(root / "b", per_size=4, sizes=((64, 64),))
+            config = write_config(root, root / "a", max_train_steps=None, num_train_epochs=2,
+                                  datasets=[
+                {"id": "a", "instance_data_dir": str(root / "a")},
+                {"id": "b", "instance_data_dir": str(root / "b"), "start_step": 20}])
+            result = run_train_sh(config, tmp)
+            self.assertEqual(result.returncode, 2, result.stderr[-3000:])
+            self.assertIn("dataset 'b': start_epoch 1, start_step 20 come after the last of the "
+                          "8 optimizer steps", result.stderr)
+            self.assertNotIn("Traceback", result.stderr)
+            self.assertFalse((root / "config-out" / "cache" / "vae").exists())
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -126,6 +126,8 @@ class Trainer:
         # Index, agree, shared seed (collectives inside, same on every rank).
         self.data = start_data(self.configuration, self.accelerator, seed=self.preflight.seed)
         self.seed = self.data.seed
+        # From the indexes, before any heavy work: a dataset that would never join the schedule.
+        total_steps(self.training, build_sampler(self.data, self.training, self.accelerator))
         self.adapter = self._load_model()
         self.caches = self._prepare_caches()
         release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)
