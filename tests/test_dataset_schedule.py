@@ -83,18 +83,22 @@ GRID_SCHEDULES = [DatasetSchedule(), DatasetSchedule(probability=0.2),
                   DatasetSchedule(probability=0.5, start_epoch=2, start_step=40),
                   DatasetSchedule(start_step=200)]
 
+GRID_SIZES = [((23, 17), 13), ((40, 12), 30)]  # a's two buckets, b's one (E is at most 12)
+
 
 class GridTest(unittest.TestCase):
-    """Sizes, probabilities, start epochs and steps, world sizes, accumulation, both tails."""
+    """Sizes, probabilities, start epochs and steps, world sizes, accumulation, batch sizes and
+    both tails."""
 
     EPOCHS = 5
 
     def test_lockstep_exactly_once_and_no_step_before_the_start(self):
-        for schedule, world, accumulation, tail in itertools.product(
-                GRID_SCHEDULES, (1, 2, 3), (1, 2), ("carry", "trim")):
+        for schedule, world, accumulation, tail, (sizes_a, size_b), batch in itertools.product(
+                GRID_SCHEDULES, (1, 2, 3), (1, 2), ("carry", "trim"), GRID_SIZES, (1, 2)):
             with self.subTest(schedule=schedule, world=world, accumulation=accumulation,
-                              tail=tail):
-                data = datasets(schedule, tail=tail)
+                              tail=tail, sizes=(sizes_a, size_b), batch=batch):
+                data = datasets(schedule, tail=tail, batch=batch, sizes_a=sizes_a,
+                                size_b=size_b)
                 ranks = samplers(data, world, accumulation)
                 found = traces(ranks, self.EPOCHS)
                 lengths = {rank: len(records) for rank, records in found.items()}
@@ -107,7 +111,7 @@ class GridTest(unittest.TestCase):
                 records = found[0]
                 steps = optimizer_steps(records, accumulation)
                 for record, step in zip(records, steps):
-                    self.assertEqual(len(record["samples"]), 1)
+                    self.assertEqual(len(record["samples"]), batch)
                     if record["dataset"] == "b":
                         self.assertGreaterEqual(step, schedule.start_step)
                         self.assertGreaterEqual(record["epoch"] + 1, schedule.start_epoch)
