@@ -152,6 +152,8 @@ class WorkedExampleTest(unittest.TestCase):
 
     def test_epoch_lengths_and_first_steps(self):
         self.assertEqual([self.sampler.micro_batches_in(e) for e in range(4)], [12, 12, 15, 15])
+        self.assertEqual([p.dataset_id for p in self.sampler.slices(1)], ["a", "b"])
+        self.assertEqual([p.dataset_id for p in self.sampler.slices(2)], ["a", "b", "c"])
         records = traces([self.sampler], 3)[0]
         steps = optimizer_steps(records, 1)
         first = {d: min(s for r, s in zip(records, steps) if r["dataset"] == d)

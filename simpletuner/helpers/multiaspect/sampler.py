@@ -268,13 +268,16 @@ class MultiAspectSampler:
                                        epoch=epoch)
 
     def slices(self, epoch: int) -> list[BucketSlice]:
-        """This rank's slice of every bucket in ``epoch`` (each holds the bucket's trimmed or
-        carried occurrences)."""
-        return [self._slice(epoch, i) for i in range(len(self.buckets))]
+        """This rank's slice of every bucket in ``epoch`` of the datasets it holds (each slice
+        holds the bucket's trimmed or carried occurrences)."""
+        joins = self.timeline.entry(epoch).joins
+        return [self._slice(epoch, i) for i, (d, _) in enumerate(self.buckets)
+                if d.index.dataset_id in joins]
 
     def _split(self, dataset: SamplerDataset, key: str, epoch: int) -> BucketSlice:
+        """Only asked for the datasets the epoch holds."""
         spec = dataset.spec
-        first_epoch = self.timeline.entry(epoch).first_epochs.get(spec.dataset_id, epoch)
+        first_epoch = self.timeline.entry(epoch).first_epochs[spec.dataset_id]
         return split_bucket(spec.buckets[key], dataset_id=spec.dataset_id, bucket=key,
                             epoch=epoch, seed=self.seed, repeats=spec.repeats,
                             effective=spec.effective_batch(self.processes, self.accumulation),
