@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def audit_plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -> dict:
-    """What should happen, from the metadata backends' split (not from the sampler's run)."""
+    """What should happen, from the metadata backends' split (not from the sampler's run);
+    which epochs hold a dataset is the sampler's timeline, which verify re-derives."""
     trimmed: Leftovers = {}
     carried: Leftovers = {}
     specs = []
@@ -58,14 +59,16 @@ def audit_plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -
         backend = startup.backends[dataset_id]
         specs.append(backend.split_spec(d.index))
         for epoch in range(epochs):
-            pieces = backend.split_buckets_between_processes(
+            first_epoch = sampler.timeline.entry(epoch).first_epochs.get(dataset_id)
+            pieces = {} if first_epoch is None else backend.split_buckets_between_processes(
                 d.index, seed=sampler.seed, epoch=epoch, processes=sampler.processes, rank=0,
-                accumulation=sampler.accumulation)
+                accumulation=sampler.accumulation, first_epoch=first_epoch)
             trimmed.setdefault(epoch, {})[dataset_id] = {k: p.trimmed for k, p in pieces.items()}
             carried.setdefault(epoch, {})[dataset_id] = {k: p.carried for k, p in pieces.items()}
     return build_plan(seed=sampler.seed, world_size=sampler.processes,
                       accumulation=sampler.accumulation, datasets=specs, trimmed=trimmed,
-                      carried=carried)
+                      carried=carried,
+                      schedules={d.index.dataset_id: d.schedule for d in sampler.datasets})
 
 
 def _trace(sampler: MultiAspectSampler, output: Path, rank: int, epochs: int) -> None:

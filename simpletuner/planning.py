@@ -13,6 +13,9 @@ from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
 from simpletuner.helpers.metadata.subset import limit_samples
+from simpletuner.helpers.multiaspect.schedule_report import (dataset_schedule,
+                                                             schedule_first_epochs,
+                                                             schedule_table)
 from simpletuner.plan_report import (bucket_table, skip_summary, undersized_buckets,
                                      write_histogram)
 
@@ -68,8 +71,15 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     sizing = None
     if num_processes is not None:
         sizing = split_sizing(split_specs, num_processes,
-                              config.training.gradient_accumulation_steps)
-    _print_plan(indexes, sizing, as_json)
+                              config.training.gradient_accumulation_steps,
+                              schedule_first_epochs(config.datasets, split_specs, num_processes,
+                                                    config.training.gradient_accumulation_steps))
+    schedule = dataset_schedule(config.datasets, split_specs, processes,
+                                config.training.gradient_accumulation_steps,
+                                config.training.max_train_steps,
+                                config.training.num_train_epochs)
+    _print_plan(indexes, sizing, as_json, (schedule, processes,
+                                           config.training.gradient_accumulation_steps))
     if sizing is not None and sizing["problem"]:
         print(sizing["problem"], file=sys.stderr)
         return 1
@@ -103,10 +113,13 @@ def _index_datasets(config) -> tuple[list[DatasetIndex], list]:
     return indexes, split_specs
 
 
-def _print_plan(indexes: list[DatasetIndex], sizing: dict | None, as_json: bool) -> None:
-    """stdout: the bucket tables (and the split on --num-processes), or only JSON."""
+def _print_plan(indexes: list[DatasetIndex], sizing: dict | None, as_json: bool,
+                schedule: tuple[dict, int, int]) -> None:
+    """stdout: the bucket tables, the schedule (and the split on --num-processes), or only
+    JSON."""
     if as_json:
         output = _plan_json(indexes)
+        output["schedule"] = schedule[0]
         if sizing is not None:
             output["split"] = sizing
         print(json_text(output, indent=2))  # keys sorted; file names that are not UTF-8 escaped
@@ -115,6 +128,8 @@ def _print_plan(indexes: list[DatasetIndex], sizing: dict | None, as_json: bool)
         print(f"\ndataset '{index.dataset_id}'")
         print(bucket_table(index))
         print(skip_summary(index))
+    print()
+    print(schedule_table(*schedule))
     if sizing is not None:
         print()
         print(sizing_table(sizing))

@@ -55,7 +55,6 @@ class SimpleTunerConfigTest(unittest.TestCase):
         problems = self.problems(config, [self.image_dataset(**SIMPLETUNER_DATASET)])
         expected = {"lora_type": "LyCORIS is not supported", "quantize_via": "on the CPU",
                     "tread_config": "TREAD", "push_to_hub": "nothing is uploaded",
-                    "probability": "repeats + 1",
                     "vae_cache_clear_each_epoch": "cached once and reused"}
         for key, advice in expected.items():
             found = [p for p in problems if f"SimpleTuner option '{key}' is not supported" in p]

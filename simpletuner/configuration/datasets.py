@@ -133,6 +133,20 @@ class DatasetConfig:
         None, help="aspect ratios (W/H) for crop_aspect 'closest' or 'random', e.g. [0.75, 1.0, "
         "1.5]; for 'random' an entry may be {\"aspect_bucket\": 1.5, \"weight\": 2} (relative "
         "weights; a plain number weighs 1)")
+    # Scheduling and prior preservation: SimpleTuner's keys (helpers/multiaspect/dataset_schedule.py)
+    probability: float = option(
+        1.0, minimum=0.0, maximum=1.0, help="above 0: relative odds of drawing this "
+        "dataset's buckets for each next optimizer step among the steps the epoch still holds; "
+        "every sample is still trained once per pass (training datasets)")
+    start_epoch: int = option(1, minimum=0, help="the epoch (from 1) this dataset joins the "
+                              "schedule at; 0 and 1: the first")
+    start_step: int = option(0, minimum=0, help="the optimizer step (from 1) from which this "
+                             "dataset is drawn, joining that epoch with its whole pass; 0 and "
+                             "1: the first")
+    is_regularisation_data: bool = option(
+        False, help="prior preservation (model_type lora): the target of this dataset's samples "
+        "is the base model's prediction (the adapter turned off), weighted like every other "
+        "sample, as in SimpleTuner")
     max_num_samples: int | None = option(
         None, minimum=1, help="keep this many samples: a fixed subset chosen by a digest of "
         "(dataset id, sample id), the same on every rank and run")

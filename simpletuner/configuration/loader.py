@@ -27,6 +27,7 @@ from simpletuner.configuration.huggingface_block import (
 from simpletuner.configuration.families import FLOW_FAMILIES
 from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.placeholders import fill_placeholders
+from simpletuner.configuration.schedule_checks import check_dataset_schedule
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 from simpletuner.configuration.validation_options import check_validation_options
 from simpletuner.configuration.video_block import check_video_dataset, parse_video_block
@@ -264,6 +265,7 @@ def parse_datasets(raw: Any, where: str, training: TrainingConfig | None, base: 
     if isinstance(raw, list) and not datasets and not problems:
         problems.append(f"{where}: no enabled dataset; add one or set 'disabled': false")
     _check_something_trains(enabled_types, where, problems)
+    check_dataset_schedule(datasets, training, where, problems)
     return apply_embed_entries(datasets, embed_entries, where, problems)
 
 

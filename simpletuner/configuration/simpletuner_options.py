@@ -26,11 +26,10 @@ from simpletuner.configuration.simpletuner_keys.values import (
 DROP = "remove it"
 
 _DATASET_KEYS: dict[str, str] = {
-    "probability": "remove it; each dataset's samples are used repeats + 1 times per epoch",
     "vae_cache_clear_each_epoch": "remove it; latents are cached once and reused",
     "caption_filter_list": "remove it; edit the captions themselves",
     "disable_validation": DROP,
-    "ignore_epochs": DROP, "start_epoch": DROP, "start_step": DROP,
+    "ignore_epochs": DROP,
 }
 
 _DATASET_VALUES: dict[str, dict[str, str]] = {
@@ -45,6 +44,9 @@ _DATASET_DIFFERENT: dict[str, str] = {
                  "cache (SimpleTuner sets it on the text_embeds entry, which is accepted too)",
     "maximum_image_size": "alone it skips larger images here; SimpleTuner requires "
                           "target_downsample_size with it (and then both mean the same here)",
+    "probability": "SimpleTuner draws a dataset with odds p among those not yet exhausted; here "
+                   "each of its remaining steps is drawn with odds p, so with equal "
+                   "probabilities datasets mix in proportion to their size",
 }
 
 
@@ -100,4 +102,5 @@ CONFIG_JSON = SimpleTunerVocabulary(CONFIG_KEYS, CONFIG_VALUES, CONFIG_DIFFERENT
                                     CONFIG_VALUE_ALIASES, CONFIG_NOT_SET)
 MULTIDATABACKEND_JSON = SimpleTunerVocabulary(
     {**{key: Foreign(advice) for key, advice in _DATASET_KEYS.items()}, **DATASET_KEYS},
-    _DATASET_VALUES, _DATASET_DIFFERENT, aliases={"disable": "disabled"})
+    _DATASET_VALUES, _DATASET_DIFFERENT,
+    aliases={"disable": "disabled", "is_regularization_data": "is_regularisation_data"})

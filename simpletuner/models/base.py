@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import torch
 from diffusers import AutoencoderKL
@@ -172,10 +173,13 @@ class ModelAdapter(ABC):
 
     @abstractmethod
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
-                     network: torch.nn.Module | None = None) -> torch.Tensor:
+                     network: torch.nn.Module | None = None,
+                     base_model: Callable[[], ContextManager] | None = None) -> torch.Tensor:
         """Sample noise and timesteps (from ``generator`` when given, so a fixed generator gives
         a fixed loss), run the network, return the scalar loss. ``network`` is what to call
-        instead of ``trainable``, e.g. the module accelerate.prepare returned (DDP wrapper)."""
+        instead of ``trainable``, e.g. the module accelerate.prepare returned (DDP wrapper).
+        ``base_model``: a context in which ``network`` predicts as the base model; its
+        prediction is then the target (prior_preservation.py)."""
 
     @abstractmethod
     def build_pipeline(self, trainable: torch.nn.Module | None = None):

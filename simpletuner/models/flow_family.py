@@ -15,6 +15,7 @@ from simpletuner.models.base import LossSettings, ModelAdapter, TrainingBatch
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.flow_objective import (
     flow_noisy_and_target, resolution_shift, sample_sigmas)
+from simpletuner.models.prior_preservation import BaseModel, base_model_target
 from simpletuner.models.loss_types import flow_noise_ratio, huber_thresholds, objective_loss
 from simpletuner.models.noise_objective import draw_noise
 from simpletuner.models.transfer import batch_to_device
@@ -94,7 +95,8 @@ class FlowFamilyAdapter(ModelAdapter):
         already (compute_loss moved it)."""
 
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
-                     network: torch.nn.Module | None = None) -> torch.Tensor:
+                     network: torch.nn.Module | None = None,
+                     base_model: BaseModel | None = None) -> torch.Tensor:
         settings = self.loss_settings
         batch = batch_to_device(batch, self.device)  # also a host batch (evaluation): no wait
         latents = batch.latents.to(torch.float32)
@@ -107,8 +109,14 @@ class FlowFamilyAdapter(ModelAdapter):
                                device=self.device, generator=generator)
         noisy, target = flow_noisy_and_target(latents, noise, sigmas)
         network = network if network is not None else self.transformer
-        prediction = self._predict(network, noisy.to(self.transformer.dtype), sigmas, batch,
-                                   self.transformer.dtype)
+
+        def predict() -> torch.Tensor:
+            return self._predict(network, noisy.to(self.transformer.dtype), sigmas, batch,
+                                 self.transformer.dtype)
+
+        if base_model is not None:  # is_regularisation_data: the base model's prediction
+            target = base_model_target(base_model, predict)
+        prediction = predict()
         thresholds = None
         if settings.loss_type != "l2":  # SimpleTuner's flow timestep: 1000 * sigma
             thresholds = huber_thresholds(settings.huber_schedule, settings.huber_c,

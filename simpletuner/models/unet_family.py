@@ -13,6 +13,7 @@ from diffusers import DDPMScheduler, UNet2DConditionModel
 
 from simpletuner.models.base import LossSettings, ModelAdapter, ModelFolderError, TrainingBatch
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
+from simpletuner.models.prior_preservation import BaseModel, base_model_target
 from simpletuner.models.loss_types import ddpm_noise_ratio, huber_thresholds, objective_loss
 from simpletuner.models.noise_objective import draw_noise, draw_timesteps, min_snr_weights
 from simpletuner.models.transfer import batch_to_device
@@ -92,7 +93,8 @@ class UNetFamilyAdapter(ModelAdapter):
         return {"encoder_hidden_states": batch.prompt_embeds["prompt_embeds"].to(dtype)}
 
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
-                     network: torch.nn.Module | None = None) -> torch.Tensor:
+                     network: torch.nn.Module | None = None,
+                     base_model: BaseModel | None = None) -> torch.Tensor:
         dtype = self.unet.dtype
         batch = batch_to_device(batch, self.device)  # also a host batch (evaluation): no wait
         latents = batch.latents.to(torch.float32)
@@ -107,8 +109,14 @@ class UNetFamilyAdapter(ModelAdapter):
         else:
             target = noise
         network = network if network is not None else self.unet
-        prediction = network(noisy.to(dtype), timesteps, return_dict=False,
-                             **self._unet_conditioning(batch, dtype))[0]
+
+        def predict() -> torch.Tensor:
+            return network(noisy.to(dtype), timesteps, return_dict=False,
+                           **self._unet_conditioning(batch, dtype))[0]
+
+        if base_model is not None:  # is_regularisation_data: the base model's prediction
+            target = base_model_target(base_model, predict)
+        prediction = predict()
         settings = self.loss_settings
         alphas_cumprod = self.noise_scheduler.alphas_cumprod
         weights = None

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, closing
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.prior_preservation import adapter_turned_off
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
@@ -48,7 +50,7 @@ from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
 from simpletuner.training.run.run_warnings import run_warnings
-from simpletuner.training.run_state import RunState
+from simpletuner.training.run_state import RunState, noise_generator, total_steps
 from simpletuner.training.settings import RunSettings
 from simpletuner.training.step_guard import (NonFiniteGuard, StepTotals, back_off_loss_scale,
                                              clip_gradients, diverged_error, nonfinite_warning,
@@ -64,22 +66,6 @@ class TrainingResult:
     steps: int
     final_loss: float | None
     pipeline_dir: Path | None
-
-
-def noise_generator(seed: int, rank: int, epoch: int, step: int) -> torch.Generator:
-    """Noise and timesteps of a micro-batch depend only on where it is in the run, so a
-    resumed run draws exactly what the uninterrupted one drew."""
-    return torch.Generator(device="cpu").manual_seed(
-        stable_seed("noise", seed, rank, epoch, step) & (2**63 - 1))
-
-
-def total_steps(training, sampler) -> int:
-    """max_train_steps, else the optimizer steps of num_train_epochs epochs (bucket_tail carry
-    makes an epoch's count depend on the epoch)."""
-    if training.max_train_steps is not None:
-        return training.max_train_steps
-    return sum(sampler.micro_batches_in(epoch) // sampler.accumulation
-               for epoch in range(training.num_train_epochs))
 
 
 class Trainer:
@@ -102,6 +88,8 @@ class Trainer:
         self.weight_dtype = weight_dtype(self.training.mixed_precision)
         self.watcher = watcher or PreemptionWatcher(self.training.preemption_signals)
         self.run_log = new_run_log(self.output_dir, main=accelerator.is_main_process)
+        # is_regularisation_data: their targets are the base model's predictions
+        self.regularisation = {ds.id for ds in configuration.datasets if ds.is_regularisation_data}
 
     def run(self) -> TrainingResult:
         try:
@@ -129,6 +117,8 @@ class Trainer:
         # Index, agree, shared seed (collectives inside, same on every rank).
         self.data = start_data(self.configuration, self.accelerator, seed=self.preflight.seed)
         self.seed = self.data.seed
+        # From the indexes, before any heavy work: a dataset that would never join the schedule.
+        total_steps(self.training, build_sampler(self.data, self.training, self.accelerator))
         self.adapter = self._load_model()
         self.caches = self._prepare_caches()
         release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)
@@ -311,11 +301,14 @@ class Trainer:
             self.trace.write(micro_batch)
         with (in_collective(f"step {self.state.step + 1}: micro-batch {micro_batch.step}"),
               accumulating(self.accelerator, self.prepared, sync)):
+            base_model = None
+            if micro_batch.dataset_id in self.regularisation:  # the same on every rank
+                base_model = partial(adapter_turned_off, self.parts.network)
             with self.accelerator.autocast():
                 loss = self.adapter.compute_loss(
                     batch, noise_generator(self.seed, self.accelerator.process_index,
                                            micro_batch.epoch, micro_batch.step),
-                    network=self.prepared)
+                    network=self.prepared, base_model=base_model)
             self.accelerator.backward(loss / self.accumulation)
         return loss.detach().float()
 

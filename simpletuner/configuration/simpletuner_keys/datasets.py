@@ -44,8 +44,6 @@ DATASET_KEYS = {
               "by sample id, checked against the files and reused by the next run"),
     **ignored("scan_for_errors", "accepted; every image's header is checked during discovery"),
     **ignored("aspect_bucket_rounding", NO_ASPECT_ROUNDING),
-    **refused("is_regularisation_data is_regularization_data", "remove it; regularisation "
-              "datasets (the base model's predictions as targets) are not supported here"),
     **ignored("text_encoder_batch_size image_processing_batch_size max_workers vae_batch_size "
               "read_batch_size write_batch_size "
               "metadata_update_interval max_file_size parallel_downloads buffer_size "
@@ -60,5 +58,6 @@ DATASET_KEYS = {
               "would be upscaled"),
     **refused("timestep_sampling_offset", "remove it; every dataset draws timesteps the same "
               "way", (None, 0)),
-    **refused("end_epoch end_step", "remove it; every dataset is used in every epoch"),
+    **refused("end_epoch end_step", "remove it; a dataset stays in the schedule from its "
+              "start_epoch and start_step to the end"),
 }

@@ -95,16 +95,18 @@ def carried_in(occurrences: int, effective_total: int, epoch: int) -> int:
 
 
 def bucket_counts(samples: int, repeats: int, effective: EffectiveBatch, *,
-                  tail: BucketTail, epoch: int = 0,
+                  tail: BucketTail, epoch: int = 0, first_epoch: int = 0,
                   allow_oversubscription: bool = False) -> BucketCounts:
-    """The arithmetic of one bucket in ``epoch``, shared by the split, the check and ``plan``."""
+    """The arithmetic of one bucket in ``epoch``, shared by the split, the check and ``plan``.
+    ``first_epoch``: the epoch its dataset joined the schedule (start_epoch, start_step), where
+    nothing is carried in."""
     e = effective.total
     occurrences = samples * (repeats + 1)
     if effective.evaluation:
         return BucketCounts(samples, occurrences, 0, occurrences, 0, 0, False, effective)
     if allow_oversubscription and repeats == 0 and 0 < occurrences < e:
         return BucketCounts(samples, e, 0, e, 0, 0, True, effective)
-    carried = carried_in(occurrences, e, epoch) if tail == "carry" and occurrences >= e else 0
+    carried = carried_in(occurrences, e, epoch - first_epoch) if tail == "carry" and occurrences >= e else 0
     leftover = (carried + occurrences) % e
     trimmed, carried_out = (leftover, 0) if tail == "trim" or occurrences < e else (0, leftover)
     return BucketCounts(samples, occurrences, carried, carried + occurrences - leftover,

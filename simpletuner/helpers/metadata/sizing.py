@@ -8,7 +8,8 @@ first ``SIZED_EPOCHS`` epochs, since what it carries in and out changes from epo
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import replace
+from typing import Callable, Sequence
 
 from simpletuner.helpers.metadata.epoch_counts import BucketCounts, bucket_counts
 from simpletuner.helpers.metadata.split import (DatasetSpec, UndersizedBucketsError,
@@ -23,27 +24,41 @@ def _epoch_entry(c: BucketCounts) -> dict:
             "optimizer_steps": c.optimizer_steps}
 
 
-def split_sizing(specs: Sequence[DatasetSpec], processes: int, accumulation: int) -> dict:
+# (dataset id, epoch) -> the epoch it first joined the schedule, None before (start_epoch,
+# start_step: the sampler's timeline); by default every dataset from epoch 0.
+FirstEpoch = Callable[[str, int], "int | None"]
+
+
+def split_sizing(specs: Sequence[DatasetSpec], processes: int, accumulation: int,
+                 first_epoch: FirstEpoch = lambda dataset_id, epoch: 0) -> dict:
     """Per dataset and bucket, for each of the first SIZED_EPOCHS epochs: carried in, kept,
-    trimmed, carried out, micro-batches per rank, optimizer steps; and the totals per epoch."""
+    trimmed, carried out, micro-batches per rank, optimizer steps (nothing in an epoch before
+    the dataset joins); and the totals per epoch."""
     datasets = {}
     micro_batches = [0] * SIZED_EPOCHS
     for spec in sorted(specs, key=lambda s: s.dataset_id):
         eff = spec.effective_batch(processes, accumulation)
         buckets = {}
+        firsts = [first_epoch(spec.dataset_id, epoch) for epoch in range(SIZED_EPOCHS)]
         for key, ids in sorted(spec.buckets.items()):
             epochs = [bucket_counts(len(ids), spec.repeats, eff, tail=spec.bucket_tail,
-                                    epoch=epoch,
+                                    epoch=epoch, first_epoch=first or 0,
                                     allow_oversubscription=spec.allow_oversubscription)
-                      for epoch in range(SIZED_EPOCHS)]
+                      for epoch, first in enumerate(firsts)]
+            epochs = [c if first is not None else replace(c, carried_in=0, kept=0, trimmed=0,
+                                                          carried_out=0)
+                      for c, first in zip(epochs, firsts)]
             buckets[key] = {"samples": epochs[0].samples, "occurrences": epochs[0].occurrences,
                             "extended": epochs[0].extended,
+                            "too_small": (not epochs[0].extended
+                                          and epochs[0].occurrences < eff.total),
                             "epochs": [_epoch_entry(c) for c in epochs]}
             if not spec.evaluation:
                 micro_batches = [m + c.micro_batches for m, c in zip(micro_batches, epochs)]
         datasets[spec.dataset_id] = {"evaluation": spec.evaluation, "repeats": spec.repeats,
                                      "bucket_tail": spec.bucket_tail,
                                      "batch_size": eff.batch_size, "effective_batch": eff.total,
+                                     "in_epochs": [first is not None for first in firsts],
                                      "buckets": buckets}
     try:
         check_bucket_sizes(specs, processes, accumulation)
@@ -59,7 +74,7 @@ def split_sizing(specs: Sequence[DatasetSpec], processes: int, accumulation: int
 def _flag(bucket: dict) -> str:
     if bucket["extended"]:
         return "  extended (oversubscription)"
-    return "  TOO SMALL" if bucket["epochs"][0]["kept"] == 0 else ""
+    return "  TOO SMALL" if bucket["too_small"] else ""
 
 
 def _bucket_rows(dataset: dict) -> list[str]:
@@ -91,6 +106,9 @@ def sizing_table(sizing: dict) -> str:
     for dataset_id, d in sizing["datasets"].items():
         kind = " (evaluation: every sample once)" if d["evaluation"] else (
             f", bucket_tail {d['bucket_tail']}")
+        absent = [str(epoch) for epoch, held in enumerate(d["in_epochs"]) if not held]
+        if absent:  # start_epoch, start_step
+            kind += f", not in epochs {', '.join(absent)} (it joins later)"
         lines.append(f"  dataset '{dataset_id}': E = {d['effective_batch']}, "
                      f"repeats {d['repeats']}{kind}")
         lines += _bucket_rows(d)

@@ -232,14 +232,15 @@ class _EpochOrder:
 
 def split_bucket(sample_ids: Sequence[str], *, dataset_id: str, bucket: str, epoch: int,
                  seed: int, repeats: int, effective: EffectiveBatch, rank: int,
-                 tail: BucketTail, allow_oversubscription: bool = False) -> BucketSlice:
+                 tail: BucketTail, allow_oversubscription: bool = False,
+                 first_epoch: int = 0) -> BucketSlice:
     """This rank's slice of one bucket for one epoch, plus the bucket's trimmed or carried
-    occurrences."""
+    occurrences; ``first_epoch``: the epoch its dataset joined the schedule."""
     if not 0 <= rank < effective.processes:
         raise ValueError(f"rank {rank} is outside 0..{effective.processes - 1}")
     ids = canonical_ids(sample_ids)
     counts = bucket_counts(len(ids), repeats, effective, tail=tail, epoch=epoch,
-                           allow_oversubscription=allow_oversubscription)
+                           first_epoch=first_epoch, allow_oversubscription=allow_oversubscription)
     order = _EpochOrder(counts, seed, dataset_id, bucket, epoch)
     b, w = effective.batch_size, effective.processes
     # Positions laid out as (micro-batch, rank, batch): this rank's are j*B*W + rank*B + t.
@@ -265,11 +266,12 @@ def split_bucket(sample_ids: Sequence[str], *, dataset_id: str, bucket: str, epo
 
 
 def split_dataset(spec: DatasetSpec, *, seed: int, epoch: int, processes: int, rank: int,
-                  accumulation: int) -> dict[str, BucketSlice]:
+                  accumulation: int, first_epoch: int = 0) -> dict[str, BucketSlice]:
     """This rank's slice of every bucket of one dataset, by bucket key in sorted order."""
     effective = spec.effective_batch(processes, accumulation)
     return {key: split_bucket(spec.buckets[key], dataset_id=spec.dataset_id, bucket=key,
                               epoch=epoch, seed=seed, repeats=spec.repeats, effective=effective,
                               rank=rank, tail=spec.bucket_tail,
-                              allow_oversubscription=spec.allow_oversubscription)
+                              allow_oversubscription=spec.allow_oversubscription,
+                              first_epoch=first_epoch)
             for key in sorted(spec.buckets)}

@@ -34,6 +34,7 @@ from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.split import check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
+from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *
         datasets.append(SamplerDataset(index, backend.caption_for, spec.batch_size, spec.repeats,
                                        spec.evaluation, spec.allow_oversubscription,
                                        CaptionPolicy.for_dataset(backend.dataset),
-                                       spec.bucket_tail))
+                                       spec.bucket_tail, DatasetSchedule.of(backend.dataset)))
     return MultiAspectSampler(
         datasets, seed=startup.seed, processes=accelerator.num_processes, rank=accelerator.process_index,
         accumulation=training.gradient_accumulation_steps, evaluation=evaluation)

@@ -22,13 +22,14 @@ import numpy as np
 
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.metadata.permutation import stable_permutation
 from simpletuner.configuration.options import DEFAULT_BUCKET_TAIL, BucketTail
 from simpletuner.helpers.metadata.epoch_counts import BucketCounts, bucket_counts
 from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, DatasetSpec,
                                                 check_bucket_sizes, split_bucket)
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
+from simpletuner.helpers.multiaspect.dataset_schedule import (DatasetSchedule, DatasetTimeline,
+                                                              group_order)
 from simpletuner.helpers.multiaspect.sample_lists import describe_sample_changes, sample_lists
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class SamplerDataset:
     allow_oversubscription: bool = False
     captions: CaptionPolicy = CaptionPolicy()  # which caption of the read text, per epoch
     bucket_tail: BucketTail = DEFAULT_BUCKET_TAIL
+    schedule: DatasetSchedule = DatasetSchedule()  # probability, start_epoch, start_step
 
     @property
     def spec(self) -> DatasetSpec:
@@ -98,6 +100,8 @@ class MultiAspectSampler:
         # Same data on every rank, so an undersized bucket raises the same error everywhere.
         self.notes = check_bucket_sizes([d.spec for d in self.datasets], processes, accumulation)
         self.buckets = [(d, key) for d in self.datasets for key in sorted(d.index.buckets)]
+        self.timeline = DatasetTimeline({d.index.dataset_id: d.schedule for d in self.datasets},
+                                        self._dataset_groups)
         self._counts_by_epoch: dict[int, list[BucketCounts]] = {}
         self._sample_lists: dict | None = None  # built at the first state_dict, then reused
         self.epoch = 0
@@ -119,13 +123,28 @@ class MultiAspectSampler:
         if epoch not in self._counts_by_epoch:
             if len(self._counts_by_epoch) >= 2:
                 self._counts_by_epoch.clear()
+            entry = self.timeline.entry(epoch)
             self._counts_by_epoch[epoch] = [
-                bucket_counts(len(d.index.buckets[key]), d.repeats,
-                              d.spec.effective_batch(self.processes, self.accumulation),
-                              tail=d.bucket_tail, epoch=epoch,
-                              allow_oversubscription=d.allow_oversubscription)
+                self._bucket_counts(d, key, epoch, entry.first_epochs.get(d.index.dataset_id),
+                                    joined=d.index.dataset_id in entry.joins)
                 for d, key in self.buckets]
         return self._counts_by_epoch[epoch]
+
+    def _bucket_counts(self, d: SamplerDataset, key: str, epoch: int, first_epoch: int | None,
+                       joined: bool = True) -> BucketCounts:
+        """A dataset that has not joined the schedule yet has nothing in the epoch."""
+        counts = bucket_counts(len(d.index.buckets[key]), d.repeats,
+                               d.spec.effective_batch(self.processes, self.accumulation),
+                               tail=d.bucket_tail, epoch=epoch, first_epoch=first_epoch or 0,
+                               allow_oversubscription=d.allow_oversubscription)
+        return counts if joined else replace(counts, carried_in=0, kept=0, trimmed=0,
+                                             carried_out=0)
+
+    def _dataset_groups(self, dataset_id: str, epoch: int, first_epoch: int) -> int:
+        """The dataset's optimizer steps in ``epoch`` once it has joined (for the timeline)."""
+        d = self._by_id[dataset_id]
+        return sum(self._bucket_counts(d, key, epoch, first_epoch).optimizer_steps
+                   for key in sorted(d.index.buckets))
 
     def fingerprint(self) -> dict:
         """Everything that decides the plan; plain JSON so a mismatch can name what changed."""
@@ -142,6 +161,7 @@ class MultiAspectSampler:
                     "allow_oversubscription": d.allow_oversubscription,
                     "bucket_tail": d.bucket_tail,
                     "index": d.index.digest(),
+                    **d.schedule.fingerprint(),
                 }
                 for d in self.datasets
             },
@@ -202,6 +222,10 @@ class MultiAspectSampler:
         carried_in = sum(c.carried_in for c in counts)
         if carried_in:
             parts.append(f"{carried_in} occurrences carried from epoch {epoch - 1} train first")
+        entry = self.timeline.entry(epoch)
+        parts += [f"dataset '{d}' joins the schedule at step {step + 1} of the epoch"
+                  for d, step in entry.joins.items()
+                  if entry.first_epochs[d] == epoch and (epoch or step)]  # start_epoch/_step
         return f"{kind} {epoch}: " + ("; ".join(parts) or "the split trims nothing")
 
     def _per_bucket(self, counts: list[BucketCounts], field: str) -> tuple[int, str]:
@@ -244,17 +268,22 @@ class MultiAspectSampler:
                                        epoch=epoch)
 
     def slices(self, epoch: int) -> list[BucketSlice]:
-        """This rank's slice of every bucket in ``epoch`` (each holds the bucket's trimmed or
-        carried occurrences)."""
-        return [self._slice(epoch, i) for i in range(len(self.buckets))]
+        """This rank's slice of every bucket in ``epoch`` of the datasets it holds (each slice
+        holds the bucket's trimmed or carried occurrences)."""
+        joins = self.timeline.entry(epoch).joins
+        return [self._slice(epoch, i) for i, (d, _) in enumerate(self.buckets)
+                if d.index.dataset_id in joins]
 
     def _split(self, dataset: SamplerDataset, key: str, epoch: int) -> BucketSlice:
+        """Only asked for the datasets the epoch holds."""
         spec = dataset.spec
+        first_epoch = self.timeline.entry(epoch).first_epochs[spec.dataset_id]
         return split_bucket(spec.buckets[key], dataset_id=spec.dataset_id, bucket=key,
                             epoch=epoch, seed=self.seed, repeats=spec.repeats,
                             effective=spec.effective_batch(self.processes, self.accumulation),
                             rank=self.rank, tail=spec.bucket_tail,
-                            allow_oversubscription=spec.allow_oversubscription)
+                            allow_oversubscription=spec.allow_oversubscription,
+                            first_epoch=first_epoch)
 
     def _use_epoch(self, epoch: int) -> None:
         if self._cache_epoch != epoch:
@@ -268,13 +297,18 @@ class MultiAspectSampler:
         return self._cache[which]
 
     def _epoch_schedule(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per group: which bucket, and how many earlier groups of the epoch used that bucket."""
+        """Per group: which bucket, and how many earlier groups of the epoch used that bucket.
+        Each dataset's groups are drawn with its probability, from the step it joins at
+        (dataset_schedule.py)."""
         self._use_epoch(epoch)
         if self._schedule is None:
             per_bucket = np.array([c.optimizer_steps for c in self.counts(epoch)],
                                   dtype=np.int64)
-            canonical = np.repeat(np.arange(len(self.buckets)), per_bucket)
-            groups = canonical[stable_permutation(len(canonical), "schedule", self.seed, epoch)]
+            joins = self.timeline.entry(epoch).joins
+            groups = group_order(
+                per_bucket, np.array([d.schedule.probability for d, _ in self.buckets]),
+                np.array([joins.get(d.index.dataset_id, -1) for d, _ in self.buckets]),
+                seed=self.seed, epoch=epoch)
             by_bucket = np.argsort(groups, kind="stable")
             first = np.cumsum(per_bucket) - per_bucket
             ordinals = np.empty_like(groups)

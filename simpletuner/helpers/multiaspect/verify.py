@@ -25,16 +25,21 @@ from dataclasses import dataclass, field
 
 from simpletuner.helpers.metadata.split import DatasetSpec
 from simpletuner.helpers.metadata.epoch_counts import bucket_counts
+from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule
+from simpletuner.helpers.multiaspect.verify_schedule import (Presence, expected_presence,
+                                                             schedule_problems)
 
 Leftovers = dict[int, dict[str, dict[str, list[str]]]]  # epoch -> dataset -> bucket -> ids
 
 
 def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[DatasetSpec],
-               trimmed: Leftovers, carried: Leftovers) -> dict:
+               trimmed: Leftovers, carried: Leftovers,
+               schedules: dict[str, DatasetSchedule] | None = None) -> dict:
     """plan.json's content. ``trimmed``/``carried``: each epoch's trimmed occurrences and those
-    it carries into the next epoch."""
+    it carries into the next epoch (nothing for an epoch before a dataset joins)."""
     planned = {}
     for spec in sorted(datasets, key=lambda s: s.dataset_id):
+        schedule = (schedules or {}).get(spec.dataset_id, DatasetSchedule())
         eff = spec.effective_batch(world_size, accumulation)
         counts = {key: bucket_counts(len(ids), spec.repeats, eff, tail=spec.bucket_tail,
                                      allow_oversubscription=spec.allow_oversubscription)
@@ -49,6 +54,9 @@ def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[
             "buckets": {key: sorted(ids) for key, ids in sorted(spec.buckets.items())},
             # Undersized buckets that allow_dataset_oversubscription cycled up to E occurrences.
             "extended": {key: c.occurrences for key, c in counts.items() if c.extended},
+            "probability": schedule.probability,
+            "start_epoch": schedule.start_epoch,
+            "start_step": schedule.start_step,
         }
 
     def per_epoch(found: Leftovers) -> dict:
@@ -98,6 +106,20 @@ def expected_leftovers(dataset: dict, total: int, e: int, extended: bool,
     return found
 
 
+def dataset_steps(plan: dict, dataset_id: str, nth: int) -> int:
+    """Optimizer steps of a dataset in the ``nth`` epoch since it joined (0 = its first),
+    from the settings alone."""
+    d = plan["datasets"][dataset_id]
+    e = effective_batch(plan, d)
+    steps = 0
+    for ids in d["buckets"].values():
+        total, extended = bucket_occurrences(len(ids), d, e)
+        leftovers = expected_leftovers(d, total, e, extended, nth + 1)
+        carried_in = leftovers[nth - 1][1] if nth else 0
+        steps += (carried_in + total - sum(leftovers[nth])) // e
+    return steps
+
+
 def untrimmed_occurrences(plan: dict) -> Counter:
     """(dataset, bucket, sample) -> occurrences per pass."""
     expected: Counter = Counter()
@@ -123,17 +145,22 @@ def _listed(plan: dict, kind: str, epoch: int) -> Counter:
                    for key, ids in buckets.items() for s in ids)
 
 
-def expected_occurrences(plan: dict, epoch: int, untrimmed: Counter) -> Counter:
-    """(dataset, bucket, sample) -> occurrences the epoch should assign."""
+def expected_occurrences(plan: dict, epoch: int, untrimmed: Counter,
+                         present: dict[str, Presence] | None = None) -> Counter:
+    """(dataset, bucket, sample) -> occurrences the epoch should assign; only datasets the
+    epoch holds (``present``; None: all)."""
+    if present is not None:
+        untrimmed = Counter({k: n for k, n in untrimmed.items() if k[0] in present})
     expected = untrimmed + _listed(plan, "carried", epoch - 1)
     expected.subtract(_listed(plan, "epochs", epoch))
     expected.subtract(_listed(plan, "carried", epoch))
     return expected
 
 
-def leftover_problems(plan: dict, epoch: int, untrimmed: Counter) -> list[str]:
-    """Each bucket's trim and carry must be the counts re-derived from the settings, and only
-    ids of that bucket."""
+def leftover_problems(plan: dict, epoch: int, untrimmed: Counter,
+                      present: dict[str, Presence] | None = None) -> list[str]:
+    """Each bucket's trim and carry must be the counts re-derived from the settings (counted
+    from the epoch its dataset joined; none before), and only ids of that bucket."""
     problems = []
     for dataset_id, d in plan["datasets"].items():
         e = effective_batch(plan, d)
@@ -145,13 +172,15 @@ def leftover_problems(plan: dict, epoch: int, untrimmed: Counter) -> list[str]:
             for key in sorted(set(listed) - set(d["buckets"])):
                 problems.append(f"epoch {epoch}: dataset '{dataset_id}': lists unknown bucket "
                                 f"{key}")
+        joined = Presence(0, 0) if present is None else present.get(dataset_id)
         for key, ids in d["buckets"].items():
-            problems += _bucket_leftover_problems(plan, epoch, untrimmed, dataset_id, key, e)
+            problems += _bucket_leftover_problems(plan, epoch, untrimmed, dataset_id, key, e,
+                                                  joined)
     return problems
 
 
 def _bucket_leftover_problems(plan: dict, epoch: int, untrimmed: Counter, dataset_id: str,
-                              key: str, e: int) -> list[str]:
+                              key: str, e: int, joined: Presence | None) -> list[str]:
     d = plan["datasets"][dataset_id]
     total, extended = bucket_occurrences(len(d["buckets"][key]), d, e)
     problems = []
@@ -159,12 +188,13 @@ def _bucket_leftover_problems(plan: dict, epoch: int, untrimmed: Counter, datase
         problems.append(f"dataset '{dataset_id}' bucket {key}: plan and settings disagree on "
                         "whether oversubscription extends it")
     where = f"epoch {epoch}: dataset '{dataset_id}' bucket {key}"
-    leftovers = expected_leftovers(d, total, e, extended, epoch + 1)
-    carried_in = leftovers[epoch - 1][1] if epoch else 0
+    nth = epoch - joined.first_epoch if joined else 0  # epochs since the dataset joined
+    leftovers = expected_leftovers(d, total, e, extended, nth + 1)
+    carried_in = leftovers[nth - 1][1] if nth else 0
     trimmed = plan["epochs"][str(epoch)].get(dataset_id, {}).get(key, [])
     carried = plan["carried"][str(epoch)].get(dataset_id, {}).get(key, [])
-    want_trimmed, want_carried = leftovers[epoch]
-    rule = tail_rule(d, extended)
+    want_trimmed, want_carried = leftovers[nth] if joined else (0, 0)
+    rule = tail_rule(d, extended) if joined else None
     if len(trimmed) != want_trimmed:
         problems.append(f"{where}: {len(trimmed)} occurrences trimmed, expected {total} mod "
                         f"E={e} = {want_trimmed}" if rule == "trim" else
@@ -271,15 +301,19 @@ def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
         problems.append(f"traces contain epochs {extra} that the plan does not cover")
     summaries = []
     untrimmed = untrimmed_occurrences(plan)
+    presence = expected_presence(plan, max(planned, default=-1) + 1,
+                                 lambda dataset_id, nth: dataset_steps(plan, dataset_id, nth))
     for epoch in planned:
         per_rank = {rank: [r for r in records if r["epoch"] == epoch]
                     for rank, records in sorted(traces.items())}
+        present = presence[epoch]
         problems.extend(_lockstep_problems(epoch, per_rank))
-        problems.extend(leftover_problems(plan, epoch, untrimmed))
+        problems.extend(leftover_problems(plan, epoch, untrimmed, present))
         problems.extend(carried_first_problems(plan, epoch, per_rank))
+        problems.extend(schedule_problems(plan, epoch, per_rank, present))
         got = Counter((r["dataset"], r["bucket"], s) for records in per_rank.values()
                       for r in records if not r.get("stand_in") for s in r["samples"])
-        expected = expected_occurrences(plan, epoch, untrimmed)
+        expected = expected_occurrences(plan, epoch, untrimmed, present)
         keys = set(got) | set(expected)
         summaries.append(EpochSummary(
             epoch=epoch,

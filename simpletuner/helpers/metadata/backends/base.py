@@ -256,11 +256,11 @@ class MetadataBackend:
                            ds.bucket_tail or self.training.bucket_tail)
 
     def split_buckets_between_processes(self, index: DatasetIndex, *, seed: int, epoch: int,
-                                        processes: int, rank: int,
-                                        accumulation: int) -> dict[str, BucketSlice]:
+                                        processes: int, rank: int, accumulation: int,
+                                        first_epoch: int = 0) -> dict[str, BucketSlice]:
         """This rank's slice of each bucket in ``epoch`` (pure; see split.py)."""
         return split_dataset(self.split_spec(index), seed=seed, epoch=epoch, processes=processes,
-                             rank=rank, accumulation=accumulation)
+                             rank=rank, accumulation=accumulation, first_epoch=first_epoch)
 
     @staticmethod
     def resolve_shared_seed(configured: int | None, accelerator) -> int:

@@ -1,0 +1,61 @@
+"""Checks of the dataset schedule (probability, start_epoch, start_step) and of prior
+preservation (is_regularisation_data) across the datasets and config.json, before heavy work."""
+
+from __future__ import annotations
+
+from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.options import TrainingConfig
+
+SCHEDULE_KEYS = ("probability", "start_epoch", "start_step", "is_regularisation_data")
+
+
+def _label(ds: DatasetConfig) -> str:
+    return f"dataset '{ds.id}'"
+
+
+def _starts_at_once(ds: DatasetConfig) -> bool:
+    return ds.start_epoch <= 1 and ds.start_step <= 1
+
+
+def check_dataset_schedule(datasets: list[DatasetConfig], training: TrainingConfig | None,
+                           where: str, problems: list[str]) -> None:
+    """Every problem of the schedule keys at once: where each applies, what never starts."""
+    training_sets = [ds for ds in datasets if ds.dataset_type != "eval"]
+    for ds in datasets:
+        if ds.dataset_type == "eval":
+            set_keys = [key for key in SCHEDULE_KEYS
+                        if getattr(ds, key) != DatasetConfig.__dataclass_fields__[key].default]
+            if set_keys:
+                problems.append(f"{where}: {_label(ds)}: {', '.join(set_keys)} shape training; "
+                                "an 'eval' dataset evaluates every sample at each evaluation. "
+                                "Remove them.")
+        elif ds.probability == 0:
+            problems.append(f"{where}: {_label(ds)}: probability 0 would never draw it; set "
+                            "'disabled': true to leave it out, or a probability above 0 (at "
+                            "most 1: the odds relative to the other datasets)")
+    if training_sets and not any(_starts_at_once(ds) for ds in training_sets):
+        starts = "; ".join(f"'{ds.id}' start_epoch {ds.start_epoch}, start_step "
+                           f"{ds.start_step}" for ds in training_sets)
+        problems.append(f"{where}: no training dataset starts at the first step ({starts}); "
+                        "give at least one start_epoch 1 and start_step 0 (the defaults)")
+    if training is not None:
+        _check_against_training(training_sets, training, where, problems)
+
+
+def _check_against_training(datasets: list[DatasetConfig], training: TrainingConfig,
+                            where: str, problems: list[str]) -> None:
+    for ds in datasets:
+        if ds.is_regularisation_data and training.model_type != "lora":
+            problems.append(f"{where}: {_label(ds)}: is_regularisation_data takes the base "
+                            "model's prediction as the target, which needs model_type 'lora' "
+                            f"(the adapter turned off); model_type is '{training.model_type}'. "
+                            "Train a LoRA, or remove is_regularisation_data.")
+        steps, epochs = training.max_train_steps, training.num_train_epochs
+        if steps is not None and ds.start_step > steps:
+            problems.append(f"{where}: {_label(ds)}: start_step {ds.start_step} is after the "
+                            f"last step (max_train_steps {steps}), so it would never be "
+                            "trained; lower start_step or raise max_train_steps")
+        if steps is None and epochs is not None and ds.start_epoch > epochs:
+            problems.append(f"{where}: {_label(ds)}: start_epoch {ds.start_epoch} is after the "
+                            f"last epoch (num_train_epochs {epochs}), so it would never be "
+                            "trained; lower start_epoch or raise num_train_epochs")

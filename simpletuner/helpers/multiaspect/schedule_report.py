@@ -1,0 +1,89 @@
+"""How `plan` shows the dataset schedule: each training dataset's probability (and its share of
+the odds), start_epoch and start_step, where it joins on the planned processes, and whether it
+is regularisation data. Pure arithmetic over the bucket index, as the sampler's timeline."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from simpletuner.helpers.metadata.epoch_counts import bucket_counts
+from simpletuner.helpers.metadata.split import DatasetSpec
+from simpletuner.helpers.multiaspect.dataset_schedule import (DatasetSchedule, DatasetTimeline,
+                                                              probability_share)
+
+
+def _groups_of(specs: dict[str, DatasetSpec], processes: int, accumulation: int):
+    def groups(dataset_id: str, epoch: int, first_epoch: int) -> int:
+        spec = specs[dataset_id]
+        eff = spec.effective_batch(processes, accumulation)
+        return sum(bucket_counts(len(ids), spec.repeats, eff, tail=spec.bucket_tail, epoch=epoch,
+                                 first_epoch=first_epoch,
+                                 allow_oversubscription=spec.allow_oversubscription
+                                 ).optimizer_steps for ids in spec.buckets.values())
+    return groups
+
+
+def _timeline(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
+              accumulation: int) -> DatasetTimeline:
+    """The sampler's timeline of the training datasets, from their specs."""
+    schedules = {ds.id: DatasetSchedule.of(ds) for ds in datasets if ds.dataset_type != "eval"}
+    by_id = {spec.dataset_id: spec for spec in specs if spec.dataset_id in schedules}
+    return DatasetTimeline(schedules, _groups_of(by_id, processes, accumulation))
+
+
+def schedule_first_epochs(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
+                          accumulation: int):
+    """(dataset id, epoch) -> the epoch it first joined, None before: for `plan
+    --num-processes` (evaluation datasets: 0)."""
+    timeline = _timeline(datasets, specs, processes, accumulation)
+
+    def first_epoch(dataset_id: str, epoch: int) -> int | None:
+        if dataset_id not in timeline.schedules:
+            return 0
+        return timeline.entry(epoch).first_epochs.get(dataset_id)
+    return first_epoch
+
+
+def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
+                     accumulation: int, max_train_steps: int | None,
+                     num_train_epochs: int | None) -> dict:
+    """dataset id -> its schedule keys, odds share, regularisation flag, and where it joins:
+    epoch (from 1, as start_epoch counts), that epoch's step and the optimizer step (from 1);
+    joins None when it would not start within the run's steps."""
+    training = [ds for ds in datasets if ds.dataset_type != "eval"]
+    timeline = _timeline(datasets, specs, processes, accumulation)
+    limit = max_train_steps
+    if limit is None:  # num_train_epochs (launch_checks asks for one of the two)
+        last = timeline.entry(max((num_train_epochs or 1) - 1, 0))
+        limit = last.steps_before + last.steps
+    first = timeline.first_epoch_by(limit)
+    share = probability_share(timeline.schedules)
+    found = {}
+    for ds in training:
+        epoch = first[ds.id]
+        joins = None
+        if epoch is not None:
+            entry = timeline.entry(epoch)
+            step = entry.joins[ds.id]
+            joins = {"epoch": epoch + 1, "step_of_epoch": step + 1,
+                     "optimizer_step": entry.steps_before + step + 1}
+        found[ds.id] = {"probability": ds.probability, "share": share[ds.id],
+                        "start_epoch": ds.start_epoch, "start_step": ds.start_step,
+                        "is_regularisation_data": ds.is_regularisation_data, "joins": joins}
+    return found
+
+
+def schedule_table(schedule: dict, processes: int, accumulation: int) -> str:
+    lines = [f"schedule over {processes} processes, gradient accumulation {accumulation}:"]
+    for dataset_id, d in schedule.items():
+        where = "never within the training steps"
+        if d["joins"] is not None:
+            j = d["joins"]
+            where = (f"joins epoch {j['epoch']} (trace epoch {j['epoch'] - 1}) at its step "
+                     f"{j['step_of_epoch']} (optimizer step {j['optimizer_step']})")
+        kind = "; regularisation (target: the base model's prediction)" if (
+            d["is_regularisation_data"]) else ""
+        lines.append(f"  dataset '{dataset_id}': probability {d['probability']:g} "
+                     f"({100 * d['share']:.1f}% of the odds), start_epoch {d['start_epoch']}, "
+                     f"start_step {d['start_step']}: {where}{kind}")
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""Prior preservation, SimpleTuner's ``is_regularisation_data``: a regularisation sample's
+target is the base model's own prediction (the LoRA adapter turned off) for the same noisy
+input, so training on it pulls the adapter towards changing nothing there.
+
+As in SimpleTuner the loss is otherwise unchanged: the family's objective (loss_type, its
+weights) between the adapted prediction and that target, each sample weighted like any other.
+SimpleTuner has no prior-loss weight (its ``prior_loss_weight`` went with DreamBooth's
+class-image loss in 2023); a micro-batch comes from one dataset, so it is all regularisation
+or none."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, ContextManager, Iterator
+
+import torch
+
+BaseModel = Callable[[], ContextManager]  # a context in which the network predicts as the base
+
+
+@contextmanager
+def adapter_turned_off(network: torch.nn.Module) -> Iterator[None]:
+    """``network`` (a diffusers model holding peft adapters) as the base model for the block."""
+    network.disable_adapters()
+    try:
+        yield
+    finally:
+        network.enable_adapters()
+
+
+def base_model_target(base_model: BaseModel, predict: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``predict()`` as the base model, without gradients: the regularisation target."""
+    with torch.no_grad(), base_model():
+        return predict().detach()
