@@ -31,7 +31,8 @@ def export_run(configuration, accelerator, adapter, network, prepared_network, e
     with failing_together("the export"):  # main rank only; the barrier on the way out
         if accelerator.is_main_process:
             if lora:
-                exported = export_lora(type(adapter), unwrapped, output_dir)
+                exported = export_lora(type(adapter), unwrapped, output_dir,
+                                       training.lora_format)
             else:
                 exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
                                                           output_dir)

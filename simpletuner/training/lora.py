@@ -16,6 +16,7 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
 from simpletuner.common.atomic import give_umask_modes, naming_path, staging_folder
+from simpletuner.training.lora_formats import write_comfyui_lora
 from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 
 LORA_DIR = "lora"
@@ -95,14 +96,18 @@ def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
     set_peft_model_state_dict(network, loaded)
 
 
-def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path) -> Path:
+def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
+                lora_format: str = "diffusers") -> Path:
     """Write output_dir/lora/pytorch_lora_weights.safetensors with the pipeline class's
     save_lora_weights (adapter config recorded as metadata, so lora_alpha survives), so that
-    ``pipeline.load_lora_weights(output_dir / "lora")`` puts the adapter on the base model.
-    The file appears complete or not at all; returns its path."""
+    ``pipeline.load_lora_weights(output_dir / "lora")`` puts the adapter on the base model;
+    lora_format 'comfyui': in the family's ComfyUI layout (lora_formats.py), which that call
+    converts back. The file appears complete or not at all; returns its path."""
     component = adapter_class.trainable_component
     final_dir = Path(output_dir) / LORA_DIR
     final_dir.mkdir(parents=True, exist_ok=True)
+    if lora_format == "comfyui":
+        return write_comfyui_lora(adapter_class.family, network, final_dir / LORA_WEIGHTS)
     staging = staging_folder(final_dir, ".lora-")
     try:
         with naming_path(final_dir / LORA_WEIGHTS):  # a full disk is named, not only its errno

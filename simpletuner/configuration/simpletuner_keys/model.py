@@ -79,10 +79,10 @@ MODEL_KEYS = {
     **ignored("pretrained_grounding_model_name_or_path", "used only with grounding, which is "
               "refused here"),
     # LoRA
-    **refused("lora_type", "LyCORIS is not supported here; use lora_type 'standard' (peft LoRA: "
-              "model_type 'lora', lora_rank, lora_alpha)", (None, "standard")),
-    **ignored("lycoris_config init_lokr_norm validation_lycoris_strength",
-              "used only with lora_type 'lycoris', which is refused here"),
+    **refused("init_lokr_norm", "remove it; LoKr starts from LyCORIS's own initialisation "
+              "here"),
+    **refused("validation_lycoris_strength", "remove it; validation applies the LyCORIS adapter "
+              "at its multiplier from lycoris_config", (None, 1, 1.0)),
     **refused("use_dora slider_lora_target", STANDARD_LORA),
     **refused("lora_init_type", STANDARD_LORA, (None, "default")),
     **refused("peft_lora_mode", STANDARD_LORA, (None, "standard")),
@@ -94,8 +94,6 @@ MODEL_KEYS = {
     **refused("assistant_lora_path", "remove it; assistant LoRAs are not supported here"),
     **ignored("assistant_lora_strength assistant_lora_inference_strength disable_assistant_lora",
               "used only with assistant_lora_path, which is refused here"),
-    **refused("lora_format", "remove it; the LoRA is saved in diffusers' format",
-              (None, "diffusers")),
     **refused("train_text_encoder", NO_TEXT_ENCODER_TRAINING),
     **ignored("text_encoder_lr freeze_encoder freeze_encoder_before freeze_encoder_after "
               "freeze_encoder_strategy "

@@ -1,0 +1,95 @@
+"""The adapter options checked before launch, torch-free: lora_type 'lycoris' and its
+lycoris_config file, lora_format against the family, and what LyCORIS is not combined with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from simpletuner.training.lora_layouts import comfyui_refusal
+
+LYCORIS_ALGOS = ("lora", "locon", "loha", "lokr", "full")
+# What LyCORIS's apply_preset accepts (lycoris.wrapper.VALID_PRESET_KEYS, less the
+# text-encoder and unet_ forms create_lycoris's own presets use: text encoders are frozen here).
+PRESET_KEYS = ("enable_conv", "target_module", "target_name", "module_algo_map",
+               "name_algo_map", "use_fnmatch", "exclude_name")
+_NUMBERS = ("multiplier", "linear_dim", "linear_alpha", "conv_dim", "conv_alpha", "factor",
+            "dropout", "rank_dropout", "module_dropout", "block_size", "constraint")
+
+
+class LycorisConfigError(ValueError):
+    """lycoris_config cannot be read or holds a value LyCORIS would not take."""
+
+
+def read_lycoris_config(path: str | Path) -> dict[str, Any]:
+    """The lycoris_config JSON object, every problem in it named in one LycorisConfigError."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise LycorisConfigError(f"lycoris_config {path} cannot be read ({exc.strerror}); "
+                                 "point it at a JSON file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LycorisConfigError(f"lycoris_config {path} is not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise LycorisConfigError(f"lycoris_config {path} must hold a JSON object")
+    problems = _config_problems(config)
+    if problems:
+        raise LycorisConfigError(f"lycoris_config {path}: " + "; ".join(problems))
+    return config
+
+
+def _config_problems(config: dict[str, Any]) -> list[str]:
+    problems = []
+    algo = config.get("algo")
+    if algo not in LYCORIS_ALGOS:
+        problems.append(f"'algo' is {algo!r}; use one of {', '.join(LYCORIS_ALGOS)}")
+    for key in _NUMBERS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            problems.append(f"'{key}' is {value!r}; it must be a number")
+    preset = config.get("apply_preset", {})
+    if not isinstance(preset, dict):
+        problems.append("'apply_preset' must be a JSON object")
+    else:
+        unknown = sorted(set(preset) - set(PRESET_KEYS))
+        if unknown:
+            problems.append(f"'apply_preset' has keys {unknown} that LyCORIS does not take; "
+                            f"use {', '.join(PRESET_KEYS)}")
+    if isinstance(config.get("preset"), str) and config["preset"] not in ("full",):
+        problems.append("'preset' names a LyCORIS preset; describe the modules in "
+                        "'apply_preset' instead")
+    return problems
+
+
+def adapter_problems(training) -> list[str]:
+    """Each problem with the adapter options of ``training`` (a TrainingConfig)."""
+    problems = []
+    if training.lora_format == "comfyui" and training.lora_type == "standard":
+        refusal = comfyui_refusal(training.model_family)
+        if refusal:
+            problems.append(f"key 'lora_format': {refusal}")
+    if training.lora_type != "lycoris":
+        if training.lycoris_config is not None and training.model_type == "lora":
+            problems.append("key 'lycoris_config' is set but lora_type is 'standard'; set "
+                            "lora_type to 'lycoris' to use it, or remove it")
+        return problems
+    if training.model_type != "lora":
+        problems.append("key 'lora_type' is 'lycoris' but model_type is "
+                        f"'{training.model_type}'; set model_type to 'lora'")
+    if training.lycoris_config is None:
+        problems.append("key 'lora_type' is 'lycoris' but lycoris_config is not set; point it "
+                        "at a JSON file with algo, linear_dim, linear_alpha, ...")
+    else:
+        try:
+            read_lycoris_config(training.lycoris_config)
+        except LycorisConfigError as exc:
+            problems.append(f"key 'lycoris_config': {exc}")
+    if training.fsdp_enable:
+        problems.append("lora_type 'lycoris' is not supported with fsdp_enable here (LyCORIS's "
+                        "modules sit outside the sharded blocks); use DDP (fsdp_enable false)")
+    if training.base_model_precision != "no_change":
+        problems.append("lora_type 'lycoris' is not supported with a quantized base here; set "
+                        "base_model_precision to 'no_change' or use lora_type 'standard'")
+    return problems
