@@ -17,6 +17,8 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
 from simpletuner.common.atomic import give_umask_modes, naming_path, staging_folder
 from simpletuner.training.lora_formats import write_comfyui_lora
+from simpletuner.training.lycoris_adapter import (load_lycoris_state, lycoris_of,
+                                                   lycoris_state_dict)
 from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 
 LORA_DIR = "lora"
@@ -72,7 +74,10 @@ def add_lora(network: torch.nn.Module, adapter_class, *, rank: int, alpha: float
 
 
 def adapter_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's weights only, peft key names, detached contiguous copies."""
+    """The adapter's weights only, peft key names (LyCORIS's for a LyCORIS adapter), detached
+    contiguous copies."""
+    if lycoris_of(network) is not None:
+        return lycoris_state_dict(network)
     return {name: tensor.detach().contiguous().clone()
             for name, tensor in get_peft_model_state_dict(network).items()}
 
@@ -86,6 +91,9 @@ def save_adapter_weights(network: torch.nn.Module, path: Path) -> None:
 def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
     """Load what save_adapter_weights wrote into a network that has the same adapter."""
     loaded = load_tensors(Path(path))  # refuses damaged and non-finite files
+    if lycoris_of(network) is not None:
+        load_lycoris_state(network, loaded, Path(path))
+        return
     expected = set(get_peft_model_state_dict(network))
     if set(loaded) != expected:
         missing, extra = sorted(expected - set(loaded)), sorted(set(loaded) - expected)
