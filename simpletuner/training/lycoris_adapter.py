@@ -6,7 +6,8 @@ The LycorisNetwork becomes the submodule ``lycoris`` of the trained network, so 
 EMA, gradient clipping and DDP see its parameters as the network's own (its modules keep the
 wrapped layers in lists, so nothing is registered twice). Checkpoints and the export hold its
 state dict: keys ``lycoris_<module path>.<algo tensor>``, the layout LyCORIS's
-create_lycoris_from_weights and ComfyUI read."""
+create_lycoris_from_weights and ComfyUI read. lycoris-lora is an extra (simpletuner[lycoris]),
+imported only when a LyCORIS adapter is built."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from lycoris import LycorisNetwork, create_lycoris
 from safetensors.torch import save_file
 
 from simpletuner.common.atomic import atomic_write_with, naming_path
@@ -34,23 +34,26 @@ class LycorisTargetError(ValueError):
 
 
 @contextmanager
-def _preset(preset: dict | None):
-    saved = {name: getattr(LycorisNetwork, name) for name in _PRESET_ATTRIBUTES}
+def _preset(network_class, preset: dict | None):
+    saved = {name: getattr(network_class, name) for name in _PRESET_ATTRIBUTES}
     try:
         if preset:
-            LycorisNetwork.apply_preset(preset)
+            network_class.apply_preset(preset)
         yield
     finally:
         for name, value in saved.items():
-            setattr(LycorisNetwork, name, value)
+            setattr(network_class, name, value)
 
 
-def add_lycoris(network: torch.nn.Module, config: dict, family: str) -> LycorisNetwork:
+def add_lycoris(network: torch.nn.Module, config: dict, family: str) -> torch.nn.Module:
     """Freeze ``network`` and apply the LyCORIS adapter ``config`` (lycoris_config's object)
-    describes; afterwards only the adapter's parameters require grad."""
+    describes; afterwards only the adapter's parameters require grad. Returns the
+    LycorisNetwork."""
+    from lycoris import LycorisNetwork, create_lycoris
+
     network.requires_grad_(False)
     options = {k: v for k, v in config.items() if k not in _CALL_KEYS}
-    with _preset(config.get("apply_preset")):
+    with _preset(LycorisNetwork, config.get("apply_preset")):
         lycoris = create_lycoris(network, float(config.get("multiplier", 1.0)),
                                  linear_dim=config.get("linear_dim", 4),
                                  linear_alpha=config.get("linear_alpha", 1),
@@ -67,9 +70,9 @@ def add_lycoris(network: torch.nn.Module, config: dict, family: str) -> LycorisN
     return lycoris
 
 
-def lycoris_of(network: torch.nn.Module) -> LycorisNetwork | None:
-    module = getattr(network, SUBMODULE, None)
-    return module if isinstance(module, LycorisNetwork) else None
+def lycoris_of(network: torch.nn.Module) -> torch.nn.Module | None:
+    """The LycorisNetwork add_lycoris put on ``network``, or None (a peft LoRA)."""
+    return network._modules.get(SUBMODULE)  # a submodule only, never a diffusers attribute
 
 
 def lycoris_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:

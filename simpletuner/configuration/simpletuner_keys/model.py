@@ -6,7 +6,8 @@ from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
 
 SINGLE_MODEL_FOLDER = ("remove it; every component comes from the diffusers folder in "
                        "pretrained_model_name_or_path (assemble one folder with the parts you want)")
-STANDARD_LORA = "remove it; LoRA here is standard peft LoRA (model_type 'lora', lora_rank, ...)"
+STANDARD_LORA = ("remove it; LoRA here is peft LoRA (model_type 'lora', lora_rank, ...) or "
+                 "LyCORIS (lora_type 'lycoris')")
 NO_TEXT_ENCODER_TRAINING = "remove it; text encoders are frozen and their embeddings cached"
 MEMORY_ONLY = ("accepted; memory placement here is frozen_components_after_caching, "
                "gradient_checkpointing and fsdp_*; the trained result is the same")

@@ -3,6 +3,7 @@ lycoris_config file, lora_format against the family, and what LyCORIS is not com
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,9 @@ def adapter_problems(training) -> list[str]:
     if training.model_type != "lora":
         problems.append("key 'lora_type' is 'lycoris' but model_type is "
                         f"'{training.model_type}'; set model_type to 'lora'")
+    if importlib.util.find_spec("lycoris") is None:
+        problems.append("lora_type 'lycoris' needs the lycoris-lora library: pip install "
+                        "'simpletuner[lycoris]'")
     if training.lycoris_config is None:
         problems.append("key 'lora_type' is 'lycoris' but lycoris_config is not set; point it "
                         "at a JSON file with algo, linear_dim, linear_alpha, ...")
