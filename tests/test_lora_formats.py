@@ -44,7 +44,11 @@ REFERENCE_LAYOUTS = {
     "z_image": (r"diffusion_model\.(layers|noise_refiner|context_refiner)\.\d+\.attention\."
                 r"(to_q|to_k|to_v|to_out\.0)", _DOWN_UP),
     "wan": (r"diffusion_model\.blocks\.\d+\.(self_attn|cross_attn)\.(q|k|v|o)", _DOWN_UP),
+    "flux2": (r"diffusion_model\.(double_blocks\.\d+\.img_attn\.(qkv|proj)|single_blocks\.\d+\."
+              r"linear1)", (r"\.lora_A\.weight", r"\.lora_B\.weight")),
 }
+# Modules whose LoRA the file holds inside another's: FLUX.2 fuses k and v into q's img_attn.qkv.
+MERGED = {"flux2": r"transformer_blocks\.\d+\.attn\.to_(k|v)"}
 
 
 def _image(folder: Path, adapter, lora_folder: Path | None) -> np.ndarray:
@@ -78,6 +82,7 @@ class ComfyUIFormatTest(TinyModelCase):
         with safe_open(str(path), "pt") as handle:
             keys, metadata = list(handle.keys()), handle.metadata()
             alphas = [handle.get_tensor(k).item() for k in keys if k.endswith(".alpha")]
+            fused = [handle.get_tensor(k).shape[0] for k in keys if ".qkv.lora_A" in k]
         modules = set()
         for key in keys:
             match = re.fullmatch(f"({module_pattern})({'|'.join(suffixes)})", key)
@@ -86,6 +91,7 @@ class ComfyUIFormatTest(TinyModelCase):
         self.assertEqual(len(modules), adapted_modules)
         self.assertEqual(len(keys), len(suffixes) * adapted_modules)
         self.assertTrue(all(alpha == ALPHA for alpha in alphas), alphas[:3])
+        self.assertTrue(all(r == 3 * RANK for r in fused), fused)  # q, k and v stacked
         self.assertEqual(metadata["ss_network_dim"], str(RANK))
 
     def test_each_family_file_loads_in_diffusers_as_the_diffusers_file(self):
@@ -93,11 +99,12 @@ class ComfyUIFormatTest(TinyModelCase):
             with self.subTest(family=family):
                 adapter = self._adapted(family)
                 network, adapter_class = adapter.trainable, type(adapter)
-                adapted = sum(1 for m in network.modules() if hasattr(m, "lora_A"))
+                adapted = [n for n, m in network.named_modules() if hasattr(m, "lora_A")]
+                merged = [n for n in adapted if re.fullmatch(MERGED.get(family, "$^"), n)]
                 diffusers_file = export_lora(adapter_class, network, self.output / family / "d")
                 comfyui_file = export_lora(adapter_class, network, self.output / family / "c",
                                            "comfyui")
-                self._assert_layout(family, comfyui_file, adapted)
+                self._assert_layout(family, comfyui_file, len(adapted) - len(merged))
                 folder = ensure_builtin_model(f"tiny-{family}")
                 base = _image(folder, adapter, None)
                 expected = _image(folder, adapter, diffusers_file.parent)

@@ -1,5 +1,5 @@
 """The adapter options checked before launch, torch-free: lora_type 'lycoris' and its
-lycoris_config file, lora_format against the family, and what LyCORIS is not combined with."""
+lycoris_config file, and what LyCORIS is not combined with."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import importlib.util
 import json
 from pathlib import Path
 from typing import Any
-
-from simpletuner.training.lora_layouts import comfyui_refusal
 
 LYCORIS_ALGOS = ("lora", "locon", "loha", "lokr", "full")
 # What LyCORIS's apply_preset accepts (lycoris.wrapper.VALID_PRESET_KEYS, less the
@@ -67,10 +65,6 @@ def _config_problems(config: dict[str, Any]) -> list[str]:
 def adapter_problems(training) -> list[str]:
     """Each problem with the adapter options of ``training`` (a TrainingConfig)."""
     problems = []
-    if training.lora_format == "comfyui" and training.lora_type == "standard":
-        refusal = comfyui_refusal(training.model_family)
-        if refusal:
-            problems.append(f"key 'lora_format': {refusal}")
     if training.lora_type != "lycoris":
         if training.lycoris_config is not None and training.model_type == "lora":
             problems.append("key 'lycoris_config' is set but lora_type is 'standard'; set "
