@@ -78,6 +78,13 @@ class AdapterOptionsTest(unittest.TestCase):
         self.assertIn("lora_format", message)
         self.assertIn("'comfyui'", message)
 
+    def test_init_lora_needs_a_lora_run_and_a_file(self):
+        message = self.problems("init-full", init_lora=str(self.root / "absent.safetensors"))
+        self.assertIn("key 'init_lora' is set but model_type is 'full'", message)
+        message = self.problems("init-absent", model_type="lora",
+                                init_lora=str(self.root / "absent.safetensors"))
+        self.assertIn("absent.safetensors is not a file", message)
+
     def test_simpletuner_lycoris_keys_that_ask_for_something_are_refused(self):
         message = self.problems("strength", model_type="lora", validation_lycoris_strength=0.5,
                                 init_lokr_norm=0.001)

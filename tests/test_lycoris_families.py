@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from model_fixtures import TinyModelCase, random_batch
+from model_fixtures import TinyModelCase, network_prediction, random_batch, train_adapter
 from simpletuner.training.lycoris_adapter import LycorisTargetError, add_lycoris, write_lycoris
 
 FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "flux", "chroma", "qwen_image", "z_image", "flux2",
@@ -28,31 +28,6 @@ class LycorisFamiliesTest(TinyModelCase):
     def setUp(self):
         self.output = Path(self.enterContext(tempfile.TemporaryDirectory()))
 
-    def prediction(self, adapter, batch) -> torch.Tensor:
-        """The trained network's output inside the family's loss, for a fixed noise draw."""
-        captured = []
-
-        def keep(module, inputs, output):
-            sample = output[0]  # Z-Image returns one tensor per image
-            captured.append(torch.cat([t.flatten() for t in sample]) if isinstance(sample, list)
-                            else sample.detach().clone())
-
-        hook = adapter.trainable.register_forward_hook(keep)
-        try:
-            with torch.no_grad():
-                adapter.compute_loss(batch, torch.Generator().manual_seed(11))
-        finally:
-            hook.remove()
-        return captured[0]
-
-    def train(self, adapter, batch, steps: int = 2):
-        parameters = [p for p in adapter.trainable.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(parameters, lr=1e-2)
-        for step in range(steps):
-            adapter.compute_loss(batch, torch.Generator().manual_seed(step)).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
     def test_the_export_puts_the_trained_adapter_on_a_fresh_base(self):
         from lycoris import create_lycoris_from_weights
 
@@ -61,19 +36,19 @@ class LycorisFamiliesTest(TinyModelCase):
                 with self.subTest(family=family, algo=algo):
                     trained = self.load(family)
                     batch = random_batch(trained, 2, seed=0, prompts=("a", "b"))
-                    base = self.prediction(trained, batch)
+                    base = network_prediction(trained, batch)
                     torch.manual_seed(0)
                     add_lycoris(trained.trainable, config, family)
-                    self.train(trained, batch)
+                    train_adapter(trained, batch)
                     path = write_lycoris(trained.trainable, config, family,
                                          self.output / f"{family}-{algo}.safetensors")
                     fresh = self.load(family)
                     network, _ = create_lycoris_from_weights(1.0, str(path), fresh.trainable)
                     network.apply_to()
                     self.assertEqual(len(network.loras), len(trained.trainable.lycoris.loras))
-                    expected = self.prediction(trained, batch)
+                    expected = network_prediction(trained, batch)
                     self.assertGreater((expected - base).abs().max().item(), 1e-5)
-                    got = self.prediction(fresh, batch)
+                    got = network_prediction(fresh, batch)
                     self.assertLessEqual((got - expected).abs().max().item(), 1e-5)
 
     def test_a_preset_that_selects_nothing_names_the_module_classes(self):

@@ -63,6 +63,10 @@ class TrainingConfig:
         "diffusers", help="the exported LoRA file's key layout: diffusers (peft keys) or "
         "comfyui (kohya lora_unet_ for SD 1.x/2.x/XL, the transformer./diffusion_model. layout "
         "ComfyUI reads for the DiT families, alpha beside each module)")
+    init_lora: str | None = option(
+        None, help="a LoRA file the adapter starts from (any layout diffusers' "
+        "load_lora_weights reads: diffusers, comfyui, kohya; a LyCORIS file for lora_type "
+        "lycoris); its rank and modules must be the run's; a resumed run ignores it")
     base_model_precision: Precision = option(
         "no_change", help="quantize the frozen network under a LoRA (torchao, optimum-quanto or "
         "bitsandbytes); no_change = mixed_precision's dtype for LoRA, float32 for full")

@@ -34,6 +34,7 @@ from simpletuner.training.checkpointing.checkpointer import Checkpointer, Traine
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
 from simpletuner.training.adapters import add_adapter
+from simpletuner.training.lora_init import init_adapter
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
@@ -154,6 +155,8 @@ class Trainer:
                 with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
                     torch.manual_seed(stable_seed("lora init", self.seed) & (2**63 - 1))
                     add_adapter(adapter.trainable, type(adapter), training)
+            if training.init_lora is not None and self.preflight.resume_from is None:
+                init_adapter(adapter, training.init_lora)
             adapter.set_gradient_checkpointing(training.gradient_checkpointing)
         return adapter
 

@@ -89,9 +89,8 @@ MODEL_KEYS = {
     **refused("peft_lora_mode", STANDARD_LORA, (None, "standard")),
     **ignored("singlora_ramp_up_steps", "used only with peft_lora_mode 'singlora', which is "
               "refused here"),
-    **refused("init_lora", "remove it; a LoRA starts from zero here (resume_from_checkpoint "
-              "continues a run)"),
-    **ignored("init_lora_step init_lora_ema", "used only with init_lora, which is refused here"),
+    **refused("init_lora_step init_lora_ema", "remove it; init_lora names the one LoRA file "
+              "the adapter starts from"),
     **refused("assistant_lora_path", "remove it; assistant LoRAs are not supported here"),
     **ignored("assistant_lora_strength assistant_lora_inference_strength disable_assistant_lora",
               "used only with assistant_lora_path, which is refused here"),

@@ -65,6 +65,13 @@ def _config_problems(config: dict[str, Any]) -> list[str]:
 def adapter_problems(training) -> list[str]:
     """Each problem with the adapter options of ``training`` (a TrainingConfig)."""
     problems = []
+    if training.init_lora is not None:
+        if training.model_type != "lora":
+            problems.append("key 'init_lora' is set but model_type is "
+                            f"'{training.model_type}'; set model_type to 'lora'")
+        elif not Path(training.init_lora).is_file():
+            problems.append(f"key 'init_lora': {training.init_lora} is not a file; point it at "
+                            "a LoRA .safetensors file")
     if training.lora_type != "lycoris":
         if training.lycoris_config is not None and training.model_type == "lora":
             problems.append("key 'lycoris_config' is set but lora_type is 'standard'; set "
