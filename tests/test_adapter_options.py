@@ -61,12 +61,15 @@ class AdapterOptionsTest(unittest.TestCase):
                                 lycoris_config=self.lycoris_file("notjson", "{algo: lokr"))
         self.assertIn("is not JSON", message)
 
-    def test_lycoris_with_fsdp_or_a_quantized_base_is_refused(self):
+    def test_lycoris_with_fsdp_or_a_torchao_base_without_bypass_mode_is_refused(self):
         path = self.lycoris_file("good", {"algo": "lokr", "factor": 4})
         message = self.problems("fsdp", **LYCORIS, lycoris_config=path, fsdp_enable=True,
-                                base_model_precision="int8-quanto")
+                                base_model_precision="int8-torchao")
         self.assertIn("not supported with fsdp_enable", message)
-        self.assertIn("base_model_precision to 'no_change'", message)
+        self.assertIn("needs \"bypass_mode\": true in lycoris_config", message)
+        message = self.problems("nf4", **LYCORIS, lycoris_config=path,
+                                base_model_precision="nf4-bnb")
+        self.assertIn("not supported with base_model_precision 'nf4-bnb'", message)
 
     def test_a_lycoris_config_without_lora_type_lycoris_is_refused(self):
         path = self.lycoris_file("unused", {"algo": "lokr"})

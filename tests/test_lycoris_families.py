@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from model_fixtures import TinyModelCase, network_prediction, random_batch, train_adapter
+from simpletuner.training.checkpointing.tensor_files import save_tensors
 from simpletuner.training.lycoris_adapter import LycorisTargetError, add_lycoris, write_lycoris
 
 FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "flux", "chroma", "qwen_image", "z_image", "flux2",
@@ -50,6 +51,34 @@ class LycorisFamiliesTest(TinyModelCase):
                     self.assertGreater((expected - base).abs().max().item(), 1e-5)
                     got = network_prediction(fresh, batch)
                     self.assertLessEqual((got - expected).abs().max().item(), 1e-5)
+
+    def test_lokr_trains_on_a_quantized_base_and_loads_back(self):
+        """quanto's layers take LyCORIS's weight update; torchao's only in bypass mode (check
+        refuses the other)."""
+        from simpletuner.training.lora import adapter_state_dict, load_adapter_weights
+        from simpletuner.training.memory.quantization import PRECISIONS
+
+        for precision, bypass in (("int8-quanto", False), ("int8-torchao", True)):
+            with self.subTest(precision=precision):
+                config = dict(CONFIGS["lokr"], bypass_mode=bypass)
+                adapters = []
+                for _ in range(2):
+                    adapter = self.load("sd1x")
+                    PRECISIONS[precision].quantize(adapter.trainable.requires_grad_(False),
+                                                   torch.float32)
+                    add_lycoris(adapter.trainable, config, "sd1x")
+                    adapters.append(adapter)
+                trained, fresh = adapters
+                batch = random_batch(trained, 2, seed=0, prompts=("a", "b"))
+                base = network_prediction(trained, batch)
+                train_adapter(trained, batch)
+                expected = network_prediction(trained, batch)
+                path = self.output / f"{precision}.safetensors"
+                save_tensors(adapter_state_dict(trained.trainable), path)
+                load_adapter_weights(fresh.trainable, path)
+                self.assertGreater((expected - base).abs().max().item(), 1e-4)
+                self.assertLessEqual(
+                    (network_prediction(fresh, batch) - expected).abs().max().item(), 1e-6)
 
     def test_a_preset_that_selects_nothing_names_the_module_classes(self):
         adapter = self.load("sd1x")

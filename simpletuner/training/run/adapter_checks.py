@@ -88,13 +88,25 @@ def adapter_problems(training) -> list[str]:
                         "at a JSON file with algo, linear_dim, linear_alpha, ...")
     else:
         try:
-            read_lycoris_config(training.lycoris_config)
+            problems += _quantized_base_problems(training.base_model_precision,
+                                                 read_lycoris_config(training.lycoris_config))
         except LycorisConfigError as exc:
             problems.append(f"key 'lycoris_config': {exc}")
     if training.fsdp_enable:
         problems.append("lora_type 'lycoris' is not supported with fsdp_enable here (LyCORIS's "
                         "modules sit outside the sharded blocks); use DDP (fsdp_enable false)")
-    if training.base_model_precision != "no_change":
-        problems.append("lora_type 'lycoris' is not supported with a quantized base here; set "
-                        "base_model_precision to 'no_change' or use lora_type 'standard'")
     return problems
+
+
+def _quantized_base_problems(precision: str, config: dict) -> list[str]:
+    """LyCORIS adds its update to the layer's weight unless bypass_mode; torchao's quantized
+    weights take no addition, so they need bypass_mode (quanto's layers take either);
+    bitsandbytes' nf4 runs on CUDA only and is untested under LyCORIS here."""
+    if precision == "nf4-bnb":
+        return ["lora_type 'lycoris' is not supported with base_model_precision 'nf4-bnb' here; "
+                "use int8-quanto, int4-quanto or a torchao precision with bypass_mode"]
+    if precision.endswith("-torchao") and str(config.get("bypass_mode")).lower() != "true":
+        return [f"lora_type 'lycoris' on a base_model_precision '{precision}' base needs "
+                "\"bypass_mode\": true in lycoris_config (torchao's weights cannot take "
+                "LyCORIS's weight update; bypass mode adds its output instead)"]
+    return []
