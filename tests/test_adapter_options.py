@@ -61,11 +61,10 @@ class AdapterOptionsTest(unittest.TestCase):
                                 lycoris_config=self.lycoris_file("notjson", "{algo: lokr"))
         self.assertIn("is not JSON", message)
 
-    def test_lycoris_with_fsdp_or_a_torchao_base_without_bypass_mode_is_refused(self):
+    def test_lycoris_on_a_torchao_base_without_bypass_mode_or_on_nf4_is_refused(self):
         path = self.lycoris_file("good", {"algo": "lokr", "factor": 4})
-        message = self.problems("fsdp", **LYCORIS, lycoris_config=path, fsdp_enable=True,
+        message = self.problems("torchao", **LYCORIS, lycoris_config=path,
                                 base_model_precision="int8-torchao")
-        self.assertIn("not supported with fsdp_enable", message)
         self.assertIn("needs \"bypass_mode\": true in lycoris_config", message)
         message = self.problems("nf4", **LYCORIS, lycoris_config=path,
                                 base_model_precision="nf4-bnb")

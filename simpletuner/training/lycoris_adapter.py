@@ -65,9 +65,18 @@ def add_lycoris(network: torch.nn.Module, config: dict, family: str) -> torch.nn
             f"{sorted({type(m).__name__ for m in network.modules()})[:12]}) or its module "
             "paths in target_name")
     lycoris.apply_to()
+    lycoris.built_from = (dict(config), family)  # to build the same adapter on a copy
     network.add_module(SUBMODULE, lycoris)
     lycoris.requires_grad_(True)
     return lycoris
+
+
+def add_same_lycoris(source: torch.nn.Module, copy: torch.nn.Module) -> None:
+    """Put on ``copy`` (of the same class) the LyCORIS adapter ``source`` has, if it has one;
+    FSDP2's gathered copy for the export and validation is one."""
+    lycoris = lycoris_of(source)
+    if lycoris is not None:
+        add_lycoris(copy, *lycoris.built_from)
 
 
 def lycoris_of(network: torch.nn.Module) -> torch.nn.Module | None:

@@ -1,5 +1,5 @@
 """The adapter options checked before launch, torch-free: lora_type 'lycoris' and its
-lycoris_config file, and what LyCORIS is not combined with."""
+lycoris_config file (and the quantized bases it does not work on), init_lora's file."""
 
 from __future__ import annotations
 
@@ -92,9 +92,6 @@ def adapter_problems(training) -> list[str]:
                                                  read_lycoris_config(training.lycoris_config))
         except LycorisConfigError as exc:
             problems.append(f"key 'lycoris_config': {exc}")
-    if training.fsdp_enable:
-        problems.append("lora_type 'lycoris' is not supported with fsdp_enable here (LyCORIS's "
-                        "modules sit outside the sharded blocks); use DDP (fsdp_enable false)")
     return problems
 
 
