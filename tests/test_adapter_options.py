@@ -51,11 +51,11 @@ class AdapterOptionsTest(unittest.TestCase):
         self.assertIn("absent.json cannot be read", message)
 
     def test_each_bad_lycoris_config_value_is_named_with_the_file(self):
-        path = self.lycoris_file("bad", {"algo": "lokx", "linear_dim": "big",
+        path = self.lycoris_file("bad", {"algo": "lokx", "linear_dim": "big", "facotr": 16,
                                          "apply_preset": {"target_modules": ["Attention"]}})
         message = self.problems("bad", **LYCORIS, lycoris_config=path)
         for fragment in (path, "'algo' is 'lokx'", "lokr", "'linear_dim' is 'big'",
-                         "['target_modules']", "target_module"):
+                         "['target_modules']", "target_module", "keys ['facotr'] are not"):
             self.assertIn(fragment, message)
         message = self.problems("notjson", **LYCORIS,
                                 lycoris_config=self.lycoris_file("notjson", "{algo: lokr"))

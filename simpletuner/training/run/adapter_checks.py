@@ -13,6 +13,14 @@ LYCORIS_ALGOS = ("lora", "locon", "loha", "lokr", "full")
 # text-encoder and unet_ forms create_lycoris's own presets use: text encoders are frozen here).
 PRESET_KEYS = ("enable_conv", "target_module", "target_name", "module_algo_map",
                "name_algo_map", "use_fnmatch", "exclude_name")
+# Every key lycoris-lora's create_lycoris reads (4.1), and the four SimpleTuner reads itself: any
+# other is a typo LyCORIS would silently ignore.
+KNOWN_KEYS = ("algo", "multiplier", "linear_dim", "linear_alpha", "apply_preset", "preset",
+              "conv_dim", "conv_alpha", "factor", "dropout", "rank_dropout", "module_dropout",
+              "block_size", "bypass_mode", "constraint", "constrain", "decompose_both",
+              "disable_conv_cp", "dora_wd", "full_matrix", "rescaled", "train_llm_adapter",
+              "train_norm", "unbalanced_factorization", "use_conv_cp", "use_cp", "use_scalar",
+              "use_tucker", "wd_on_output", "weight_decompose")
 _NUMBERS = ("multiplier", "linear_dim", "linear_alpha", "conv_dim", "conv_alpha", "factor",
             "dropout", "rank_dropout", "module_dropout", "block_size", "constraint")
 
@@ -41,6 +49,9 @@ def read_lycoris_config(path: str | Path) -> dict[str, Any]:
 
 def _config_problems(config: dict[str, Any]) -> list[str]:
     problems = []
+    unknown = sorted(set(config) - set(KNOWN_KEYS))
+    if unknown:
+        problems.append(f"keys {unknown} are not LyCORIS options; use {', '.join(KNOWN_KEYS)}")
     algo = config.get("algo")
     if algo not in LYCORIS_ALGOS:
         problems.append(f"'algo' is {algo!r}; use one of {', '.join(LYCORIS_ALGOS)}")
