@@ -33,6 +33,7 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.manifest import CheckpointError
 from simpletuner.training.run.output_dir_claim import output_dir_claimed
 from simpletuner.training.lora import LoraTargetError
+from simpletuner.training.lycoris_adapter import LycorisTargetError
 from simpletuner.training.memory.sharding import ShardingError
 from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,
                                            EXIT_PREEMPTED, EXIT_TRAINED, Diverged, Preempted,
@@ -47,8 +48,8 @@ logger = logging.getLogger(__name__)
 # A RankFailure is one when every rank's error it reports is; any other error is a bug whose
 # traceback is logged and kept (common/error_report.py).
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
-                   ModelFolderError, LoraTargetError, CacheEntryError, CaptionError,
-                   CheckpointError, Preempted, Diverged, ShardingError)
+                   ModelFolderError, LoraTargetError, LycorisTargetError, CacheEntryError,
+                   CaptionError, CheckpointError, Preempted, Diverged, ShardingError)
 
 
 def build_accelerator(training, peer_timeout: float) -> Accelerator:

@@ -94,3 +94,32 @@ def losses_around_training(adapter, batch: TrainingBatch, *, lr: float,
         optimizer.step()
         optimizer.zero_grad()
     return before, evaluation_loss()
+
+
+def network_prediction(adapter, batch: TrainingBatch) -> torch.Tensor:
+    """The trained network's output inside the family's loss, for a fixed noise draw (a
+    Z-Image network returns one tensor per image: flattened together)."""
+    captured = []
+
+    def keep(module, inputs, output):
+        sample = output[0]
+        captured.append(torch.cat([t.flatten() for t in sample]) if isinstance(sample, list)
+                        else sample.detach().clone())
+
+    hook = adapter.trainable.register_forward_hook(keep)
+    try:
+        with torch.no_grad():
+            adapter.compute_loss(batch, torch.Generator().manual_seed(11))
+    finally:
+        hook.remove()
+    return captured[0]
+
+
+def train_adapter(adapter, batch: TrainingBatch, steps: int = 2, lr: float = 1e-2) -> None:
+    """``steps`` AdamW steps on the parameters that require grad (an adapter's)."""
+    parameters = [p for p in adapter.trainable.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=lr)
+    for step in range(steps):
+        adapter.compute_loss(batch, torch.Generator().manual_seed(step)).backward()
+        optimizer.step()
+        optimizer.zero_grad()

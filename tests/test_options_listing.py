@@ -31,7 +31,8 @@ class OptionsListingTest(unittest.TestCase):
                 self.assertIn(f"| `{f.name}` |", text, f"{cls.__name__}.{f.name}")
         self.assertIn("| `lr_scheduler` | one of 'linear', 'cosine',", text)
         self.assertIn("| `train_batch_size` | an integer (>= 1) | `1` |", text)
-        self.assertIn("| `lora_type` | `null`, `\"standard\"` | LyCORIS is not supported here", text)
+        self.assertIn("| `peft_lora_mode` | `null`, `\"standard\"` | remove it; LoRA here is peft "
+                      "LoRA", text)
         self.assertIn("| `checkpoint_step_interval` | `checkpointing_steps` (same meaning) |", text)
         self.assertIn("| `vae_cache_scan_behaviour` | accepted; caches are built once", text)
 

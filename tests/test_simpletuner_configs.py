@@ -15,7 +15,7 @@ from simpletuner.configuration import ConfigError, DatasetConfig, TrainingConfig
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
 
 SIMPLETUNER_CONFIG = {
-    "--model_family": "sdxl", "--model_type": "lora", "--lora_type": "lycoris",
+    "--model_family": "sdxl", "--model_type": "lora", "--peft_lora_mode": "singlora",
     "--model_flavour": "base", "--base_model_precision": "int8-quanto",
     "--quantize_via": "pipeline", "--optimizer": "adamw_schedulefree", "--report_to": "comet_ml",
     "--tread_config": {"routes": []},
@@ -53,7 +53,7 @@ class SimpleTunerConfigTest(unittest.TestCase):
     def test_each_unsupported_option_is_named_with_advice_and_no_suggestion(self):
         config = {k: v for k, v in SIMPLETUNER_CONFIG.items() if k != "--model_family"}
         problems = self.problems(config, [self.image_dataset(**SIMPLETUNER_DATASET)])
-        expected = {"lora_type": "LyCORIS is not supported", "quantize_via": "on the CPU",
+        expected = {"peft_lora_mode": "peft LoRA", "quantize_via": "on the CPU",
                     "tread_config": "TREAD", "push_to_hub": "nothing is uploaded",
                     "vae_cache_clear_each_epoch": "cached once and reused"}
         for key, advice in expected.items():

@@ -32,7 +32,7 @@ EXAMPLES = {
     "sd1x-dreamshaper.peft-lora": set(),
     "sd3.peft-lora": set(),
     "flux.peft-lora": set(),
-    "sdxl.lycoris-lokr": {"lora_type"},
+    "sdxl.lycoris-lokr": set(),
     "sdxl.peft-controlnet-lora": {"controlnet", "conditioning"},
     "sd3.peft-controlnet-lora": {"controlnet", "conditioning"},
     "flux.peft-controlnet-lora": {"controlnet", "conditioning", "flux_lora_target"},
@@ -65,6 +65,8 @@ def write_example(root: Path, name: str, config: dict, datasets: list) -> Path:
     config = {**config, "data_backend_config": str(backend),
               "output_dir": str(root / name / "output"),
               "pretrained_model_name_or_path": f"builtin:tiny-{config['model_family']}"}
+    if "lycoris_config" in config:  # the example's own file, beside it in the fixtures
+        config["lycoris_config"] = str(FIXTURES / "examples" / f"{name}.lycoris_config.json")
     path = root / f"{name}.config.json"
     path.write_text(json.dumps(config, ensure_ascii=False))
     return path

@@ -52,6 +52,21 @@ class TrainingConfig:
     lora_target_modules: list[str] | None = option(
         None, help="module name suffixes to adapt, e.g. ['to_q', 'to_v']; none = the family's "
         "attention projections")
+    lora_type: Literal["standard", "lycoris"] = option(
+        "standard", help="standard: peft LoRA; lycoris: the LyCORIS adapter lycoris_config "
+        "describes (lokr, loha, locon, lora, full), exported as a LyCORIS file")
+    lycoris_config: str | None = option(
+        None, help="with lora_type lycoris: a JSON file with algo, multiplier, linear_dim, "
+        "linear_alpha, factor, conv_dim, conv_alpha... and apply_preset (target_module, "
+        "target_name, module_algo_map, name_algo_map), as SimpleTuner's lycoris_config")
+    lora_format: Literal["diffusers", "comfyui"] = option(
+        "diffusers", help="the exported LoRA file's key layout: diffusers (peft keys) or "
+        "comfyui (kohya lora_unet_ for SD 1.x/2.x/XL, the transformer./diffusion_model. layout "
+        "ComfyUI reads for the DiT families, alpha beside each module)")
+    init_lora: str | None = option(
+        None, help="a LoRA file the adapter starts from (any layout diffusers' "
+        "load_lora_weights reads: diffusers, comfyui, kohya; a LyCORIS file for lora_type "
+        "lycoris); its rank and modules must be the run's; a resumed run ignores it")
     base_model_precision: Precision = option(
         "no_change", help="quantize the frozen network under a LoRA (torchao, optimum-quanto or "
         "bitsandbytes); no_change = mixed_precision's dtype for LoRA, float32 for full")

@@ -12,7 +12,7 @@ from pathlib import Path
 from simpletuner.common.atomic import atomic_write_text
 from simpletuner.common.together import failing_together
 from simpletuner.models.pipelines import export_pipeline
-from simpletuner.training.lora import export_lora
+from simpletuner.training.adapters import export_adapter
 from simpletuner.training.reporting.model_card import write_model_card
 from simpletuner.training.memory.sharding import network_on_main
 
@@ -31,7 +31,7 @@ def export_run(configuration, accelerator, adapter, network, prepared_network, e
     with failing_together("the export"):  # main rank only; the barrier on the way out
         if accelerator.is_main_process:
             if lora:
-                exported = export_lora(type(adapter), unwrapped, output_dir)
+                exported = export_adapter(type(adapter), unwrapped, output_dir, training)
             else:
                 exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
                                                           output_dir)

@@ -16,6 +16,9 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
 from simpletuner.common.atomic import give_umask_modes, naming_path, staging_folder
+from simpletuner.training.lora_formats import write_comfyui_lora
+from simpletuner.training.lycoris_adapter import (load_lycoris_state, lycoris_of,
+                                                   lycoris_state_dict)
 from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 
 LORA_DIR = "lora"
@@ -71,7 +74,10 @@ def add_lora(network: torch.nn.Module, adapter_class, *, rank: int, alpha: float
 
 
 def adapter_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's weights only, peft key names, detached contiguous copies."""
+    """The adapter's weights only, peft key names (LyCORIS's for a LyCORIS adapter), detached
+    contiguous copies."""
+    if lycoris_of(network) is not None:
+        return lycoris_state_dict(network)
     return {name: tensor.detach().contiguous().clone()
             for name, tensor in get_peft_model_state_dict(network).items()}
 
@@ -85,6 +91,9 @@ def save_adapter_weights(network: torch.nn.Module, path: Path) -> None:
 def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
     """Load what save_adapter_weights wrote into a network that has the same adapter."""
     loaded = load_tensors(Path(path))  # refuses damaged and non-finite files
+    if lycoris_of(network) is not None:
+        load_lycoris_state(network, loaded, Path(path))
+        return
     expected = set(get_peft_model_state_dict(network))
     if set(loaded) != expected:
         missing, extra = sorted(expected - set(loaded)), sorted(set(loaded) - expected)
@@ -95,14 +104,18 @@ def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
     set_peft_model_state_dict(network, loaded)
 
 
-def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path) -> Path:
+def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
+                lora_format: str = "diffusers") -> Path:
     """Write output_dir/lora/pytorch_lora_weights.safetensors with the pipeline class's
     save_lora_weights (adapter config recorded as metadata, so lora_alpha survives), so that
-    ``pipeline.load_lora_weights(output_dir / "lora")`` puts the adapter on the base model.
-    The file appears complete or not at all; returns its path."""
+    ``pipeline.load_lora_weights(output_dir / "lora")`` puts the adapter on the base model;
+    lora_format 'comfyui': in the family's ComfyUI layout (lora_formats.py), which that call
+    converts back. The file appears complete or not at all; returns its path."""
     component = adapter_class.trainable_component
     final_dir = Path(output_dir) / LORA_DIR
     final_dir.mkdir(parents=True, exist_ok=True)
+    if lora_format == "comfyui":
+        return write_comfyui_lora(adapter_class.family, network, final_dir / LORA_WEIGHTS)
     staging = staging_folder(final_dir, ".lora-")
     try:
         with naming_path(final_dir / LORA_WEIGHTS):  # a full disk is named, not only its errno

@@ -35,7 +35,8 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
-from simpletuner.training.lora import add_lora
+from simpletuner.training.adapters import add_adapter
+from simpletuner.training.lora_init import init_adapter
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
@@ -156,9 +157,9 @@ class Trainer:
                 # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
                 with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
                     torch.manual_seed(stable_seed("lora init", self.seed) & (2**63 - 1))
-                    add_lora(adapter.trainable, type(adapter), rank=training.lora_rank,
-                             alpha=training.lora_alpha, dropout=training.lora_dropout,
-                             target_modules=training.lora_target_modules)
+                    add_adapter(adapter.trainable, type(adapter), training)
+            if training.init_lora is not None and self.preflight.resume_from is None:
+                init_adapter(adapter, training.init_lora)
             adapter.set_gradient_checkpointing(training.gradient_checkpointing)
         return adapter
 

@@ -6,7 +6,8 @@ from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
 
 SINGLE_MODEL_FOLDER = ("remove it; every component comes from the diffusers folder in "
                        "pretrained_model_name_or_path (assemble one folder with the parts you want)")
-STANDARD_LORA = "remove it; LoRA here is standard peft LoRA (model_type 'lora', lora_rank, ...)"
+STANDARD_LORA = ("remove it; LoRA here is peft LoRA (model_type 'lora', lora_rank, ...) or "
+                 "LyCORIS (lora_type 'lycoris')")
 NO_TEXT_ENCODER_TRAINING = "remove it; text encoders are frozen and their embeddings cached"
 MEMORY_ONLY = ("accepted; memory placement here is frozen_components_after_caching, "
                "gradient_checkpointing and fsdp_*; the trained result is the same")
@@ -79,23 +80,20 @@ MODEL_KEYS = {
     **ignored("pretrained_grounding_model_name_or_path", "used only with grounding, which is "
               "refused here"),
     # LoRA
-    **refused("lora_type", "LyCORIS is not supported here; use lora_type 'standard' (peft LoRA: "
-              "model_type 'lora', lora_rank, lora_alpha)", (None, "standard")),
-    **ignored("lycoris_config init_lokr_norm validation_lycoris_strength",
-              "used only with lora_type 'lycoris', which is refused here"),
+    **refused("init_lokr_norm", "remove it; LoKr starts from LyCORIS's own initialisation "
+              "here"),
+    **refused("validation_lycoris_strength", "remove it; validation applies the LyCORIS adapter "
+              "at its multiplier from lycoris_config", (None, 1, 1.0)),
     **refused("use_dora slider_lora_target", STANDARD_LORA),
     **refused("lora_init_type", STANDARD_LORA, (None, "default")),
     **refused("peft_lora_mode", STANDARD_LORA, (None, "standard")),
     **ignored("singlora_ramp_up_steps", "used only with peft_lora_mode 'singlora', which is "
               "refused here"),
-    **refused("init_lora", "remove it; a LoRA starts from zero here (resume_from_checkpoint "
-              "continues a run)"),
-    **ignored("init_lora_step init_lora_ema", "used only with init_lora, which is refused here"),
+    **refused("init_lora_step init_lora_ema", "remove it; init_lora names the one LoRA file "
+              "the adapter starts from"),
     **refused("assistant_lora_path", "remove it; assistant LoRAs are not supported here"),
     **ignored("assistant_lora_strength assistant_lora_inference_strength disable_assistant_lora",
               "used only with assistant_lora_path, which is refused here"),
-    **refused("lora_format", "remove it; the LoRA is saved in diffusers' format",
-              (None, "diffusers")),
     **refused("train_text_encoder", NO_TEXT_ENCODER_TRAINING),
     **ignored("text_encoder_lr freeze_encoder freeze_encoder_before freeze_encoder_after "
               "freeze_encoder_strategy "

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from simpletuner.training.lora import add_lora
+from simpletuner.training.adapters import add_adapter
 from simpletuner.training.memory.optimizer_bytes import Trained, optimizer_state_bytes
 from simpletuner.training.memory.shards import WHOLE, RankPart
 from simpletuner.training.memory.weight_bytes import dtype_name, frozen_bytes
@@ -84,8 +84,7 @@ def meta_network(adapter_class, folder: Path, training) -> torch.nn.Module:
     with torch.device("meta"):
         network = cls.from_config(cls.load_config(folder / adapter_class.trainable_component))
         if training.model_type == "lora":
-            add_lora(network, adapter_class, rank=training.lora_rank, alpha=training.lora_alpha,
-                     dropout=training.lora_dropout, target_modules=training.lora_target_modules)
+            add_adapter(network, adapter_class, training)
     return network
 
 

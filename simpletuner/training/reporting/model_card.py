@@ -24,10 +24,15 @@ def _metadata(training) -> dict:
 
 
 def _usage(training, folder_name: str) -> str:
+    base = (f'pipeline = DiffusionPipeline.from_pretrained('
+            f'{json.dumps(training.pretrained_model_name_or_path)})\n')
+    if training.lora_type == "lycoris":
+        return (base + "from lycoris import create_lycoris_from_weights\n"
+                'network = pipeline.unet if hasattr(pipeline, "unet") else pipeline.transformer\n'
+                f'lycoris, _ = create_lycoris_from_weights(1.0, "{folder_name}/'
+                'pytorch_lora_weights.safetensors", network)\nlycoris.merge_to()')
     if training.model_type == "lora":
-        return (f'pipeline = DiffusionPipeline.from_pretrained('
-                f'{json.dumps(training.pretrained_model_name_or_path)})\n'
-                f'pipeline.load_lora_weights("{folder_name}")')
+        return base + f'pipeline.load_lora_weights("{folder_name}")'
     return f'pipeline = DiffusionPipeline.from_pretrained("{folder_name}")'
 
 
@@ -49,7 +54,9 @@ def model_card_text(training, summary: dict, datasets: list[str]) -> str:
         "mixed precision": training.mixed_precision, "EMA": training.use_ema,
         "datasets": ", ".join(datasets),
     }
-    if training.model_type == "lora":
+    if training.lora_type == "lycoris":
+        settings["LyCORIS config"] = training.lycoris_config
+    elif training.model_type == "lora":
         alpha = training.lora_alpha or training.lora_rank
         settings["LoRA rank / alpha"] = f"{training.lora_rank} / {alpha:g}"
     lines += ["---", "", f"# {training.model_family} fine-tune of "

@@ -17,6 +17,7 @@ from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.split import UndersizedBucketsError, check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.models.model_path import family_folder_problem, model_path_problem
+from simpletuner.training.run.adapter_checks import adapter_problems
 from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 from simpletuner.training.reporting.trackers import tracker_problems
@@ -79,6 +80,7 @@ def static_problems(configuration: Configuration) -> list[str]:
     if training.model_type == "lora" and training.lora_target_modules == []:
         problems.append("key 'lora_target_modules' is an empty list; name the modules to "
                         "adapt, or leave it unset for the family's defaults")
+    problems += adapter_problems(training)
     problems += tracker_problems(training.report_to)
     model_problem = (model_path_problem(training.pretrained_model_name_or_path)
                      or family_folder_problem(training.model_family,

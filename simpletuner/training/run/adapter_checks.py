@@ -1,0 +1,120 @@
+"""The adapter options checked before launch, torch-free: lora_type 'lycoris' and its
+lycoris_config file (and the quantized bases it does not work on), init_lora's file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+LYCORIS_ALGOS = ("lora", "locon", "loha", "lokr", "full")
+# What LyCORIS's apply_preset accepts (lycoris.wrapper.VALID_PRESET_KEYS, less the
+# text-encoder and unet_ forms create_lycoris's own presets use: text encoders are frozen here).
+PRESET_KEYS = ("enable_conv", "target_module", "target_name", "module_algo_map",
+               "name_algo_map", "use_fnmatch", "exclude_name")
+# Every key lycoris-lora's create_lycoris reads (4.1), and the four SimpleTuner reads itself: any
+# other is a typo LyCORIS would silently ignore.
+KNOWN_KEYS = ("algo", "multiplier", "linear_dim", "linear_alpha", "apply_preset", "preset",
+              "conv_dim", "conv_alpha", "factor", "dropout", "rank_dropout", "module_dropout",
+              "block_size", "bypass_mode", "constraint", "constrain", "decompose_both",
+              "disable_conv_cp", "dora_wd", "full_matrix", "rescaled", "train_llm_adapter",
+              "train_norm", "unbalanced_factorization", "use_conv_cp", "use_cp", "use_scalar",
+              "use_tucker", "wd_on_output", "weight_decompose")
+_NUMBERS = ("multiplier", "linear_dim", "linear_alpha", "conv_dim", "conv_alpha", "factor",
+            "dropout", "rank_dropout", "module_dropout", "block_size", "constraint")
+
+
+class LycorisConfigError(ValueError):
+    """lycoris_config cannot be read or holds a value LyCORIS would not take."""
+
+
+def read_lycoris_config(path: str | Path) -> dict[str, Any]:
+    """The lycoris_config JSON object, every problem in it named in one LycorisConfigError."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise LycorisConfigError(f"lycoris_config {path} cannot be read ({exc.strerror}); "
+                                 "point it at a JSON file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LycorisConfigError(f"lycoris_config {path} is not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise LycorisConfigError(f"lycoris_config {path} must hold a JSON object")
+    problems = _config_problems(config)
+    if problems:
+        raise LycorisConfigError(f"lycoris_config {path}: " + "; ".join(problems))
+    return config
+
+
+def _config_problems(config: dict[str, Any]) -> list[str]:
+    problems = []
+    unknown = sorted(set(config) - set(KNOWN_KEYS))
+    if unknown:
+        problems.append(f"keys {unknown} are not LyCORIS options; use {', '.join(KNOWN_KEYS)}")
+    algo = config.get("algo")
+    if algo not in LYCORIS_ALGOS:
+        problems.append(f"'algo' is {algo!r}; use one of {', '.join(LYCORIS_ALGOS)}")
+    for key in _NUMBERS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            problems.append(f"'{key}' is {value!r}; it must be a number")
+    preset = config.get("apply_preset", {})
+    if not isinstance(preset, dict):
+        problems.append("'apply_preset' must be a JSON object")
+    else:
+        unknown = sorted(set(preset) - set(PRESET_KEYS))
+        if unknown:
+            problems.append(f"'apply_preset' has keys {unknown} that LyCORIS does not take; "
+                            f"use {', '.join(PRESET_KEYS)}")
+    if isinstance(config.get("preset"), str) and config["preset"] not in ("full",):
+        problems.append("'preset' names a LyCORIS preset; describe the modules in "
+                        "'apply_preset' instead")
+    return problems
+
+
+def adapter_problems(training) -> list[str]:
+    """Each problem with the adapter options of ``training`` (a TrainingConfig)."""
+    problems = []
+    if training.init_lora is not None:
+        if training.model_type != "lora":
+            problems.append("key 'init_lora' is set but model_type is "
+                            f"'{training.model_type}'; set model_type to 'lora'")
+        elif not Path(training.init_lora).is_file():
+            problems.append(f"key 'init_lora': {training.init_lora} is not a file; point it at "
+                            "a LoRA .safetensors file")
+    if training.lora_type != "lycoris":
+        if training.lycoris_config is not None and training.model_type == "lora":
+            problems.append("key 'lycoris_config' is set but lora_type is 'standard'; set "
+                            "lora_type to 'lycoris' to use it, or remove it")
+        return problems
+    if training.model_type != "lora":
+        problems.append("key 'lora_type' is 'lycoris' but model_type is "
+                        f"'{training.model_type}'; set model_type to 'lora'")
+    if importlib.util.find_spec("lycoris") is None:
+        problems.append("lora_type 'lycoris' needs the lycoris-lora library: pip install "
+                        "'simpletuner[lycoris]'")
+    if training.lycoris_config is None:
+        problems.append("key 'lora_type' is 'lycoris' but lycoris_config is not set; point it "
+                        "at a JSON file with algo, linear_dim, linear_alpha, ...")
+    else:
+        try:
+            problems += _quantized_base_problems(training.base_model_precision,
+                                                 read_lycoris_config(training.lycoris_config))
+        except LycorisConfigError as exc:
+            problems.append(f"key 'lycoris_config': {exc}")
+    return problems
+
+
+def _quantized_base_problems(precision: str, config: dict) -> list[str]:
+    """LyCORIS adds its update to the layer's weight unless bypass_mode; torchao's quantized
+    weights take no addition, so they need bypass_mode (quanto's layers take either);
+    bitsandbytes' nf4 runs on CUDA only and is untested under LyCORIS here."""
+    if precision == "nf4-bnb":
+        return ["lora_type 'lycoris' is not supported with base_model_precision 'nf4-bnb' here; "
+                "use int8-quanto, int4-quanto or a torchao precision with bypass_mode"]
+    if precision.endswith("-torchao") and str(config.get("bypass_mode")).lower() != "true":
+        return [f"lora_type 'lycoris' on a base_model_precision '{precision}' base needs "
+                "\"bypass_mode\": true in lycoris_config (torchao's weights cannot take "
+                "LyCORIS's weight update; bypass mode adds its output instead)"]
+    return []

@@ -1,0 +1,95 @@
+"""LyCORIS on every family with LoRA: LoKr and LoHa adapters train on the family's network, and
+the exported file, put on a fresh base network by LyCORIS's own create_lycoris_from_weights,
+gives the trained network's output; a preset that selects nothing names the module classes."""
+
+from __future__ import annotations
+
+import tempfile
+import unittest
+from pathlib import Path
+
+import torch
+
+from model_fixtures import TinyModelCase, network_prediction, random_batch, train_adapter
+from simpletuner.training.checkpointing.tensor_files import save_tensors
+from simpletuner.training.lycoris_adapter import LycorisTargetError, add_lycoris, write_lycoris
+
+FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "flux", "chroma", "qwen_image", "z_image", "flux2",
+            "wan")
+# Every family's attention projections, by module path (LyCORIS matches target_name as a
+# regular expression against the path).
+PROJECTIONS = {"target_module": [], "target_name": [r".*\.to_(q|k|v)$"]}
+CONFIGS = {"lokr": {"algo": "lokr", "linear_dim": 10000, "linear_alpha": 1, "factor": 4,
+                    "apply_preset": PROJECTIONS},
+           "loha": {"algo": "loha", "linear_dim": 4, "linear_alpha": 2,
+                    "apply_preset": PROJECTIONS}}
+
+
+class LycorisFamiliesTest(TinyModelCase):
+    def setUp(self):
+        self.output = Path(self.enterContext(tempfile.TemporaryDirectory()))
+
+    def test_the_export_puts_the_trained_adapter_on_a_fresh_base(self):
+        from lycoris import create_lycoris_from_weights
+
+        for family in FAMILIES:
+            for algo, config in CONFIGS.items():
+                with self.subTest(family=family, algo=algo):
+                    trained = self.load(family)
+                    batch = random_batch(trained, 2, seed=0, prompts=("a", "b"))
+                    base = network_prediction(trained, batch)
+                    torch.manual_seed(0)
+                    add_lycoris(trained.trainable, config, family)
+                    train_adapter(trained, batch)
+                    path = write_lycoris(trained.trainable, config, family,
+                                         self.output / f"{family}-{algo}.safetensors")
+                    fresh = self.load(family)
+                    network, _ = create_lycoris_from_weights(1.0, str(path), fresh.trainable)
+                    network.apply_to()
+                    self.assertEqual(len(network.loras), len(trained.trainable.lycoris.loras))
+                    expected = network_prediction(trained, batch)
+                    self.assertGreater((expected - base).abs().max().item(), 1e-5)
+                    got = network_prediction(fresh, batch)
+                    self.assertLessEqual((got - expected).abs().max().item(), 1e-5)
+
+    def test_lokr_trains_on_a_quantized_base_and_loads_back(self):
+        """quanto's layers take LyCORIS's weight update; torchao's only in bypass mode (check
+        refuses the other)."""
+        from simpletuner.training.lora import adapter_state_dict, load_adapter_weights
+        from simpletuner.training.memory.quantization import PRECISIONS
+
+        for precision, bypass in (("int8-quanto", False), ("int8-torchao", True)):
+            with self.subTest(precision=precision):
+                config = dict(CONFIGS["lokr"], bypass_mode=bypass)
+                adapters = []
+                for _ in range(2):
+                    adapter = self.load("sd1x")
+                    PRECISIONS[precision].quantize(adapter.trainable.requires_grad_(False),
+                                                   torch.float32)
+                    add_lycoris(adapter.trainable, config, "sd1x")
+                    adapters.append(adapter)
+                trained, fresh = adapters
+                batch = random_batch(trained, 2, seed=0, prompts=("a", "b"))
+                base = network_prediction(trained, batch)
+                train_adapter(trained, batch)
+                expected = network_prediction(trained, batch)
+                path = self.output / f"{precision}.safetensors"
+                save_tensors(adapter_state_dict(trained.trainable), path)
+                load_adapter_weights(fresh.trainable, path)
+                self.assertGreater((expected - base).abs().max().item(), 1e-4)
+                self.assertLessEqual(
+                    (network_prediction(fresh, batch) - expected).abs().max().item(), 1e-6)
+
+    def test_a_preset_that_selects_nothing_names_the_module_classes(self):
+        adapter = self.load("sd1x")
+        with self.assertRaises(LycorisTargetError) as caught:
+            add_lycoris(adapter.trainable, {"algo": "lokr",
+                                            "apply_preset": {"target_module": ["NoSuchBlock"]}},
+                        "sd1x")
+        for fragment in ("sd1x", "UNet2DConditionModel", "target_module", "Attention"):
+            self.assertIn(fragment, str(caught.exception))
+        self.assertFalse(hasattr(adapter.trainable, "lycoris"))
+
+
+if __name__ == "__main__":
+    unittest.main()
