@@ -14,6 +14,7 @@ import unittest
 from fractions import Fraction
 from pathlib import Path
 
+import av
 import pyarrow
 import pyarrow.parquet
 
@@ -105,6 +106,36 @@ class ClipProbeTest(unittest.TestCase):
                               caption=None)
             probe = probe_clip(str(path), path.stat().st_size)
             self.assertEqual((probe.width, probe.height), shown, degrees)
+
+
+    def test_a_cut_file_is_truncated_whatever_its_header_says(self):
+        for name, keep, options in (("cut.mkv", 0.9, {}), ("cut.webm", 0.6, {}),
+                                    ("cut.avi", 0.9, {}), ("cut.mp4", 0.8, {"faststart": True})):
+            path = write_clip(self.tmp / name, 64, 48, 30, caption=None, **options)
+            whole = probe_clip(str(path), path.stat().st_size)
+            self.assertIsNone(whole.error, name)
+            path.write_bytes(path.read_bytes()[:int(path.stat().st_size * keep)])
+            probe = probe_clip(str(path), path.stat().st_size)
+            self.assertTrue(probe.error and probe.error.startswith(
+                "truncated: the container says 30 frames, its data ends after about "), probe)
+            present = int(probe.error.rsplit(" ", 1)[1])
+            self.assertLess(present, 30)
+            with self.subTest(name=name):  # what is there decodes, roughly as many frames
+                try:
+                    decoded = decoded_frame_count(path)
+                except av.FFmpegError:  # the cut packet itself
+                    decoded = None
+                if decoded is not None:
+                    self.assertLessEqual(abs(decoded - present), 2)
+
+    def test_a_variable_frame_rate_is_counted_exactly_from_a_sample_table(self):
+        for suffix in (".mp4", ".mov"):
+            path = write_clip(self.tmp / f"vfr{suffix}", 64, 48, 40, fps=30, caption=None,
+                              frame_ms=[20, 33, 33, 50, 70, 33])
+            probe = probe_clip(str(path), path.stat().st_size)
+            self.assertIsNone(probe.error, suffix)
+            self.assertEqual((probe.frames, probe.counted_by), (40, "container"))
+            self.assertEqual(probe.frames, decoded_frame_count(path))
 
 
 class VideoDiscoveryTest(unittest.TestCase):
