@@ -32,8 +32,8 @@ from simpletuner.helpers.metadata.backends.clip_source import ClipSource
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import ClipPlan
 from simpletuner.helpers.metadata.startup import report_skipped_files
-from video_fixtures import (decoded_frame_count, write_audio_only, write_clip, write_not_a_video,
-                            write_truncated, write_zero_length)
+from video_fixtures import (decoded_frame_count, write_audio_only, write_clip, write_noisy_clip,
+                            write_not_a_video, write_truncated, write_zero_length)
 
 BUCKET, PREFIX = "media", "clips/"
 
@@ -268,6 +268,27 @@ class S3VideoDiscoveryTest(unittest.TestCase):
         self.assertEqual(index.buckets, expected.buckets)
         self.assertEqual(index.clips, expected.clips)
         self.assertEqual({s.path: s.reason for s in index.skipped}, EXPECTED_SKIPS)
+
+    def test_a_remote_probe_reads_a_part_of_each_clip_and_no_byte_twice(self):
+        folder = self.tmp / "served" / BUCKET / "big"
+        sizes = {name: write_noisy_clip(folder / name, 96).stat().st_size
+                 for name in ("noise.mp4", "noise.mkv")}
+        backend = MetadataBackend.from_config(
+            DatasetConfig(id="big", dataset_type="video", video={"num_frames": 81},
+                          caption_strategy="filename", **self.server.dataset(BUCKET, "big/")),
+            wan_training(self.tmp / "out-big"))
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        backend.storage.client.meta.events.register(
+            "provide-client-params.s3.GetObject", lambda params, **_: ranges.setdefault(
+                params["Key"], []).append(tuple(map(int, params["Range"][6:].split("-")))))
+        index = backend.refresh_index(show_progress=False)
+        self.assertEqual(dict(index.buckets), {"80x64@81": ["noise.mkv", "noise.mp4"]})
+        for name, size in sizes.items():
+            fetched = sorted(ranges["big/" + name])
+            self.assertTrue(all(a[1] < b[0] for a, b in zip(fetched, fetched[1:])), fetched)
+            read = sum(end - start + 1 for start, end in fetched)
+            # MP4: the header and the sample table; Matroska: also the last second's packets
+            self.assertLess(read, size * (0.35 if name.endswith(".mp4") else 0.5), (name, size))
 
     def test_an_outage_while_probing_stops_with_a_storage_error(self):
         storage = open_storage(self.dataset(aws_retry_window_seconds=0.5))

@@ -62,6 +62,23 @@ def write_clip(path: Path, width: int, height: int, frames: int, fps: int | Frac
     return _captioned(path, caption)
 
 
+def write_noisy_clip(path: Path, frames: int, width: int = 160, height: int = 120,
+                     caption: str | None = "noise") -> Path:
+    """A clip of random pixels: large for its length (about 10 KB a frame at 160x120), for
+    checking how much of a file a probe reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(frames)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(CODECS[path.suffix.lower()], rate=16)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"g": "16"}  # a keyframe a second, as cameras write them
+        for _ in range(frames):
+            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+    return _captioned(path, caption)
+
+
 def write_audio_only(path: Path, seconds: float = 1.0, caption: str | None = "a tone") -> Path:
     """A file with a video name and one AAC audio stream, no video stream."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -35,7 +36,8 @@ TRUNCATED = "truncated"
 # to a frame number (without a sample table: Matroska, WebM, AVI); a cut file loses far more
 TRUNCATION_SLACK = 1
 COUNTED_BY_CONTAINER, COUNTED_BY_DURATION = "container", "duration"
-READ_AHEAD = 256 * 1024  # per ranged read: a demuxer asks for a few KiB at a time
+BLOCK_BYTES = 128 * 1024  # per ranged read: a demuxer asks for a few KiB at a time
+MAX_BLOCKS = 64           # 8 MiB kept per clip being probed
 
 
 @dataclass(frozen=True)
@@ -132,12 +134,16 @@ def _frames_from_duration(container, stream, rate: Fraction) -> tuple[int, str]:
 
 
 class RangedFile(io.RawIOBase):
-    """A remote object as a seekable read-only file, each read a ranged GET. A failed read's
-    error is kept in ``failure``: PyAV turns an exception in a read into its own."""
+    """A remote object as a seekable read-only file. Reads are served from blocks of
+    ``BLOCK_BYTES``, each fetched once by a ranged GET (the missing blocks of one read in one
+    request): a demuxer reads the header, seeks to the index at the end and back, and would
+    fetch the same bytes again on every seek. A failed read's error is kept in ``failure``:
+    PyAV turns an exception in a read into its own."""
 
     def __init__(self, storage: Storage, name: str, size: int):
         self.storage, self.name, self.size = storage, name, size
         self.position = 0
+        self.blocks: OrderedDict[int, bytes] = OrderedDict()
         self.failure: OSError | None = None
 
     def readable(self) -> bool:
@@ -158,14 +164,29 @@ class RangedFile(io.RawIOBase):
         length = min(len(buffer), self.size - self.position)
         if length <= 0:
             return 0
+        first, last = self.position // BLOCK_BYTES, (self.position + length - 1) // BLOCK_BYTES
+        missing = [block for block in range(first, last + 1) if block not in self.blocks]
+        if missing:
+            self._fetch(missing[0], missing[-1])
+        data = b"".join(self.blocks[block] for block in range(first, last + 1))
+        skip = self.position - first * BLOCK_BYTES
+        buffer[:length] = data[skip:skip + length]
+        self.position += length
+        return length
+
+    def _fetch(self, first: int, last: int) -> None:
+        start, end = first * BLOCK_BYTES, min((last + 1) * BLOCK_BYTES, self.size)
         try:
-            data = self.storage.read_range(self.name, self.position, length)
+            data = self.storage.read_range(self.name, start, end - start)
         except OSError as exc:  # StorageError, or FileNotFoundError when it was deleted
             self.failure = exc
             raise
-        buffer[:len(data)] = data
-        self.position += len(data)
-        return len(data)
+        for block in range(first, last + 1):
+            at = (block - first) * BLOCK_BYTES
+            self.blocks[block] = data[at:at + BLOCK_BYTES]
+            self.blocks.move_to_end(block)
+        while len(self.blocks) > MAX_BLOCKS:
+            self.blocks.popitem(last=False)
 
 
 def probe_stored_clip(storage: Storage, name: str, size: int) -> ClipProbe:
@@ -174,5 +195,5 @@ def probe_stored_clip(storage: Storage, name: str, size: int) -> ClipProbe:
     if path is not None:
         return probe_clip(str(path), size)
     ranged = RangedFile(storage, name, size)
-    with io.BufferedReader(ranged, READ_AHEAD) as handle:
-        return probe_clip(handle, size, ranged)
+    with ranged:
+        return probe_clip(ranged, size, ranged)
