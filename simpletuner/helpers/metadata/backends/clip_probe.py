@@ -37,7 +37,7 @@ TRUNCATED = "truncated"
 TRUNCATION_SLACK = 1
 COUNTED_BY_CONTAINER, COUNTED_BY_DURATION = "container", "duration"
 BLOCK_BYTES = 128 * 1024  # per ranged read: a demuxer asks for a few KiB at a time
-MAX_BLOCKS = 64           # 8 MiB kept per clip being probed
+MAX_BLOCKS = 32           # 4 MiB kept per clip being probed (one per thread)
 
 
 @dataclass(frozen=True)
