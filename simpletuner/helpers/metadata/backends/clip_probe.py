@@ -107,6 +107,8 @@ def _frames_in_data(container, stream, rate: Fraction, frames: int, size: int) -
     container cannot seek there (the latent cache's decode still checks the count)."""
     entries = stream.index_entries
     if len(entries) >= frames:
+        if max(entries[-1].pos + entries[-1].size, entries[0].pos + entries[0].size) <= size:
+            return len(entries)  # the usual case, without an object per frame of a long clip
         return sum(1 for entry in entries if entry.pos + entry.size <= size)
     time_base = Fraction(stream.time_base)
     start = stream.start_time or 0
