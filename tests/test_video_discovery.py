@@ -14,6 +14,7 @@ import unittest
 from fractions import Fraction
 from pathlib import Path
 
+import av
 import pyarrow
 import pyarrow.parquet
 
@@ -31,8 +32,8 @@ from simpletuner.helpers.metadata.backends.clip_source import ClipSource
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import ClipPlan
 from simpletuner.helpers.metadata.startup import report_skipped_files
-from video_fixtures import (decoded_frame_count, write_audio_only, write_clip, write_not_a_video,
-                            write_truncated, write_zero_length)
+from video_fixtures import (decoded_frame_count, write_audio_only, write_clip, write_noisy_clip,
+                            write_not_a_video, write_truncated, write_zero_length)
 
 BUCKET, PREFIX = "media", "clips/"
 
@@ -105,6 +106,36 @@ class ClipProbeTest(unittest.TestCase):
                               caption=None)
             probe = probe_clip(str(path), path.stat().st_size)
             self.assertEqual((probe.width, probe.height), shown, degrees)
+
+
+    def test_a_cut_file_is_truncated_whatever_its_header_says(self):
+        for name, keep, options in (("cut.mkv", 0.9, {}), ("cut.webm", 0.6, {}),
+                                    ("cut.avi", 0.9, {}), ("cut.mp4", 0.8, {"faststart": True})):
+            path = write_clip(self.tmp / name, 64, 48, 30, caption=None, **options)
+            whole = probe_clip(str(path), path.stat().st_size)
+            self.assertIsNone(whole.error, name)
+            path.write_bytes(path.read_bytes()[:int(path.stat().st_size * keep)])
+            probe = probe_clip(str(path), path.stat().st_size)
+            self.assertTrue(probe.error and probe.error.startswith(
+                "truncated: the container says 30 frames, its data ends after about "), probe)
+            present = int(probe.error.rsplit(" ", 1)[1])
+            self.assertLess(present, 30)
+            with self.subTest(name=name):  # what is there decodes, roughly as many frames
+                try:
+                    decoded = decoded_frame_count(path)
+                except av.FFmpegError:  # the cut packet itself
+                    decoded = None
+                if decoded is not None:
+                    self.assertLessEqual(abs(decoded - present), 2)
+
+    def test_a_variable_frame_rate_is_counted_exactly_from_a_sample_table(self):
+        for suffix in (".mp4", ".mov"):
+            path = write_clip(self.tmp / f"vfr{suffix}", 64, 48, 40, fps=30, caption=None,
+                              frame_ms=[20, 33, 33, 50, 70, 33])
+            probe = probe_clip(str(path), path.stat().st_size)
+            self.assertIsNone(probe.error, suffix)
+            self.assertEqual((probe.frames, probe.counted_by), (40, "container"))
+            self.assertEqual(probe.frames, decoded_frame_count(path))
 
 
 class VideoDiscoveryTest(unittest.TestCase):
@@ -237,6 +268,27 @@ class S3VideoDiscoveryTest(unittest.TestCase):
         self.assertEqual(index.buckets, expected.buckets)
         self.assertEqual(index.clips, expected.clips)
         self.assertEqual({s.path: s.reason for s in index.skipped}, EXPECTED_SKIPS)
+
+    def test_a_remote_probe_reads_a_part_of_each_clip_and_no_byte_twice(self):
+        folder = self.tmp / "served" / BUCKET / "big"
+        sizes = {name: write_noisy_clip(folder / name, 96).stat().st_size
+                 for name in ("noise.mp4", "noise.mkv")}
+        backend = MetadataBackend.from_config(
+            DatasetConfig(id="big", dataset_type="video", video={"num_frames": 81},
+                          caption_strategy="filename", **self.server.dataset(BUCKET, "big/")),
+            wan_training(self.tmp / "out-big"))
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        backend.storage.client.meta.events.register(
+            "provide-client-params.s3.GetObject", lambda params, **_: ranges.setdefault(
+                params["Key"], []).append(tuple(map(int, params["Range"][6:].split("-")))))
+        index = backend.refresh_index(show_progress=False)
+        self.assertEqual(dict(index.buckets), {"80x64@81": ["noise.mkv", "noise.mp4"]})
+        for name, size in sizes.items():
+            fetched = sorted(ranges["big/" + name])
+            self.assertTrue(all(a[1] < b[0] for a, b in zip(fetched, fetched[1:])), fetched)
+            read = sum(end - start + 1 for start, end in fetched)
+            # MP4: the header and the sample table; Matroska: also the last second's packets
+            self.assertLess(read, size * (0.35 if name.endswith(".mp4") else 0.5), (name, size))
 
     def test_an_outage_while_probing_stops_with_a_storage_error(self):
         storage = open_storage(self.dataset(aws_retry_window_seconds=0.5))

@@ -34,19 +34,47 @@ def shapes_frame(width: int, height: int, index: int, seed: int = 0) -> np.ndarr
 
 
 def write_clip(path: Path, width: int, height: int, frames: int, fps: int | Fraction = 16,
-               seed: int = 0, rotation: int = 0, caption: str | None = "moving shapes") -> Path:
+               seed: int = 0, rotation: int = 0, caption: str | None = "moving shapes", *,
+               frame_ms: list[int] | None = None, faststart: bool = False) -> Path:
     """A clip of exactly ``frames`` frames at ``fps``; ``rotation`` (degrees, counter-clockwise)
-    goes in the container's display matrix, as phones write it. ``caption``: a .txt beside it."""
+    goes in the container's display matrix, as phones write it. ``frame_ms``: each frame's
+    duration in milliseconds instead (a variable frame rate, as phones record). ``faststart``:
+    an MP4's index before its data, as streaming sites serve them. ``caption``: a .txt beside
+    it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as container:
+    options = {"movflags": "faststart"} if faststart else {}
+    with av.open(str(path), "w", options=options) as container:
         stream = container.add_stream(CODECS[path.suffix.lower()], rate=Fraction(fps))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if frame_ms is not None:
+            stream.codec_context.time_base = Fraction(1, 1000)
         if rotation:
             stream.set_display_rotation(rotation)
+        at = 0
         for index in range(frames):
             image = av.VideoFrame.from_ndarray(shapes_frame(width, height, index, seed),
                                                format="rgb24")
+            if frame_ms is not None:
+                image.pts, image.time_base = at, Fraction(1, 1000)
+                at += frame_ms[index % len(frame_ms)]
             container.mux(stream.encode(image))
+        container.mux(stream.encode())
+    return _captioned(path, caption)
+
+
+def write_noisy_clip(path: Path, frames: int, width: int = 160, height: int = 120,
+                     caption: str | None = "noise") -> Path:
+    """A clip of random pixels: large for its length (about 10 KB a frame at 160x120), for
+    checking how much of a file a probe reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(frames)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(CODECS[path.suffix.lower()], rate=16)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"g": "16"}  # a keyframe a second, as cameras write them
+        for _ in range(frames):
+            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
         container.mux(stream.encode())
     return _captioned(path, caption)
 

@@ -4,15 +4,19 @@ Width and height come from the first decoded frame, with the container's display
 (a phone's portrait clip is stored landscape with a 90 degree rotation, so the two swap);
 decoding that one frame also proves the stream can be decoded. The frame count is the
 container's own where it keeps one (``stream.frames``: MP4/MOV's sample table, AVI's index),
-else the stream's duration times its frame rate (Matroska and WebM store no count); the
-latent cache decodes the clip and verifies the count it needs. A remote object is read through
-ranged reads (RangedFile), so only the parts of the file the demuxer asks for are fetched.
+else the stream's duration times its frame rate (Matroska and WebM store no count; with a
+variable frame rate that is an estimate at the nominal rate). A cut file keeps its header, so
+the count is checked against the bytes that are there (``_frames_in_data``) and a clip short
+of it is skipped as truncated. The latent cache decodes the clip and verifies the count it
+needs. A remote object is read through ranged reads (RangedFile), so only the parts of the
+file the demuxer asks for are fetched.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -27,8 +31,13 @@ AUDIO_ONLY = "audio only: no video stream"
 UNDECODABLE = "cannot be decoded (truncated, corrupt or not a video)"
 NO_FRAMES = "no frames"
 NO_FRAME_RATE = "no frame rate in the container"
+TRUNCATED = "truncated"
+# frames a complete clip's last timestamp may fall short of its count, as a timestamp is rounded
+# to a frame number (without a sample table: Matroska, WebM, AVI); a cut file loses far more
+TRUNCATION_SLACK = 1
 COUNTED_BY_CONTAINER, COUNTED_BY_DURATION = "container", "duration"
-READ_AHEAD = 256 * 1024  # per ranged read: a demuxer asks for a few KiB at a time
+BLOCK_BYTES = 128 * 1024  # per ranged read: a demuxer asks for a few KiB at a time
+MAX_BLOCKS = 32           # 4 MiB kept per clip being probed (one per thread)
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ def probe_clip(source, size: int, ranged: "RangedFile | None" = None) -> ClipPro
         return ClipProbe(error=ZERO_BYTE)
     try:
         with av.open(source, "r") as container:
-            return _probe_container(container)
+            return _probe_container(container, size)
     except StorageError:
         raise
     except FileNotFoundError:  # PyAV's is also an FFmpegError
@@ -66,7 +75,7 @@ def probe_clip(source, size: int, ranged: "RangedFile | None" = None) -> ClipPro
         return ClipProbe(error=f"{UNDECODABLE}: {exc}")
 
 
-def _probe_container(container) -> ClipProbe:
+def _probe_container(container, size: int) -> ClipProbe:
     if not container.streams.video:
         return ClipProbe(error=AUDIO_ONLY if container.streams.audio else NO_VIDEO_STREAM)
     stream = container.streams.video[0]
@@ -83,7 +92,36 @@ def _probe_container(container) -> ClipProbe:
     if (first.rotation or 0) % 180:
         width, height = height, width
     rate = Fraction(rate)
+    present = _frames_in_data(container, stream, rate, frames, size)
+    if present is not None and present < frames - TRUNCATION_SLACK:
+        return ClipProbe(error=f"{TRUNCATED}: the container says {frames} frames, its data ends "
+                               f"after about {present}")
     return ClipProbe(width, height, frames, f"{rate.numerator}/{rate.denominator}", counted_by)
+
+
+def _frames_in_data(container, stream, rate: Fraction, frames: int, size: int) -> int | None:
+    """How many frames the file's bytes hold. A cut file keeps its header's count or duration,
+    not its end. With a full sample table (MP4, MOV): the frames whose bytes end within the
+    file, exact whatever the frame rate. Else: seek to where the last frame should be and demux
+    (no decode) to the end; the last timestamp found, as a frame number. None when the
+    container cannot seek there (the latent cache's decode still checks the count)."""
+    entries = stream.index_entries
+    if len(entries) >= frames:
+        if max(entries[-1].pos + entries[-1].size, entries[0].pos + entries[0].size) <= size:
+            return len(entries)  # the usual case, without an object per frame of a long clip
+        return sum(1 for entry in entries if entry.pos + entry.size <= size)
+    time_base = Fraction(stream.time_base)
+    start = stream.start_time or 0
+    last = None
+    try:
+        container.seek(start + int((frames - 1) / rate / time_base), stream=stream,
+                       backward=True)
+        for packet in container.demux(stream):
+            if packet.pts is not None:
+                last = packet.pts if last is None else max(last, packet.pts)
+    except (av.FFmpegError, OSError):
+        return None
+    return None if last is None else round((last - start) * time_base * rate) + 1
 
 
 def _frames_from_duration(container, stream, rate: Fraction) -> tuple[int, str]:
@@ -98,12 +136,16 @@ def _frames_from_duration(container, stream, rate: Fraction) -> tuple[int, str]:
 
 
 class RangedFile(io.RawIOBase):
-    """A remote object as a seekable read-only file, each read a ranged GET. A failed read's
-    error is kept in ``failure``: PyAV turns an exception in a read into its own."""
+    """A remote object as a seekable read-only file. Reads are served from blocks of
+    ``BLOCK_BYTES``, each fetched once by a ranged GET (the missing blocks of one read in one
+    request): a demuxer reads the header, seeks to the index at the end and back, and would
+    fetch the same bytes again on every seek. A failed read's error is kept in ``failure``:
+    PyAV turns an exception in a read into its own."""
 
     def __init__(self, storage: Storage, name: str, size: int):
         self.storage, self.name, self.size = storage, name, size
         self.position = 0
+        self.blocks: OrderedDict[int, bytes] = OrderedDict()
         self.failure: OSError | None = None
 
     def readable(self) -> bool:
@@ -124,14 +166,29 @@ class RangedFile(io.RawIOBase):
         length = min(len(buffer), self.size - self.position)
         if length <= 0:
             return 0
+        first, last = self.position // BLOCK_BYTES, (self.position + length - 1) // BLOCK_BYTES
+        missing = [block for block in range(first, last + 1) if block not in self.blocks]
+        if missing:
+            self._fetch(missing[0], missing[-1])
+        data = b"".join(self.blocks[block] for block in range(first, last + 1))
+        skip = self.position - first * BLOCK_BYTES
+        buffer[:length] = data[skip:skip + length]
+        self.position += length
+        return length
+
+    def _fetch(self, first: int, last: int) -> None:
+        start, end = first * BLOCK_BYTES, min((last + 1) * BLOCK_BYTES, self.size)
         try:
-            data = self.storage.read_range(self.name, self.position, length)
+            data = self.storage.read_range(self.name, start, end - start)
         except OSError as exc:  # StorageError, or FileNotFoundError when it was deleted
             self.failure = exc
             raise
-        buffer[:len(data)] = data
-        self.position += len(data)
-        return len(data)
+        for block in range(first, last + 1):
+            at = (block - first) * BLOCK_BYTES
+            self.blocks[block] = data[at:at + BLOCK_BYTES]
+            self.blocks.move_to_end(block)
+        while len(self.blocks) > MAX_BLOCKS:
+            self.blocks.popitem(last=False)
 
 
 def probe_stored_clip(storage: Storage, name: str, size: int) -> ClipProbe:
@@ -140,5 +197,5 @@ def probe_stored_clip(storage: Storage, name: str, size: int) -> ClipProbe:
     if path is not None:
         return probe_clip(str(path), size)
     ranged = RangedFile(storage, name, size)
-    with io.BufferedReader(ranged, READ_AHEAD) as handle:
-        return probe_clip(handle, size, ranged)
+    with ranged:
+        return probe_clip(ranged, size, ranged)

@@ -26,7 +26,7 @@ from simpletuner.helpers.metadata.file_table import FileTable
 
 MAX_LOCAL_THREADS = 8
 MAX_REMOTE_THREADS = 32
-PROBE_VERSION = 1  # bump when a probe reads a clip differently: the cached readings are redone
+PROBE_VERSION = 2  # bump when a probe reads a clip differently: the cached readings are redone
 
 
 class ClipSource:
