@@ -19,9 +19,8 @@ from discovery_fixtures import (
 from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.metadata.backends import discovery, probe_pool
 from simpletuner.helpers.metadata.split import SortedIds
-from simpletuner.helpers.metadata.backends.base import (
-    MISSING_CAPTION, MetadataBackend, MetadataCacheError,
-)
+from simpletuner.helpers.metadata.backends.base import MetadataBackend, MetadataCacheError
+from simpletuner.helpers.metadata.backends.bucketing import MISSING_CAPTION
 
 
 def shuffled_directory_order(seed: int):

@@ -16,7 +16,8 @@ from pathlib import Path
 from PIL import Image
 
 from discovery_fixtures import dataset_config, training_config
-from simpletuner.helpers.metadata.backends.base import MISSING_CAPTION, MetadataBackend
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.backends.bucketing import MISSING_CAPTION
 from simpletuner.helpers.metadata.buckets import (MAX_BUCKET_AREA_FACTOR, BucketSettings,
                                                   SizeFilters, drawn_aspect, parse_bucket_key)
 from simpletuner.helpers.metadata.split import (DatasetSpec, UndersizedBucketsError,

@@ -35,34 +35,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PIL import Image
 
 from simpletuner.configuration import DatasetConfig, TrainingConfig
 from simpletuner.common.atomic import atomic_write_json
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.data_backend.storage import Listing, Storage
+from simpletuner.helpers.metadata.backends.bucketing import Bucketing
 from simpletuner.helpers.metadata.backends.captions import (
-    CaptionTable, caption_file_for, fetch_caption_files, read_caption,
+    CaptionTable, fetch_caption_files, read_caption,
 )
 from simpletuner.helpers.metadata.backends.headers import FoundFiles, HeaderSource
 from simpletuner.helpers.metadata.backends.huggingface_rows import HuggingFaceSource
 from simpletuner.helpers.metadata.backends.table import TableSource
 from simpletuner.helpers.metadata.buckets import (
-    MAX_BUCKET_AREA_FACTOR, BucketSettings, SizeFilters, bucket_for, sample_bucket,
+    MAX_BUCKET_AREA_FACTOR, BucketSettings, SizeFilters,
 )
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
-from simpletuner.helpers.metadata.split import (
-    BucketSlice, DatasetSpec, SortedIds, split_dataset,
-)
-from simpletuner.helpers.metadata.video_buckets import clip_plans, with_frames
+from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
 
 logger = logging.getLogger(__name__)
 
 # 3: ``files`` is a table of columns; 4: buckets are rows of that table; 5: any storage
 CACHE_VERSION = 5
-MISSING_CAPTION = "missing caption: no <name>.txt beside the file (caption_strategy 'textfile')"
 
 
 class MetadataCacheError(RuntimeError):
@@ -100,6 +96,8 @@ class MetadataBackend:
         self.filters = SizeFilters.for_dataset(dataset, training)
         self.video = (dataset.video_settings(training.model_family)
                       if dataset.dataset_type == "video" else None)
+        self.bucketing = Bucketing(dataset.id, self.bucket_settings, self.filters, self.video,
+                                   dataset.caption_strategy == "textfile")
         self.last_refresh: RefreshReport | None = None
 
     @classmethod
@@ -160,7 +158,7 @@ class MetadataBackend:
             if self.source.unchanged(listing, known) and cache.get("settings") == self.settings():
                 return self._reuse_cached_index(cache, len(known.ids))
         found = self.source.read(listing, known, show_progress)
-        index, rows = self._build_index(found, listing)
+        index, rows = self.bucketing.build(found, listing)
         self.captions = self._index_captions(found, rows, listing, cache, known)
         new_cache = {
             "version": CACHE_VERSION, "dataset_id": self.dataset.id,
@@ -188,7 +186,7 @@ class MetadataBackend:
         listing = self.storage.list_files()
         if known is None or known.reconcile(listing)[1]:
             return None
-        return self._build_index(self.source.read(listing, known, False), listing)[0]
+        return self.bucketing.build(self.source.read(listing, known, False), listing)[0]
 
     def load_index(self) -> DatasetIndex:
         """The index the main process wrote; reads no image and lists no folder."""
@@ -227,7 +225,7 @@ class MetadataBackend:
                     "its captions; refresh it on the main process first")
         sizes = files.image_sizes({s.path for s in skipped})
         return DatasetIndex(self.dataset.id, buckets, sizes, skipped,
-                            self._clip_plans(buckets, files))
+                            self.bucketing.clip_plans(buckets, files))
 
     def caption_for(self, sample_id: str) -> str:
         if self.captions is not None:
@@ -331,94 +329,6 @@ class MetadataBackend:
         before = CaptionTable.from_json((cache or {}).get("captions"), known.ids)
         indexed = sorted(row for bucket in rows.values() for row in bucket)
         return fetch_caption_files(self.storage, ids, indexed, listing, before)
-
-    def _build_index(self, found: FoundFiles,
-                     listing: Listing) -> tuple[DatasetIndex, dict[str, list[int]]]:
-        """The index, and each bucket as rows of ``files`` (what the cache stores).
-
-        ``files`` is in sample id order (the listing's), so every bucket is built sorted: a
-        SortedIds the split takes without checking it again. Sizes repeat (one camera, one
-        export setting), so each distinct size is decided once and the rows follow in numpy."""
-        files = found.files
-        skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
-        skipped += found.skipped
-        widths, heights = np.asarray(files.widths, np.int64), np.asarray(files.heights, np.int64)
-        sized = np.flatnonzero(widths > 0)  # the others' headers could not be used
-        skipped += [SkippedFile(files.ids[row], files.errors[files.ids[row]])
-                    for row in np.flatnonzero(widths <= 0).tolist()]
-        distinct, which = np.unique(widths[sized] << 32 | heights[sized], return_inverse=True)
-        decisions = [self._decide(size >> 32, size & 0xFFFFFFFF) for size in distinct.tolist()]
-        refused = np.array([reason is not None for reason, _ in decisions], bool)[which]
-        skipped += [SkippedFile(files.ids[sized[at]], decisions[which[at]][0])
-                    for at in np.flatnonzero(refused).tolist()]
-        bucket, keys = self._bucket_numbers(files, sized, which, decisions, refused, skipped)
-        if self.dataset.caption_strategy == "textfile":
-            bucket = self._without_caption_files(files.ids, sized, bucket, listing, skipped)
-        kept = bucket >= 0
-        order = sized[kept][np.argsort(bucket[kept], kind="stable")]
-        counts = np.bincount(bucket[kept], minlength=len(keys)).tolist()
-        ordered = {key: part.tolist() for key, part in
-                   zip(keys, np.split(order, np.cumsum(counts)[:-1])) if len(part)}
-        skipped.sort(key=lambda s: (s.path, s.reason))
-        buckets = {key: SortedIds(map(files.ids.__getitem__, r)) for key, r in ordered.items()}
-        sizes = files.image_sizes({s.path for s in skipped})
-        index = DatasetIndex(self.dataset.id, buckets, sizes, skipped,
-                             self._clip_plans(buckets, files))
-        return index, ordered
-
-    def _clip_plans(self, buckets: dict[str, SortedIds], files: FileTable) -> dict:
-        return clip_plans(buckets, files) if self.video is not None else {}
-
-    def _decide(self, width: int, height: int) -> tuple[str | None, str | None]:
-        """(why an image of this size is skipped, or None; its bucket key, or None when
-        skipped or drawn per sample)."""
-        reason = self.filters.reason_to_skip(width, height)
-        if reason is not None or self.bucket_settings.draws_aspect:
-            return reason, None
-        key = bucket_for(width, height, self.bucket_settings)
-        oversized = self.bucket_settings.oversized(key)
-        return oversized, None if oversized else key
-
-    def _bucket_numbers(self, files: FileTable, sized, which, decisions, refused,
-                        skipped: list[SkippedFile]):
-        """(each sized row's bucket number, -1 if refused; the sorted bucket keys). A size's
-        bucket is decided once, unless crop_aspect 'random' draws it per sample (a drawn
-        bucket that is oversized is refused here, and added to ``skipped``)."""
-        settings = self.bucket_settings
-        if settings.draws_aspect:
-            rows = sized.tolist()
-            names = [None if no else sample_bucket(self.dataset.id, files.ids[row],
-                                                   files.widths[row], files.heights[row],
-                                                   settings)
-                     for row, no in zip(rows, refused.tolist())]
-            why = {key: settings.oversized(key) for key in set(names) - {None}}
-            skipped += [SkippedFile(files.ids[row], why[key])
-                        for row, key in zip(rows, names) if key is not None and why[key]]
-            names = [None if key is None or why[key] else key for key in names]
-        else:
-            names = [key for _, key in decisions]
-        per_row = settings.draws_aspect or self.video is not None
-        if self.video is not None:  # a clip's bucket also depends on its frame count
-            rows = sized.tolist()
-            names = names if settings.draws_aspect else [names[w] for w in which.tolist()]
-            names = with_frames(names, [files.ids[row] for row in rows],
-                                [files.clips["frames"][row] for row in rows], self.video, skipped)
-        keys = sorted({key for key in names if key is not None})
-        number = {key: n for n, key in enumerate(keys)}
-        bucket = np.array([number.get(key, -1) for key in names], np.int64)
-        return (bucket if per_row else bucket[which]), keys
-
-    @staticmethod
-    def _without_caption_files(ids: list[str], sized, bucket, listing: Listing,
-                               skipped: list[SkippedFile]):
-        """``bucket`` with -1 for the samples whose caption file is not listed."""
-        bucket = bucket.copy()
-        for at in np.flatnonzero(bucket >= 0).tolist():
-            sample_id = ids[sized[at]]
-            if caption_file_for(sample_id) not in listing.captions:
-                bucket[at] = -1
-                skipped.append(SkippedFile(sample_id, MISSING_CAPTION))
-        return bucket
 
     def _cached_files(self, cache: dict[str, Any]) -> FileTable | None:
         try:
