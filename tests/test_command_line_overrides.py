@@ -54,14 +54,14 @@ class LoadWithOverridesTest(unittest.TestCase):
     def test_overrides_are_validated_and_named_as_the_command_line(self):
         with self.assertRaises(ConfigError) as caught:
             load_with_option_args(str(self.config), [
-                "--max_train_steps", "-1", "--learning_rat", "1", "--lora_type", "lycoris"])
+                "--max_train_steps", "-1", "--learning_rat", "1", "--use_soft_min_snr", "true"])
         problems = caught.exception.problems
         self.assertEqual(len(problems), 3, problems)
         self.assertTrue(problems[0].startswith(
             "command line: key 'max_train_steps' is -1; expected a value >= 1"), problems[0])
         self.assertIn("command line: unknown key 'learning_rat' (did you mean 'learning_rate'?)",
                       problems[1])
-        self.assertIn("command line: SimpleTuner option 'lora_type' is not supported", problems[2])
+        self.assertIn("command line: SimpleTuner option 'use_soft_min_snr' is not supported", problems[2])
 
 
 class TrainShOverridesTest(unittest.TestCase):
