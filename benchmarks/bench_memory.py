@@ -24,7 +24,7 @@ from diffusers import AutoencoderKL, FluxTransformer2DModel, UNet2DConditionMode
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
 from simpletuner.configuration.options import TrainingConfig
-from simpletuner.training.lora import add_lora
+from simpletuner.training.adapters.lora import add_lora
 from simpletuner.training.memory.model import rank_bytes
 from simpletuner.training.memory.shards import WHOLE
 from simpletuner.training.memory.weight_bytes import frozen_bytes

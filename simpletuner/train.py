@@ -32,8 +32,8 @@ from simpletuner.models.base import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.manifest import CheckpointError
 from simpletuner.training.run.output_dir_claim import output_dir_claimed
-from simpletuner.training.lora import LoraTargetError
-from simpletuner.training.lycoris_adapter import LycorisTargetError
+from simpletuner.training.adapters.lora import LoraTargetError
+from simpletuner.training.adapters.lycoris_adapter import LycorisTargetError
 from simpletuner.training.memory.sharding import ShardingError
 from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,
                                            EXIT_PREEMPTED, EXIT_TRAINED, Diverged, Preempted,

@@ -15,7 +15,7 @@ from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.ema import EMAWeights
-from simpletuner.training.lora import add_lora
+from simpletuner.training.adapters.lora import add_lora
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.memory.sharding import shard_network

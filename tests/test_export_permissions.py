@@ -29,7 +29,7 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.pipelines import export_pipeline, save_validation_images
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.tensor_files import save_tensors
-from simpletuner.training.lora import add_lora, export_lora
+from simpletuner.training.adapters.lora import add_lora, export_lora
 
 out = Path(sys.argv[1])
 os.umask(int(sys.argv[2], 8))  # before anything is written, as a launcher's umask would be

@@ -26,7 +26,7 @@ from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.base import LossSettings, ModelFolderError
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.training.lora import add_lora
+from simpletuner.training.adapters.lora import add_lora
 from simpletuner.training.memory.sharding import repeated_blocks
 from simpletuner.training.settings import ValidationSettings
 from test_memory_plan_command import GIB, row

@@ -18,7 +18,7 @@ from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
-from simpletuner.training.lora import LORA_WEIGHTS, add_lora, export_lora
+from simpletuner.training.adapters.lora import LORA_WEIGHTS, add_lora, export_lora
 
 from launching import run_bounded
 from training_fixtures import make_shapes, run_training, write_config

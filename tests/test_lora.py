@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from model_fixtures import TinyModelCase, random_batch
 from simpletuner.models.builtin import ensure_builtin_model
-from simpletuner.training.lora import (
+from simpletuner.training.adapters.lora import (
     CHECKPOINT_WEIGHTS, LoraTargetError, add_lora, adapter_state_dict, export_lora,
     load_adapter_weights, save_adapter_weights)
 from simpletuner.training.checkpointing.tensor_state import load_weights, save_weights

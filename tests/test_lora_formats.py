@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from model_fixtures import TinyModelCase
 from simpletuner.models.builtin import ensure_builtin_model
-from simpletuner.training.lora import add_lora, export_lora
+from simpletuner.training.adapters.lora import add_lora, export_lora
 
 RANK, ALPHA = 4, 8.0
 _UNET = (r"lora_unet_(down_blocks_\d+|mid_block|up_blocks_\d+)_attentions_\d+_"

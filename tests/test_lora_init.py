@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from model_fixtures import TinyModelCase, network_prediction, random_batch, train_adapter
-from simpletuner.training.lora import add_lora, export_lora
-from simpletuner.training.lora_init import LoraInitError, init_adapter
-from simpletuner.training.lycoris_adapter import add_lycoris, write_lycoris
+from simpletuner.training.adapters.lora import add_lora, export_lora
+from simpletuner.training.adapters.lora_init import LoraInitError, init_adapter
+from simpletuner.training.adapters.lycoris_adapter import add_lycoris, write_lycoris
 from training_fixtures import make_shapes, run_training, write_config
 
 LOKR = {"algo": "lokr", "linear_dim": 10000, "linear_alpha": 1, "factor": 4,

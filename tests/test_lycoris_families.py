@@ -12,7 +12,8 @@ import torch
 
 from model_fixtures import TinyModelCase, network_prediction, random_batch, train_adapter
 from simpletuner.training.checkpointing.tensor_files import save_tensors
-from simpletuner.training.lycoris_adapter import LycorisTargetError, add_lycoris, write_lycoris
+from simpletuner.training.adapters.lycoris_adapter import (LycorisTargetError, add_lycoris,
+                                                           write_lycoris)
 
 FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "flux", "chroma", "qwen_image", "z_image", "flux2",
             "wan")
@@ -55,7 +56,7 @@ class LycorisFamiliesTest(TinyModelCase):
     def test_lokr_trains_on_a_quantized_base_and_loads_back(self):
         """quanto's layers take LyCORIS's weight update; torchao's only in bypass mode (check
         refuses the other)."""
-        from simpletuner.training.lora import adapter_state_dict, load_adapter_weights
+        from simpletuner.training.adapters.lora import adapter_state_dict, load_adapter_weights
         from simpletuner.training.memory.quantization import PRECISIONS
 
         for precision, bypass in (("int8-quanto", False), ("int8-torchao", True)):

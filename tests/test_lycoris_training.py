@@ -74,8 +74,8 @@ class LycorisRunPair(ResumedAdapterRun, ResumedRunPair):
     def test_lycoris_loads_the_export_onto_the_base_with_the_trained_outputs(self):
         from lycoris import create_lycoris_from_weights
 
-        from simpletuner.training.lora import load_adapter_weights
-        from simpletuner.training.lycoris_adapter import add_lycoris
+        from simpletuner.training.adapters.lora import load_adapter_weights
+        from simpletuner.training.adapters.lycoris_adapter import add_lycoris
 
         export = self.full_out / "lora" / "pytorch_lora_weights.safetensors"
         with safe_open(str(export), "pt") as handle:

@@ -13,7 +13,7 @@ from diffusers import DDPMScheduler
 
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.prior_preservation import adapter_turned_off
-from simpletuner.training.lora import add_lora
+from simpletuner.training.adapters.lora import add_lora
 from model_fixtures import TinyModelCase, random_batch
 
 

@@ -15,7 +15,7 @@ from diffusers import DiffusionPipeline
 
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.pipelines import first_image
-from simpletuner.training.lora import add_lora, export_lora
+from simpletuner.training.adapters.lora import add_lora, export_lora
 from simpletuner.training.optimization.optimizers import build_optimizer
 from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.settings import OptimizerSettings, PrecisionSettings

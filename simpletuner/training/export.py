@@ -12,7 +12,7 @@ from pathlib import Path
 from simpletuner.common.atomic import atomic_write_text
 from simpletuner.common.together import failing_together
 from simpletuner.models.pipelines import export_pipeline
-from simpletuner.training.adapters import export_adapter
+from simpletuner.training.adapters.by_type import export_adapter
 from simpletuner.training.reporting.model_card import write_model_card
 from simpletuner.training.memory.sharding import network_on_main
 

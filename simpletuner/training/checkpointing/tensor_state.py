@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from simpletuner.common.atomic import atomic_write_json
-from simpletuner.training.lora import CHECKPOINT_WEIGHTS, load_adapter_weights, save_adapter_weights
+from simpletuner.training.adapters.lora import (CHECKPOINT_WEIGHTS, load_adapter_weights,
+                                                save_adapter_weights)
 from simpletuner.training.checkpointing.manifest import naming_file
 from simpletuner.training.checkpointing.optimizer_state import optimizer_from_files, optimizer_to_files
 from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from simpletuner.training.adapters import add_adapter
+from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.memory.optimizer_bytes import Trained, optimizer_state_bytes
 from simpletuner.training.memory.shards import WHOLE, RankPart
 from simpletuner.training.memory.weight_bytes import dtype_name, frozen_bytes

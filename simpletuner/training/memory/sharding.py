@@ -21,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from simpletuner.common.peer_watch import in_collective
-from simpletuner.training.lycoris_adapter import add_same_lycoris
+from simpletuner.training.adapters.lycoris_adapter import add_same_lycoris
 from simpletuner.training.settings import ShardingSettings
 from simpletuner.training.optimization.optimizers import cast_trainable
 

@@ -16,8 +16,8 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
 from simpletuner.common.atomic import give_umask_modes, naming_path, staging_folder
-from simpletuner.training.lora_formats import write_comfyui_lora
-from simpletuner.training.lycoris_adapter import (load_lycoris_state, lycoris_of,
+from simpletuner.training.adapters.lora_formats import write_comfyui_lora
+from simpletuner.training.adapters.lycoris_adapter import (load_lycoris_state, lycoris_of,
                                                    lycoris_state_dict)
 from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from simpletuner.training.checkpointing.tensor_files import load_tensors
-from simpletuner.training.lora import LoraTargetError
-from simpletuner.training.lycoris_adapter import load_lycoris_state, lycoris_of
+from simpletuner.training.adapters.lora import LoraTargetError
+from simpletuner.training.adapters.lycoris_adapter import load_lycoris_state, lycoris_of
 
 LOADED = "init_lora"  # the adapter name load_lora_weights gives the file's LoRA
 

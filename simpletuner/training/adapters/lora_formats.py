@@ -11,7 +11,7 @@ from peft.utils import get_peft_model_state_dict
 from safetensors.torch import save_file
 
 from simpletuner.common.atomic import atomic_write_with, naming_path
-from simpletuner.training.lora_layouts import COMFYUI_LAYOUTS
+from simpletuner.training.adapters.lora_layouts import COMFYUI_LAYOUTS
 
 
 def _modules(peft_state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from simpletuner.training.lora import LORA_DIR, LORA_WEIGHTS, add_lora, export_lora
-from simpletuner.training.lycoris_adapter import add_lycoris, write_lycoris
+from simpletuner.training.adapters.lora import LORA_DIR, LORA_WEIGHTS, add_lora, export_lora
+from simpletuner.training.adapters.lycoris_adapter import add_lycoris, write_lycoris
 from simpletuner.training.run.adapter_checks import read_lycoris_config
 
 
