@@ -59,7 +59,8 @@ def audit_plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -
         backend = startup.backends[dataset_id]
         specs.append(backend.split_spec(d.index))
         for epoch in range(epochs):
-            first_epoch = sampler.timeline.entry(epoch).first_epochs.get(dataset_id)
+            entry = sampler.timeline.entry(epoch)  # no pieces where it has not joined or ended
+            first_epoch = entry.first_epochs.get(dataset_id) if dataset_id in entry.joins else None
             pieces = {} if first_epoch is None else backend.split_buckets_between_processes(
                 d.index, seed=sampler.seed, epoch=epoch, processes=sampler.processes, rank=0,
                 accumulation=sampler.accumulation, first_epoch=first_epoch)

@@ -73,11 +73,12 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
         sizing = split_sizing(split_specs, num_processes,
                               config.training.gradient_accumulation_steps,
                               schedule_first_epochs(config.datasets, split_specs, num_processes,
-                                                    config.training.gradient_accumulation_steps))
+                                                    config.training.gradient_accumulation_steps,
+                                                    config.training.seed))
     schedule = dataset_schedule(config.datasets, split_specs, processes,
                                 config.training.gradient_accumulation_steps,
                                 config.training.max_train_steps,
-                                config.training.num_train_epochs)
+                                config.training.num_train_epochs, config.training.seed)
     _print_plan(indexes, sizing, as_json, (schedule, processes,
                                            config.training.gradient_accumulation_steps))
     if sizing is not None and sizing["problem"]:

@@ -53,8 +53,9 @@ def plan_of(data, ranks: list[MultiAspectSampler], world: int, accumulation: int
     trimmed, carried = {}, {}
     for epoch in range(epochs):
         entry = ranks[0].timeline.entry(epoch)
-        for d in data:
-            first = entry.first_epochs.get(d.index.dataset_id)
+        for d in data:  # none where it has not joined or has ended (end_epoch, end_step)
+            first = entry.first_epochs.get(d.index.dataset_id) if (
+                d.index.dataset_id in entry.joins) else None
             pieces = {} if first is None else split_dataset(
                 d.spec, seed=SEED, epoch=epoch, processes=world, rank=0,
                 accumulation=accumulation, first_epoch=first)

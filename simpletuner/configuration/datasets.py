@@ -143,6 +143,11 @@ class DatasetConfig:
     start_step: int = option(0, minimum=0, help="the optimizer step (from 1) from which this "
                              "dataset is drawn, joining that epoch with its whole pass; 0 and "
                              "1: the first")
+    end_epoch: int | None = option(None, minimum=0, help="the last epoch (from 1) this dataset "
+                                   "is drawn in; null or 0: no end")
+    end_step: int | None = option(None, minimum=0, help="the last optimizer step (from 1) this "
+                                  "dataset is drawn at; the rest of that pass is not trained; "
+                                  "null or 0: no end")
     is_regularisation_data: bool = option(
         False, help="prior preservation (model_type lora): the target of this dataset's samples "
         "is the base model's prediction (the adapter turned off), weighted like every other "

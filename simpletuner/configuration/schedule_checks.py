@@ -1,4 +1,4 @@
-"""Checks of the dataset schedule (probability, start_epoch, start_step) and of prior
+"""Checks of the dataset schedule (probability, start and end) and of prior
 preservation (is_regularisation_data) across the datasets and config.json, before heavy work."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 from simpletuner.configuration.datasets import DatasetConfig
 from simpletuner.configuration.options import TrainingConfig
 
-SCHEDULE_KEYS = ("probability", "start_epoch", "start_step", "is_regularisation_data")
+SCHEDULE_KEYS = ("probability", "start_epoch", "start_step", "end_epoch", "end_step",
+                 "is_regularisation_data")
 
 
 def _label(ds: DatasetConfig) -> str:
@@ -29,7 +30,9 @@ def check_dataset_schedule(datasets: list[DatasetConfig], training: TrainingConf
                 problems.append(f"{where}: {_label(ds)}: {', '.join(set_keys)} shape training; "
                                 "an 'eval' dataset evaluates every sample at each evaluation. "
                                 "Remove them.")
-        elif ds.probability == 0:
+            continue
+        _check_end(ds, where, problems)
+        if ds.probability == 0:
             problems.append(f"{where}: {_label(ds)}: probability 0 would never draw it; set "
                             "'disabled': true to leave it out, or a probability above 0 (at "
                             "most 1: the odds relative to the other datasets)")
@@ -38,8 +41,25 @@ def check_dataset_schedule(datasets: list[DatasetConfig], training: TrainingConf
                            f"{ds.start_step}" for ds in training_sets)
         problems.append(f"{where}: no training dataset starts at the first step ({starts}); "
                         "give at least one start_epoch 1 and start_step 0 (the defaults)")
+    if training_sets and all(ds.end_epoch or ds.end_step for ds in training_sets):
+        problems.append(f"{where}: every training dataset has an end_epoch or end_step, so "
+                        "after the last one ends nothing is left to train; remove them from "
+                        "the dataset that should train to the end")
     if training is not None:
         _check_against_training(training_sets, training, where, problems)
+
+
+def _check_end(ds: DatasetConfig, where: str, problems: list[str]) -> None:
+    """An end before the start would leave the dataset out of every epoch (SimpleTuner refuses
+    it too)."""
+    if ds.end_epoch and ds.end_epoch < max(ds.start_epoch, 1):
+        problems.append(f"{where}: {_label(ds)}: end_epoch {ds.end_epoch} is before start_epoch "
+                        f"{max(ds.start_epoch, 1)}, so it would never be drawn; raise end_epoch "
+                        "or lower start_epoch")
+    if ds.end_step and ds.end_step < max(ds.start_step, 1):
+        problems.append(f"{where}: {_label(ds)}: end_step {ds.end_step} is before start_step "
+                        f"{ds.start_step}, so it would never be drawn; raise end_step or lower "
+                        "start_step")
 
 
 def _check_against_training(datasets: list[DatasetConfig], training: TrainingConfig,

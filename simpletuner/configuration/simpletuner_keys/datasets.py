@@ -58,6 +58,4 @@ DATASET_KEYS = {
               "would be upscaled"),
     **refused("timestep_sampling_offset", "remove it; every dataset draws timesteps the same "
               "way", (None, 0)),
-    **refused("end_epoch end_step", "remove it; a dataset stays in the schedule from its "
-              "start_epoch and start_step to the end"),
 }

@@ -7,6 +7,10 @@ SimpleTuner's dataset keys, with its meanings:
   where both hold. Epochs here are passes of every dataset that has joined, so a dataset that
   joins mid-epoch joins that epoch's remaining steps with its whole pass, and an epoch in which
   nothing can join before its other datasets run out ends there (as SimpleTuner's does).
+- ``end_epoch`` (the last epoch, from 1) and ``end_step`` (the last optimizer step, from 1;
+  null or 0: no end): a dataset is no longer drawn after either. A dataset that ends mid-epoch
+  leaves that epoch's remaining steps, which are drawn again from what the others still hold;
+  the rest of its pass is never trained (the audit reports it as ended).
 - ``probability``: a relative weight. Each next group (one optimizer step) is drawn from the
   groups the epoch still holds, a group of dataset ``d`` with odds proportional to ``p_d``
   (Efraimidis-Spirakis keys: sorting exponential variates of rate ``p_d``). A low probability
@@ -21,8 +25,8 @@ so every rank computes the same schedule and a resume recomputes it without repl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,6 +34,7 @@ from simpletuner.configuration.errors import ConfigError
 from simpletuner.helpers.metadata.permutation import stable_argsort, stable_permutation, stable_seed
 
 _UNIT = 2.0 ** -53  # 53 random bits -> a float in (0, 1)
+NEVER = np.iinfo(np.int64).max  # a leave step: the dataset is drawn to the epoch's end
 
 
 @dataclass(frozen=True)
@@ -39,18 +44,37 @@ class DatasetSchedule:
     probability: float = 1.0
     start_epoch: int = 1  # SimpleTuner counts epochs from 1
     start_step: int = 0   # SimpleTuner's optimizer step, from 1; 0 and 1 mean the first
+    end_epoch: int | None = None  # the last epoch it is drawn in (from 1); None: no end
+    end_step: int | None = None   # the last optimizer step it is drawn at (from 1)
 
     @classmethod
     def of(cls, dataset) -> "DatasetSchedule":
-        """From a DatasetConfig (start_epoch 0 is SimpleTuner's 1)."""
-        return cls(dataset.probability, max(dataset.start_epoch, 1), dataset.start_step)
+        """From a DatasetConfig (start_epoch 0 is SimpleTuner's 1; an end of 0 is no end)."""
+        return cls(dataset.probability, max(dataset.start_epoch, 1), dataset.start_step,
+                   dataset.end_epoch or None, dataset.end_step or None)
+
+    @property
+    def ends(self) -> bool:
+        return self.end_epoch is not None or self.end_step is not None
 
     def join_offset(self, epoch: int, steps_before: int) -> int | None:
         """Steps of ``epoch`` (0-based) that pass before this dataset may be drawn, with
-        ``steps_before`` optimizer steps in the earlier epochs; None before its start epoch."""
-        if epoch + 1 < self.start_epoch:
+        ``steps_before`` optimizer steps in the earlier epochs; None when it is not drawn in
+        this epoch (before its start epoch, after its end)."""
+        join = max(0, self.start_step - 1 - steps_before)
+        leave = self.leave_offset(epoch, steps_before)
+        if epoch + 1 < self.start_epoch or (leave is not None and leave <= join):
             return None
-        return max(0, self.start_step - 1 - steps_before)
+        return join
+
+    def leave_offset(self, epoch: int, steps_before: int) -> int | None:
+        """Steps of ``epoch`` (0-based) after which this dataset is no longer drawn (0: not in
+        this epoch); None when it may be drawn to the epoch's end."""
+        if self.end_epoch is not None and epoch + 1 > self.end_epoch:
+            return 0
+        if self.end_step is None:
+            return None
+        return max(0, self.end_step - steps_before)
 
     def fingerprint(self) -> dict:
         """The keys that differ from the defaults (a run that sets none keeps its fingerprint)."""
@@ -61,29 +85,36 @@ class DatasetSchedule:
 @dataclass(frozen=True)
 class EpochEntry:
     """Which datasets epoch ``epoch`` holds: dataset id -> the step of the epoch from which it
-    is drawn (0 = from the start), and the epoch each of them first joined."""
+    is drawn (0 = from the start), the epoch each of them first joined, and the step of the
+    epoch from which each that ends within it is no longer drawn."""
 
     epoch: int
     steps_before: int | None     # optimizer steps of the earlier epochs (None once settled)
     joins: dict[str, int]
     first_epochs: dict[str, int]
     steps: int | None            # optimizer steps (groups) of this epoch (None once settled)
+    leaves: dict[str, int] = field(default_factory=dict)
 
 
-GroupsOf = Callable[[str, int, int], int]  # (dataset id, epoch, its first epoch) -> groups
+GroupsOf = Callable[[str, int, int], Sequence[int]]
+"""(dataset id, epoch, its first epoch) -> each of its buckets' groups (buckets sorted)."""
 
 
 class DatasetTimeline:
-    """Epoch entries, worked out in order from epoch 0 until every dataset has joined (a few
-    ints per epoch); from then on every epoch holds them all from its first step, so a resume
-    at a late epoch replays nothing (the step counts of those epochs are not needed: None).
+    """Epoch entries, worked out in order from epoch 0 until every dataset has joined and every
+    dataset with an end has ended (a few ints per epoch); from then on every epoch holds the
+    rest from its first step, so a resume at a late epoch replays nothing (the step counts of
+    those epochs are not needed: None).
 
-    ``groups_of`` gives a dataset's optimizer steps in an epoch, which with ``bucket_tail:
-    carry`` depends on how many passes it trained before (its first epoch)."""
+    ``groups_of`` gives a dataset's optimizer steps per bucket in an epoch, which with
+    ``bucket_tail: carry`` depends on how many passes it trained before (its first epoch).
+    An epoch's length is that of its group order, which an end within it shortens."""
 
-    def __init__(self, schedules: Mapping[str, DatasetSchedule], groups_of: GroupsOf):
+    def __init__(self, schedules: Mapping[str, DatasetSchedule], groups_of: GroupsOf, *,
+                 seed: int):
         self.schedules = dict(sorted(schedules.items()))
         self.groups_of = groups_of
+        self.seed = seed
         self._entries: list[EpochEntry] = []
 
     def entry(self, epoch: int) -> EpochEntry:
@@ -92,26 +123,52 @@ class DatasetTimeline:
         if epoch < len(self._entries):
             return self._entries[epoch]
         last = self._entries[-1]
-        return EpochEntry(epoch, None, dict.fromkeys(last.joins, 0), last.first_epochs, None)
+        staying = [d for d in last.first_epochs if not self.schedules[d].ends]
+        return EpochEntry(epoch, None, dict.fromkeys(staying, 0), last.first_epochs, None)
 
     def _settled(self) -> bool:
-        return bool(self._entries) and len(self._entries[-1].first_epochs) == len(self.schedules)
+        if not self._entries:
+            return False
+        last = self._entries[-1]
+        after = last.steps_before + last.steps
+        return len(last.first_epochs) == len(self.schedules) and all(
+            s.leave_offset(last.epoch + 1, after) == 0 for s in self.schedules.values() if s.ends)
 
     def _next(self, previous: EpochEntry | None) -> EpochEntry:
         epoch = 0 if previous is None else previous.epoch + 1
         steps_before = 0 if previous is None else previous.steps_before + previous.steps
-        first = {} if previous is None else dict(previous.first_epochs)
+        first = {} if previous is None else previous.first_epochs
         offsets = {d: s.join_offset(epoch, steps_before) for d, s in self.schedules.items()}
-        waiting = sorted((offset, d) for d, offset in offsets.items() if offset is not None)
-        joins: dict[str, int] = {}
-        steps = 0
-        for offset, dataset_id in waiting:
-            if dataset_id not in first and offset > steps:
-                break  # the epoch runs out before this dataset (and any later one) may start
-            joins[dataset_id] = 0 if dataset_id in first else offset
-            first.setdefault(dataset_id, epoch)
-            steps += self.groups_of(dataset_id, epoch, first[dataset_id])
-        return EpochEntry(epoch, steps_before, joins, first, steps)
+        joins = {d: 0 if d in first else offset for d, offset in offsets.items()
+                 if offset is not None}
+        leaves = {d: leave for d in joins
+                  if (leave := self.schedules[d].leave_offset(epoch, steps_before)) is not None}
+        steps = len(self._order(epoch, joins, leaves, {**dict.fromkeys(joins, epoch), **first}))
+        joined = {d: offset for d, offset in joins.items() if offset <= steps}
+        first = {**dict.fromkeys(joined, epoch), **first}
+        leaves = {d: leave for d, leave in leaves.items() if d in joined and leave <= steps}
+        return EpochEntry(epoch, steps_before, joined, first, steps, leaves)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The bucket of each group (optimizer step) of ``epoch``; buckets are numbered
+        dataset by dataset (sorted ids), each dataset's buckets in sorted order."""
+        entry = self.entry(epoch)
+        return self._order(epoch, entry.joins, entry.leaves, entry.first_epochs)
+
+    def _order(self, epoch: int, joins: Mapping[str, int], leaves: Mapping[str, int],
+               first: Mapping[str, int]) -> np.ndarray:
+        """group_order over every bucket; a dataset the epoch does not hold has no groups."""
+        groups, weights, join_steps, leave_steps = [], [], [], []
+        for dataset_id, schedule in self.schedules.items():
+            per_bucket = self.groups_of(dataset_id, epoch, first.get(dataset_id, epoch))
+            held = dataset_id in joins
+            groups.extend(per_bucket if held else [0] * len(per_bucket))
+            weights.extend([schedule.probability] * len(per_bucket))
+            join_steps.extend([joins.get(dataset_id, -1)] * len(per_bucket))
+            leave_steps.extend([leaves.get(dataset_id, NEVER)] * len(per_bucket))
+        return group_order(np.array(groups, dtype=np.int64), np.array(weights),
+                           np.array(join_steps, dtype=np.int64),
+                           np.array(leave_steps, dtype=np.int64), seed=self.seed, epoch=epoch)
 
     def first_epoch_by(self, total_steps: int) -> dict[str, int | None]:
         """Each dataset's first epoch within ``total_steps`` optimizer steps (None: it never
@@ -153,25 +210,31 @@ def weighted_permutation(weights: np.ndarray, *parts: object) -> np.ndarray:
     return stable_argsort(-np.log(uniform) / weights)
 
 
-def group_order(per_bucket: np.ndarray, weights: np.ndarray, joins: np.ndarray, *,
-                seed: int, epoch: int) -> np.ndarray:
+def group_order(per_bucket: np.ndarray, weights: np.ndarray, joins: np.ndarray,
+                leaves: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
     """The bucket of each group (optimizer step) of ``epoch``. ``per_bucket``: each bucket's
     groups; ``weights``: its dataset's probability; ``joins``: the step from which its dataset
-    is drawn. Between two join steps the groups still to come, with those of the datasets that
-    joined, are ordered again by a permutation fixed by ``(seed, epoch, step)``."""
-    steps = sorted({int(j) for j, n in zip(joins, per_bucket) if n})
+    is drawn; ``leaves``: the step from which it no longer is (``NEVER``: to the end). At each
+    join or leave step the groups still to come, with those of the datasets that joined and
+    without those of the datasets that left, are ordered again by a permutation fixed by
+    ``(seed, epoch, step)``. The epoch ends where its groups run out before the next such step."""
+    active = per_bucket > 0
+    steps = sorted({int(j) for j in joins[active]} | {int(j) for j in leaves[active]} - {NEVER})
     order: list[np.ndarray] = []
     pool = np.zeros(len(per_bucket), dtype=np.int64)
     done = 0
     for k, step in enumerate(steps):
+        if done < step:
+            break  # nothing left to draw before this step: the epoch ends
         pool += np.where(joins == step, per_bucket, 0)
+        pool[leaves == step] = 0
         canonical = np.repeat(np.arange(len(per_bucket)), pool)
         parts = ("schedule", seed, epoch) + ((step,) if k else ())
         drawn = canonical[weighted_permutation(weights[canonical], *parts)]
         upto = steps[k + 1] - done if k + 1 < len(steps) else len(drawn)
         order.append(drawn[:upto])
         pool -= np.bincount(drawn[:upto], minlength=len(per_bucket))
-        done += upto
+        done += len(order[-1])
     return np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
 
 

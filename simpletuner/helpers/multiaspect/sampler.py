@@ -28,8 +28,7 @@ from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, Data
                                                 check_bucket_sizes, split_bucket)
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
-from simpletuner.helpers.multiaspect.dataset_schedule import (DatasetSchedule, DatasetTimeline,
-                                                              group_order)
+from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule, DatasetTimeline
 from simpletuner.helpers.multiaspect.sample_lists import describe_sample_changes, sample_lists
 
 logger = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ class SamplerDataset:
     allow_oversubscription: bool = False
     captions: CaptionPolicy = CaptionPolicy()  # which caption of the read text, per epoch
     bucket_tail: BucketTail = DEFAULT_BUCKET_TAIL
-    schedule: DatasetSchedule = DatasetSchedule()  # probability, start_epoch, start_step
+    schedule: DatasetSchedule = DatasetSchedule()  # probability, start and end
 
     @property
     def spec(self) -> DatasetSpec:
@@ -101,7 +100,7 @@ class MultiAspectSampler:
         self.notes = check_bucket_sizes([d.spec for d in self.datasets], processes, accumulation)
         self.buckets = [(d, key) for d in self.datasets for key in sorted(d.index.buckets)]
         self.timeline = DatasetTimeline({d.index.dataset_id: d.schedule for d in self.datasets},
-                                        self._dataset_groups)
+                                        self._dataset_groups, seed=seed)
         self._counts_by_epoch: dict[int, list[BucketCounts]] = {}
         self._sample_lists: dict | None = None  # built at the first state_dict, then reused
         self.epoch = 0
@@ -114,7 +113,11 @@ class MultiAspectSampler:
         return self.micro_batches_in(self.epoch)
 
     def micro_batches_in(self, epoch: int) -> int:
-        """This rank's micro-batches in ``epoch``; the same on every rank."""
+        """This rank's micro-batches in ``epoch``; the same on every rank. A dataset that ends
+        within the epoch (end_step) leaves the rest of its groups out of it."""
+        entry = self.timeline.entry(epoch)
+        if entry.leaves:
+            return entry.steps * self.accumulation
         return sum(c.micro_batches for c in self.counts(epoch))
 
     def counts(self, epoch: int) -> list[BucketCounts]:
@@ -140,11 +143,12 @@ class MultiAspectSampler:
         return counts if joined else replace(counts, carried_in=0, kept=0, trimmed=0,
                                              carried_out=0)
 
-    def _dataset_groups(self, dataset_id: str, epoch: int, first_epoch: int) -> int:
-        """The dataset's optimizer steps in ``epoch`` once it has joined (for the timeline)."""
+    def _dataset_groups(self, dataset_id: str, epoch: int, first_epoch: int) -> list[int]:
+        """Each bucket's optimizer steps in ``epoch`` once the dataset has joined (for the
+        timeline)."""
         d = self._by_id[dataset_id]
-        return sum(self._bucket_counts(d, key, epoch, first_epoch).optimizer_steps
-                   for key in sorted(d.index.buckets))
+        return [self._bucket_counts(d, key, epoch, first_epoch).optimizer_steps
+                for key in sorted(d.index.buckets)]
 
     def fingerprint(self) -> dict:
         """Everything that decides the plan; plain JSON so a mismatch can name what changed."""
@@ -226,6 +230,9 @@ class MultiAspectSampler:
         parts += [f"dataset '{d}' joins the schedule at step {step + 1} of the epoch"
                   for d, step in entry.joins.items()
                   if entry.first_epochs[d] == epoch and (epoch or step)]  # start_epoch/_step
+        parts += [f"dataset '{d}' leaves the schedule after step {step} of the epoch (end_step "
+                  "or end_epoch; the rest of its pass is not trained)"
+                  for d, step in entry.leaves.items()]
         return f"{kind} {epoch}: " + ("; ".join(parts) or "the split trims nothing")
 
     def _per_bucket(self, counts: list[BucketCounts], field: str) -> tuple[int, str]:
@@ -298,17 +305,12 @@ class MultiAspectSampler:
 
     def _epoch_schedule(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Per group: which bucket, and how many earlier groups of the epoch used that bucket.
-        Each dataset's groups are drawn with its probability, from the step it joins at
-        (dataset_schedule.py)."""
+        Each dataset's groups are drawn with its probability, from the step it joins at to the
+        step it leaves at (dataset_schedule.py)."""
         self._use_epoch(epoch)
         if self._schedule is None:
-            per_bucket = np.array([c.optimizer_steps for c in self.counts(epoch)],
-                                  dtype=np.int64)
-            joins = self.timeline.entry(epoch).joins
-            groups = group_order(
-                per_bucket, np.array([d.schedule.probability for d, _ in self.buckets]),
-                np.array([joins.get(d.index.dataset_id, -1) for d, _ in self.buckets]),
-                seed=self.seed, epoch=epoch)
+            groups = self.timeline.epoch_order(epoch)
+            per_bucket = np.bincount(groups, minlength=len(self.buckets))  # an end cuts some
             by_bucket = np.argsort(groups, kind="stable")
             first = np.cumsum(per_bucket) - per_bucket
             ordinals = np.empty_like(groups)

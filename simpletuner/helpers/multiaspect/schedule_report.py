@@ -13,45 +13,48 @@ from simpletuner.helpers.multiaspect.dataset_schedule import (DatasetSchedule, D
 
 
 def _groups_of(specs: dict[str, DatasetSpec], processes: int, accumulation: int):
-    def groups(dataset_id: str, epoch: int, first_epoch: int) -> int:
+    def groups(dataset_id: str, epoch: int, first_epoch: int) -> list[int]:
         spec = specs[dataset_id]
         eff = spec.effective_batch(processes, accumulation)
-        return sum(bucket_counts(len(ids), spec.repeats, eff, tail=spec.bucket_tail, epoch=epoch,
-                                 first_epoch=first_epoch,
-                                 allow_oversubscription=spec.allow_oversubscription
-                                 ).optimizer_steps for ids in spec.buckets.values())
+        return [bucket_counts(len(spec.buckets[key]), spec.repeats, eff, tail=spec.bucket_tail,
+                              epoch=epoch, first_epoch=first_epoch,
+                              allow_oversubscription=spec.allow_oversubscription
+                              ).optimizer_steps for key in sorted(spec.buckets)]
     return groups
 
 
 def _timeline(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
-              accumulation: int) -> DatasetTimeline:
-    """The sampler's timeline of the training datasets, from their specs."""
+              accumulation: int, seed: int | None) -> DatasetTimeline:
+    """The sampler's timeline of the training datasets, from their specs. Without a configured
+    seed (broadcast at run time) it assumes 0: only a join after another dataset's end_step
+    depends on it."""
     schedules = {ds.id: DatasetSchedule.of(ds) for ds in datasets if ds.dataset_type != "eval"}
     by_id = {spec.dataset_id: spec for spec in specs if spec.dataset_id in schedules}
-    return DatasetTimeline(schedules, _groups_of(by_id, processes, accumulation))
+    return DatasetTimeline(schedules, _groups_of(by_id, processes, accumulation), seed=seed or 0)
 
 
 def schedule_first_epochs(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
-                          accumulation: int):
-    """(dataset id, epoch) -> the epoch it first joined, None before: for `plan
+                          accumulation: int, seed: int | None):
+    """(dataset id, epoch) -> the epoch it first joined, None before and after: for `plan
     --num-processes` (evaluation datasets: 0)."""
-    timeline = _timeline(datasets, specs, processes, accumulation)
+    timeline = _timeline(datasets, specs, processes, accumulation, seed)
 
     def first_epoch(dataset_id: str, epoch: int) -> int | None:
         if dataset_id not in timeline.schedules:
             return 0
-        return timeline.entry(epoch).first_epochs.get(dataset_id)
+        entry = timeline.entry(epoch)  # None too once it has ended (end_epoch, end_step)
+        return entry.first_epochs.get(dataset_id) if dataset_id in entry.joins else None
     return first_epoch
 
 
 def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
                      accumulation: int, max_train_steps: int | None,
-                     num_train_epochs: int | None) -> dict:
+                     num_train_epochs: int | None, seed: int | None) -> dict:
     """dataset id -> its schedule keys, odds share, regularisation flag, and where it joins:
     epoch (from 1, as start_epoch counts), that epoch's step and the optimizer step (from 1);
     joins None when it would not start within the run's steps."""
     training = [ds for ds in datasets if ds.dataset_type != "eval"]
-    timeline = _timeline(datasets, specs, processes, accumulation)
+    timeline = _timeline(datasets, specs, processes, accumulation, seed)
     limit = max_train_steps
     if limit is None:  # num_train_epochs (launch_checks asks for one of the two)
         last = timeline.entry(max((num_train_epochs or 1) - 1, 0))
@@ -69,6 +72,7 @@ def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes
                      "optimizer_step": entry.steps_before + step + 1}
         found[ds.id] = {"probability": ds.probability, "share": share[ds.id],
                         "start_epoch": ds.start_epoch, "start_step": ds.start_step,
+                        "end_epoch": ds.end_epoch or None, "end_step": ds.end_step or None,
                         "is_regularisation_data": ds.is_regularisation_data, "joins": joins}
     return found
 
@@ -81,9 +85,11 @@ def schedule_table(schedule: dict, processes: int, accumulation: int) -> str:
             j = d["joins"]
             where = (f"joins epoch {j['epoch']} (trace epoch {j['epoch'] - 1}) at its step "
                      f"{j['step_of_epoch']} (optimizer step {j['optimizer_step']})")
+        ends = "".join(f", {key} {d[key]}" for key in ("end_epoch", "end_step")
+                       if d[key] is not None)
         kind = "; regularisation (target: the base model's prediction)" if (
             d["is_regularisation_data"]) else ""
         lines.append(f"  dataset '{dataset_id}': probability {d['probability']:g} "
                      f"({100 * d['share']:.1f}% of the odds), start_epoch {d['start_epoch']}, "
-                     f"start_step {d['start_step']}: {where}{kind}")
+                     f"start_step {d['start_step']}{ends}: {where}{kind}")
     return "\n".join(lines)

@@ -57,6 +57,8 @@ def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[
             "probability": schedule.probability,
             "start_epoch": schedule.start_epoch,
             "start_step": schedule.start_step,
+            "end_epoch": schedule.end_epoch,
+            "end_step": schedule.end_step,
         }
 
     def per_epoch(found: Leftovers) -> dict:
@@ -149,9 +151,11 @@ def expected_occurrences(plan: dict, epoch: int, untrimmed: Counter,
                          present: dict[str, Presence] | None = None) -> Counter:
     """(dataset, bucket, sample) -> occurrences the epoch should assign; only datasets the
     epoch holds (``present``; None: all)."""
-    if present is not None:
+    carried_in = _listed(plan, "carried", epoch - 1)
+    if present is not None:  # what an ended dataset carried out is never trained
         untrimmed = Counter({k: n for k, n in untrimmed.items() if k[0] in present})
-    expected = untrimmed + _listed(plan, "carried", epoch - 1)
+        carried_in = Counter({k: n for k, n in carried_in.items() if k[0] in present})
+    expected = untrimmed + carried_in
     expected.subtract(_listed(plan, "epochs", epoch))
     expected.subtract(_listed(plan, "carried", epoch))
     return expected
@@ -220,10 +224,12 @@ def carried_first_problems(plan: dict, epoch: int, per_rank: dict[int, list[dict
         for key, carried in buckets.items():
             first = math.ceil(len(carried) / width)
             opened: Counter = Counter()
+            trained: Counter = Counter()  # an end (end_step) may leave carried ones untrained
             for records in per_rank.values():
                 of_bucket = [r for r in records if (r["dataset"], r["bucket"]) == (dataset_id, key)]
                 opened.update(s for r in of_bucket[:first] for s in r["samples"])
-            late = Counter(carried) - opened
+                trained.update(s for r in of_bucket for s in r["samples"])
+            late = (Counter(carried) & trained) - opened
             if late:
                 problems.append(f"epoch {epoch}: dataset '{dataset_id}' bucket {key}: "
                                 f"occurrences carried from epoch {epoch - 1} are not trained "
@@ -240,11 +246,13 @@ class EpochSummary:
     duplicated: int
     trimmed: int
     carried: int   # into the next epoch (bucket_tail carry)
+    ended: int = 0  # left untrained by a dataset that ends within the epoch (end_step)
 
     def line(self) -> str:
+        ended = f", {self.ended} left untrained by an end_step" if self.ended else ""
         return (f"epoch {self.epoch}: {self.assigned} assigned, {self.unique} unique, "
                 f"{self.missing} missing, {self.duplicated} duplicated, {self.trimmed} trimmed, "
-                f"{self.carried} carried into epoch {self.epoch + 1}")
+                f"{self.carried} carried into epoch {self.epoch + 1}{ended}")
 
 
 @dataclass
@@ -265,6 +273,9 @@ class AuditReport:
         verdict = "FAILED"
         if self.ok:
             verdict = "OK: every kept occurrence assigned exactly once"
+            ended = sum(e.ended for e in self.epochs)
+            if ended:
+                verdict += f"; {ended} left untrained where a dataset ended (end_step)"
             if any(e.carried for e in self.epochs):
                 verdict += (f"; every carried one in the next epoch, so only the last epoch's "
                             f"{self.untrained} (short of one effective batch) are untrained")
@@ -301,8 +312,11 @@ def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
         problems.append(f"traces contain epochs {extra} that the plan does not cover")
     summaries = []
     untrimmed = untrimmed_occurrences(plan)
-    presence = expected_presence(plan, max(planned, default=-1) + 1,
-                                 lambda dataset_id, nth: dataset_steps(plan, dataset_id, nth))
+    presence = expected_presence(
+        plan, max(planned, default=-1) + 1,
+        lambda dataset_id, nth: dataset_steps(plan, dataset_id, nth),
+        lambda epoch: max((sum(r["epoch"] == epoch for r in records) for records in
+                           traces.values()), default=0) // plan["accumulation"])
     for epoch in planned:
         per_rank = {rank: [r for r in records if r["epoch"] == epoch]
                     for rank, records in sorted(traces.items())}
@@ -315,11 +329,13 @@ def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
                       for r in records if not r.get("stand_in") for s in r["samples"])
         expected = expected_occurrences(plan, epoch, untrimmed, present)
         keys = set(got) | set(expected)
+        cut = {k for k in keys if present.get(k[0], Presence(0, 0)).leave is not None}
         summaries.append(EpochSummary(
             epoch=epoch,
             assigned=sum(got.values()),
             unique=sum(min(got[k], expected[k]) for k in keys),
-            missing=sum(max(0, expected[k] - got[k]) for k in keys),
+            missing=sum(max(0, expected[k] - got[k]) for k in keys - cut),
+            ended=sum(max(0, expected[k] - got[k]) for k in cut),
             duplicated=sum(max(0, got[k] - expected[k]) for k in keys),
             trimmed=sum(_listed(plan, "epochs", epoch).values()),
             carried=sum(_listed(plan, "carried", epoch).values()),
