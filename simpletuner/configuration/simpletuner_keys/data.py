@@ -17,6 +17,8 @@ DATA_KEYS = {
     **refused("caption_strategy instance_prompt parquet_caption_column parquet_filename_column",
               PER_DATASET + " (parquet_*: in the dataset's parquet block)"),
     **refused("prepend_instance_prompt only_instance_prompt", PER_DATASET),
+    **refused("disable_multiline_split", PER_DATASET + " (SimpleTuner's WebUI copies this "
+              "default into the datasets it creates; its trainer reads the dataset's key)"),
     **refused("aws_max_pool_connections", PER_DATASET, (None, 128)),
     **ignored("aspect_bucket_rounding", NO_ASPECT_ROUNDING),
     **ignored("disable_bucket_pruning", "accepted; no image is pruned silently here: a bucket "

@@ -24,6 +24,11 @@ REPORTING_KEYS = {
     **refused("validation_prompt_library", "SimpleTuner's built-in prompt library is not "
               "shipped here; list the prompts in validation_prompt or a user_prompt_library file"),
     **refused("eval_epoch_interval", "use eval_steps_interval"),
+    **ignored("configs_dir", "accepted; SimpleTuner's WebUI keeps its saved configurations "
+              "there, and training reads only this config.json"),
+    **refused("merge_environment_config", "remove it; this config.json is read on its own, "
+              "not merged over a WebUI environment's defaults: copy the options you want into "
+              "it"),
     **ignored("eval_timesteps", "accepted; the eval loss draws one timestep per sample from "
               "generators seeded per (seed, rank, micro-batch): the same draws every evaluation"),
     **ignored("eval_dataset_pooling", "accepted; each eval dataset's loss is logged, and their "
