@@ -137,6 +137,10 @@ class SimpleTunerConfigTest(unittest.TestCase):
         problems = self.problems({"checkpoint_step_interval": 25, "checkpointing_steps": 5},
                                  [self.image_dataset()])
         self.assertIn("given twice", problems[0])
+        # instance_data_root: the older name SimpleTuner's factory still reads
+        (dataset,) = self.load({}, [{"id": "photos", "instance_data_root": str(
+            self.root / "images")}]).datasets
+        self.assertEqual(dataset.instance_data_dir, str(self.root / "images"))
 
     def test_simpletuners_placeholders_in_dataset_paths(self):
         with mock.patch.dict(os.environ, {"ST_TEST_ROOT": "/data"}):

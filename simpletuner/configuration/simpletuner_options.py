@@ -103,4 +103,5 @@ CONFIG_JSON = SimpleTunerVocabulary(CONFIG_KEYS, CONFIG_VALUES, CONFIG_DIFFERENT
 MULTIDATABACKEND_JSON = SimpleTunerVocabulary(
     {**{key: Foreign(advice) for key, advice in _DATASET_KEYS.items()}, **DATASET_KEYS},
     _DATASET_VALUES, _DATASET_DIFFERENT,
-    aliases={"disable": "disabled", "is_regularization_data": "is_regularisation_data"})
+    aliases={"disable": "disabled", "is_regularization_data": "is_regularisation_data",
+             "instance_data_root": "instance_data_dir"})

@@ -27,15 +27,25 @@ DATASET_KEYS = {
     **refused("num_proc", ONE_PASS),
     **refused("filter_func", PREFILTER),
     **ignored("auto_load", "accepted; a huggingface dataset is opened when first needed"),
-    **refused("csv_file csv_cache_dir csv_caption_column csv_url_column", "belongs to type "
-              "'csv' datasets, which are not supported here; use type 'local'"),
-    **refused("webshart webshart_optimise_captions webshart_optimize_captions", "belongs to "
-              "webshart datasets, which are not supported here; use type 'local' or 'aws'"),
+    **refused("csv_file csv_cache_dir csv_caption_column csv_url_column csv_hash_filenames "
+              "csv_shorten_filenames", "belongs to type 'csv' datasets, which are not "
+              "supported here; use type 'local'"),
+    **refused("webshart webshart_optimise_captions webshart_optimize_captions source",
+              "belongs to webshart datasets, which are not supported here; use type 'local' "
+              "or 'aws'"),
     **refused("conditioning conditioning_data conditioning_type source_dataset_id "
               "conditioning_config conditioning_image_embeds "
               "cache_dir_conditioning_image_embeds conditioning_image_embed_batch_size "
-              "grounding grounding_data audio slider_strength distillation_type",
+              "grounding grounding_data audio slider_strength distillation_type s2v_datasets",
               NO_CONDITIONING),
+    **refused("metadata_clone_source_id", "remove it; each dataset's bucket index is built from "
+              "its own files"),
+    **ignored("cache_file_suffix", "accepted; a dataset's bucket index cache is named by its "
+              "id"),
+    **refused("shuffle", "remove it; every training dataset is shuffled each epoch from the "
+              "shared seed", (None, True)),
+    **refused("disable_after_epoch_step", "use end_step: the dataset is no longer drawn after "
+              "it (SimpleTuner also lowers its odds step by step until then)"),
     **refused("text_cache_ondemand text_cache_disable vae_cache_ondemand vae_cache_disable "
               "disable_vae_cache", "remove it; latents and text embeddings are cached before "
               "training"),
