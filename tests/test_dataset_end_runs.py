@@ -6,20 +6,16 @@ resumed run's samples and losses are the uninterrupted run's."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import unittest
 from collections import Counter
 from pathlib import Path
 
-from PIL import Image
+from test_distributed_schedule import audit_in_processes, lockstep_traces
+from test_schedule_training import run_then_resume, step_losses
+from training_fixtures import make_shapes, read_jsonl
 
-import test_distributed as distributed
-from test_schedule_training import step_losses
-from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
-
-WORLD = 3
 END_STEP = 2
 DATASETS = {"photos": (36, {"probability": 0.3}), "early": (18, {"end_step": END_STEP}),
             "first": (12, {"end_epoch": 1})}
@@ -28,23 +24,7 @@ DATASETS = {"photos": (36, {"probability": 0.3}), "early": (18, {"end_step": END
 class EndAuditTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory()
-        cls.root = Path(cls._tmp.name)
-        (cls.root / "tmp").mkdir()
-        backends = []
-        for dataset_id, (count, keys) in DATASETS.items():
-            for i in range(count):
-                path = cls.root / dataset_id / f"{dataset_id}_{i:03d}.png"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                Image.new("RGB", (64, 64), (i * 30 % 256, 80, 140)).save(path)
-            backends.append({"id": dataset_id, "instance_data_dir": str(cls.root / dataset_id),
-                             "caption_strategy": "filename", **keys})
-        (cls.root / "multidatabackend.json").write_text(json.dumps(backends))
-        config = distributed.write_config(cls.root, "config.json", gradient_accumulation_steps=1,
-                                          seed=3)
-        cls.output = cls.root / "audit"
-        cls.results = distributed.launch(["--config", str(config), "--output", str(cls.output),
-                                          "--epochs", "2"], WORLD, str(cls.root / "tmp"))
+        audit_in_processes(cls, DATASETS, [(64, 64)], seed=3, epochs=2)
 
     @classmethod
     def tearDownClass(cls):
@@ -54,12 +34,7 @@ class EndAuditTest(unittest.TestCase):
         for rank, (code, out, err) in enumerate(self.results):
             self.assertEqual(code, 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}")
         self.assertIn("OK: every kept occurrence assigned exactly once", self.results[0][1])
-        traces = [[json.loads(line) for line in (self.output / f"rank-{r}.jsonl").open()]
-                  for r in range(WORLD)]
-        self.assertEqual(len({len(t) for t in traces}), 1)
-        for records in zip(*traces):
-            self.assertEqual(len({(r["epoch"], r["step"], r["dataset"], r["bucket"])
-                                  for r in records}), 1)
+        traces = lockstep_traces(self)
         per_epoch = Counter(r["epoch"] for r in traces[0])
         early = [r for r in traces[0] if r["dataset"] == "early"]
         self.assertTrue(early)
@@ -83,15 +58,7 @@ class CurriculumResumeTest(unittest.TestCase):
                     {"id": "high", "instance_data_dir": str(root / "high"), "start_step": 3}]
         options = dict(datasets=datasets, model_type="lora", lora_rank=4, max_train_steps=6,
                        checkpointing_steps=2, trace_samples=True, report_to="tensorboard")
-        cls.full = run_train_sh(write_config(root, root / "low", "full", **options), cls.tmp)
-        cls.full_out, cls.resumed_out = root / "full-out", root / "resumed-out"
-        cls.resumed = None
-        if cls.full.returncode == 0:
-            cls.resumed_out.mkdir()
-            shutil.copytree(cls.full_out / "checkpoint-2", cls.resumed_out / "checkpoint-2")
-            cls.resumed = run_train_sh(write_config(
-                root, root / "low", "resumed", resume_from_checkpoint="latest", **options),
-                cls.tmp)
+        run_then_resume(cls, root / "low", options, 2)
 
     @classmethod
     def tearDownClass(cls):

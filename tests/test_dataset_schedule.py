@@ -218,22 +218,28 @@ class ProbabilityTest(unittest.TestCase):
         self.assertNotEqual(epochs[0], epochs[1])
 
 
+def assert_resumes_anywhere(case: unittest.TestCase, data, cuts: tuple[int, ...],
+                            epochs: int = 4) -> None:
+    """On 2 ranks with accumulation 2: a sampler resumed at each cut (and at the middle and the
+    last micro-batch) continues with the uninterrupted run's micro-batches."""
+    full = traces(samplers(data, 2, 2), epochs)
+    for rank in range(2):
+        for cut in (*cuts, len(full[rank]) // 2, len(full[rank]) - 1):
+            with case.subTest(rank=rank, cut=cut):
+                before = full[rank][cut]
+                resumed = MultiAspectSampler(data, seed=SEED, processes=2, rank=rank,
+                                             accumulation=2)
+                resumed.load_state_dict({"epoch": before["epoch"], "step": before["step"],
+                                         "fingerprint": resumed.fingerprint()})
+                rest = [trace_record(m) for _ in range(epochs - before["epoch"])
+                        for m in resumed]
+                case.assertEqual(rest, full[rank][cut:])
+
+
 class ResumeTest(unittest.TestCase):
     def test_resuming_at_any_position_continues_the_same_sequence(self):
         schedule = DatasetSchedule(probability=0.5, start_epoch=2, start_step=30)
-        data = datasets(schedule, batch=2)
-        full = traces(samplers(data, 2, 2), 4)
-        for rank in range(2):
-            for cut in (0, 5, 24, len(full[rank]) // 2, len(full[rank]) - 1):
-                with self.subTest(rank=rank, cut=cut):
-                    before = full[rank][cut]
-                    resumed = MultiAspectSampler(data, seed=SEED, processes=2, rank=rank,
-                                                 accumulation=2)
-                    resumed.load_state_dict({"epoch": before["epoch"], "step": before["step"],
-                                             "fingerprint": resumed.fingerprint()})
-                    rest = [trace_record(m) for _ in range(4 - before["epoch"])
-                            for m in resumed]
-                    self.assertEqual(rest, full[rank][cut:])
+        assert_resumes_anywhere(self, datasets(schedule, batch=2), (0, 5, 24))
 
     def test_a_changed_schedule_is_named_in_the_resume_warning(self):
         data = datasets(DatasetSchedule(start_step=7))

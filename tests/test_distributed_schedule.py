@@ -22,30 +22,51 @@ DATASETS = {"photos": (40, {}), "late": (12, {"start_epoch": 2, "probability": 0
             "mid": (16, {"start_step": MID_START_STEP})}
 
 
-def make_datasets(root: Path) -> None:
+def make_datasets(root: Path, datasets: dict[str, tuple[int, dict]], sizes) -> None:
+    """dataset id -> (images, its schedule keys): images of the sizes in turn, in root/<id>/,
+    and multidatabackend.json naming them."""
     backends = []
-    for dataset_id, (count, keys) in DATASETS.items():
+    for dataset_id, (count, keys) in datasets.items():
         for i in range(count):
             path = root / dataset_id / f"{dataset_id}_{i:03d}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
-            Image.new("RGB", SIZES[i % 2], (i * 30 % 256, 80, 140)).save(path)
+            Image.new("RGB", sizes[i % len(sizes)], (i * 30 % 256, 80, 140)).save(path)
         backends.append({"id": dataset_id, "instance_data_dir": str(root / dataset_id),
                          "caption_strategy": "filename", **keys})
     (root / "multidatabackend.json").write_text(json.dumps(backends))
 
 
+def audit_in_processes(case: type, datasets: dict[str, tuple[int, dict]], sizes, *,
+                       seed: int, epochs: int) -> None:
+    """For setUpClass: the datasets written to a temporary folder and the audit run on them
+    over WORLD gloo processes (case.root, case.output, case.results)."""
+    case._tmp = tempfile.TemporaryDirectory()
+    case.root = Path(case._tmp.name)
+    (case.root / "tmp").mkdir()
+    make_datasets(case.root, datasets, sizes)
+    config = distributed.write_config(case.root, "config.json", gradient_accumulation_steps=1,
+                                      seed=seed)
+    case.output = case.root / "audit"
+    case.results = distributed.launch(["--config", str(config), "--output", str(case.output),
+                                       "--epochs", str(epochs)], WORLD, str(case.root / "tmp"))
+
+
+def lockstep_traces(case: unittest.TestCase) -> list[list[dict]]:
+    """Every rank's audit trace, checked to be in lockstep: as many micro-batches on each, the
+    same epoch, step, dataset and bucket at each."""
+    traces = [[json.loads(line) for line in (case.output / f"rank-{r}.jsonl").open()]
+              for r in range(WORLD)]
+    case.assertEqual(len({len(t) for t in traces}), 1)
+    for records in zip(*traces):
+        case.assertEqual(len({(r["epoch"], r["step"], r["dataset"], r["bucket"])
+                              for r in records}), 1)
+    return traces
+
+
 class ScheduleAuditTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory()
-        cls.root = Path(cls._tmp.name)
-        (cls.root / "tmp").mkdir()
-        make_datasets(cls.root)
-        config = distributed.write_config(cls.root, "config.json", gradient_accumulation_steps=1,
-                                          seed=11)
-        cls.output = cls.root / "audit"
-        cls.results = distributed.launch(["--config", str(config), "--output", str(cls.output),
-                                          "--epochs", "3"], WORLD, str(cls.root / "tmp"))
+        audit_in_processes(cls, DATASETS, SIZES, seed=11, epochs=3)
 
     @classmethod
     def tearDownClass(cls):
@@ -62,12 +83,7 @@ class ScheduleAuditTest(unittest.TestCase):
         self.assertEqual(plan["datasets"]["mid"]["start_step"], MID_START_STEP)
 
     def test_lockstep_and_nothing_before_a_start(self):
-        traces = [[json.loads(line) for line in (self.output / f"rank-{r}.jsonl").open()]
-                  for r in range(WORLD)]
-        self.assertEqual(len({len(t) for t in traces}), 1)
-        for records in zip(*traces):
-            self.assertEqual(len({(r["epoch"], r["step"], r["dataset"], r["bucket"])
-                                  for r in records}), 1)
+        traces = lockstep_traces(self)
         per_epoch = Counter(r["epoch"] for r in traces[0])
         before = {0: 0, 1: per_epoch[0], 2: per_epoch[0] + per_epoch[1]}
         steps = {d: [before[r["epoch"]] + r["step"] + 1 for r in traces[0] if r["dataset"] == d]

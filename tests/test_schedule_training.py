@@ -30,6 +30,22 @@ def step_datasets(trace: list[dict]) -> dict[int, str]:
     return {i + 1: record["dataset"] for i, record in enumerate(trace)}
 
 
+def run_then_resume(case: type, data_dir: Path, options: dict, step: int) -> None:
+    """For setUpClass: ./train.sh in case.tmp (case.full, output case.full_out), then a run in
+    case.resumed_out from a copy of its checkpoint of ``step`` (case.resumed; None if the first
+    failed)."""
+    root = Path(case.tmp)
+    case.full = run_train_sh(write_config(root, data_dir, "full", **options), case.tmp)
+    case.full_out, case.resumed_out = root / "full-out", root / "resumed-out"
+    case.resumed = None
+    if case.full.returncode == 0:
+        case.resumed_out.mkdir()
+        shutil.copytree(case.full_out / f"checkpoint-{step}",
+                        case.resumed_out / f"checkpoint-{step}")
+        case.resumed = run_train_sh(write_config(
+            root, data_dir, "resumed", resume_from_checkpoint="latest", **options), case.tmp)
+
+
 class ScheduledRunTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -44,15 +60,7 @@ class ScheduledRunTest(unittest.TestCase):
         ]
         options = dict(datasets=datasets, model_type="lora", lora_rank=4, max_train_steps=10,
                        checkpointing_steps=5, trace_samples=True, report_to="tensorboard")
-        cls.full = run_train_sh(write_config(root, root / "subject", "full", **options), cls.tmp)
-        cls.full_out, cls.resumed_out = root / "full-out", root / "resumed-out"
-        cls.resumed = None
-        if cls.full.returncode == 0:
-            cls.resumed_out.mkdir()
-            shutil.copytree(cls.full_out / "checkpoint-5", cls.resumed_out / "checkpoint-5")
-            cls.resumed = run_train_sh(write_config(
-                root, root / "subject", "resumed", resume_from_checkpoint="latest", **options),
-                cls.tmp)
+        run_then_resume(cls, root / "subject", options, 5)
 
     @classmethod
     def tearDownClass(cls):
