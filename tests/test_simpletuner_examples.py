@@ -1,14 +1,12 @@
 """SimpleTuner's own example and quickstart configs pass `python -m simpletuner check` with only
 their paths changed, or are refused only for features this trainer does not have, each named.
-
 Paths point at the built-in tiny models and a folder of generated images. The examples' datasets
-are `type: huggingface` (another change brings that backend): until then the test points each
-at a local folder, keeping every other key."""
+are `type: huggingface` with Hub ids: they are kept as they are, the ids served from a Hugging
+Face cache (HF_HOME) where a snapshot of each was downloaded, as README says to do first.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 import sys
@@ -18,15 +16,12 @@ from pathlib import Path
 
 from PIL import Image
 
-from simpletuner.cli import main
-
+from huggingface_fixtures import hub_snapshot, shape_rows
 from launching import run_bounded
 from training_fixtures import environment, make_shapes
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simpletuner"
-HUGGINGFACE_KEYS = ("dataset_name", "metadata_backend")  # type 'huggingface' only
 PATH_KEYS = ("cache_dir_vae", "cache_dir")
-
 # Example -> the SimpleTuner options it is refused for: features that do not exist here.
 EXAMPLES = {
     "sd1x-dreamshaper.peft-lora": set(),
@@ -39,17 +34,25 @@ EXAMPLES = {
     "flux.peft-lora+TREAD": {"tread_config"},
 }
 REFUSED = re.compile(r"SimpleTuner option '([a-z_0-9]+)' is not supported here")
+HUB_IDS = ("RareConcepts/Domokun", "keras-dreambooth/minercraft")  # the examples' dataset_name
 
 
-def local_datasets(datasets: list, root: Path, name: str) -> list:
-    """The same entries with their paths under ``root`` (huggingface storage: a local folder)."""
+def downloaded_hub(root: Path) -> Path:
+    """An HF_HOME under ``root`` holding a snapshot of each example dataset (four 160 px
+    images with captions), as `hf download --repo-type dataset <id>` leaves it."""
+    hf_home = root / "hf-home"
+    for repo_id in HUB_IDS:
+        hub_snapshot(hf_home, repo_id, shape_rows([(160, 160)] * 4), root)
+    return hf_home
+
+
+def local_paths(datasets: list, root: Path, name: str) -> list:
+    """The same entries with their paths under ``root``; a huggingface entry keeps its Hub id."""
     changed = []
     for entry in datasets:
         entry = dict(entry)
-        if entry.get("type") == "huggingface":
-            entry = {k: v for k, v in entry.items() if k not in HUGGINGFACE_KEYS}
-            entry["type"] = "local"
-        if entry.get("dataset_type", "image") in ("image", "eval"):
+        if entry.get("type", "local") == "local" and entry.get("dataset_type", "image") in (
+                "image", "eval"):
             entry["instance_data_dir"] = str(root / "images")
         for key in PATH_KEYS:
             if key in entry:
@@ -61,7 +64,7 @@ def local_datasets(datasets: list, root: Path, name: str) -> list:
 def write_example(root: Path, name: str, config: dict, datasets: list) -> Path:
     """The config and its dataset file under ``root`` with only their paths changed."""
     backend = root / f"{name}.multidatabackend.json"
-    backend.write_text(json.dumps(local_datasets(datasets, root, name)))
+    backend.write_text(json.dumps(local_paths(datasets, root, name)))
     config = {**config, "data_backend_config": str(backend),
               "output_dir": str(root / name / "output"),
               "pretrained_model_name_or_path": f"builtin:tiny-{config['model_family']}"}
@@ -72,11 +75,18 @@ def write_example(root: Path, name: str, config: dict, datasets: list) -> Path:
     return path
 
 
-def run_check(path: Path) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        status = main(["check", "--config", str(path)])
-    return status, err.getvalue()
+def hub_environment(tmp: str, hf_home: Path) -> dict[str, str]:
+    return {**environment(tmp), "HF_HOME": str(hf_home)}
+
+
+def run_check(path: Path, hf_home: Path) -> tuple[int, str]:
+    """``python -m simpletuner check`` as ./train.sh runs it: (exit status, its report)."""
+    tmp = path.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    result = run_bounded([sys.executable, "-m", "simpletuner", "check", "--config", str(path)],
+                         tmpdir=tmp, env=hub_environment(str(tmp), hf_home), timeout=120,
+                         cwd=path.parent)
+    return result.returncode, result.stderr
 
 
 def example(name: str) -> tuple[dict, list]:
@@ -91,13 +101,14 @@ class SimpleTunerExamplesTest(unittest.TestCase):
         cls._tmp = tempfile.TemporaryDirectory()
         cls.root = Path(cls._tmp.name)
         make_shapes(cls.root / "images", per_size=2, sizes=((64, 64),))
+        cls.hf_home = downloaded_hub(cls.root)
 
     @classmethod
     def tearDownClass(cls):
         cls._tmp.cleanup()
 
     def check(self, name: str, config: dict, datasets: list) -> tuple[int, str]:
-        return run_check(write_example(self.root, name, config, datasets))
+        return run_check(write_example(self.root, name, config, datasets), self.hf_home)
 
     def test_each_example_passes_or_is_refused_only_for_missing_features(self):
         for name, refused in EXAMPLES.items():
@@ -134,16 +145,17 @@ class SimpleTunerExamplesTest(unittest.TestCase):
 class SimpleTunerExampleRunTest(unittest.TestCase):
     def test_the_sd1x_example_trains_validates_and_exports(self):
         """The example as SimpleTuner ships it (paths changed), for one step from the command
-        line: 512 px crops of 160 px images (its minimum_image_size is 128), LoRA, its seed."""
+        line: its Hugging Face dataset from the Hub cache, 512 px crops of 160 px images (its
+        minimum_image_size is 128), LoRA, its seed."""
         with tempfile.TemporaryDirectory() as tmp:
             root, name = Path(tmp), "sd1x-dreamshaper.peft-lora"
-            make_shapes(root / "images", per_size=2, sizes=((160, 160),))
+            hf_home = downloaded_hub(root)
             path = write_example(root, name, *example(name))
-            status, report = run_check(path)
+            status, report = run_check(path, hf_home)
             self.assertEqual(status, 0, report)
             result = run_bounded([sys.executable, "-m", "simpletuner.train", "--config", path,
                                   "--max_train_steps", "1"],
-                                 tmpdir=tmp, env=environment(tmp), timeout=400)
+                                 tmpdir=tmp, env=hub_environment(tmp, hf_home), timeout=400)
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
             output = root / name / "output"
             (image,) = (output / "validation" / "step-1").glob("image-*.png")
