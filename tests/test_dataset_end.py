@@ -113,6 +113,17 @@ class WorkedExampleTest(unittest.TestCase):
         self.assertIn(f"{26 - trained_b} left untrained", report.lines()[-1])
 
 
+class CarryIntoTheEndTest(unittest.TestCase):
+    def test_what_the_last_epoch_carries_is_reported_as_left_by_the_end(self):
+        """3 ranks, batch 1: b's 26 occurrences fill 8 steps of E = 3, carrying 2 on, but b
+        ends with epoch 1, so those 2 are never trained."""
+        data = two_datasets(DatasetSchedule(), DatasetSchedule(end_epoch=1))
+        ranks = samplers(data, 3, 1)
+        report = verify(plan_of(data, ranks, 3, 1, 2), traces(ranks, 2))
+        self.assertTrue(report.ok, report.lines())
+        self.assertEqual([e.ended for e in report.epochs], [0, 26 % 3])
+
+
 class ResumeTest(unittest.TestCase):
     def test_resuming_at_any_position_continues_the_same_sequence(self):
         data = two_datasets(DatasetSchedule(probability=0.5, end_step=12),

@@ -246,10 +246,10 @@ class EpochSummary:
     duplicated: int
     trimmed: int
     carried: int   # into the next epoch (bucket_tail carry)
-    ended: int = 0  # left untrained by a dataset that ends within the epoch (end_step)
+    ended: int = 0  # left untrained by a dataset that ended: cut by end_step, or carried in
 
     def line(self) -> str:
-        ended = f", {self.ended} left untrained by an end_step" if self.ended else ""
+        ended = f", {self.ended} left untrained by an end" if self.ended else ""
         return (f"epoch {self.epoch}: {self.assigned} assigned, {self.unique} unique, "
                 f"{self.missing} missing, {self.duplicated} duplicated, {self.trimmed} trimmed, "
                 f"{self.carried} carried into epoch {self.epoch + 1}{ended}")
@@ -275,7 +275,7 @@ class AuditReport:
             verdict = "OK: every kept occurrence assigned exactly once"
             ended = sum(e.ended for e in self.epochs)
             if ended:
-                verdict += f"; {ended} left untrained where a dataset ended (end_step)"
+                verdict += f"; {ended} left untrained where a dataset ended (end_epoch, end_step)"
             if any(e.carried for e in self.epochs):
                 verdict += (f"; every carried one in the next epoch, so only the last epoch's "
                             f"{self.untrained} (short of one effective batch) are untrained")
@@ -335,7 +335,8 @@ def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
             assigned=sum(got.values()),
             unique=sum(min(got[k], expected[k]) for k in keys),
             missing=sum(max(0, expected[k] - got[k]) for k in keys - cut),
-            ended=sum(max(0, expected[k] - got[k]) for k in cut),
+            ended=sum(max(0, expected[k] - got[k]) for k in cut) + sum(
+                n for k, n in _listed(plan, "carried", epoch - 1).items() if k[0] not in present),
             duplicated=sum(max(0, got[k] - expected[k]) for k in keys),
             trimmed=sum(_listed(plan, "epochs", epoch).values()),
             carried=sum(_listed(plan, "carried", epoch).values()),
