@@ -157,6 +157,33 @@ class AuditCatchesTest(unittest.TestCase):
         self.assertGreater(report.epochs[0].duplicated, 0)
 
 
+class GapTest(unittest.TestCase):
+    """A dataset that may start only after every other one has ended: nothing could be drawn
+    in between, so the run is refused, naming the empty epoch (one rank, batch 1: a has 40
+    steps an epoch, b 26)."""
+
+    def check(self, schedule_a: DatasetSchedule, schedule_b: DatasetSchedule) -> str:
+        (sampler,) = samplers(two_datasets(schedule_a, schedule_b, tail="trim"), 1, 1)
+        with self.assertRaises(ConfigError) as caught:
+            sampler.timeline.check_every_dataset_joins(500)
+        return str(caught.exception)
+
+    def test_after_an_end_step(self):
+        text = self.check(DatasetSchedule(end_step=10), DatasetSchedule(start_step=30))
+        self.assertIn("no dataset is drawn in epoch 2 (from optimizer step 11): the others have "
+                      "ended (end_epoch, end_step) before 'b' may start", text)
+
+    def test_after_an_end_epoch(self):
+        text = self.check(DatasetSchedule(end_epoch=1), DatasetSchedule(start_epoch=3))
+        self.assertIn("no dataset is drawn in epoch 2 (from optimizer step 41)", text)
+
+    def test_a_start_that_comes_in_time_passes(self):
+        (sampler,) = samplers(two_datasets(DatasetSchedule(end_epoch=2),
+                                           DatasetSchedule(start_epoch=2)), 1, 1)
+        sampler.timeline.check_every_dataset_joins(500)  # would raise on a gap
+        self.assertEqual(sampler.timeline.first_epoch_by(500), {"a": 0, "b": 1})
+
+
 class ConfigTest(unittest.TestCase):
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory()

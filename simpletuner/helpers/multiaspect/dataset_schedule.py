@@ -170,32 +170,52 @@ class DatasetTimeline:
                            np.array(join_steps, dtype=np.int64),
                            np.array(leave_steps, dtype=np.int64), seed=self.seed, epoch=epoch)
 
+    def _walk(self, total_steps: int):
+        """The entries from epoch 0 while they start within ``total_steps`` and are worked
+        out (not settled), up to and with the first empty one."""
+        epoch = 0
+        while True:
+            entry = self.entry(epoch)
+            if entry.steps is None or entry.steps_before >= total_steps:
+                return
+            yield entry
+            if entry.steps == 0:
+                return
+            epoch += 1
+
     def first_epoch_by(self, total_steps: int) -> dict[str, int | None]:
         """Each dataset's first epoch within ``total_steps`` optimizer steps (None: it never
         joins in time). Walks the epochs up to that step."""
         found: dict[str, int | None] = dict.fromkeys(self.schedules)
-        epoch = 0
-        while True:
-            entry = self.entry(epoch)
-            if entry.steps is None or entry.steps_before >= total_steps or entry.steps == 0:
-                return found  # settled: every dataset that joins in time was found
+        for entry in self._walk(total_steps):
             for dataset_id, offset in entry.joins.items():
                 if found[dataset_id] is None and entry.steps_before + offset < total_steps:
-                    found[dataset_id] = epoch
+                    found[dataset_id] = entry.epoch
             if all(value is not None for value in found.values()):
-                return found
-            epoch += 1
+                break
+        return found
 
     def check_every_dataset_joins(self, total_steps: int) -> None:
-        """A dataset whose start comes after the run's last step would never be trained: a
-        configuration error, found from the bucket sizes every rank has (so on every rank)."""
+        """A dataset whose start comes after the run's last step, or after every other dataset
+        has ended, would never be trained: a configuration error, found from the bucket sizes
+        every rank has (so on every rank)."""
         late = [d for d, epoch in self.first_epoch_by(total_steps).items() if epoch is None]
-        if late:
+        if not late:
+            return
+        empty = [entry for entry in self._walk(total_steps) if entry.steps == 0]
+        if empty:
+            names = ", ".join(f"'{d}'" for d in late)
             raise ConfigError([
-                f"dataset '{d}': start_epoch {self.schedules[d].start_epoch}, start_step "
-                f"{self.schedules[d].start_step} come after the last of the {total_steps} "
-                "optimizer steps, so it would never be trained; lower them or train longer "
-                "(python -m simpletuner plan shows where each dataset joins)" for d in late])
+                f"no dataset is drawn in epoch {empty[0].epoch + 1} (from optimizer step "
+                f"{empty[0].steps_before + 1}): the others have ended (end_epoch, end_step) "
+                f"before {names} may start (start_epoch, start_step), so the run would wait "
+                "forever; start it earlier or end the others later (python -m simpletuner "
+                "plan shows where each dataset joins)"])
+        raise ConfigError([
+            f"dataset '{d}': start_epoch {self.schedules[d].start_epoch}, start_step "
+            f"{self.schedules[d].start_step} come after the last of the {total_steps} "
+            "optimizer steps, so it would never be trained; lower them or train longer "
+            "(python -m simpletuner plan shows where each dataset joins)" for d in late])
 
 
 def weighted_permutation(weights: np.ndarray, *parts: object) -> np.ndarray:
