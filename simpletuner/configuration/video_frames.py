@@ -27,5 +27,10 @@ class FrameRule:
             return 0
         return frames - (frames - self.remainder) % self.multiple
 
+    def nearest(self, frames: int) -> str:
+        """The accepted counts next to ``frames`` ("13 or 17"), for an error message."""
+        lower, higher = self.snap_down(frames), self.snap_down(frames + self.multiple)
+        return f"{lower} or {higher}" if lower else str(higher)
+
 
 FRAME_RULES: dict[str, FrameRule] = {"wan": FrameRule(multiple=4, remainder=1)}
