@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from simpletuner.common.atomic import atomic_write_text, atomic_write_with
-from simpletuner.demo_data import COLOURS
+from simpletuner.demo_data import COLOURS, generate_main
 
 VERSION = 1
 CLIP_COUNT = 24
@@ -149,12 +148,7 @@ def ensure_demo_clips(folder: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m simpletuner.demo_clips FOLDER", file=sys.stderr)
-        return 2
-    print(ensure_demo_clips(args[0]))
-    return 0
+    return generate_main(ensure_demo_clips, "simpletuner.demo_clips", argv)
 
 
 if __name__ == "__main__":

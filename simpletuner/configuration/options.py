@@ -241,7 +241,7 @@ class TrainingConfig:
         "the VAE encodes (Wan 4n+1); none = the pipeline's default (Wan: 81)")
     validation_framerate: int | None = option(
         None, minimum=1, help="video families: frames per second of the validation clips' "
-        "animated WebP (SimpleTuner's framerate); none = the family's rate (Wan: 16)")
+        "animated WebP; none = the family's rate (Wan: 16)")
     eval_steps_interval: int = option(
         0, minimum=0, help="every this many steps, log the loss on the 'eval' datasets "
         "(eval/loss, output_dir/eval_loss.jsonl); 0 = never")

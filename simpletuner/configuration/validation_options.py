@@ -95,7 +95,5 @@ def _check_video_frames(frames: int | None, family: str, where: str, problems: l
         problems.append(f"{where}: key 'validation_num_video_frames' applies to the video "
                         f"families ({', '.join(FRAME_RULES)}); '{family}' validates with "
                         "images. Remove it.")
-    elif not rule.accepts(frames):
-        problems.append(f"{where}: key 'validation_num_video_frames' ({frames}) is not a count "
-                        f"{family}'s VAE encodes ({rule.describe()} frames); use "
-                        f"{rule.nearest(frames)}")
+    elif refusal := rule.refusal(family, frames):
+        problems.append(f"{where}: key 'validation_num_video_frames' ({frames}) {refusal}")
