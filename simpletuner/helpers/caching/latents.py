@@ -87,6 +87,10 @@ class Target:
     size: tuple[int, int]
     frames: int | None = None
 
+    @property
+    def kind(self) -> str:
+        return "image" if self.frames is None else "clip"
+
 
 @dataclass(frozen=True)
 class CachedLatents:
@@ -146,11 +150,11 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
     for bucket, sample_ids in index.buckets.items():
         size = parse_bucket_key(bucket)
         for sample_id in sample_ids:
+            target = Target(size, bucket_frames(bucket) if sample_id in index.clips else None)
             version = versions.get(sample_id)
             if version is None:
-                failures[sample_id] = "cannot read file: missing or unreadable"
+                failures[sample_id] = f"cannot read {target.kind} file: missing or unreadable"
                 continue
-            target = Target(size, bucket_frames(bucket) if sample_id in index.clips else None)
             key = settings.key(sample_id, size, version.size, version.change_key, target.frames)
             cache.paths[sample_id] = entry_path(settings.folder, key)
             targets[sample_id] = target
@@ -219,7 +223,7 @@ def _prepare(settings: LatentSettings, sample_id: str,
     try:  # read first: Pillow reports a bad file as an OSError too, so the two must not mix
         data = settings.storage.read_bytes(sample_id)
     except FileNotFoundError as error:  # removed since it was listed, or never there (a table)
-        return f"cannot read file: missing ({type(error).__name__}: {error})"
+        return f"cannot read {target.kind} file: missing ({type(error).__name__}: {error})"
     fitting = dict(crop=settings.crop, crop_style=settings.crop_style, seed=settings.seed,
                    dataset_id=settings.dataset_id, sample_id=sample_id,
                    downsample=settings.downsample)
