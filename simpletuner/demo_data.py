@@ -13,6 +13,7 @@ import json
 import math
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,13 +142,18 @@ def ensure_demo_dataset(folder: str | Path) -> Path:
     return folder
 
 
-def main(argv: list[str] | None = None) -> int:
+def generate_main(ensure: Callable[[str], Path], module: str, argv: list[str] | None) -> int:
+    """``python -m <module> FOLDER``: ``ensure(FOLDER)``, printing the folder (demo_clips too)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m simpletuner.demo_data FOLDER", file=sys.stderr)
+        print(f"usage: python -m {module} FOLDER", file=sys.stderr)
         return 2
-    print(ensure_demo_dataset(args[0]))
+    print(ensure(args[0]))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generate_main(ensure_demo_dataset, "simpletuner.demo_data", argv)
 
 
 if __name__ == "__main__":

@@ -221,7 +221,8 @@ class WanTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         make_shapes(root / "data", per_size=2)
         common = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan",
                       max_train_steps=4, validation_prompt="a red circle",
-                      validation_num_inference_steps=2, validation_resolution="96x64")
+                      validation_num_inference_steps=2, validation_resolution="96x64",
+                      validation_num_video_frames=5)
         cls.full = cls.train("full", checkpointing_steps=2, **common)
         if copy_checkpoint(root, "full", "resumed"):
             cls.resumed = cls.train("resumed", checkpointing_steps=2,
@@ -251,8 +252,8 @@ class WanTrainingTest(TrainedOutputAssertions, unittest.TestCase):
     def test_the_full_run_exports_a_wan_pipeline_that_generates_frames_and_clips(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
         out = self.root / "full-out"
-        with Image.open(out / "validation" / "step-4" / "image-00.png") as image:
-            self.assertEqual(image.size, (96, 64))
+        with Image.open(out / "validation" / "step-4" / "clip-00.webp") as clip:
+            self.assertEqual((clip.size, clip.n_frames), ((96, 64), 5))  # validation's clip
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
         self.assertIsInstance(pipeline, WanPipeline)
         self.assertGreater(self.sample(pipeline).std(), 0.0)

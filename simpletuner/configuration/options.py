@@ -236,6 +236,12 @@ class TrainingConfig:
         0.2, minimum=0.0, maximum=1.0, help="sd3: fraction of the steps where it stops")
     validation_guidance_skip_scale: float = option(
         2.8, minimum=0.0, help="sd3: the skip-layer guidance scale")
+    validation_num_video_frames: int | None = option(
+        None, minimum=1, help="video families (wan): frames of each validation clip, a count "
+        "the VAE encodes (Wan 4n+1); none = the pipeline's default (Wan: 81)")
+    validation_framerate: int | None = option(
+        None, minimum=1, help="video families: frames per second of the validation clips' "
+        "animated WebP; none = the family's rate (Wan: 16)")
     eval_steps_interval: int = option(
         0, minimum=0, help="every this many steps, log the loss on the 'eval' datasets "
         "(eval/loss, output_dir/eval_loss.jsonl); 0 = never")

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from simpletuner.configuration.families import UNET_FAMILIES
+from simpletuner.configuration.video_frames import FRAME_RULES
 
 PROMPT_KEYS = ("prompt", "caption")
 
@@ -82,3 +83,17 @@ def check_validation_options(training, where: str, base: Path, problems: list[st
     if training.validation_guidance_skip_layers and family != "sd3":
         problems.append(f"{where}: key 'validation_guidance_skip_layers' applies to sd3 only "
                         f"(skip-layer guidance); model_family is '{family}'. Remove it.")
+    _check_video_frames(training.validation_num_video_frames, family, where, problems)
+
+
+def _check_video_frames(frames: int | None, family: str, where: str, problems: list[str]) -> None:
+    """validation_num_video_frames: for a family that makes clips, a count its VAE encodes."""
+    if frames is None:
+        return
+    rule = FRAME_RULES.get(family)
+    if rule is None:
+        problems.append(f"{where}: key 'validation_num_video_frames' applies to the video "
+                        f"families ({', '.join(FRAME_RULES)}); '{family}' validates with "
+                        "images. Remove it.")
+    elif refusal := rule.refusal(family, frames):
+        problems.append(f"{where}: key 'validation_num_video_frames' ({frames}) {refusal}")

@@ -128,8 +128,5 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
     frames = parsed.get("num_frames") if parsed is not None else (
         given.get("num_frames") if isinstance(given, dict) else None)
     if (isinstance(frames, int) and not isinstance(frames, bool) and frames >= 1
-            and not rule.accepts(frames)):
-        lower, higher = rule.snap_down(frames), rule.snap_down(frames + rule.multiple)
-        nearest = f"{lower} or {higher}" if lower else str(higher)
-        problems.append(f"{where}: key 'video': 'num_frames' ({frames}) is not a count "
-                        f"{model_family}'s VAE encodes ({rule.describe()} frames); use {nearest}")
+            and (refusal := rule.refusal(model_family, frames))):
+        problems.append(f"{where}: key 'video': 'num_frames' ({frames}) {refusal}")

@@ -27,5 +27,15 @@ class FrameRule:
             return 0
         return frames - (frames - self.remainder) % self.multiple
 
+    def refusal(self, family: str, frames: int) -> str | None:
+        """Why ``family``'s VAE cannot encode ``frames`` frames, with the nearest counts that it
+        can, for an error message; None when it can."""
+        if self.accepts(frames):
+            return None
+        lower, higher = self.snap_down(frames), self.snap_down(frames + self.multiple)
+        nearest = f"{lower} or {higher}" if lower else str(higher)
+        return (f"is not a count {family}'s VAE encodes ({self.describe()} frames); use "
+                f"{nearest}")
+
 
 FRAME_RULES: dict[str, FrameRule] = {"wan": FrameRule(multiple=4, remainder=1)}

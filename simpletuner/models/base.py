@@ -66,6 +66,10 @@ class ModelAdapter(ABC):
     vae_class: type = AutoencoderKL  # the vae/ subfolder's class
     # Some parameters get no gradient in a step (DDP then needs find_unused_parameters).
     ddp_find_unused_parameters: bool = False
+    # A video family: the frames its pipeline makes by default (validation writes clips of
+    # validation_num_video_frames, else these); None: an image family (validation images).
+    default_validation_frames: int | None = None
+    default_validation_framerate: int = 16  # a video family's clips: frames per second
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):

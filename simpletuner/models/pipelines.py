@@ -38,9 +38,10 @@ def _eval_mode(pipeline):
 def generate_validation_images(pipeline, prompts: list[str], *, resolution: int | tuple[int, int],
                                num_inference_steps: int, guidance_scale: float = 7.5,
                                seed: int = 0, autocast_dtype: torch.dtype | None = None,
-                               negative_prompt: str | None = None,
-                               **pipeline_arguments) -> list[Image.Image]:
-    """One image per prompt at ``resolution`` (a side, or (width, height)). Each prompt gets its
+                               negative_prompt: str | None = None, keep=None,
+                               **pipeline_arguments) -> list:
+    """One image per prompt at ``resolution`` (a side, or (width, height)); ``keep`` picks what
+    is kept of each pipeline output (default ``first_image``; ``first_clip``). Each prompt gets its
     own CPU generator seeded with ``seed``: identical on every device and run. Pass the frozen
     components' dtype as ``autocast_dtype`` when it differs from the trainable network's.
     ``negative_prompt`` and ``pipeline_arguments`` (guidance_rescale, skip_guidance_layers...)
@@ -59,7 +60,7 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
             result = pipeline(prompt=prompt, height=height, width=width,
                               num_inference_steps=num_inference_steps,
                               guidance_scale=guidance_scale, generator=generator, **extra)
-            images.append(first_image(result))
+            images.append((keep or first_image)(result))
     return images
 
 
@@ -68,6 +69,11 @@ def first_image(result) -> Image.Image:
     per prompt) gives the first frame of its first clip."""
     frames = getattr(result, "frames", None)
     return result.images[0] if frames is None else frames[0][0]
+
+
+def first_clip(result) -> list[Image.Image]:
+    """The frames of a video pipeline's first clip (``output_type`` 'pil')."""
+    return list(result.frames[0])
 
 
 def make_grid(images: list[Image.Image], columns: int | None = None) -> Image.Image:
@@ -82,7 +88,7 @@ def make_grid(images: list[Image.Image], columns: int | None = None) -> Image.Im
     return grid
 
 
-def _save_png_atomically(image: Image.Image, path: Path, prompt: str | None = None) -> None:
+def save_png_atomically(image: Image.Image, path: Path, prompt: str | None = None) -> None:
     info = PngInfo()
     if prompt is not None:
         info.add_text("prompt", prompt)  # the caption travels with the file
@@ -101,9 +107,9 @@ def save_validation_images(images: list[Image.Image], prompts: list[str], folder
     paths = []
     for index, (image, prompt) in enumerate(zip(images, prompts)):
         paths.append(folder / f"image-{index:02d}.png")
-        _save_png_atomically(image, paths[-1], prompt)
+        save_png_atomically(image, paths[-1], prompt)
     paths.append(folder / "grid.png")
-    _save_png_atomically(make_grid(images), paths[-1])
+    save_png_atomically(make_grid(images), paths[-1])
     return paths
 
 

@@ -1,8 +1,9 @@
-"""Wan 2.1 text-to-video (Wan-AI/Wan2.1-T2V-1.3B and -14B), trained here on images as one-frame
-clips: latents are [B, C, F, h, w] (F = 1 for an image) from the causal 3D VAE, normalised with
-its latents_mean/latents_std as WanPipeline decodes them. The transformer patchifies them
-itself and takes the timestep as sigma * 1000 (UniPC's flow sigmas, as WanPipeline passes them)
-and UMT5's last hidden states, each prompt cut to its own length and zero-padded to 512."""
+"""Wan 2.1 text-to-video (Wan-AI/Wan2.1-T2V-1.3B and -14B), trained on clips and on images as
+one-frame clips: latents are [B, C, F, h, w] (F = 1 for an image) from the causal 3D VAE,
+normalised with its latents_mean/latents_std as WanPipeline decodes them. The transformer
+patchifies them itself and takes the timestep as sigma * 1000 (UniPC's flow sigmas, as
+WanPipeline passes them) and UMT5's last hidden states, each prompt cut to its own length and
+zero-padded to 512."""
 
 from __future__ import annotations
 
@@ -35,9 +36,13 @@ class WanAdapter(FlowFamilyAdapter):
     lora_target_modules = ("to_k", "to_q", "to_v", "to_out.0")  # SimpleTuner's Wan default
     t5_max_length = 512  # WanPipeline.__call__'s max_sequence_length
 
+    default_validation_frames = 81  # WanPipeline.__call__'s num_frames
+    default_validation_framerate = 16  # Wan 2.1's training and export rate
+
     def validation_arguments(self, arguments: dict) -> dict:
-        """One frame per validation sample, as PIL images (WanPipeline returns frames)."""
-        return {**arguments, "num_frames": 1, "output_type": "pil"}
+        """PIL frames (WanPipeline returns frames); one frame unless ``arguments`` set
+        num_frames (validation's clips do)."""
+        return {"num_frames": 1, **arguments, "output_type": "pil"}
 
     @classmethod
     def check_folder(cls, folder: Path) -> None:

@@ -53,8 +53,6 @@ REPORTING_KEYS = {
               "scheduler"),
     **ignored("validation_stitch_input_location", "used only by edit models, which are not "
               "supported here"),
-    **ignored("validation_num_video_frames framerate", "accepted; validation renders one frame "
-              "per prompt, as a PNG (Wan's too)"),
     **refused("validation_adapter_path", "remove it; validation uses the weights being trained"),
     **ignored("validation_adapter_name validation_adapter_strength validation_adapter_mode "
               "validation_adapter_config", "used only with validation_adapter_path, which is "

@@ -71,6 +71,7 @@ CONFIG_ALIASES: dict[str, str] = {
     "use_gradient_checkpointing": "gradient_checkpointing",  # its quickstart guides' name
     "optimizer_beta1": "adam_beta1",  # both are passed to any optimizer that takes betas
     "optimizer_beta2": "adam_beta2",
+    "framerate": "validation_framerate",  # the frame rate of video validation's clips
 }
 
 # SimpleTuner's values with the same meaning as one of this option's values.

@@ -1,6 +1,7 @@
 """VAE latent cache: one safetensors file per sample, named by a digest of everything that
 changes its contents, so a warm start encodes nothing and a changed setting never reuses a
-stale entry.
+stale entry. A clip (a video dataset's sample) is decoded to its bucket's frames (clip.py) and
+its entry is [C, F', h, w]; a clip that decodes to fewer frames is a failed sample.
 
 Every rank plans the whole cache (file stats, no decoding), then encodes only its static share
 (``rank_share`` of the sorted sample ids). Images that were read but fail to decode, and files
@@ -27,6 +28,8 @@ from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.data_backend.storage import Storage
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.video_buckets import bucket_frames
+from simpletuner.helpers.multiaspect.clip import PreparedClip, prepare_clip
 from simpletuner.helpers.multiaspect.image import Downsample, PreparedImage, prepare_image
 
 EncodeImages = Callable[[torch.Tensor], torch.Tensor]  # ModelAdapter.encode_images
@@ -60,7 +63,8 @@ class LatentSettings:
                    dataset.crop, dataset.crop_style, seed, downsample)
 
     def key(self, sample_id: str, target: tuple[int, int], file_size: int,
-            change_key: int | str) -> str:
+            change_key: int | str, frames: int | None = None) -> str:
+        """``frames``: a clip's, which its bucket decides; None for an image."""
         random_crop = self.crop and self.crop_style == "random"
         return digest({
             "format": CACHE_FORMAT, "kind": "latent", "model": self.model_identity,
@@ -72,7 +76,20 @@ class LatentSettings:
             # Only when set, so the keys of caches built without it stay what they were.
             **({"downsample": [self.downsample.resolution_type, self.downsample.maximum,
                                self.downsample.target]} if self.downsample else {}),
+            **({"frames": frames} if frames is not None else {}),
         })
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one sample is fitted to: (width, height), and a clip's frame count (None: image)."""
+
+    size: tuple[int, int]
+    frames: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return "image" if self.frames is None else "clip"
 
 
 @dataclass(frozen=True)
@@ -127,30 +144,32 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
     one bucket, and return the cache plus the samples that could not be read."""
     cache = LatentCache(settings.folder)
     failures: dict[str, str] = {}
-    targets: dict[str, tuple[int, int]] = {}
+    targets: dict[str, Target] = {}
     # One bulk call: for S3 a listing, not a request per sample.
     versions = settings.storage.versions([s for ids in index.buckets.values() for s in ids])
     for bucket, sample_ids in index.buckets.items():
-        target = parse_bucket_key(bucket)
+        size = parse_bucket_key(bucket)
         for sample_id in sample_ids:
+            target = Target(size, bucket_frames(bucket) if sample_id in index.clips else None)
             version = versions.get(sample_id)
             if version is None:
-                failures[sample_id] = "cannot read image file: missing or unreadable"
+                failures[sample_id] = f"cannot read {target.kind} file: missing or unreadable"
                 continue
-            key = settings.key(sample_id, target, version.size, version.change_key)
+            key = settings.key(sample_id, size, version.size, version.change_key, target.frames)
             cache.paths[sample_id] = entry_path(settings.folder, key)
             targets[sample_id] = target
 
     todo = [s for s in rank_share(list(cache.paths), rank, world_size)
             if not cache.paths[s].exists()]
-    by_target: dict[tuple[int, int], list[str]] = {}
-    for sample_id in todo:
-        by_target.setdefault(targets[sample_id], []).append(sample_id)
+    by_target: dict[tuple[tuple[int, int], int], list[str]] = {}
+    for sample_id in todo:  # one batch: one size and frame count
+        target = targets[sample_id]
+        by_target.setdefault((target.size, target.frames or 0), []).append(sample_id)
     chunks = [ids[i:i + batch_size] for _, ids in sorted(by_target.items())
               for i in range(0, len(ids), batch_size)]
 
     encoded = 0
-    bar = tqdm(total=len(todo), desc=f"caching latents [{settings.dataset_id}]", unit="img",
+    bar = tqdm(total=len(todo), desc=f"caching latents [{settings.dataset_id}]", unit="file",
                disable=not progress or not todo)
     workers = max(1, decode_workers)
     if settings.storage.remote:  # a read waits a round trip: fetch a whole chunk at once
@@ -159,7 +178,7 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
         for chunk, prepared in _prefetched(pool, chunks, settings, targets):
             ready = []
             for sample_id, outcome in zip(chunk, prepared):
-                if isinstance(outcome, PreparedImage):
+                if not isinstance(outcome, str):
                     ready.append((sample_id, outcome))
                 else:
                     failures[sample_id] = outcome
@@ -178,7 +197,7 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
 
 
 def _prefetched(pool: ThreadPoolExecutor, chunks: list[list[str]], settings: LatentSettings,
-                targets: dict[str, tuple[int, int]]) -> Iterator[tuple[list[str], list]]:
+                targets: dict[str, Target]) -> Iterator[tuple[list[str], list]]:
     """Decode chunk i+1 on worker threads while chunk i is being encoded."""
     def submit(chunk):
         return [pool.submit(_prepare, settings, s, targets[s]) for s in chunk]
@@ -197,17 +216,20 @@ def _prefetched(pool: ThreadPoolExecutor, chunks: list[list[str]], settings: Lat
 
 
 def _prepare(settings: LatentSettings, sample_id: str,
-             target: tuple[int, int]) -> PreparedImage | str:
-    """The prepared image, or why the file cannot be used: gone since it was listed, or read
-    but not decodable. A failed read raises (see the module docstring)."""
+             target: Target) -> PreparedImage | PreparedClip | str:
+    """The prepared image or clip, or why the file cannot be used: gone since it was listed,
+    read but not decodable, or a clip shorter than its bucket. A failed read raises (see the
+    module docstring)."""
     try:  # read first: Pillow reports a bad file as an OSError too, so the two must not mix
         data = settings.storage.read_bytes(sample_id)
     except FileNotFoundError as error:  # removed since it was listed, or never there (a table)
-        return f"cannot read image file: missing ({type(error).__name__}: {error})"
+        return f"cannot read {target.kind} file: missing ({type(error).__name__}: {error})"
+    fitting = dict(crop=settings.crop, crop_style=settings.crop_style, seed=settings.seed,
+                   dataset_id=settings.dataset_id, sample_id=sample_id,
+                   downsample=settings.downsample)
     try:
-        return prepare_image(data, target, crop=settings.crop,
-                             crop_style=settings.crop_style, seed=settings.seed,
-                             dataset_id=settings.dataset_id, sample_id=sample_id,
-                             downsample=settings.downsample)
-    except Exception as error:  # noqa: BLE001 - any decoder error means "unusable image"
+        if target.frames is not None:
+            return prepare_clip(data, target.size, target.frames, **fitting)
+        return prepare_image(data, target.size, **fitting)
+    except Exception as error:  # noqa: BLE001 - any decoder error means "unusable file"
         return f"failed to decode while caching latents: {type(error).__name__}: {error}"

@@ -23,7 +23,7 @@ from simpletuner.training.reporting.run_log import EVAL_LOG, PLAN_FILE, STATUS_F
 
 SKIPPED_FILES = "skipped_files.json"
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
-_IMAGE = re.compile(r"^image-(\d+)\.png$")
+_IMAGE = re.compile(r"^(?:image-(\d+)\.png|clip-(\d+)\.webp)$")  # a video family's: its clips
 
 
 @dataclass
@@ -128,7 +128,7 @@ def _validation_images(output_dir: Path, notes: list[str]) -> dict[int, list[Val
         match = _STEP_FOLDER.match(step_folder.name)
         if not match or not step_folder.is_dir():
             continue
-        images = sorted((int(m.group(1)), path) for path in step_folder.iterdir()
+        images = sorted((int(m.group(1) or m.group(2)), path) for path in step_folder.iterdir()
                         if (m := _IMAGE.match(path.name)))
         found[int(match.group(1))] = [image for _, path in images
                                       if (image := _validation_image(output_dir, path, notes))]
@@ -136,11 +136,14 @@ def _validation_images(output_dir: Path, notes: list[str]) -> dict[int, list[Val
 
 
 def _validation_image(output_dir: Path, path: Path, notes: list[str]) -> ValidationImage | None:
-    """The prompt is in the PNG's text (models/pipelines.py writes it there)."""
+    """The prompt is in the PNG's text (models/pipelines.py writes it there); a clip's in its
+    frame strip's (validation_clips.py)."""
     try:
         with Image.open(path) as image:
-            prompt = str(image.info.get("prompt", ""))
             size = image.size
+        text_from = path.with_name(f"{path.stem}-frames.png") if path.suffix == ".webp" else path
+        with Image.open(text_from) as image:
+            prompt = str(image.info.get("prompt", ""))
     except (OSError, ValueError) as exc:
         notes.append(f"{path.relative_to(output_dir)}: not readable ({exc})")
         return None

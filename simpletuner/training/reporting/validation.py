@@ -1,13 +1,16 @@
-"""Validation images during training: main rank only, fixed seed, PNGs plus a grid, and the
-same images in the trackers that show images (tensorboard, wandb)."""
+"""Validation during training: main rank only, fixed seed. Image families write PNGs plus a
+grid; video families (Wan) write each prompt's clip (validation_clips.py). The trackers that
+show images (tensorboard, wandb) get the images, or each clip's frame strip."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from simpletuner.models.pipelines import generate_validation_images, save_validation_images
+from simpletuner.models.pipelines import (first_clip, generate_validation_images,
+                                          save_validation_images)
 from simpletuner.training.reporting.trackers import log_images
+from simpletuner.training.reporting.validation_clips import frame_strip, save_validation_clips
 from simpletuner.training.settings import ValidationSettings
 
 logger = logging.getLogger(__name__)
@@ -22,25 +25,43 @@ def is_validation_step(settings: ValidationSettings, step: int, last_step: int) 
     return bool(settings.validation_steps) and step % settings.validation_steps == 0
 
 
+def clip_frames(adapter, settings: ValidationSettings) -> int | None:
+    """Frames of each validation clip: validation_num_video_frames, else the family's
+    pipeline default; None for an image family."""
+    if adapter.default_validation_frames is None:
+        return None
+    return settings.validation_num_video_frames or adapter.default_validation_frames
+
+
 def run_validation(adapter, settings: ValidationSettings, step: int, *, trainable=None,
                    accelerator=None, autocast_dtype=None) -> list[Path]:
-    """Generate and save one image per prompt and validation size into
+    """Generate and save one image (or clip) per prompt and validation size into
     output_dir/validation/step-<n>/ (by size, then prompt)."""
     prompts = settings.prompts
-    images, labels = [], []
+    frames = clip_frames(adapter, settings)
+    arguments = settings.pipeline_arguments()
+    if frames is not None:
+        arguments.update(num_frames=frames, keep=first_clip)
+    outputs, labels = [], []
     with adapter.frozen_components_on_device():  # only for as long as sampling runs
         pipeline = adapter.build_pipeline(trainable)
         for size in settings.sizes:
-            images += generate_validation_images(
+            outputs += generate_validation_images(
                 pipeline, prompts, resolution=size,
                 num_inference_steps=settings.validation_num_inference_steps,
                 seed=settings.validation_seed, autocast_dtype=autocast_dtype,
-                **adapter.validation_arguments(settings.pipeline_arguments()))
+                **adapter.validation_arguments(arguments))
             labels += prompts
     folder = Path(settings.output_dir) / "validation" / f"step-{step}"
-    paths = save_validation_images(images, labels, folder)
+    if frames is None:
+        paths, shown = save_validation_images(outputs, labels, folder), outputs
+    else:
+        paths = save_validation_clips(outputs, labels, folder, settings.validation_framerate
+                                      or adapter.default_validation_framerate)
+        shown = [frame_strip(clip) for clip in outputs]
     if accelerator is not None:
-        log_images(accelerator, {f"validation/{i:02d}": image for i, image in enumerate(images)},
+        log_images(accelerator, {f"validation/{i:02d}": image for i, image in enumerate(shown)},
                    step)
-    logger.info("validation images for step %d in %s", step, folder)
+    logger.info("validation %s for step %d in %s", "images" if frames is None else "clips",
+                step, folder)
     return paths
