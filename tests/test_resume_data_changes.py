@@ -5,6 +5,7 @@ names the files added, removed, rewritten or moved since the checkpoint."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import unittest
 from pathlib import Path
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 from discovery_fixtures import dataset_config, encode, image, touch_later, training_config, write
+from training_fixtures import make_shapes, run_training, write_config
 from simpletuner.helpers.metadata.backends import probe_pool
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.data_changes import describe_file_changes
@@ -140,6 +142,39 @@ class ChangedDataTest(unittest.TestCase):
         self.assertEqual(self.reads, [])
         self.assertEqual(json.loads(path.read_text())[DIGEST_KEY], digest)
         self.assertEqual(state["data"]["photos"], digest)
+
+
+class ResumedTrainingTest(unittest.TestCase):
+    """A run checkpoints, files are added and removed, the run resumes in the same output_dir:
+    it continues from the checkpoint and its one warning names the files."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="st-data-change-")
+        root = Path(cls.tmp)
+        make_shapes(root / "data", per_size=4)
+        options = dict(checkpointing_steps=2, max_train_steps=2)
+        cls.first = run_training(write_config(root, root / "data", **options), cls.tmp)
+        (root / "data" / "64x64-01.png").unlink()
+        make_shapes(root / "more", per_size=2, sizes=((32, 32),))
+        for path in (root / "more").iterdir():
+            shutil.copy(path, root / "data" / f"new-{path.name}")
+        options.update(max_train_steps=4, resume_from_checkpoint="latest")
+        cls.resumed = run_training(write_config(root, root / "data", **options), cls.tmp)
+        cls.out = root / "config-out"
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_the_resumed_run_names_the_changed_files_and_finishes(self):
+        self.assertEqual(self.first.returncode, 0, self.first.stderr[-3000:])
+        self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
+        self.assertIn("resumed from", self.resumed.stderr)
+        self.assertEqual(self.resumed.stderr.count("Resuming with different data settings"), 1)
+        self.assertIn("dataset 'shapes' files: 2 added (new-32x32-00.png, new-32x32-01.png); "
+                      "1 removed (64x64-01.png)", self.resumed.stderr)
+        self.assertTrue((self.out / "checkpoint-4" / "manifest.json").is_file())
 
 
 def cache_of(buckets: dict[str, list[str]], change_key: int = 1) -> dict:
