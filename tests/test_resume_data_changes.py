@@ -108,6 +108,21 @@ class ChangedDataTest(unittest.TestCase):
         self.assertIn("the index cache the checkpoint was saved with is no longer kept", message)
         self.assertNotIn("added", message)
 
+    def test_a_damaged_kept_cache_is_named_and_the_resume_goes_on(self):
+        state = self.saved_state()
+        write(self.data, "sq/new.png", png(64, 64))
+        self.sampler(self.backend())
+        kept = self.root / f"out/cache/metadata/previous/photos/{state['data']['photos']}.json"
+        damaged = json.loads(kept.read_text())
+        del damaged["files"]["change_key"]
+        kept.write_text(json.dumps(damaged))
+        resumed = self.sampler(self.backend())
+        with self.assertLogs(SAMPLER_LOG, "WARNING") as logs:
+            resumed.load_state_dict(state)
+        self.assertIn(f"the kept index cache {kept} is damaged (KeyError",
+                      logs.records[0].getMessage())
+        self.assertEqual((resumed.epoch, resumed.step), (state["epoch"], state["step"]))
+
     def test_new_bucket_settings_name_the_moved_files_and_no_other_change(self):
         write(self.data, "wide.png", png(128, 64))
         state = self.saved_state()

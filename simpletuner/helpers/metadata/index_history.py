@@ -76,13 +76,19 @@ class IndexHistory:
 
     def changes_since(self, digest: str) -> list[str]:
         """Lines naming the files changed between version ``digest`` and the current cache."""
-        before = _read(self.folder / f"{digest}.json")
-        now = _read(self.cache_path)
-        if before is None or now is None or cache_digest(before) != digest:
+        kept = self.folder / f"{digest}.json"
+        before, now = _read(kept), _read(self.cache_path)
+        if before is None or now is None:
             return [f"dataset '{self.dataset_id}': the index cache the checkpoint was saved with "
                     f"is no longer kept in {self.folder} (the last {KEPT_VERSIONS} are), so the "
                     "changed files cannot be named"]
-        return describe_file_changes(self.dataset_id, before, now)
+        try:  # naming the files is a courtesy: a damaged old cache must not stop the resume
+            if cache_digest(before) != digest:
+                raise ValueError("its content does not match its name")
+            return describe_file_changes(self.dataset_id, before, now)
+        except (LookupError, TypeError, ValueError) as exc:
+            return [f"dataset '{self.dataset_id}': the changed files cannot be named: the kept "
+                    f"index cache {kept} is damaged ({type(exc).__name__}: {exc})"]
 
 
 def _link_or_copy(source: Path, tmp_name: str) -> None:
