@@ -56,11 +56,11 @@ class IndexHistory:
         new.pop(DIGEST_KEY, None)
         digest = new[DIGEST_KEY] = cache_digest(new)
         if old is not None:
-            if {**new, DIGEST_KEY: None} == {**old, DIGEST_KEY: None}:
-                if DIGEST_KEY in old:
-                    return False  # else: a cache from before digests gains one
-            elif cache_digest(old) != digest and self.cache_path.is_file():
-                self._keep(cache_digest(old))
+            if old == new:  # a cache from before digests differs: it gains one
+                return False
+            previous = cache_digest(old)
+            if previous != digest and self.cache_path.is_file():
+                self._keep(previous)
         atomic_write_json(self.cache_path, new)
         return True
 
