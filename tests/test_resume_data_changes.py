@@ -227,5 +227,34 @@ class DescribeTest(unittest.TestCase):
         self.assertEqual(describe_file_changes("d", cache, json.loads(json.dumps(cache))), [])
 
 
+class DigestTest(unittest.TestCase):
+    def test_every_part_of_the_sample_table_changes_the_digest(self):
+        base = {**cache_of({"64x64": ["a.png", "b.png"], "64x128": ["t.png"]}),
+                "settings": {"resolution": 64}}
+        base["index"]["skipped"] = []
+        digest = cache_digest(base)
+        self.assertEqual(cache_digest(json.loads(json.dumps(base))), digest)
+        self.assertEqual(cache_digest({**base, "settings": {"resolution": 32}}), digest)
+        changes = {
+            "an id": lambda c: c["files"]["ids"].__setitem__(0, "caf\udce9.png"),
+            "a size": lambda c: c["files"]["bytes"].__setitem__(1, 11),
+            "a change key": lambda c: c["files"]["change_key"].__setitem__(2, 2),
+            "an ETag": lambda c: c["files"].__setitem__("change_key", ["e1", "e2", "e3"]),
+            "a bucket's rows": lambda c: c["index"]["buckets"].__setitem__("64x64", [0]),
+            "a bucket's key": lambda c: c["index"]["buckets"].__setitem__(
+                "32x32", c["index"]["buckets"].pop("64x128")),
+            "a skip": lambda c: c["index"]["skipped"].append(["t.png", "too small"]),
+        }
+        for what, change in changes.items():
+            with self.subTest(what):
+                changed = json.loads(json.dumps(base))
+                change(changed)
+                self.assertNotEqual(cache_digest(changed), digest)
+
+    def test_a_recorded_digest_is_taken_as_it_is(self):
+        cache = cache_of({"64x64": ["a.png"]})
+        self.assertEqual(cache_digest({**cache, DIGEST_KEY: "recorded"}), "recorded")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from simpletuner.common.atomic import atomic_write_json, atomic_write_with, json_text
 from simpletuner.helpers.metadata.data_changes import describe_file_changes
 
@@ -33,12 +35,24 @@ def cache_digest(cache: Mapping[str, Any]) -> str:
     if isinstance(stored, str):
         return stored
     files, index = cache["files"], cache["index"]
-    digest = hashlib.sha256()
-    for part in (files["ids"], files["bytes"], files["change_key"], index["buckets"],
-                 index["skipped"]):
-        digest.update(json_text(part).encode("utf-8"))
-        digest.update(b"\0")
+    digest = hashlib.sha256(len(files["ids"]).to_bytes(8, "little"))
+    # ids joined by NUL (no file name holds one), integer columns as int64 bytes: a few times
+    # faster than JSON-encoding them, at a million rows
+    digest.update("\0".join(files["ids"]).encode("utf-8", "surrogatepass"))
+    for column in (files["bytes"], files["change_key"]):
+        digest.update(_column_bytes(column))
+    for key, rows in sorted(index["buckets"].items()):
+        digest.update(json_text(key).encode("utf-8") + _column_bytes(rows))
+    digest.update(json_text(index["skipped"]).encode("utf-8"))
     return digest.hexdigest()
+
+
+def _column_bytes(values: list) -> bytes:
+    """Integers as int64 bytes; anything else (S3 ETags) as its JSON."""
+    try:
+        return np.asarray(values, dtype=np.int64).tobytes()
+    except (TypeError, ValueError, OverflowError):
+        return json_text(values).encode("utf-8")
 
 
 class IndexHistory:
