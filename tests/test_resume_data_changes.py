@@ -97,6 +97,17 @@ class ChangedDataTest(unittest.TestCase):
         self.assertEqual(cache_digest(kept), state["data"]["photos"])
         self.assertNotIn("sq/new.png", kept["files"]["ids"])
 
+    def test_without_hard_links_the_replaced_cache_is_copied(self):
+        state = self.saved_state()
+        write(self.data, "sq/new.png", png(64, 64))
+        refused = OSError(1, "Operation not permitted")
+        with mock.patch("simpletuner.helpers.metadata.index_history.os.link",
+                        side_effect=refused):
+            self.sampler(self.backend())
+        kept = self.root / f"out/cache/metadata/previous/photos/{state['data']['photos']}.json"
+        self.assertEqual(cache_digest(json.loads(kept.read_text())), state["data"]["photos"])
+        self.assertIn("1 added (sq/new.png)", self.resume_warning(state))
+
     def test_only_the_newest_versions_are_kept_and_an_older_one_is_said_to_be_gone(self):
         state = self.saved_state()
         for i in range(KEPT_VERSIONS + 1):
