@@ -34,6 +34,8 @@ from benchlib import data_folder, emit, format_table, machine, ratio, verdict
 def _tests_module(name: str):
     """A helper module of tests/ (the tests' real S3 server, not a copy of it)."""
     path = Path(__file__).resolve().parents[1] / "tests" / f"{name}.py"
+    if str(path.parent) not in sys.path:  # its own imports of tests/ helpers (launching.py)
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -150,7 +152,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = served_folder(args.objects)
     result = {"machine": machine(), "objects": args.objects, "sides": {}}
-    with RcloneS3Server(folder) as server, tempfile.TemporaryDirectory() as output:
+    with tempfile.TemporaryDirectory() as output, RcloneS3Server(folder, Path(output)) as server:
         print("baseline: every whole object...", file=sys.stderr)
         result["sides"]["baseline"] = baseline(server)
         print("project, cold...", file=sys.stderr)

@@ -239,46 +239,24 @@ class FingerprintTest(unittest.TestCase):
             other.load_state_dict(state)
         self.assertEqual(next(iter(other)).step, 4)
 
-    def test_changed_files_are_named_in_the_one_warning(self):
-        changed = two_datasets()
-        alpha = changed[0].index.buckets
-        # alpha: sq/0000 moves to the tall bucket; beta: b/0003 removed, b/0099 added.
-        moved = DatasetIndex("alpha", {"64x64": alpha["64x64"][1:],
-                                       "64x128": alpha["64x128"] + ["sq/0000.png"],
-                                       "128x64": alpha["128x64"]}, {})
-        beta = DatasetIndex("beta", {"64x64": [x for x in ids(13, "b") if x != "b/0003.png"]
-                                     + ["b/0099.png"]}, {})
-        changed = [SamplerDataset(moved, str, 2), SamplerDataset(beta, str, 1, repeats=1)]
-        message = self.warnings_on_load(sampler(changed))
-        self.assertIn("dataset 'alpha' files: 1 moved to another bucket "
-                      "(sq/0000.png 64x64 -> 64x128)", message)
-        self.assertIn("dataset 'beta' files: 1 added (b/0099.png); 1 removed (b/0003.png)",
-                      message)
-
-    def test_many_changed_files_are_counted_past_the_first_ten(self):
-        grown = two_datasets()
-        grown[1] = SamplerDataset(DatasetIndex("beta", {"64x64": ids(40, "b")}, {}), str, 1,
-                                  repeats=1)
-        message = self.warnings_on_load(sampler(grown))
-        self.assertIn("27 added (b/0013.png, b/0014.png,", message)
-        self.assertIn("b/0022.png and 17 more)", message)
-        self.assertNotIn("b/0023.png", message)
-
-
-class SampleListTest(unittest.TestCase):
-    def test_state_stores_each_folder_once_and_round_trips_as_json(self):
-        deep = [f"2024/summer/beach/IMG_{i:04d}.jpg" for i in range(30)] + ["top.jpg"]
-        s = sampler([SamplerDataset(DatasetIndex("d", {"64x64": deep}, {}), str, 1)])
-        text = json.dumps(s.state_dict())
-        self.assertEqual(text.count("2024/summer/beach"), 1)
-        self.assertEqual(json.loads(text)["samples"]["d"]["64x64"],
-                         {"2024/summer/beach": [x.rpartition("/")[2] for x in deep[:30]],
-                          "": ["top.jpg"]})
-
     def test_unchanged_data_resumes_without_a_warning(self):
         state = json.loads(json.dumps(sampler(two_datasets()).state_dict()))
         with self.assertNoLogs("simpletuner.helpers.multiaspect.sampler", "WARNING"):
             sampler(two_datasets()).load_state_dict(state)
+
+
+class StateSizeTest(unittest.TestCase):
+    def test_the_state_does_not_grow_with_the_samples(self):
+        def state_bytes(per_bucket: int) -> int:
+            index = DatasetIndex("d", {"64x64": ids(per_bucket, "a"),
+                                       "64x128": ids(per_bucket, "b")}, {})
+            s = sampler([SamplerDataset(index, str, 1)], processes=2, accumulation=1)
+            next(iter(s))
+            return len(json.dumps(s.state_dict()))
+
+        small, large = state_bytes(10), state_bytes(20_000)
+        self.assertEqual(small, large)
+        self.assertLess(large, 1024)
 
 
 class TrimReportTest(unittest.TestCase):

@@ -114,7 +114,8 @@ def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *
         datasets.append(SamplerDataset(index, backend.caption_for, spec.batch_size, spec.repeats,
                                        spec.evaluation, spec.allow_oversubscription,
                                        CaptionPolicy.for_dataset(backend.dataset),
-                                       spec.bucket_tail, DatasetSchedule.of(backend.dataset)))
+                                       spec.bucket_tail, DatasetSchedule.of(backend.dataset),
+                                       backend.index_version()))
     return MultiAspectSampler(
         datasets, seed=startup.seed, processes=accelerator.num_processes, rank=accelerator.process_index,
         accumulation=training.gradient_accumulation_steps, evaluation=evaluation)

@@ -7,9 +7,10 @@ seeded from ``(seed, epoch)`` only, so all ranks draw micro-batch ``i`` from the
 With ``bucket_tail: carry`` a bucket fills one group more in some epochs than in others, so an
 epoch's length depends on the epoch (``micro_batches_in``); it is the same on every rank.
 Evaluation micro-batches that only keep a rank in step are marked ``stand_in``.
-Position is ``(epoch, step)``; the plan is recomputed from the data, never stored. The state
-also carries the sample lists (sample_lists.py), only so that a resume on changed data can name
-the files that changed.
+Position is ``(epoch, step)``; the plan is recomputed from the data, never stored, so the state
+is a few hundred bytes at any dataset size. Besides the fingerprint it holds each dataset's
+index cache digest, with which a resume on changed data names the files that changed
+(index_history.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.index_history import IndexVersion
 from simpletuner.configuration.options import DEFAULT_BUCKET_TAIL, BucketTail
 from simpletuner.helpers.metadata.epoch_counts import BucketCounts, bucket_counts
 from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, DatasetSpec,
@@ -29,7 +31,6 @@ from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, Data
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule, DatasetTimeline
-from simpletuner.helpers.multiaspect.sample_lists import describe_sample_changes, sample_lists
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class SamplerDataset:
     captions: CaptionPolicy = CaptionPolicy()  # which caption of the read text, per epoch
     bucket_tail: BucketTail = DEFAULT_BUCKET_TAIL
     schedule: DatasetSchedule = DatasetSchedule()  # probability, start and end
+    version: IndexVersion | None = None  # the index cache it came from; names changed files
 
     @property
     def spec(self) -> DatasetSpec:
@@ -102,7 +104,7 @@ class MultiAspectSampler:
         self.timeline = DatasetTimeline({d.index.dataset_id: d.schedule for d in self.datasets},
                                         self._dataset_groups, seed=seed)
         self._counts_by_epoch: dict[int, list[BucketCounts]] = {}
-        self._sample_lists: dict | None = None  # built at the first state_dict, then reused
+        self._index_digests: dict[str, str] | None = None  # hashing every id: once, not per save
         self.epoch = 0
         self.step = 0
         self._cache_epoch: int | None = None
@@ -152,6 +154,8 @@ class MultiAspectSampler:
 
     def fingerprint(self) -> dict:
         """Everything that decides the plan; plain JSON so a mismatch can name what changed."""
+        if self._index_digests is None:
+            self._index_digests = {d.index.dataset_id: d.index.digest() for d in self.datasets}
         return {
             "split_version": SPLIT_VERSION,
             "processes": self.processes,
@@ -164,7 +168,7 @@ class MultiAspectSampler:
                     "repeats": d.repeats,
                     "allow_oversubscription": d.allow_oversubscription,
                     "bucket_tail": d.bucket_tail,
-                    "index": d.index.digest(),
+                    "index": self._index_digests[d.index.dataset_id],
                     **d.schedule.fingerprint(),
                 }
                 for d in self.datasets
@@ -172,17 +176,16 @@ class MultiAspectSampler:
         }
 
     def state_dict(self) -> dict:
-        if self._sample_lists is None:
-            self._sample_lists = sample_lists([d.index for d in self.datasets])
         return {"epoch": self.epoch, "step": self.step, "fingerprint": self.fingerprint(),
-                "samples": self._sample_lists}
+                "data": {d.index.dataset_id: d.version.digest for d in self.datasets
+                         if d.version is not None}}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the saved position. A different plan is warned about, never adapted to."""
         changed = _changes(state.get("fingerprint"), self.fingerprint())
         if changed:
-            changed += describe_sample_changes(state.get("samples", {}),
-                                               [d.index for d in self.datasets])
+            if self.rank == 0:  # the main rank names the files: it reads the old caches
+                changed += self._changed_files(state.get("data") or {})
             logger.warning(
                 "Resuming with different data settings (%s). Resume across changes of topology "
                 "or dataloader settings is not supported (see AGENTS.md); the position is kept "
@@ -190,6 +193,11 @@ class MultiAspectSampler:
                 "; ".join(changed))
         self.epoch = int(state["epoch"])
         self.step = int(state["step"])
+
+    def _changed_files(self, saved: dict[str, str]) -> list[str]:
+        return [line for d in self.datasets if d.version is not None
+                and saved.get(d.index.dataset_id) not in (None, d.version.digest)
+                for line in d.version.history.changes_since(saved[d.index.dataset_id])]
 
     def __iter__(self) -> Iterator[MicroBatch]:
         """The rest of the current epoch; ``step`` counts micro-batches already handed out."""

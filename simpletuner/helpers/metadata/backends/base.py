@@ -1,6 +1,6 @@
 """MetadataBackend: one dataset's discovery -> sizes -> buckets -> filters -> cached index.
 
-The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds three things:
+The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds:
 
 * ``files``: what each file's header said (columns, see file_table.py), valid while the file's
   byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb
@@ -14,6 +14,9 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds three things
 
 * ``captions``: captions known at indexing time (a metadata table's, or caption files fetched
   from remote storage; see captions.py), so other ranks never fetch them one by one.
+* ``data_digest``: the digest of its sample table, which a checkpoint records; the file it
+  replaces is kept under ``metadata/previous/`` to name changed files on resume
+  (index_history.py).
 
 Where the sizes come from is the metadata source: header probes (headers.py, 'discovery'), a
 table (table.py, 'parquet') or a datasets-library split's rows (huggingface_rows.py); where the
@@ -38,7 +41,6 @@ from typing import Any
 from PIL import Image
 
 from simpletuner.configuration import DatasetConfig, TrainingConfig
-from simpletuner.common.atomic import atomic_write_json
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.bucketing import Bucketing
@@ -53,6 +55,8 @@ from simpletuner.helpers.metadata.buckets import (
 )
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.index_history import (DIGEST_KEY, IndexHistory, IndexVersion,
+                                                        cache_digest)
 from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
 
 logger = logging.getLogger(__name__)
@@ -92,6 +96,8 @@ class MetadataBackend:
         self.source = source or HeaderSource(storage, dataset.id)
         self.captions: CaptionTable | None = None  # set when the index holds the captions
         self.cache_path = Path(cache_dir) / "metadata" / f"{dataset.id}.json"
+        self.history = IndexHistory(self.cache_path, dataset.id)
+        self.data_digest: str | None = None  # the index cache's (index_history.py), once read
         self.bucket_settings = BucketSettings.for_dataset(dataset, training)
         self.filters = SizeFilters.for_dataset(dataset, training)
         self.video = (dataset.video_settings(training.model_family)
@@ -167,9 +173,8 @@ class MetadataBackend:
             "index": {"buckets": rows, "skipped": [[s.path, s.reason] for s in index.skipped]},
             "captions": self.captions.to_json() if self.captions is not None else None,
         }
-        changed = new_cache != cache
-        if changed:
-            atomic_write_json(self.cache_path, new_cache)
+        changed = self.history.write_if_changed(new_cache, cache)
+        self.data_digest = new_cache[DIGEST_KEY]
         listed = len(found.files.ids)
         self.last_refresh = RefreshReport(
             listed=listed, reused=listed - found.read, read=found.read,
@@ -195,8 +200,9 @@ class MetadataBackend:
     def _reuse_cached_index(self, cache: dict[str, Any], listed: int) -> DatasetIndex:
         """The source says the cache was built from exactly this data: take it as it is."""
         index = self._index_from(cache)
+        written = DIGEST_KEY not in cache and self.history.write_if_changed(dict(cache), cache)
         self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
-                                          cache_written=False)
+                                          cache_written=written)
         return index
 
     def _index_from(self, cache: dict[str, Any] | None) -> DatasetIndex:
@@ -224,8 +230,13 @@ class MetadataBackend:
                     f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} lacks "
                     "its captions; refresh it on the main process first")
         sizes = files.image_sizes({s.path for s in skipped})
+        self.data_digest = cache_digest(cache)
         return DatasetIndex(self.dataset.id, buckets, sizes, skipped,
                             self.bucketing.clip_plans(buckets, files))
+
+    def index_version(self) -> IndexVersion | None:
+        """The index cache the last refresh or load read (None before either)."""
+        return None if self.data_digest is None else IndexVersion(self.data_digest, self.history)
 
     def caption_for(self, sample_id: str) -> str:
         if self.captions is not None:

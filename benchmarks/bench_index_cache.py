@@ -1,0 +1,196 @@
+"""The index cache on every rank: today's JSON against columnar, memory-mapped alternatives.
+
+    python benchmarks/bench_index_cache.py [--rows 1000000] [--buckets 40] [--repeats 3] [--json]
+
+A synthetic file table of N rows (ids such as 'part0012/img_0012345.jpg', sizes, mtimes,
+widths and heights of K buckets), stored three ways; each read runs in a fresh process, best of
+--repeats:
+
+* json: the index cache as ``MetadataBackend.refresh_index`` writes it, read by ``load_index``
+  (what every rank but the main one does at start-up: parse, then the buckets' id lists);
+* numpy: one .npy file per column, the ids as one NUL-separated UTF-8 blob (NUL is the one
+  byte no file name holds) with int64 offsets, bucket rows as one int32 array with offsets;
+* arrow: one Arrow IPC file of the same columns (pyarrow), bucket rows as a second table.
+
+For the columnar two: "map" opens the columns memory-mapped (nothing parsed: what a rank pays to
+see the table), "ids" also makes every bucket's list of Python str ids, which the split as it is
+today needs. Bytes are the files' sizes on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchlib import current_rss_mb, emit, format_table, machine, peak_rss_mb, ratio, \
+    reset_peak_rss
+
+
+def synthetic_columns(rows: int, buckets: int) -> dict:
+    sizes = [(512 + 64 * (k % 8), 512 + 64 * (k // 8)) for k in range(buckets)]
+    which = np.arange(rows) % buckets
+    return {"ids": [f"part{i // 1000:04d}/img_{i:07d}.jpg" for i in range(rows)],
+            "bytes": (200_000 + np.arange(rows) % 9973).tolist(),
+            "change_key": (1_700_000_000_000_000_000 + np.arange(rows) * 1_000).tolist(),
+            "width": [sizes[k][0] for k in which.tolist()],
+            "height": [sizes[k][1] for k in which.tolist()],
+            "rows": {f"{w}x{h}": np.flatnonzero(which == k).tolist()
+                     for k, (w, h) in enumerate(sizes)}}
+
+
+def backend(folder: Path):
+    from simpletuner.configuration import DatasetConfig, TrainingConfig
+    from simpletuner.helpers.metadata.backends.base import MetadataBackend
+
+    (folder / "data").mkdir(exist_ok=True)
+    training = TrainingConfig(model_family="sd1x", pretrained_model_name_or_path="unused",
+                              output_dir=str(folder / "out"), data_backend_config="unused.json",
+                              resolution=512, aspect_bucket_alignment=64)
+    return MetadataBackend.from_config(DatasetConfig(id="bench", instance_data_dir=str(
+        folder / "data")), training)
+
+
+def write_all(folder: Path, rows: int, buckets: int) -> None:
+    from simpletuner.common.atomic import atomic_write_json
+    from simpletuner.helpers.metadata.backends.base import CACHE_VERSION
+    from simpletuner.helpers.metadata.file_table import FileTable
+
+    c = synthetic_columns(rows, buckets)
+    b = backend(folder)
+    table = FileTable(c["ids"], c["bytes"], c["change_key"], c["width"], c["height"])
+    atomic_write_json(b.cache_path, {
+        "version": CACHE_VERSION, "dataset_id": "bench", "files_key": b._file_entries_key(),
+        "files": table.to_json(), "settings": b.settings(), "captions": None,
+        "index": {"buckets": c["rows"], "skipped": []}})
+    keys = sorted(c["rows"])
+    bucket_rows = np.concatenate([np.asarray(c["rows"][k], dtype=np.int32) for k in keys])
+    bucket_offsets = np.cumsum([0] + [len(c["rows"][k]) for k in keys]).astype(np.int64)
+    blob = "\0".join(c["ids"]).encode("utf-8", "surrogateescape")
+    offsets = np.cumsum([0] + [len(s.encode("utf-8")) + 1 for s in c["ids"]]).astype(np.int64)
+    numpy_dir = folder / "numpy"
+    numpy_dir.mkdir()
+    for name, values in (("ids", np.frombuffer(blob, dtype=np.uint8)), ("offsets", offsets),
+                         ("bytes", np.asarray(c["bytes"], np.int64)),
+                         ("change_key", np.asarray(c["change_key"], np.int64)),
+                         ("width", np.asarray(c["width"], np.int32)),
+                         ("height", np.asarray(c["height"], np.int32)),
+                         ("bucket_rows", bucket_rows), ("bucket_offsets", bucket_offsets)):
+        np.save(numpy_dir / f"{name}.npy", values)
+    (numpy_dir / "buckets.json").write_text(json.dumps(keys))
+    import pyarrow as pa
+
+    files = pa.table({"ids": c["ids"], "bytes": c["bytes"], "change_key": c["change_key"],
+                      "width": pa.array(c["width"], pa.int32()),
+                      "height": pa.array(c["height"], pa.int32())})
+    bucket_names = pa.array([k for k in keys for _ in c["rows"][k]]).dictionary_encode()
+    groups = pa.table({"bucket": bucket_names, "row": pa.array(bucket_rows)})
+    for name, table in (("files", files), ("buckets", groups)):
+        with pa.OSFile(str(folder / f"{name}.arrow"), "wb") as sink:
+            with pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+
+
+def read_numpy(folder: Path, with_ids: bool) -> int:
+    d = folder / "numpy"
+    cols = {p.stem: np.load(p, mmap_mode="r") for p in d.glob("*.npy")}
+    if not with_ids:
+        return int(cols["width"].shape[0])
+    ids = cols["ids"].tobytes().decode("utf-8", "surrogateescape").split("\0")
+    keys, rows, offsets = json.loads((d / "buckets.json").read_text()), cols["bucket_rows"], \
+        cols["bucket_offsets"]
+    buckets = {k: list(map(ids.__getitem__, rows[offsets[i]:offsets[i + 1]].tolist()))
+               for i, k in enumerate(keys)}
+    return sum(map(len, buckets.values()))
+
+
+def read_arrow(folder: Path, with_ids: bool) -> int:
+    import pyarrow as pa
+
+    files = pa.ipc.open_file(pa.memory_map(str(folder / "files.arrow"))).read_all()
+    groups = pa.ipc.open_file(pa.memory_map(str(folder / "buckets.arrow"))).read_all()
+    if not with_ids:
+        return files.num_rows
+    ids = files.column("ids").to_pylist()
+    bucket = groups.column("bucket").combine_chunks()
+    rows = groups.column("row").to_numpy()
+    keys = bucket.dictionary.to_pylist()
+    codes = bucket.indices.to_numpy()
+    return sum(len(list(map(ids.__getitem__, rows[codes == k].tolist())))
+               for k in range(len(keys)))
+
+
+def run_one(way: str, folder: Path) -> dict:
+    """Imports and the backend's construction happen before the clock starts."""
+    if way == "json":
+        cache_reader = backend(folder)
+        reader = lambda: cache_reader.load_index().sample_count  # noqa: E731
+    else:
+        if way.startswith("arrow"):
+            import pyarrow  # noqa: F401
+        read = read_numpy if way.startswith("numpy") else read_arrow
+        reader = lambda: read(folder, way.endswith("ids"))  # noqa: E731
+    before = current_rss_mb()
+    reset_peak_rss()
+    start = time.perf_counter()
+    count = reader()
+    return {"seconds": time.perf_counter() - start, "count": count,
+            "peak_mb": peak_rss_mb() - before}
+
+
+WAYS = ("json", "numpy map", "numpy ids", "arrow map", "arrow ids")
+
+
+def on_disk(folder: Path, way: str) -> int:
+    if way == "json":
+        return (folder / "out/cache/metadata/bench.json").stat().st_size
+    if way.startswith("numpy"):
+        return sum(p.stat().st_size for p in (folder / "numpy").iterdir())
+    return sum((folder / f"{n}.arrow").stat().st_size for n in ("files", "buckets"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--buckets", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--one", choices=WAYS, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one, Path(args.folder))))
+        return
+    result = {"machine": machine(), "rows": args.rows, "buckets": args.buckets, "ways": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        print(f"writing {args.rows:,} rows three ways...", file=sys.stderr)
+        write_all(folder, args.rows, args.buckets)
+        for way in WAYS:
+            runs = [json.loads(subprocess.run(
+                [sys.executable, __file__, "--one", way, "--folder", tmp], check=True,
+                capture_output=True, text=True).stdout) for _ in range(args.repeats)]
+            if {r["count"] for r in runs} != {args.rows}:
+                raise RuntimeError(f"{way} read {runs[0]['count']} rows, not {args.rows}")
+            result["ways"][way] = {"seconds": round(min(r["seconds"] for r in runs), 4),
+                                   "peak_mb": round(max(r["peak_mb"] for r in runs), 1),
+                                   "bytes": on_disk(folder, way)}
+    base = result["ways"]["json"]["seconds"]
+    rows = [[way, m["seconds"], ratio(base, m["seconds"]), m["peak_mb"], m["bytes"]]
+            for way, m in result["ways"].items()]
+    text = "\n".join([
+        f"Index cache read by a rank: {args.rows:,} rows, {args.buckets} buckets; "
+        f"{result['machine']['cpus']} CPUs, load {result['machine']['load_average_1_5_15']}",
+        format_table(["", "seconds", "json / this", "peak MiB", "bytes"], rows)])
+    emit(result, args.json, text)
+
+
+if __name__ == "__main__":
+    main()
