@@ -19,6 +19,7 @@ import torch
 from diffusers import DiffusionPipeline, WanPipeline
 from PIL import Image
 
+from headless_browser import chromium
 from launching import run_bounded
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.configuration import ConfigError, load_configuration
@@ -29,8 +30,15 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
 from test_memory_plan_command import GIB, row
 from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import (check_recording_torch, copy_checkpoint, environment, make_shapes,
-                               run_train_sh, write_config)
+from training_fixtures import (ReportView, check_recording_torch, copy_checkpoint, environment,
+                               make_shapes, run_train_sh, write_config)
+
+# A page that tells what headless Chromium decoded of an image: its size, or the error.
+DECODED_PROBE = ('<img id="clip" src="{src}"><pre id="decoded"></pre><script>'
+                 'const img = document.getElementById("clip"), out = document.getElementById('
+                 '"decoded"); function show() {{ out.textContent = img.naturalWidth + "x" + '
+                 'img.naturalHeight; }} if (img.complete) show(); else {{ img.onload = show; '
+                 'img.onerror = () => out.textContent = "error"; }}</script>')
 
 # Parameters of the published transformers, from their checkpoints' sizes: Comfy-Org's
 # wan2.1_t2v_1.3B_fp16.safetensors is 2.84 GB and wan2.1_t2v_14B_fp16.safetensors 28.6 GB, two
@@ -258,6 +266,21 @@ class WanTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         self.assertIsInstance(pipeline, WanPipeline)
         self.assertGreater(self.sample(pipeline).std(), 0.0)
         self.sample(pipeline, num_frames=5)
+
+    def test_the_report_shows_the_validation_clip_as_an_animation_chromium_decodes(self):
+        self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
+        out = self.root / "full-out"
+        clip = "validation/step-4/clip-00.webp"
+        dom = ReportView(chromium(self.tmp, "--dump-dom",
+                                  (out / "training_report.html").as_uri()))
+        self.assertIn(clip, dom.images)
+        with Image.open(out / clip) as image:
+            self.assertTrue(image.is_animated)
+        probe = out / "decoded-probe.html"
+        probe.write_text(DECODED_PROBE.format(src=clip))
+        decoded = chromium(self.tmp, "--allow-file-access-from-files",
+                           "--virtual-time-budget=5000", "--dump-dom", probe.as_uri())
+        self.assertIn('<pre id="decoded">96x64</pre>', decoded)
 
     def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])

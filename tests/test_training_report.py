@@ -19,38 +19,18 @@ from pathlib import Path
 
 from PIL import Image, ImageStat
 
+from headless_browser import chromium
 from launching import REPO, Launch, run_bounded
 from training_fixtures import (ReportView, environment, make_shapes, read_jsonl, read_report,
                                run_train_sh, write_config)
 
 RUN_TIMEOUT = 400
-BROWSER_TIMEOUT = 120
 STOP_AFTER_STEPS = 4  # SIGTERM once the step log shows this many steps (of 8) and the page
 #                       shows step 3's validation
-REQUIRE_CHROMIUM = "SIMPLETUNER_TESTS_REQUIRE_CHROMIUM"  # set by .ci/run
 PROMPTS = ["a red circle on a blue background", "a yellow circle on a green background"]
 OPTIONS = dict(max_train_steps=8, checkpointing_steps=2, validation_steps=3,
                validation_prompt=PROMPTS, validation_num_inference_steps=2,
                eval_steps_interval=2, trace_samples=True)
-
-
-def chromium(tmpdir: str, *args: str) -> str:
-    """Headless Chromium's stdout for ``args``. CI (.ci/run) installs it and requires it;
-    elsewhere the browser's tests are skipped, saying how to install it."""
-    browser = shutil.which("chromium")
-    if browser is None:
-        missing = "chromium is not installed (Debian/Ubuntu: apt-get install -y chromium)"
-        if os.environ.get(REQUIRE_CHROMIUM):
-            raise AssertionError(missing)
-        raise unittest.SkipTest(missing)
-    profile = tempfile.mkdtemp(dir=tmpdir, prefix="chromium-")
-    result = run_bounded([browser, "--headless", "--no-sandbox", "--disable-gpu",
-                          "--no-first-run", f"--user-data-dir={profile}", *args],
-                         tmpdir=tmpdir, timeout=BROWSER_TIMEOUT,
-                         env={**os.environ, "HOME": profile})
-    if result.returncode != 0:
-        raise AssertionError(f"chromium failed ({result.returncode}): {result.stderr[-2000:]}")
-    return result.stdout
 
 
 def stop_once_the_page_shows(run: Launch, out: Path, steps: int, image: str) -> str:
