@@ -35,7 +35,8 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
                 pipeline, prompts, resolution=size,
                 num_inference_steps=settings.validation_num_inference_steps,
                 seed=settings.validation_seed, autocast_dtype=autocast_dtype,
-                **adapter.validation_arguments(settings.pipeline_arguments()))
+                **adapter.validation_arguments(settings.pipeline_arguments()),
+                **adapter.size_arguments(size))
             labels += prompts
     folder = Path(settings.output_dir) / "validation" / f"step-{step}"
     paths = save_validation_images(images, labels, folder)
