@@ -15,10 +15,13 @@ def takes_references(model_family: str | None, model_flavour: str | None) -> boo
 
 
 def check_conditioning(datasets: list[DatasetConfig], training, where: str,
-                       problems: list[str]) -> None:
+                       problems: list[str], listed: list) -> None:
     """Every problem with conditioning_data, conditioning_type and the conditioning datasets,
-    appended to ``problems``; ``training`` may be None (config.json unusable)."""
+    appended to ``problems``; ``training`` may be None (config.json unusable). ``listed``: the
+    file's raw entries, so a dataset left out for its own problems is not called missing."""
     by_id = {ds.id: ds for ds in datasets}
+    unusable = {item.get("id") for item in listed
+                if isinstance(item, dict) and not item.get("disabled")} - set(by_id)
     named_by: dict[str, str] = {}  # conditioning dataset id -> the dataset naming it
     for ds in datasets:
         label = f"{where}: dataset '{ds.id}'"
@@ -33,7 +36,8 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
             problems.append(f"{label}: key 'conditioning_data' is for training datasets "
                             f"('dataset_type': 'image'), not '{ds.dataset_type}'")
         for name in ds.conditioning_ids():
-            _check_named(name, ds.id, by_id, named_by, label, problems)
+            if name not in unusable:  # else its own problems are reported
+                _check_named(name, ds.id, by_id, named_by, label, problems)
     for ds in datasets:
         if ds.dataset_type == CONDITIONING and ds.id not in named_by:
             problems.append(f"{where}: dataset '{ds.id}' has 'dataset_type': 'conditioning' but "

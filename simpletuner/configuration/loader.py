@@ -387,7 +387,8 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
         raw_datasets = _read_json(backend_path, problems)
         if raw_datasets is not None:
             datasets = parse_datasets(raw_datasets, str(backend_path), training, base, problems)
-            check_conditioning(datasets, training, str(backend_path), problems)
+            check_conditioning(datasets, training, str(backend_path), problems,
+                               listed=raw_datasets if isinstance(raw_datasets, list) else [])
     if training is not None and training.eval_steps_interval and not any(
             ds.dataset_type == "eval" for ds in datasets):
         problems.append(f"{path}: key 'eval_steps_interval' needs a dataset with "
