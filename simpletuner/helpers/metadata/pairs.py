@@ -18,6 +18,9 @@ from dataclasses import dataclass, replace
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
 
 
+PAIR = "edit pair"  # how every reason given here starts
+
+
 def pair_key(sample_id: str) -> str:
     """The relative path without its extension: what a target and its reference share."""
     return posixpath.splitext(sample_id)[0]
@@ -39,7 +42,7 @@ def _by_key(ids: Iterable[str]) -> tuple[dict[str, str], dict[str, list[str]]]:
 
 
 def _shared_stem(ids: list[str]) -> str:
-    return (f"edit pair: {len(ids)} files share the name {pair_key(ids[0])!r} "
+    return (f"{PAIR}: {len(ids)} files share the name {pair_key(ids[0])!r} "
             f"({', '.join(ids)}); rename all but one")
 
 
@@ -52,7 +55,7 @@ def pair_references(target: DatasetIndex, references: Sequence[DatasetIndex]) ->
         lacking = [ref.dataset_id for ref, (found, _) in zip(references, sides)
                    if key not in found]
         if lacking:
-            removed[sample_id] = (f"edit pair: no usable reference named {key!r} (any "
+            removed[sample_id] = (f"{PAIR}: no usable reference named {key!r} (any "
                                   f"extension) in conditioning dataset(s) {', '.join(lacking)}"
                                   " (missing, or skipped there)")
     paired = {s: tuple(found[key] for found, _ in sides)
@@ -69,7 +72,7 @@ def _orphan_references(ref: DatasetIndex, found: dict[str, str], clashes: dict[s
     removed = {s: _shared_stem(ids) for ids in clashes.values() for s in ids}
     for key, sample_id in found.items():
         if key not in wanted:
-            removed[sample_id] = (f"edit pair: no usable target named {key!r} in dataset "
+            removed[sample_id] = (f"{PAIR}: no usable target named {key!r} in dataset "
                                   f"'{target_id}' (missing, skipped or ambiguous there)")
     return ref.without(removed)
 
@@ -77,3 +80,14 @@ def _orphan_references(ref: DatasetIndex, found: dict[str, str], clashes: dict[s
 def reference_targets(target: DatasetIndex, position: int) -> dict[str, str]:
     """Reference id (of the ``position``-th conditioning dataset) -> its target's sample id."""
     return {refs[position]: sample_id for sample_id, refs in target.references.items()}
+
+
+def pair_summary(target: DatasetIndex, references: Sequence[DatasetIndex]) -> str:
+    """One line for the log: pairs kept and orphans on each side, counted."""
+    def orphans(index: DatasetIndex) -> int:
+        return sum(s.reason.startswith(PAIR) for s in index.skipped)
+
+    sides = "; ".join(f"{orphans(ref)} in '{ref.dataset_id}' without a target"
+                      for ref in references)
+    return (f"edit pairs of dataset '{target.dataset_id}': {len(target.references)} paired; "
+            f"{orphans(target)} targets without a reference; {sides} (skipped, never trained)")

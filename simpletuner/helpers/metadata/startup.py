@@ -31,7 +31,7 @@ from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.metadata.pairs import pair_references
+from simpletuner.helpers.metadata.pairs import pair_references, pair_summary
 from simpletuner.helpers.metadata.split import check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
@@ -105,6 +105,10 @@ def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataS
     if accelerator.is_main_process:
         for note in notes:
             logger.info(note)
+        for ds in config.datasets:  # the orphans of edit pairs, counted (skipped_files names them)
+            if ds.conditioning_ids():
+                logger.info(pair_summary(indexes[ds.id], [references[c] for c in
+                                                         ds.conditioning_ids()]))
     return DataStartup(backends, indexes, shared_seed, seed is None, notes, references)
 
 
