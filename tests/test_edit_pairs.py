@@ -6,6 +6,8 @@ with conditioning datasets are reported together."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import random
 import tempfile
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from edit_fixtures import edit_datasets, make_edit_pairs
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.planning import run_plan
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.pairs import pair_references
 from simpletuner.helpers.metadata.split import DatasetSpec, split_dataset
@@ -193,6 +196,23 @@ class ConditioningConfigTest(unittest.TestCase):
                 self.assertIn(f"conditioning_type '{kind}' is not supported here", problem)
                 self.assertIn(advice, problem)
                 self.assertNotIn("did you mean", problem)
+
+    def test_plan_counts_the_pairs_and_names_the_orphan_target(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            targets, references, ids = make_edit_pairs(root, count=3)
+            (references / ids[0].replace(".png", ".jpg")).unlink()
+            config = write_config(root, targets, datasets=edit_datasets(targets, references),
+                                  model_family="flux", model_flavour="kontext")
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                    self.assertLogs("simpletuner.plan", "INFO") as logs:
+                status = run_plan(str(config), as_json=True)
+        self.assertEqual(status, 0, err.getvalue())
+        dataset = json.loads(out.getvalue())["datasets"]["edits"]
+        self.assertEqual(dataset["buckets"], {"64x64": ids[1:]})
+        self.assertEqual([s["path"] for s in dataset["skipped"]], [ids[0]])
+        self.assertIn("2 paired; 1 targets without a reference", "\n".join(logs.output))
 
     def test_a_kontext_config_with_its_references_loads(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,7 @@ listing order of either folder changes nothing.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
@@ -77,9 +77,21 @@ def _orphan_references(ref: DatasetIndex, found: dict[str, str], clashes: dict[s
     return ref.without(removed)
 
 
-def reference_targets(target: DatasetIndex, position: int) -> dict[str, str]:
-    """Reference id (of the ``position``-th conditioning dataset) -> its target's sample id."""
-    return {refs[position]: sample_id for sample_id, refs in target.references.items()}
+def pair_datasets(datasets: Sequence, indexes: Mapping[str, DatasetIndex]
+                  ) -> tuple[dict[str, DatasetIndex], dict[str, DatasetIndex]]:
+    """The indexes of ``datasets`` (configuration.DatasetConfig), each with conditioning_data
+    paired with its conditioning datasets' indexes (also in ``indexes``), and the conditioning
+    indexes with their orphans skipped."""
+    trained, references = {}, {}
+    for ds in datasets:
+        conditioning = ds.conditioning_ids()
+        if not conditioning:
+            trained[ds.id] = indexes[ds.id]
+            continue
+        paired = pair_references(indexes[ds.id], [indexes[c] for c in conditioning])
+        trained[ds.id] = paired.target
+        references.update(zip(conditioning, paired.references))
+    return trained, references
 
 
 def pair_summary(target: DatasetIndex, references: Sequence[DatasetIndex]) -> str:

@@ -31,7 +31,7 @@ from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.metadata.pairs import pair_references, pair_summary
+from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.split import check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
@@ -94,7 +94,7 @@ def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataS
     indexes = _refresh_on_main(every, accelerator)
     indexes, load_error = _load_elsewhere(every, accelerator, indexes)
     MetadataBackend.check_index_agreement(indexes, load_error, accelerator)
-    indexes, references = _paired(config, indexes)
+    indexes, references = pair_datasets(config.datasets, indexes)
     backends = {ds.id: every[ds.id] for ds in config.datasets}
     indexes = {i: limit_samples(index, backends[i].dataset.max_num_samples)
                for i, index in indexes.items()}
@@ -110,22 +110,6 @@ def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataS
                 logger.info(pair_summary(indexes[ds.id], [references[c] for c in
                                                          ds.conditioning_ids()]))
     return DataStartup(backends, indexes, shared_seed, seed is None, notes, references)
-
-
-def _paired(config: Configuration, indexes: dict[str, DatasetIndex]
-            ) -> tuple[dict[str, DatasetIndex], dict[str, DatasetIndex]]:
-    """The trained datasets' indexes, each paired with its conditioning datasets' (pure: the
-    same on every rank), and the conditioning indexes with their orphans skipped."""
-    trained, references = {}, {}
-    for ds in config.datasets:
-        conditioning = ds.conditioning_ids()
-        if not conditioning:
-            trained[ds.id] = indexes[ds.id]
-            continue
-        paired = pair_references(indexes[ds.id], [indexes[c] for c in conditioning])
-        trained[ds.id] = paired.target
-        references.update(zip(conditioning, paired.references))
-    return trained, references
 
 
 def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *,
