@@ -168,7 +168,8 @@ class ConditioningConfigTest(unittest.TestCase):
             edits, refs = edit_datasets(targets, references)
             return [{**edits, "conditioning_data": ["edit-references", "missing-id", "shapes"]},
                     {**refs, "conditioning_type": None},
-                    {"id": "shapes", "instance_data_dir": str(targets),
+                    {"id": "shapes", "instance_data_dir": str(targets)},
+                    {"id": "held-out", "dataset_type": "eval", "instance_data_dir": str(targets),
                      "conditioning_type": "reference_strict"},
                     {"id": "unused", "dataset_type": "conditioning",
                      "conditioning_type": "reference_strict", "instance_data_dir": str(references)}]
@@ -176,7 +177,7 @@ class ConditioningConfigTest(unittest.TestCase):
         text = json.dumps(self.problems(datasets))  # model_family sd1x takes no references
         for expected in ("'missing-id', which is not an enabled dataset",
                          "names 'shapes', whose dataset_type is 'image'",
-                         "dataset 'shapes': key 'conditioning_type' belongs to",
+                         "dataset 'held-out': key 'conditioning_type' belongs to",
                          "'edit-references': a 'conditioning' dataset needs 'conditioning_type'",
                          "'unused' has 'dataset_type': 'conditioning' but no dataset names it",
                          "use model_family 'flux' with model_flavour 'kontext'"):
@@ -184,8 +185,7 @@ class ConditioningConfigTest(unittest.TestCase):
 
     def test_conditioning_types_that_are_not_built_are_refused_with_what_to_do(self):
         for kind, advice in (("controlnet", "only reference images are supported"),
-                             ("mask", "only reference images are supported"),
-                             ("reference_loose", "use 'reference_strict'")):
+                             ("mask", "only reference images are supported")):
             def datasets(targets, references, kind=kind):
                 edits, refs = edit_datasets(targets, references)
                 return [edits, {**refs, "conditioning_type": kind}]
@@ -213,6 +213,36 @@ class ConditioningConfigTest(unittest.TestCase):
         self.assertEqual(dataset["buckets"], {"64x64": ids[1:]})
         self.assertEqual([s["path"] for s in dataset["skipped"]], [ids[0]])
         self.assertIn("2 paired; 1 targets without a reference", "\n".join(logs.output))
+
+    def test_loose_references_need_micro_batches_of_one(self):
+        def datasets(targets, references):
+            edits, refs = edit_datasets(targets, references)
+            return [edits, {**refs, "conditioning_type": "reference_loose"}]
+
+        (problem,) = self.problems(datasets, model_family="flux", model_flavour="kontext")
+        self.assertIn("'reference_loose', each in its own aspect bucket", problem)
+        self.assertIn("set train_batch_size 1 (it is 2;", problem)
+
+    def test_simpletuner_s_kontext_datasets_load_as_they_are_written(self):
+        """Its quickstart's entries: the reference dataset says conditioning_type only."""
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            targets, references, _ = make_edit_pairs(root, count=1)
+            datasets = [{"id": "edited-images", "type": "local",
+                         "instance_data_dir": str(targets),
+                         "conditioning_data": "reference-images", "resolution": 64,
+                         "caption_strategy": "textfile"},
+                        {"id": "reference-images", "type": "local",
+                         "instance_data_dir": str(references),
+                         "conditioning_type": "reference_loose", "resolution": 64,
+                         "caption_strategy": "textfile"}]
+            config = write_config(root, targets, datasets=datasets, model_family="flux",
+                                  model_flavour="kontext", train_batch_size=1)
+            loaded = load_configuration(config, cwd=root)
+        self.assertEqual([d.id for d in loaded.datasets], ["edited-images"])
+        (reference,) = loaded.references
+        self.assertEqual((reference.id, reference.dataset_type, reference.conditioning_type),
+                         ("reference-images", "conditioning", "reference_loose"))
 
     def test_a_kontext_config_with_its_references_loads(self):
         with tempfile.TemporaryDirectory() as tmp:

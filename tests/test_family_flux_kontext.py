@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 from diffusers import DiffusionPipeline, FluxKontextPipeline
+from safetensors.torch import load_file
 
 from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from model_fixtures import CPU, network_prediction, random_batch
@@ -25,7 +26,8 @@ from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import copy_checkpoint, read_jsonl, run_train_sh, write_config
+from training_fixtures import (copy_checkpoint, read_jsonl, run_train_sh, run_training,
+                               write_config)
 
 KONTEXT = dict(model_family="flux", model_flavour="kontext",
                pretrained_model_name_or_path="builtin:tiny-flux-kontext")
@@ -93,7 +95,8 @@ class KontextAdapterTest(unittest.TestCase):
 
 class KontextTrainingTest(TrainedOutputAssertions, unittest.TestCase):
     """Four launches of ./train.sh on 4 edit pairs plus an orphan on each side: full (4 steps,
-    checkpointed at 2), full resumed from a copy of checkpoint-2, LoRA, LoRA resumed."""
+    checkpointed at 2), full resumed from a copy of checkpoint-2, LoRA, LoRA resumed; and a
+    2-step run with reference_loose references of another size."""
 
     @classmethod
     def setUpClass(cls):
@@ -109,6 +112,15 @@ class KontextTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         cls.full = cls.train("full", **common)
         if copy_checkpoint(root, "full", "resumed"):
             cls.resumed = cls.train("resumed", resume_from_checkpoint="latest", **common)
+        cls.loose_references = root / "loose-references"  # wider than their targets
+        cls.loose_references.mkdir()
+        for target in cls.targets.glob("??x??-*.png"):
+            circle("green", "blue", (96, 64)).save(cls.loose_references / f"{target.stem}.jpg")
+        edits, loose = edit_datasets(cls.targets, cls.loose_references)
+        cls.loose = run_training(write_config(
+            root, cls.targets, "loose",
+            datasets=[edits, {**loose, "conditioning_type": "reference_loose"}],
+            **dict(common, max_train_steps=2, train_batch_size=1)), cls.tmp)
         lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2)
         cls.lora = cls.train("lora", **lora)
         if copy_checkpoint(root, "lora", "lora-resumed"):
@@ -138,6 +150,17 @@ class KontextTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         self.assertEqual([e["path"] for e in skipped["edit-references"]],
                          ["lonely-reference.jpg"])
         self.assertIn("no usable reference named 'lonely-target'", skipped["edits"][0]["reason"])
+
+    def test_loose_references_train_in_their_own_bucket(self):
+        self.assertEqual(self.loose.returncode, 0, self.loose.stderr[-3000:])
+        out = self.root / "loose-out"
+        cached = sorted((out / "cache" / "vae" / "edit-references").rglob("*.safetensors"))
+        self.assertEqual(len(cached), 4)  # one per paired target
+        for path in cached:  # 96x64 pixels: 12 x 8 latent pixels, not the target's 8 x 8
+            self.assertEqual(tuple(load_file(str(path))["latent"].shape), (16, 8, 12))
+        for record in read_jsonl(out / "trace" / "rank-0.jsonl"):
+            self.assertEqual(record["references"],
+                             [[s.replace(".png", ".jpg")] for s in record["samples"]])
 
     def test_the_export_is_a_kontext_pipeline_that_edits_a_reference_image(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])

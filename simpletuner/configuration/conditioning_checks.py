@@ -3,11 +3,21 @@ dataset in ``conditioning_data``, checked across the dataset file and against th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from simpletuner.configuration.datasets import DatasetConfig
 
 # (model_family, model_flavour) of the models that train on reference images
 REFERENCE_MODELS = {("flux", "kontext")}
 CONDITIONING = "conditioning"
+
+
+def as_conditioning(ds: DatasetConfig) -> DatasetConfig:
+    """SimpleTuner makes a dataset with conditioning_type a conditioning dataset, whatever its
+    dataset_type says when left at 'image'."""
+    if ds.conditioning_type is not None and ds.dataset_type == "image":
+        return replace(ds, dataset_type=CONDITIONING)
+    return ds
 
 
 def takes_references(model_family: str | None, model_flavour: str | None) -> bool:
@@ -38,6 +48,15 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
         for name in ds.conditioning_ids():
             if name not in unusable:  # else its own problems are reported
                 _check_named(name, ds.id, by_id, named_by, label, problems)
+        loose = [name for name in ds.conditioning_ids()
+                 if getattr(by_id.get(name), "conditioning_type", None) == "reference_loose"]
+        batch = ds.train_batch_size or getattr(training, "train_batch_size", 1)
+        if loose and batch != 1:
+            problems.append(f"{label}: its references ({', '.join(loose)}) are "
+                            "'reference_loose', each in its own aspect bucket, so they cannot "
+                            f"share a micro-batch; set train_batch_size 1 (it is {batch}; "
+                            "gradient_accumulation_steps can make up the batch), or use "
+                            "'reference_strict'")
     for ds in datasets:
         if ds.dataset_type == CONDITIONING and ds.id not in named_by:
             problems.append(f"{where}: dataset '{ds.id}' has 'dataset_type': 'conditioning' but "
@@ -56,7 +75,7 @@ def _check_conditioning_entry(ds: DatasetConfig, label: str, problems: list[str]
     if ds.conditioning_type is None:
         problems.append(f"{label}: a 'conditioning' dataset needs 'conditioning_type': "
                         "'reference_strict' (each reference resized and cropped like its "
-                        "target)")
+                        "target) or 'reference_loose' (in its own aspect bucket)")
     if ds.conditioning_ids():
         problems.append(f"{label}: a 'conditioning' dataset cannot itself name "
                         "'conditioning_data'; set it on the training dataset")

@@ -50,9 +50,10 @@ class DatasetConfig:
     conditioning_data: str | list[str] | None = option(
         None, help="edit training (flux kontext): the id(s) of the 'conditioning' dataset(s) "
         "holding each sample's reference image, the file with the same path and stem")
-    conditioning_type: Literal["reference_strict"] | None = option(
-        None, help="a 'conditioning' dataset: 'reference_strict' resizes each reference to its "
-        "target's size and crops it the same way")
+    conditioning_type: Literal["reference_strict", "reference_loose"] | None = option(
+        None, help="a 'conditioning' dataset (set, it makes one, as in SimpleTuner): "
+        "'reference_strict' resizes each reference to its target's size and crops it the same "
+        "way; 'reference_loose' fits it to its own aspect bucket (train_batch_size 1)")
     instance_data_dir: str | None = option(None, help="the folder; required for type 'local'")
     # type 'aws': SimpleTuner's keys. Credentials left out come from AWS_* or ~/.aws/.
     aws_bucket_name: str | None = option(None)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simpletuner.configuration.conditioning_checks import CONDITIONING, check_conditioning
+from simpletuner.configuration.conditioning_checks import (CONDITIONING, as_conditioning,
+                                                            check_conditioning)
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
                                                       check_caption_and_crop_options,
                                                       check_video_sources)
@@ -386,7 +387,8 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
         backend_path = _resolve(backend_value, base)
         raw_datasets = _read_json(backend_path, problems)
         if raw_datasets is not None:
-            datasets = parse_datasets(raw_datasets, str(backend_path), training, base, problems)
+            datasets = [as_conditioning(ds) for ds in
+                        parse_datasets(raw_datasets, str(backend_path), training, base, problems)]
             check_conditioning(datasets, training, str(backend_path), problems,
                                listed=raw_datasets if isinstance(raw_datasets, list) else [])
     if training is not None and training.eval_steps_interval and not any(

@@ -36,8 +36,6 @@ _DATASET_VALUES: dict[str, dict[str, str]] = {
     "dataset_type": {name: "this dataset type is not supported here; remove the entry"
                      for name in ("audio",)},
     "conditioning_type": {
-        "reference_loose": "not built yet; use 'reference_strict' (the reference is resized to "
-                           "its target's size and cropped the same way)",
         **{name: "only reference images are supported; use 'reference_strict' for an edit "
                  "model (model_flavour 'kontext'), or remove the conditioning dataset"
            for name in ("controlnet", "mask", "canny", "depth", "inpainting")}},

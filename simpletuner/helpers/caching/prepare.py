@@ -71,11 +71,12 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    model_folder: str | Path, family: str, output_dir: str | Path, seed: int,
                    rank: int, world_size: int, vae_batch_size: int = 8,
                    progress: bool = True,
-                   conditioning: Mapping[str, object] | None = None) -> PreparedCaches:
+                   conditioning: Mapping[str, tuple] | None = None) -> PreparedCaches:
     """Call on every rank, after the Accelerator is built and every rank holds the same
     ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
     maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed;
-    ``conditioning``: the conditioning datasets by id (edit pairs: references cached first).
+    ``conditioning``: id -> (conditioning DatasetConfig, its paired index), for edit pairs,
+    whose references are cached first.
     Each rank's work between two collectives is one ``failing_together`` block: an error on
     any rank (a model that cannot encode, an unreadable caption, a full disk) is a RankFailure
     on every rank, never a rank waiting alone in the next collective."""

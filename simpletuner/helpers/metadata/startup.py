@@ -58,6 +58,10 @@ class DataStartup:
     # conditioning dataset id -> its index, orphans skipped (its references: the targets')
     references: dict[str, DatasetIndex] = field(default_factory=dict)
 
+    def conditioning(self, configs) -> dict[str, tuple]:
+        """Conditioning dataset id -> (its DatasetConfig of ``configs``, its paired index)."""
+        return {ds.id: (ds, self.references[ds.id]) for ds in configs}
+
 
 def _refresh_on_main(backends: dict[str, MetadataBackend], accelerator) -> dict[str, DatasetIndex]:
     indexes: dict[str, DatasetIndex] = {}
