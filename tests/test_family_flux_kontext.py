@@ -117,10 +117,14 @@ class KontextTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         for target in cls.targets.glob("??x??-*.png"):
             circle("green", "blue", (96, 64)).save(cls.loose_references / f"{target.stem}.jpg")
         edits, loose = edit_datasets(cls.targets, cls.loose_references)
+        held_out = [{**entry, "id": f"held-out-{entry['id']}"}
+                    for entry in edit_datasets(cls.targets, cls.references)]
+        held_out[0].update(dataset_type="eval", conditioning_data=held_out[1]["id"])
         cls.loose = run_training(write_config(
             root, cls.targets, "loose",
-            datasets=[edits, {**loose, "conditioning_type": "reference_loose"}],
-            **dict(common, max_train_steps=2, train_batch_size=1)), cls.tmp)
+            datasets=[edits, {**loose, "conditioning_type": "reference_loose"}, *held_out],
+            **dict(common, max_train_steps=2, train_batch_size=1, eval_steps_interval=1)),
+            cls.tmp)
         lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2)
         cls.lora = cls.train("lora", **lora)
         if copy_checkpoint(root, "lora", "lora-resumed"):
@@ -161,6 +165,18 @@ class KontextTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         for record in read_jsonl(out / "trace" / "rank-0.jsonl"):
             self.assertEqual(record["references"],
                              [[s.replace(".png", ".jpg")] for s in record["samples"]])
+
+    def test_an_eval_dataset_of_pairs_is_evaluated_with_its_references(self):
+        self.assertEqual(self.loose.returncode, 0, self.loose.stderr[-3000:])
+        out = self.root / "loose-out"
+        held_out = sorted((out / "cache" / "vae" / "held-out-edit-references").rglob(
+            "*.safetensors"))
+        self.assertEqual(len(held_out), 4)  # strict: the targets' 8 x 8
+        self.assertEqual(tuple(load_file(str(held_out[0]))["latent"].shape), (16, 8, 8))
+        losses = read_jsonl(out / "eval_loss.jsonl")
+        self.assertEqual([line["step"] for line in losses], [1, 2])
+        skipped = json.loads((out / "skipped_files.json").read_text())
+        self.assertEqual([e["path"] for e in skipped["held-out-edits"]], ["lonely-target.png"])
 
     def test_the_export_is_a_kontext_pipeline_that_edits_a_reference_image(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])

@@ -42,15 +42,16 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
             _check_conditioning_entry(ds, label, problems)
         if not ds.conditioning_ids():
             continue
-        if ds.dataset_type != "image":
-            problems.append(f"{label}: key 'conditioning_data' is for training datasets "
-                            f"('dataset_type': 'image'), not '{ds.dataset_type}'")
+        if ds.dataset_type not in ("image", "eval"):
+            problems.append(f"{label}: key 'conditioning_data' is for image and eval datasets, "
+                            f"not '{ds.dataset_type}'")
         for name in ds.conditioning_ids():
             if name not in unusable:  # else its own problems are reported
                 _check_named(name, ds.id, by_id, named_by, label, problems)
         loose = [name for name in ds.conditioning_ids()
                  if getattr(by_id.get(name), "conditioning_type", None) == "reference_loose"]
-        batch = ds.train_batch_size or getattr(training, "train_batch_size", 1)
+        batch = 1 if ds.dataset_type == "eval" else (  # evaluation: one sample per rank
+            ds.train_batch_size or getattr(training, "train_batch_size", 1))
         if loose and batch != 1:
             problems.append(f"{label}: its references ({', '.join(loose)}) are "
                             "'reference_loose', each in its own aspect bucket, so they cannot "
