@@ -18,6 +18,7 @@ from pathlib import Path
 from edit_fixtures import edit_datasets, make_edit_pairs
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.planning import run_plan
+from simpletuner.training.run.dataset_folders import output_dir_problems
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.pairs import pair_references
 from simpletuner.helpers.metadata.split import DatasetSpec, split_dataset
@@ -243,6 +244,16 @@ class ConditioningConfigTest(unittest.TestCase):
         (reference,) = loaded.references
         self.assertEqual((reference.id, reference.dataset_type, reference.conditioning_type),
                          ("reference-images", "conditioning", "reference_loose"))
+
+    def test_an_output_dir_inside_the_reference_folder_is_a_problem(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            targets, references, _ = make_edit_pairs(root, count=1)
+            config = write_config(root, targets, datasets=edit_datasets(targets, references),
+                                  model_family="flux", model_flavour="kontext",
+                                  output_dir=str(references / "out"))
+            (problem,) = output_dir_problems(load_configuration(config, cwd=root))
+        self.assertIn("the folder of dataset 'edit-references'", problem)
 
     def test_a_kontext_config_with_its_references_loads(self):
         with tempfile.TemporaryDirectory() as tmp:
