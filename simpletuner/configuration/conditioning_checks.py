@@ -20,6 +20,16 @@ def as_conditioning(ds: DatasetConfig) -> DatasetConfig:
     return ds
 
 
+def with_references(parsed: list[DatasetConfig], listed: object, training, where: str,
+                    problems: list[str]) -> list[DatasetConfig]:
+    """The parsed datasets, those with a conditioning_type made conditioning datasets, after
+    appending every problem of their pairing (``listed``: the file's raw list)."""
+    datasets = [as_conditioning(ds) for ds in parsed]
+    check_conditioning(datasets, training, where, problems,
+                       listed=listed if isinstance(listed, list) else [])
+    return datasets
+
+
 def takes_references(model_family: str | None, model_flavour: str | None) -> bool:
     return (model_family, model_flavour) in REFERENCE_MODELS
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simpletuner.configuration.conditioning_checks import (CONDITIONING, as_conditioning,
-                                                            check_conditioning)
+from simpletuner.configuration.conditioning_checks import CONDITIONING, with_references
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
                                                       check_caption_and_crop_options,
                                                       check_video_sources)
@@ -48,8 +47,11 @@ class Configuration:
     config_path: Path
     training: TrainingConfig
     datasets: list[DatasetConfig]   # trained or evaluated, in file order
-    # dataset_type 'conditioning': reference images, paired with the dataset naming each one
-    references: list[DatasetConfig] = field(default_factory=list)
+    references: list[DatasetConfig] = field(default_factory=list)  # dataset_type conditioning
+
+    def __post_init__(self):  # reference images are paired with the datasets, never trained
+        self.references += [ds for ds in self.datasets if ds.dataset_type == CONDITIONING]
+        self.datasets = [ds for ds in self.datasets if ds.dataset_type != CONDITIONING]
 
 
 def _read_json(path: Path, problems: list[str]) -> Any:
@@ -387,10 +389,9 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
         backend_path = _resolve(backend_value, base)
         raw_datasets = _read_json(backend_path, problems)
         if raw_datasets is not None:
-            datasets = [as_conditioning(ds) for ds in
-                        parse_datasets(raw_datasets, str(backend_path), training, base, problems)]
-            check_conditioning(datasets, training, str(backend_path), problems,
-                               listed=raw_datasets if isinstance(raw_datasets, list) else [])
+            datasets = with_references(
+                parse_datasets(raw_datasets, str(backend_path), training, base, problems),
+                raw_datasets, training, str(backend_path), problems)
     if training is not None and training.eval_steps_interval and not any(
             ds.dataset_type == "eval" for ds in datasets):
         problems.append(f"{path}: key 'eval_steps_interval' needs a dataset with "
@@ -401,7 +402,4 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
     assert training is not None
     training.output_dir = str(_resolve(training.output_dir, base).resolve())
     training.log_level = log_level
-    references = [ds for ds in datasets if ds.dataset_type == CONDITIONING]
-    return Configuration(config_path=path, training=training,
-                         datasets=[ds for ds in datasets if ds.dataset_type != CONDITIONING],
-                         references=references)
+    return Configuration(config_path=path, training=training, datasets=datasets)
