@@ -69,7 +69,10 @@ def audit_plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -
     return build_plan(seed=sampler.seed, world_size=sampler.processes,
                       accumulation=sampler.accumulation, datasets=specs, trimmed=trimmed,
                       carried=carried,
-                      schedules={d.index.dataset_id: d.schedule for d in sampler.datasets})
+                      schedules={d.index.dataset_id: d.schedule for d in sampler.datasets},
+                      references={d.index.dataset_id: {s: list(refs) for s, refs in
+                                                       d.index.references.items()}
+                                  for d in sampler.datasets})
 
 
 def _trace(sampler: MultiAspectSampler, output: Path, rank: int, epochs: int) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from simpletuner.common.atomic import json_text
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
 from simpletuner.helpers.metadata.subset import limit_samples
@@ -95,13 +96,19 @@ def _index_datasets(config) -> tuple[list[DatasetIndex], list]:
     """Each dataset's index (refreshed: discovery runs here) and split spec, logged."""
     indexes: list[DatasetIndex] = []
     split_specs = []
-    for dataset in config.datasets:
-        backend = MetadataBackend.from_config(dataset, config.training)
+    backends, found = {}, {}
+    for dataset in (*config.datasets, *config.references):
+        backends[dataset.id] = MetadataBackend.from_config(dataset, config.training)
         try:
-            index = limit_samples(backend.refresh_index(show_progress=True),
-                                  dataset.max_num_samples)
+            found[dataset.id] = backends[dataset.id].refresh_index(show_progress=True)
         except OSError as exc:
             raise OSError(f"dataset '{dataset.id}': discovery failed: {exc}") from exc
+    paired, references = pair_datasets(config.datasets, found)
+    for dataset in config.datasets:
+        backend = backends[dataset.id]
+        index = limit_samples(paired[dataset.id], dataset.max_num_samples)
+        if dataset.conditioning_ids():
+            logger.info(pair_summary(index, [references[c] for c in dataset.conditioning_ids()]))
         report = backend.last_refresh
         kind, probe = ("clip", "clips probed") if dataset.dataset_type == "video" else (
             "image", "headers read")

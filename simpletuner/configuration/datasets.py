@@ -42,10 +42,18 @@ class DatasetConfig:
     id: str = option(required=True, help="unique, safe for file names")
     type: str = option("local", help="storage backend: 'local' (a folder), 'aws' (S3-compatible) "
                        "or 'huggingface' (a dataset read with the datasets library)")
-    dataset_type: Literal["image", "video", "eval"] = option(
+    dataset_type: Literal["image", "video", "eval", "conditioning"] = option(
         "image", help="'video': clips (.mp4, .webm, .mkv, .mov, .avi), read with PyAV; their "
-        "frames are set by the video block")
+        "frames are set by the video block; 'conditioning': reference images of the dataset "
+        "whose conditioning_data names this one, matched to its targets by path")
     disabled: bool = option(False)
+    conditioning_data: str | list[str] | None = option(
+        None, help="edit training (flux kontext): the id(s) of the 'conditioning' dataset(s) "
+        "holding each sample's reference image, the file with the same path and stem")
+    conditioning_type: Literal["reference_strict", "reference_loose"] | None = option(
+        None, help="a 'conditioning' dataset (set, it makes one, as in SimpleTuner): "
+        "'reference_strict' resizes each reference to its target's size and crops it the same "
+        "way; 'reference_loose' fits it to its own aspect bucket (train_batch_size 1)")
     instance_data_dir: str | None = option(None, help="the folder; required for type 'local'")
     # type 'aws': SimpleTuner's keys. Credentials left out come from AWS_* or ~/.aws/.
     aws_bucket_name: str | None = option(None)
@@ -155,6 +163,13 @@ class DatasetConfig:
     max_num_samples: int | None = option(
         None, minimum=1, help="keep this many samples: a fixed subset chosen by a digest of "
         "(dataset id, sample id), the same on every rank and run")
+
+    def conditioning_ids(self) -> list[str]:
+        """conditioning_data as a list, in the order the model receives the references."""
+        if self.conditioning_data is None:
+            return []
+        return ([self.conditioning_data] if isinstance(self.conditioning_data, str)
+                else list(self.conditioning_data))
 
     def weighted_crop_aspects(self) -> list[tuple[float, float]]:
         """crop_aspect_buckets as (aspect, weight) pairs, as checked by dataset_checks.py."""

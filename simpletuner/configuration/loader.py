@@ -7,10 +7,11 @@ import math
 import os
 import re
 import typing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from simpletuner.configuration.conditioning_checks import CONDITIONING, with_references
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
                                                       check_caption_and_crop_options,
                                                       check_video_sources)
@@ -45,7 +46,12 @@ class Configuration:
 
     config_path: Path
     training: TrainingConfig
-    datasets: list[DatasetConfig]
+    datasets: list[DatasetConfig]   # trained or evaluated, in file order
+    references: list[DatasetConfig] = field(default_factory=list)  # dataset_type conditioning
+
+    def __post_init__(self):  # reference images are paired with the datasets, never trained
+        self.references += [ds for ds in self.datasets if ds.dataset_type == CONDITIONING]
+        self.datasets = [ds for ds in self.datasets if ds.dataset_type != CONDITIONING]
 
 
 def _read_json(path: Path, problems: list[str]) -> Any:
@@ -305,7 +311,7 @@ def _check_something_trains(enabled_types: dict[str, str], where: str,
                             problems: list[str]) -> None:
     """Eval datasets are only evaluated: with nothing else the run would fail only once the
     model is loaded and every dataset cached."""
-    if enabled_types and set(enabled_types.values()) == {"eval"}:
+    if enabled_types and set(enabled_types.values()) <= {"eval", CONDITIONING}:
         problems.append(f"{where}: every enabled dataset has 'dataset_type': 'eval' "
                         f"({'; '.join(enabled_types)}), which is evaluated, never trained on; "
                         "add a dataset to train on ('dataset_type': 'image', the default)")
@@ -383,7 +389,9 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
         backend_path = _resolve(backend_value, base)
         raw_datasets = _read_json(backend_path, problems)
         if raw_datasets is not None:
-            datasets = parse_datasets(raw_datasets, str(backend_path), training, base, problems)
+            datasets = with_references(
+                parse_datasets(raw_datasets, str(backend_path), training, base, problems),
+                raw_datasets, training, str(backend_path), problems)
     if training is not None and training.eval_steps_interval and not any(
             ds.dataset_type == "eval" for ds in datasets):
         problems.append(f"{path}: key 'eval_steps_interval' needs a dataset with "

@@ -22,6 +22,8 @@ class TrainingBatch:
     original_sizes: list[tuple[int, int]]
     crop_top_lefts: list[tuple[int, int]]
     target_sizes: list[tuple[int, int]]
+    # edit models: one [B, C, h, w] per conditioning dataset, each sample's own reference
+    reference_latents: tuple[torch.Tensor, ...] = ()
 
 
 class ModelFolderError(ValueError):
@@ -195,6 +197,11 @@ class ModelAdapter(ABC):
         (guidance_scale, negative_prompt...); a family whose pipeline names them differently
         translates them here."""
         return arguments
+
+    def size_arguments(self, size: int | tuple[int, int]) -> dict:
+        """Pipeline call arguments a validation size (a side, or (width, height)) needs besides
+        height and width; a pipeline that resizes on its own (Kontext's max_area) is told."""
+        return {}
 
     def _pipeline_text_components(self) -> dict:
         """The text encoders and tokenizers under their pipeline component names."""

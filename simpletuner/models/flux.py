@@ -4,13 +4,19 @@ and a guidance value when the model is guidance-distilled (config guidance_embed
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from diffusers import FluxPipeline, FluxTransformer2DModel
 from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
 
 from simpletuner.models.base import TrainingBatch
+from simpletuner.models.flux2 import pipeline_class_name
 from simpletuner.models.flow_family import FlowFamilyAdapter
 from simpletuner.models.transfer import to_device
+
+
+KONTEXT_PIPELINE, KONTEXT_FLAVOUR = "FluxKontextPipeline", "kontext"
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -56,9 +62,42 @@ class FluxAdapter(FlowFamilyAdapter):
         t5 = self.text_encoders[1](self._t5_ids(self.tokenizers[1], prompts))[0]
         return {"prompt_embeds": t5, "pooled_prompt_embeds": pooled}
 
+    @classmethod
+    def for_folder(cls, folder: Path) -> type["FluxAdapter"]:
+        if pipeline_class_name(folder) == KONTEXT_PIPELINE:
+            from simpletuner.models.flux_kontext import FluxKontextAdapter
+
+            return FluxKontextAdapter
+        return FluxAdapter
+
+    @classmethod
+    def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
+        """Only 'kontext' changes what is trained (edit pairs), so only it is checked."""
+        found = pipeline_class_name(folder)
+        if (flavour == KONTEXT_FLAVOUR) == (found == KONTEXT_PIPELINE):
+            return None
+        if flavour == KONTEXT_FLAVOUR:
+            return (f"'kontext' trains a {KONTEXT_PIPELINE} model, but the model_index.json of "
+                    f"{folder} names {found}; use a FLUX.1 Kontext folder (or "
+                    "builtin:tiny-flux-kontext), or remove model_flavour")
+        return (f"{folder} is a {KONTEXT_PIPELINE} model; set model_flavour 'kontext' (and "
+                "give its datasets conditioning_data)")
+
+    @classmethod
+    def load(cls, folder: Path, **settings) -> "FluxAdapter":
+        return super(FluxAdapter, cls.for_folder(folder)).load(folder, **settings)
+
+    def _image_stream(self, noisy: torch.Tensor, batch: TrainingBatch,
+                      dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transformer's image tokens and their position ids (Kontext adds references)."""
+        _, _, height, width = noisy.shape
+        ids = to_device(image_position_ids(height // 2, width // 2), self.device).to(dtype)
+        return pack_latents(noisy), ids
+
     def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
         count, _, height, width = noisy.shape
+        hidden_states, img_ids = self._image_stream(noisy, batch, dtype)
         embeds = batch.prompt_embeds
         prompt_embeds = embeds["prompt_embeds"].to(dtype)
         guidance = None
@@ -66,10 +105,10 @@ class FluxAdapter(FlowFamilyAdapter):
             guidance = torch.full((count,), self.loss_settings.flux_guidance_value,
                                   device=self.device, dtype=torch.float32)
         tokens = network(
-            hidden_states=pack_latents(noisy), timestep=sigmas.to(dtype), guidance=guidance,
+            hidden_states=hidden_states, timestep=sigmas.to(dtype), guidance=guidance,
             pooled_projections=embeds["pooled_prompt_embeds"].to(dtype),
             encoder_hidden_states=prompt_embeds,
             txt_ids=torch.zeros(prompt_embeds.shape[1], 3, device=self.device, dtype=dtype),
-            img_ids=to_device(image_position_ids(height // 2, width // 2), self.device).to(dtype),
-            return_dict=False)[0]
-        return unpack_latents(tokens, height, width)
+            img_ids=img_ids, return_dict=False)[0]
+        # the noisy image's tokens come first; reference tokens (Kontext) are context only
+        return unpack_latents(tokens[:, :(height // 2) * (width // 2)], height, width)

@@ -172,7 +172,8 @@ class Trainer:
             model_folder=self.preflight.model_folder, family=self.training.model_family,
             output_dir=self.output_dir, seed=self.seed, rank=self.accelerator.process_index,
             world_size=self.accelerator.num_processes, vae_batch_size=self.training.vae_batch_size,
-            progress=self.accelerator.is_local_main_process)
+            progress=self.accelerator.is_local_main_process,
+            conditioning=self.data.conditioning(self.configuration.references))
 
     def _build_sampler(self):
         sampler = build_sampler(self.data, self.training, self.accelerator,
@@ -229,7 +230,8 @@ class Trainer:
     def _report_start(self) -> None:
         training, main = self.training, self.accelerator.is_main_process
         world = self.accelerator.num_processes
-        report_skipped_files_together(self.caches.indexes, self.output_dir, self.accelerator)
+        report_skipped_files_together(self.caches.reported(self.data.references),
+                                      self.output_dir, self.accelerator)
         if not main:
             return
         for warning in run_warnings(training, world, self.total_steps - self.state.step):

@@ -13,8 +13,9 @@ LOCAL_HUGGINGFACE = ("remove it; point dataset_name at the dataset's local folde
 PREFILTER = ("remove it; filter the dataset first (datasets' Dataset.filter, then "
              "save_to_disk) and point dataset_name at the saved folder")
 ONE_PASS = "remove it; rows are indexed in one pass, no filter processes are started"
-NO_CONDITIONING = ("remove it; conditioning datasets (ControlNet, edit, reference images) are "
-                   "not supported here")
+NO_CONDITIONING = ("remove it; only reference-image datasets (dataset_type 'conditioning', "
+                   "conditioning_type 'reference_strict', named by conditioning_data) are "
+                   "supported here")
 IO_ONLY = "accepted; discovery and caching size their own workers, batches and files"
 NEVER_DELETED = "remove it; unusable images are skipped and reported, never deleted"
 
@@ -33,7 +34,7 @@ DATASET_KEYS = {
     **refused("webshart webshart_optimise_captions webshart_optimize_captions source",
               "belongs to webshart datasets, which are not supported here; use type 'local' "
               "or 'aws'"),
-    **refused("conditioning conditioning_data conditioning_type source_dataset_id "
+    **refused("conditioning source_dataset_id "
               "conditioning_config conditioning_image_embeds "
               "cache_dir_conditioning_image_embeds conditioning_image_embed_batch_size "
               "grounding grounding_data audio slider_strength distillation_type s2v_datasets",

@@ -13,7 +13,7 @@ dataset.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,14 @@ class LatentSettings:
     crop_style: str = "center"
     seed: int = 0              # the resolved shared seed; only random crops depend on it
     downsample: Downsample | None = None   # applies to cropped images only
+    # Edit references (reference_strict): reference id -> (its target's sample id, the target's
+    # original (w, h)); each is resized to that size and cropped as its target, whose dataset
+    # is ``dataset_id``.
+    reference_of: Mapping[str, tuple[str, tuple[int, int]]] | None = None
+
+    def crop_id(self, sample_id: str) -> str:
+        """The sample id a random crop is keyed by: an edit reference's is its target's."""
+        return self.reference_of[sample_id][0] if self.reference_of else sample_id
 
     @classmethod
     def for_dataset(cls, dataset, *, output_dir: str | Path, model_identity: str,
@@ -72,7 +80,10 @@ class LatentSettings:
             "target": list(target), "crop": self.crop,
             "crop_style": self.crop_style if self.crop else None,
             # A random crop depends on these; a center crop or a resize does not.
-            "crop_seed": [self.seed, self.dataset_id, sample_id] if random_crop else None,
+            "crop_seed": [self.seed, self.dataset_id, self.crop_id(sample_id)] if random_crop
+            else None,
+            **({"reference_of": [self.reference_of[sample_id][0],
+                                 *self.reference_of[sample_id][1]]} if self.reference_of else {}),
             # Only when set, so the keys of caches built without it stay what they were.
             **({"downsample": [self.downsample.resolution_type, self.downsample.maximum,
                                self.downsample.target]} if self.downsample else {}),
@@ -225,11 +236,13 @@ def _prepare(settings: LatentSettings, sample_id: str,
     except FileNotFoundError as error:  # removed since it was listed, or never there (a table)
         return f"cannot read {target.kind} file: missing ({type(error).__name__}: {error})"
     fitting = dict(crop=settings.crop, crop_style=settings.crop_style, seed=settings.seed,
-                   dataset_id=settings.dataset_id, sample_id=sample_id,
+                   dataset_id=settings.dataset_id, sample_id=settings.crop_id(sample_id),
                    downsample=settings.downsample)
     try:
         if target.frames is not None:
             return prepare_clip(data, target.size, target.frames, **fitting)
-        return prepare_image(data, target.size, **fitting)
+        return prepare_image(data, target.size, **fitting,
+                             resize_first=(settings.reference_of[sample_id][1]
+                                           if settings.reference_of else None))
     except Exception as error:  # noqa: BLE001 - any decoder error means "unusable file"
         return f"failed to decode while caching latents: {type(error).__name__}: {error}"

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
 from simpletuner.helpers.caching.latents import EncodeImages, LatentSettings, cache_latents
+from simpletuner.helpers.caching.references import cache_references
 from simpletuner.helpers.caching.storage import model_identity, rank_share
 from simpletuner.helpers.caching.text_embeds import (
     EncodePrompts, TextEmbedCache, cache_text_embeds, default_text_dir,
@@ -31,6 +32,14 @@ class PreparedCaches:
     indexes: dict[str, DatasetIndex]          # without failed samples; identical on every rank
     failures: dict[str, dict[str, str]]       # dataset id -> sample id -> reason
     assembler: BatchAssembler
+    # conditioning dataset id -> reference id -> why its latent could not be cached
+    reference_failures: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def reported(self, references: Mapping[str, DatasetIndex]) -> dict[str, DatasetIndex]:
+        """Every index whose skipped files the report names: the trained datasets' and the
+        conditioning datasets' (``references``, start-up's), less what failed to cache."""
+        return {**self.indexes, **{c: index.without(self.reference_failures.get(c, {}))
+                                   for c, index in references.items()}}
 
 
 def text_components(model_folder: str | Path) -> list[str]:
@@ -61,29 +70,41 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    encode_images: EncodeImages, encode_prompts: EncodePrompts, *,
                    model_folder: str | Path, family: str, output_dir: str | Path, seed: int,
                    rank: int, world_size: int, vae_batch_size: int = 8,
-                   progress: bool = True) -> PreparedCaches:
+                   progress: bool = True,
+                   conditioning: Mapping[str, tuple] | None = None) -> PreparedCaches:
     """Call on every rank, after the Accelerator is built and every rank holds the same
     ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
-    maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed.
+    maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed;
+    ``conditioning``: id -> (conditioning DatasetConfig, its paired index), for edit pairs,
+    whose references are cached first.
     Each rank's work between two collectives is one ``failing_together`` block: an error on
     any rank (a model that cannot encode, an unreadable caption, a full disk) is a RankFailure
     on every rank, never a rank waiting alone in the next collective."""
     with failing_together("reading the model's identity for the caches"):
         vae_identity = model_identity(model_folder, ["vae"], family)
         text_identity = model_identity(model_folder, text_components(model_folder), family)
-    latent_caches, text_caches, kept, failures = {}, {}, {}, {}
+    latent_caches, text_caches, kept, failures, reference_failures = {}, {}, {}, {}, {}
     for dataset in datasets:
         settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
                                               model_identity=vae_identity, seed=seed)
+        index = indexes[dataset.id]
+        if dataset.conditioning_ids():
+            references = cache_references(
+                dataset, conditioning or {}, index, settings, encode_images,
+                output_dir=output_dir, rank=rank, world_size=world_size,
+                batch_size=vae_batch_size, progress=progress)
+            index = references.target
+            latent_caches.update(references.caches)
+            reference_failures.update(references.failures)
         with failing_together(f"caching latents of dataset {dataset.id!r}"):
-            result = cache_latents(indexes[dataset.id], settings, encode_images, rank=rank,
+            result = cache_latents(index, settings, encode_images, rank=rank,
                                    world_size=world_size, batch_size=vae_batch_size,
                                    progress=progress)
         # Collective: every rank gets every rank's failures, so all remove the same samples.
         merged = gather_failures(result.failures)
         if merged and rank == 0:
             logger.warning(describe_failures(dataset.id, merged))
-        kept[dataset.id] = indexes[dataset.id].without(merged)
+        kept[dataset.id] = index.without(merged)
         failures[dataset.id] = merged
         latent_caches[dataset.id] = result.cache
 
@@ -102,4 +123,6 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                 captions.append(EMPTY_CAPTION)
             cache_text_embeds(captions, text, encode_prompts, progress=progress)
         text_caches[dataset.id] = text
-    return PreparedCaches(kept, failures, BatchAssembler(latent_caches, text_caches))
+    pairs = {d.id: d.conditioning_ids() for d in datasets if d.conditioning_ids()}
+    return PreparedCaches(kept, failures, BatchAssembler(latent_caches, text_caches, pairs),
+                          reference_failures)

@@ -34,6 +34,8 @@ class DatasetIndex:
     original_sizes: Mapping[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
     skipped: list[SkippedFile] = field(default_factory=list)
     clips: Mapping[str, ClipPlan] = field(default_factory=dict)  # a video dataset's samples
+    # edit pairs (pairs.py): sample id -> its reference id in each conditioning dataset
+    references: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
         # Any list is accepted and put in canonical order once, here (see SortedIds).
@@ -48,6 +50,8 @@ class DatasetIndex:
         content = [self.dataset_id, dict(sorted(self.buckets.items()))]
         if self.clips:  # only then, so an image index keeps its digest
             content.append({s: [c.fps, c.source_frames] for s, c in sorted(self.clips.items())})
+        if self.references:  # likewise
+            content.append({s: list(refs) for s, refs in sorted(self.references.items())})
         payload = json.dumps(content, separators=(",", ":"))
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
@@ -63,4 +67,5 @@ class DatasetIndex:
         sizes = {s: wh for s, wh in self.original_sizes.items() if s not in removed}
         skipped = self.skipped + [SkippedFile(s, r) for s, r in sorted(removed.items())]
         clips = {s: plan for s, plan in self.clips.items() if s not in removed}
-        return DatasetIndex(self.dataset_id, buckets, sizes, skipped, clips)
+        references = {s: refs for s, refs in self.references.items() if s not in removed}
+        return DatasetIndex(self.dataset_id, buckets, sizes, skipped, clips, references)

@@ -18,7 +18,7 @@ The trainer then caches (which may drop undecodable samples from the index on ev
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -31,6 +31,7 @@ from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.split import check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
@@ -54,6 +55,12 @@ class DataStartup:
     seed: int                              # the shared shuffle seed; record it to reproduce
     seed_generated: bool                   # True when drawn because config.json has no seed
     notes: list[str]                       # e.g. buckets extended by oversubscription
+    # conditioning dataset id -> its index, orphans skipped (its references: the targets')
+    references: dict[str, DatasetIndex] = field(default_factory=dict)
+
+    def conditioning(self, configs) -> dict[str, tuple]:
+        """Conditioning dataset id -> (its DatasetConfig of ``configs``, its paired index)."""
+        return {ds.id: (ds, self.references[ds.id]) for ds in configs}
 
 
 def _refresh_on_main(backends: dict[str, MetadataBackend], accelerator) -> dict[str, DatasetIndex]:
@@ -86,10 +93,13 @@ def _load_elsewhere(backends: dict[str, MetadataBackend], accelerator,
 def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataStartup:
     """Index, agree, check and seed; ``accelerator`` is an accelerate Accelerator (or state).
     ``seed``: the configured seed (or a resumed run's); None = drawn on the main rank."""
-    backends = {ds.id: MetadataBackend.from_config(ds, config.training) for ds in config.datasets}
-    indexes = _refresh_on_main(backends, accelerator)
-    indexes, load_error = _load_elsewhere(backends, accelerator, indexes)
+    every = {ds.id: MetadataBackend.from_config(ds, config.training)
+             for ds in (*config.datasets, *config.references)}
+    indexes = _refresh_on_main(every, accelerator)
+    indexes, load_error = _load_elsewhere(every, accelerator, indexes)
     MetadataBackend.check_index_agreement(indexes, load_error, accelerator)
+    indexes, references = pair_datasets(config.datasets, indexes)
+    backends = {ds.id: every[ds.id] for ds in config.datasets}
     indexes = {i: limit_samples(index, backends[i].dataset.max_num_samples)
                for i, index in indexes.items()}
     notes = check_bucket_sizes(
@@ -99,7 +109,11 @@ def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataS
     if accelerator.is_main_process:
         for note in notes:
             logger.info(note)
-    return DataStartup(backends, indexes, shared_seed, seed is None, notes)
+        for ds in config.datasets:  # the orphans of edit pairs, counted (skipped_files names them)
+            if ds.conditioning_ids():
+                logger.info(pair_summary(indexes[ds.id], [references[c] for c in
+                                                         ds.conditioning_ids()]))
+    return DataStartup(backends, indexes, shared_seed, seed is None, notes, references)
 
 
 def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *,

@@ -12,6 +12,7 @@ class BatchSample:
     bucket: str                    # "WxH"
     target_size: tuple[int, int]   # (width, height) in pixels, parsed from the bucket key
     caption: str | None            # None in a plan (MultiAspectSampler.plans)
+    references: tuple[str, ...] = ()  # edit pairs: its reference in each conditioning dataset
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,12 @@ class BatchAssembler:
     DataLoader worker processes."""
 
     def __init__(self, latents: Mapping[str, LatentCache],
-                 text_embeds: Mapping[str, TextEmbedCache]):
+                 text_embeds: Mapping[str, TextEmbedCache],
+                 conditioning: Mapping[str, list[str]] | None = None):
         self.latents = dict(latents)          # dataset id -> its latent cache
         self.text_embeds = dict(text_embeds)  # dataset id -> its text-embedding cache
+        # edit pairs: dataset id -> its conditioning datasets (their latents are in ``latents``)
+        self.conditioning = dict(conditioning or {})
 
     def __call__(self, micro_batch: MicroBatch) -> TrainingBatch:
         dataset_id = micro_batch.dataset_id
@@ -34,5 +37,10 @@ class BatchAssembler:
             original_sizes=cached.original_sizes,
             crop_top_lefts=cached.crop_top_lefts,
             target_sizes=cached.target_sizes,
+            reference_latents=tuple(
+                self.latents[conditioning_id].load(
+                    [s.references[position] for s in micro_batch.samples]).latents
+                for position, conditioning_id in enumerate(
+                    self.conditioning.get(dataset_id, ()))),
         )
 

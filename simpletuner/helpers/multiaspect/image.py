@@ -155,10 +155,14 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
 def prepare_image(source: str | Path | bytes | BinaryIO, target: tuple[int, int], *,
                   crop: bool, crop_style: CropStyle = "center", seed: int = 0,
                   dataset_id: str = "", sample_id: str = "",
-                  downsample: Downsample | None = None) -> PreparedImage:
+                  downsample: Downsample | None = None,
+                  resize_first: tuple[int, int] | None = None) -> PreparedImage:
     """Load ``source`` and fit it to ``target`` (w, h); random crops are keyed by
-    (seed, dataset_id, sample_id)."""
+    (seed, dataset_id, sample_id). ``resize_first`` (w, h): an edit reference is first resized
+    to its target's size, so the same crop cuts the same region of both."""
     image = load_rgb(source)
+    if resize_first is not None and image.size != tuple(resize_first):
+        image = image.resize(tuple(resize_first), Image.Resampling.LANCZOS, reducing_gap=3.0)
     rng = crop_rng(seed, dataset_id, sample_id) if crop and crop_style == "random" else None
     return fit_to_target(image, target, crop=crop, crop_style=crop_style, rng=rng,
                          downsample=downsample)

@@ -265,7 +265,9 @@ class MultiAspectSampler:
         dataset, key = self.buckets[which]
         j = int(ordinals[group]) * self.accumulation + offset
         size = parse_bucket_key(key)
-        samples = tuple(BatchSample(dataset.index.dataset_id, sample_id, key, size, None)
+        references = dataset.index.references
+        samples = tuple(BatchSample(dataset.index.dataset_id, sample_id, key, size, None,
+                                    references.get(sample_id, ()))
                         for sample_id in piece.micro_batch(j))
         return MicroBatch(epoch, step, dataset.index.dataset_id, key, samples,
                           stand_in=piece.is_stand_in(j))

@@ -1,7 +1,8 @@
 """Per-rank sample traces: one JSON line per micro-batch, written by the audit and by training.
 
 ``<folder>/rank-<k>.jsonl`` holds ``{"epoch", "step", "dataset", "bucket", "samples"}`` per line,
-and ``"stand_in": true`` for an evaluation micro-batch that only keeps its rank in step.
+and ``"stand_in": true`` for an evaluation micro-batch that only keeps its rank in step, and for
+edit pairs ``"references"``: each sample's reference ids, in the order of ``samples``.
 Lines are flushed as they are written, so a crashed run still shows how far each rank got.
 A resumed run first cuts the trace back to the lines before its position (a crashed run wrote
 past its last checkpoint), so the trace ends up equal to the uninterrupted run's.
@@ -25,6 +26,8 @@ def trace_path(folder: str | os.PathLike, rank: int) -> Path:
 def trace_record(batch: MicroBatch) -> dict:
     record = {"epoch": batch.epoch, "step": batch.step, "dataset": batch.dataset_id,
               "bucket": batch.bucket, "samples": [s.sample_id for s in batch.samples]}
+    if any(s.references for s in batch.samples):  # edit pairs: each sample's reference ids
+        record["references"] = [list(s.references) for s in batch.samples]
     if batch.stand_in:
         record["stand_in"] = True
     return record
@@ -77,6 +80,8 @@ def read_trace(folder: str | os.PathLike, rank: int) -> list[dict]:
                                 "dataset": str(record["dataset"]),
                                 "bucket": str(record["bucket"]),
                                 "samples": [str(s) for s in record["samples"]],
+                                "references": [[str(r) for r in refs]
+                                               for refs in record.get("references", [])],
                                 "stand_in": record.get("stand_in", False) is True})
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path} line {number}: not a trace record ({exc})") from None

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from simpletuner.helpers.metadata.split import DatasetSpec
 from simpletuner.helpers.metadata.epoch_counts import bucket_counts
 from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule
+from simpletuner.helpers.multiaspect.verify_pairs import pair_problems
 from simpletuner.helpers.multiaspect.verify_schedule import (Presence, expected_presence,
                                                              schedule_problems)
 
@@ -34,9 +35,11 @@ Leftovers = dict[int, dict[str, dict[str, list[str]]]]  # epoch -> dataset -> bu
 
 def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[DatasetSpec],
                trimmed: Leftovers, carried: Leftovers,
-               schedules: dict[str, DatasetSchedule] | None = None) -> dict:
+               schedules: dict[str, DatasetSchedule] | None = None,
+               references: dict[str, dict[str, list[str]]] | None = None) -> dict:
     """plan.json's content. ``trimmed``/``carried``: each epoch's trimmed occurrences and those
-    it carries into the next epoch (nothing for an epoch before a dataset joins)."""
+    it carries into the next epoch (nothing for an epoch before a dataset joins);
+    ``references``: dataset id -> sample id -> its reference ids (edit pairs)."""
     planned = {}
     for spec in sorted(datasets, key=lambda s: s.dataset_id):
         schedule = (schedules or {}).get(spec.dataset_id, DatasetSchedule())
@@ -60,6 +63,9 @@ def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[
             "end_epoch": schedule.end_epoch,
             "end_step": schedule.end_step,
         }
+        if (references or {}).get(spec.dataset_id):
+            planned[spec.dataset_id]["references"] = dict(sorted(
+                references[spec.dataset_id].items()))
 
     def per_epoch(found: Leftovers) -> dict:
         return {str(epoch): {d: dict(sorted(found[epoch].get(d, {}).items())) for d in planned}
@@ -325,6 +331,7 @@ def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
         problems.extend(leftover_problems(plan, epoch, untrimmed, present))
         problems.extend(carried_first_problems(plan, epoch, per_rank))
         problems.extend(schedule_problems(plan, epoch, per_rank, present))
+        problems.extend(pair_problems(plan, epoch, per_rank))
         got = Counter((r["dataset"], r["bucket"], s) for records in per_rank.values()
                       for r in records if not r.get("stand_in") for s in r["samples"])
         expected = expected_occurrences(plan, epoch, untrimmed, present)

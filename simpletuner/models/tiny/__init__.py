@@ -16,6 +16,7 @@ RECIPES = {
     "tiny-sdxl": ("simpletuner.models.tiny.unet_models", "build_sdxl"),
     "tiny-sd3": ("simpletuner.models.tiny.flow_models", "build_sd3"),
     "tiny-flux": ("simpletuner.models.tiny.flow_models", "build_flux"),
+    "tiny-flux-kontext": ("simpletuner.models.tiny.flow_models", "build_flux_kontext"),
     "tiny-chroma": ("simpletuner.models.tiny.chroma_model", "build_chroma"),
     "tiny-qwen_image": ("simpletuner.models.tiny.qwen_models", "build_qwen_image"),
     "tiny-z_image": ("simpletuner.models.tiny.z_image", "build_z_image"),

@@ -30,7 +30,20 @@ def build_sd3(staging: Path):
 
 
 def build_flux(staging: Path):
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FluxPipeline
+
+    return _flux_parts(staging, FluxPipeline)
+
+
+def build_flux_kontext(staging: Path):
+    """The same network as tiny-flux (FLUX.1 Kontext-dev is FLUX.1-dev's), saved as Kontext."""
+    from diffusers import FluxKontextPipeline
+
+    return _flux_parts(staging, FluxKontextPipeline)
+
+
+def _flux_parts(staging: Path, pipeline_class: type):
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextModel
 
     tokenizer, text_config = clip_tokenizer_and_config(staging, "tokenizer")
@@ -44,7 +57,7 @@ def build_flux(staging: Path):
     scheduler = FlowMatchEulerDiscreteScheduler(
         shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
         base_image_seq_len=256, max_image_seq_len=4096)
-    return FluxPipeline(
+    return pipeline_class(
         transformer=transformer, scheduler=scheduler, vae=flow_vae(0.3611, 0.1159),
         text_encoder=CLIPTextModel(text_config), tokenizer=tokenizer,
         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2)

@@ -50,7 +50,8 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
                 pipeline, prompts, resolution=size,
                 num_inference_steps=settings.validation_num_inference_steps,
                 seed=settings.validation_seed, autocast_dtype=autocast_dtype,
-                **adapter.validation_arguments(arguments))
+                **adapter.validation_arguments(arguments),
+                **adapter.size_arguments(size))
             labels += prompts
     folder = Path(settings.output_dir) / "validation" / f"step-{step}"
     if frames is None:

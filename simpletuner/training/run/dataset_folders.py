@@ -57,7 +57,7 @@ def output_dir_problems(configuration: Configuration) -> list[str]:
 def shared_folder_warnings(configuration: Configuration) -> list[str]:
     """One warning per folder that datasets read into more than one latent cache folder, with
     the images and bytes encoded and cached again. Lists only the folders that are shared."""
-    by_id = {ds.id: ds for ds in configuration.datasets}
+    by_id = {ds.id: ds for ds in (*configuration.datasets, *configuration.references)}
     output_dir = Path(configuration.training.output_dir).resolve()
     backend = configuration.training.data_backend_config
     warnings = []
@@ -87,10 +87,11 @@ def _latent_folder(ds, output_dir: Path) -> Path:
 
 
 def _local_folders(configuration: Configuration) -> dict[Path, list[str]]:
-    """Resolved folder -> ids of the enabled local datasets that read it, in config order."""
+    """Resolved folder -> ids of the enabled local datasets (reference datasets too) that
+    read it, in config order."""
     folders: dict[Path, list[str]] = {}
     resolved: dict[str, Path] = {}  # thousands of entries may name one folder: resolve it once
-    for ds in configuration.datasets:
+    for ds in (*configuration.datasets, *configuration.references):
         if ds.type == "aws" or ds.instance_data_dir is None:
             continue
         if ds.instance_data_dir not in resolved:

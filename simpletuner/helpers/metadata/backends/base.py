@@ -103,7 +103,8 @@ class MetadataBackend:
         self.video = (dataset.video_settings(training.model_family)
                       if dataset.dataset_type == "video" else None)
         self.bucketing = Bucketing(dataset.id, self.bucket_settings, self.filters, self.video,
-                                   dataset.caption_strategy == "textfile")
+                                   dataset.caption_strategy == "textfile"
+                                   and dataset.dataset_type != "conditioning")
         self.last_refresh: RefreshReport | None = None
 
     @classmethod

@@ -1,0 +1,110 @@
+"""Reference-image (edit) datasets: which dataset names which ``dataset_type: conditioning``
+dataset in ``conditioning_data``, checked across the dataset file and against the model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simpletuner.configuration.datasets import DatasetConfig
+
+# (model_family, model_flavour) of the models that train on reference images
+REFERENCE_MODELS = {("flux", "kontext")}
+CONDITIONING = "conditioning"
+
+
+def as_conditioning(ds: DatasetConfig) -> DatasetConfig:
+    """SimpleTuner makes a dataset with conditioning_type a conditioning dataset, whatever its
+    dataset_type says when left at 'image'."""
+    if ds.conditioning_type is not None and ds.dataset_type == "image":
+        return replace(ds, dataset_type=CONDITIONING)
+    return ds
+
+
+def with_references(parsed: list[DatasetConfig], listed: object, training, where: str,
+                    problems: list[str]) -> list[DatasetConfig]:
+    """The parsed datasets, those with a conditioning_type made conditioning datasets, after
+    appending every problem of their pairing (``listed``: the file's raw list)."""
+    datasets = [as_conditioning(ds) for ds in parsed]
+    check_conditioning(datasets, training, where, problems,
+                       listed=listed if isinstance(listed, list) else [])
+    return datasets
+
+
+def takes_references(model_family: str | None, model_flavour: str | None) -> bool:
+    return (model_family, model_flavour) in REFERENCE_MODELS
+
+
+def check_conditioning(datasets: list[DatasetConfig], training, where: str,
+                       problems: list[str], listed: list) -> None:
+    """Every problem with conditioning_data, conditioning_type and the conditioning datasets,
+    appended to ``problems``; ``training`` may be None (config.json unusable). ``listed``: the
+    file's raw entries, so a dataset left out for its own problems is not called missing."""
+    by_id = {ds.id: ds for ds in datasets}
+    unusable = {item.get("id") for item in listed
+                if isinstance(item, dict) and not item.get("disabled")} - set(by_id)
+    named_by: dict[str, str] = {}  # conditioning dataset id -> the dataset naming it
+    for ds in datasets:
+        label = f"{where}: dataset '{ds.id}'"
+        if ds.conditioning_type is not None and ds.dataset_type != CONDITIONING:
+            problems.append(f"{label}: key 'conditioning_type' belongs to a dataset with "
+                            "'dataset_type': 'conditioning'; remove it or set that type")
+        if ds.dataset_type == CONDITIONING:
+            _check_conditioning_entry(ds, label, problems)
+        if not ds.conditioning_ids():
+            continue
+        if ds.dataset_type not in ("image", "eval"):
+            problems.append(f"{label}: key 'conditioning_data' is for image and eval datasets, "
+                            f"not '{ds.dataset_type}'")
+        for name in ds.conditioning_ids():
+            if name not in unusable:  # else its own problems are reported
+                _check_named(name, ds.id, by_id, named_by, label, problems)
+        loose = [name for name in ds.conditioning_ids()
+                 if getattr(by_id.get(name), "conditioning_type", None) == "reference_loose"]
+        batch = 1 if ds.dataset_type == "eval" else (  # evaluation: one sample per rank
+            ds.train_batch_size or getattr(training, "train_batch_size", 1))
+        if loose and batch != 1:
+            problems.append(f"{label}: its references ({', '.join(loose)}) are "
+                            "'reference_loose', each in its own aspect bucket, so they cannot "
+                            f"share a micro-batch; set train_batch_size 1 (it is {batch}; "
+                            "gradient_accumulation_steps can make up the batch), or use "
+                            "'reference_strict'")
+    for ds in datasets:
+        if ds.dataset_type == CONDITIONING and ds.id not in named_by:
+            problems.append(f"{where}: dataset '{ds.id}' has 'dataset_type': 'conditioning' but "
+                            "no dataset names it in 'conditioning_data'; name it from the "
+                            "training dataset whose references it holds, or remove it")
+    if named_by and training is not None and not takes_references(
+            training.model_family, training.model_flavour):
+        problems.append(
+            f"{where}: conditioning datasets ({', '.join(sorted(named_by))}) hold reference "
+            f"images, which model_family '{training.model_family}' (model_flavour "
+            f"{training.model_flavour!r}) does not train on; use model_family 'flux' with "
+            "model_flavour 'kontext', or remove conditioning_data")
+
+
+def _check_conditioning_entry(ds: DatasetConfig, label: str, problems: list[str]) -> None:
+    if ds.conditioning_type is None:
+        problems.append(f"{label}: a 'conditioning' dataset needs 'conditioning_type': "
+                        "'reference_strict' (each reference resized and cropped like its "
+                        "target) or 'reference_loose' (in its own aspect bucket)")
+    if ds.conditioning_ids():
+        problems.append(f"{label}: a 'conditioning' dataset cannot itself name "
+                        "'conditioning_data'; set it on the training dataset")
+
+
+def _check_named(name: object, owner: str, by_id: dict[str, DatasetConfig],
+                 named_by: dict[str, str], label: str, problems: list[str]) -> None:
+    target = by_id.get(name) if isinstance(name, str) else None
+    if target is None:
+        problems.append(f"{label}: key 'conditioning_data' names {name!r}, which is not an "
+                        "enabled dataset of this file; add it with 'dataset_type': "
+                        "'conditioning' or fix the id")
+    elif target.dataset_type != CONDITIONING:
+        problems.append(f"{label}: key 'conditioning_data' names '{name}', whose dataset_type "
+                        f"is '{target.dataset_type}'; set its 'dataset_type': 'conditioning'")
+    elif name in named_by:
+        problems.append(f"{label}: key 'conditioning_data' names '{name}', which dataset "
+                        f"'{named_by[name]}' names already; give each training dataset its "
+                        "own conditioning dataset")
+    else:
+        named_by[name] = owner

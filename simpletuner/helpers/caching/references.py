@@ -1,0 +1,88 @@
+"""Edit references' latents, cached like target latents (incrementally, each rank its static
+share) before their targets': reference_strict resizes each reference to its target's size and
+cuts it by the target's crop, so the pair shares bucket and crop; reference_loose fits it to
+its own bucket with its own dataset's settings. A reference that cannot
+be decoded takes its target out of training too, on every rank alike."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from simpletuner.common.together import failing_together
+from simpletuner.helpers.caching.failures import describe_failures, gather_failures
+from simpletuner.helpers.caching.latents import (EncodeImages, LatentCache, LatentSettings,
+                                                 cache_latents)
+from simpletuner.helpers.data_backend.factory import open_storage
+from simpletuner.helpers.metadata.index import DatasetIndex
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CachedReferences:
+    target: DatasetIndex                 # without the pairs whose reference failed
+    caches: dict[str, LatentCache]       # conditioning dataset id -> its latents
+    failures: dict[str, dict[str, str]]  # conditioning dataset id -> reference id -> reason
+
+
+def reference_index(target: DatasetIndex, position: int, conditioning_id: str) -> DatasetIndex:
+    """The ``position``-th references of ``target``'s samples, each in its target's bucket."""
+    buckets = {key: [target.references[s][position] for s in ids]
+               for key, ids in target.buckets.items()}
+    sizes = {target.references[s][position]: target.original_sizes[s]
+             for ids in target.buckets.values() for s in ids}
+    return DatasetIndex(conditioning_id, buckets, sizes)
+
+
+def loose_index(target: DatasetIndex, position: int, own: DatasetIndex) -> DatasetIndex:
+    """reference_loose: the ``position``-th references of ``target``'s samples, each in its own
+    bucket of ``own`` (its conditioning dataset's index)."""
+    wanted = {refs[position] for refs in target.references.values()}
+    return DatasetIndex(own.dataset_id, {key: [r for r in ids if r in wanted]
+                                         for key, ids in own.buckets.items()},
+                        {r: size for r, size in own.original_sizes.items() if r in wanted})
+
+
+def reference_settings(target_settings: LatentSettings, conditioning, target: DatasetIndex,
+                       position: int, *, output_dir: str | Path) -> LatentSettings:
+    """reference_strict: the target's crop settings, the conditioning dataset's files and
+    cache folder; reference_loose: the conditioning dataset's own settings."""
+    if conditioning.conditioning_type == "reference_loose":
+        return LatentSettings.for_dataset(conditioning, output_dir=output_dir,
+                                          model_identity=target_settings.model_identity,
+                                          seed=target_settings.seed)
+    folder = conditioning.cache_dir_vae or Path(output_dir) / "cache" / "vae" / conditioning.id
+    return replace(target_settings, storage=open_storage(conditioning), folder=Path(folder),
+                   reference_of={refs[position]: (s, tuple(target.original_sizes[s]))
+                                 for s, refs in target.references.items()})
+
+
+def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIndex]],
+                     target: DatasetIndex, target_settings: LatentSettings,
+                     encode_images: EncodeImages, *, output_dir: str | Path, rank: int,
+                     world_size: int, batch_size: int, progress: bool) -> CachedReferences:
+    """Every rank calls this for a dataset with conditioning_data (collectives inside);
+    ``conditioning``: id -> (configuration.DatasetConfig, its paired index)."""
+    caches, failures, lost = {}, {}, {}
+    for position, conditioning_id in enumerate(dataset.conditioning_ids()):
+        config, own = conditioning[conditioning_id]
+        settings = reference_settings(target_settings, config, target, position,
+                                      output_dir=output_dir)
+        index = (loose_index(target, position, own) if settings.reference_of is None
+                 else reference_index(target, position, conditioning_id))
+        with failing_together(f"caching reference latents of dataset {conditioning_id!r}"):
+            result = cache_latents(index, settings, encode_images, rank=rank,
+                                   world_size=world_size, batch_size=batch_size,
+                                   progress=progress)
+        merged = gather_failures(result.failures)  # collective: the same on every rank
+        if merged and rank == 0:
+            logger.warning(describe_failures(conditioning_id, merged))
+        owners = {refs[position]: s for s, refs in target.references.items()}
+        lost.update({owners[ref]: f"edit pair: its reference "
+                     f"{conditioning_id}/{ref} could not be cached ({reason})"
+                     for ref, reason in merged.items()})
+        caches[conditioning_id], failures[conditioning_id] = result.cache, merged
+    return CachedReferences(target.without(lost), caches, failures)

@@ -1,0 +1,98 @@
+"""Edit pairs on real processes: `python -m simpletuner.audit` under torchrun (3 gloo ranks,
+batch 2) on targets and references in two buckets, with an orphan on each side, the
+references written in the reverse order of the targets and with another extension. Every
+kept target is assigned exactly once per epoch, on one rank, with its own reference; the
+orphans are never traced and are counted in the log; plan.json names every pair."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import unittest
+from collections import Counter
+from pathlib import Path
+
+from edit_fixtures import circle, edit_datasets
+from launching import run_bounded
+from training_fixtures import environment, read_jsonl, write_config
+
+WORLD, EPOCHS = 3, 2
+
+
+def make_pairs(root: Path) -> tuple[Path, Path, list[str]]:
+    """12 pairs at 64x64 and 9 at 96x64, references written last-first; one orphan each side."""
+    targets, references = root / "targets", root / "references"
+    targets.mkdir()
+    (references / "sub").mkdir(parents=True)
+    names = [f"sub/{w}x{h}-{i:02d}" for w, h, n in ((64, 64, 12), (96, 64, 9))
+             for i in range(n)]
+    (targets / "sub").mkdir()
+    for name in names:
+        w, h = map(int, name.split("/")[1].split("-")[0].split("x"))
+        circle("red", "blue", (w, h)).save(targets / f"{name}.png")
+        (targets / f"{name}.txt").write_text("make the circle red")
+    for name in reversed(names):
+        w, h = map(int, name.split("/")[1].split("-")[0].split("x"))
+        circle("green", "blue", (w, h)).save(references / f"{name}.webp")
+    circle("red", "blue", (64, 64)).save(targets / "sub" / "no-reference.png")
+    (targets / "sub" / "no-reference.txt").write_text("orphan")
+    circle("red", "blue", (64, 64)).save(references / "no-target.webp")
+    return targets, references, [f"{name}.png" for name in names]
+
+
+class EditPairAuditTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="st-edit-audit-")
+        root = Path(cls.tmp)
+        targets, references, cls.kept = make_pairs(root)
+        config = write_config(root, targets, datasets=edit_datasets(targets, references),
+                              model_family="flux", model_flavour="kontext",
+                              pretrained_model_name_or_path="builtin:tiny-flux-kontext",
+                              bucket_tail="trim")
+        cls.out = root / "audit"
+        env = dict(environment(cls.tmp), ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
+        cls.result = run_bounded(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+             str(WORLD), "-m", "simpletuner.audit", "--config", str(config), "--output",
+             str(cls.out), "--epochs", str(EPOCHS)], tmpdir=cls.tmp, env=env, timeout=240)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_every_kept_target_once_per_epoch_on_one_rank_with_its_own_reference(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr[-3000:])
+        records = {rank: read_jsonl(self.out / f"rank-{rank}.jsonl") for rank in range(WORLD)}
+        self.assertEqual(len({len(r) for r in records.values()}), 1)  # lockstep lengths
+        effective = 2 * WORLD
+        for epoch in range(EPOCHS):
+            seen = Counter()
+            for rank_records in records.values():
+                for record in (r for r in rank_records if r["epoch"] == epoch):
+                    for sample_id, refs in zip(record["samples"], record["references"],
+                                               strict=True):
+                        self.assertEqual(refs, [sample_id.replace(".png", ".webp")])
+                        seen[sample_id] += 1
+            self.assertEqual(set(seen.values()), {1})
+            self.assertLessEqual(set(seen), set(self.kept))
+            # buckets of 12 and 9 with E = 6: only 9's tail of 3 is trimmed each epoch
+            self.assertEqual(len(self.kept) - len(seen), 9 % effective)
+        self.assertIn("OK: every kept occurrence assigned exactly once", self.result.stdout)
+
+    def test_the_orphans_are_counted_and_plan_json_names_every_pair(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr[-3000:])
+        self.assertIn("edit pairs of dataset 'edits': 21 paired; 1 targets without a "
+                      "reference; 1 in 'edit-references' without a target", self.result.stderr)
+        plan = json.loads((self.out / "plan.json").read_text())
+        self.assertEqual(plan["datasets"]["edits"]["references"],
+                         {s: [s.replace(".png", ".webp")] for s in sorted(self.kept)})
+        traced = {s for rank in range(WORLD)
+                  for r in read_jsonl(self.out / f"rank-{rank}.jsonl") for s in r["samples"]}
+        self.assertNotIn("sub/no-reference.png", traced)
+
+
+if __name__ == "__main__":
+    unittest.main()
