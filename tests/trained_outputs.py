@@ -1,16 +1,40 @@
-"""What the training tests compare between runs: weights files tensor by tensor, and the image a
-pipeline samples for a fixed prompt and seed."""
+"""What the training tests compare between runs: weights files tensor by tensor, the image a
+pipeline samples for a fixed prompt and seed, and a tiny SD 1.x UNet's output for fixed inputs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from training_fixtures import environment
+
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
 LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
+
+
+def tiny_sd1x_unet(tmp: str):
+    """builtin:tiny-sd1x's UNet as the runs under ``tmp`` loaded it, in eval mode."""
+    from diffusers import UNet2DConditionModel
+
+    from simpletuner.models.builtin import resolve_model_path
+
+    with mock.patch.dict(os.environ, environment(tmp)):
+        folder = Path(resolve_model_path("builtin:tiny-sd1x"))
+    return UNet2DConditionModel.from_pretrained(folder / "unet").eval()
+
+
+def unet_output(unet) -> torch.Tensor:
+    """The UNet's prediction for seeded latents and text context at timestep 500."""
+    generator = torch.Generator().manual_seed(3)
+    latents = torch.randn(1, 4, 8, 8, generator=generator)
+    context = torch.randn(1, 77, unet.config.cross_attention_dim, generator=generator)
+    with torch.no_grad():
+        return unet(latents, torch.tensor([500]), context).sample
 
 
 class TrainedOutputAssertions:
