@@ -1,7 +1,7 @@
 """lora_type 'lycoris' through the real trainer, with the real lycoris-lora library: a LoKr and
 a LoHa run train, resume exactly, and export a LyCORIS file that LyCORIS's own
-create_lycoris_from_weights puts on the base network with the trained outputs; a LoKr in bypass
-mode does the same on an int8-torchao base through ./train.sh."""
+create_lycoris_from_weights puts on the base network with the trained outputs; a LoKr does the same
+on an int8 base through ./train.sh: quanto's, and torchao's in LyCORIS's bypass_mode."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class LycorisRunPair(ResumedAdapterRun, ResumedRunPair):
 
     per_size, resume_step = 4, 4
     lycoris: dict
-    more_options: dict = {}
+    more_options: dict = {}  # beside or instead of the run's options
 
     @classmethod
     def setUpClass(cls):
@@ -88,13 +88,16 @@ class LoHaRunTest(LycorisRunPair, unittest.TestCase):
     tmp_prefix, lycoris, module_class = "st-loha-", LOHA, "LohaModule"
 
 
-class BypassLoKrOnInt8TorchaoTest(LycorisRunPair, TrainedOutputAssertions, unittest.TestCase):
-    """LyCORIS's bypass_mode over an int8-torchao UNet, through ./train.sh (torchao's weights
-    take no weight update, so bypass mode adds the adapter's output instead)."""
+class QuantizedBaseRun(LycorisRunPair, TrainedOutputAssertions):
+    """A LoKr over a UNet quantized to ``precision``, through ./train.sh."""
 
-    tmp_prefix, lycoris, module_class = "st-lokr-int8-", dict(LOKR, bypass_mode=True), "LokrModule"
-    more_options = {"base_model_precision": "int8-torchao", "learning_rate": 1e-2}
+    module_class, precision = "LokrModule", ""
     launch = staticmethod(run_train_sh)
+
+    @classmethod
+    def setUpClass(cls):
+        cls.more_options = {"base_model_precision": cls.precision, "learning_rate": 1e-2}
+        super().setUpClass()
 
     def test_resume_is_bit_exact(self):
         for relative in ("checkpoint-8/lora_adapter.safetensors",
@@ -102,8 +105,9 @@ class BypassLoKrOnInt8TorchaoTest(LycorisRunPair, TrainedOutputAssertions, unitt
             self.assert_same_tensors(self.full_out / relative, self.resumed_out / relative)
 
     def test_the_export_on_the_unquantized_base_differs_only_by_the_quantization(self):
-        """The trained network is the int8 base with the adapter; the export, put by LyCORIS on
-        the float base as ComfyUI users run it, gives that output but for int8's rounding."""
+        """The trained network is the quantized base with the adapter; the export, put by
+        LyCORIS on the float base as ComfyUI users run it, gives that output but for the
+        quantization's rounding."""
         from lycoris import create_lycoris_from_weights
 
         from simpletuner.training.adapters.lora import load_adapter_weights
@@ -111,20 +115,33 @@ class BypassLoKrOnInt8TorchaoTest(LycorisRunPair, TrainedOutputAssertions, unitt
         from simpletuner.training.memory.quantization import PRECISIONS
 
         quantized = tiny_sd1x_unet(self.tmp)
-        PRECISIONS["int8-torchao"].quantize(quantized.requires_grad_(False), torch.float32)
-        rounding = (unet_output(quantized) - unet_output(tiny_sd1x_unet(self.tmp))).abs().max()
+        PRECISIONS[self.precision].quantize(quantized.requires_grad_(False), torch.float32)
         base = unet_output(quantized)
+        rounding = (base - unet_output(tiny_sd1x_unet(self.tmp))).abs().max().item()
         add_lycoris(quantized, self.lycoris, "sd1x")
-        load_adapter_weights(quantized, self.full_out / "checkpoint-8" / "lora_adapter.safetensors")
+        load_adapter_weights(quantized,
+                             self.full_out / "checkpoint-8" / "lora_adapter.safetensors")
         trained = unet_output(quantized)
         on_float = tiny_sd1x_unet(self.tmp)
         network, _ = create_lycoris_from_weights(
             1.0, str(self.full_out / "lora" / "pytorch_lora_weights.safetensors"), on_float)
         network.apply_to()
-        self.assertGreater(rounding.item(), 0.0, "the int8 base rounds nothing")
-        self.assertGreater((trained - base).abs().max().item(), 2 * rounding.item())
-        self.assertLessEqual((unet_output(on_float) - trained).abs().max().item(),
-                             2 * rounding.item())
+        self.assertGreater(rounding, 0.0, f"the {self.precision} base rounds nothing")
+        self.assertGreater((trained - base).abs().max().item(), 2 * rounding)
+        self.assertLessEqual((unet_output(on_float) - trained).abs().max().item(), 2 * rounding)
+
+
+class BypassLoKrOnInt8TorchaoTest(QuantizedBaseRun, unittest.TestCase):
+    """torchao's weights take no weight update: bypass mode adds the adapter's output instead."""
+
+    tmp_prefix, precision = "st-lokr-torchao-", "int8-torchao"
+    lycoris = dict(LOKR, bypass_mode=True)
+
+
+class LoKrOnInt8QuantoTest(QuantizedBaseRun, unittest.TestCase):
+    """quanto's layers take LyCORIS's weight update itself."""
+
+    tmp_prefix, precision, lycoris = "st-lokr-quanto-", "int8-quanto", LOKR
 
 
 if __name__ == "__main__":
