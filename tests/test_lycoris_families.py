@@ -11,9 +11,11 @@ import unittest
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from model_fixtures import TinyModelCase, network_prediction, random_batch, train_adapter
+from trained_outputs import file_data_sha256
 from simpletuner.training.checkpointing.tensor_files import save_tensors
 from simpletuner.training.adapters.lycoris_adapter import (LycorisTargetError, add_lycoris,
                                                            write_lycoris)
@@ -62,6 +64,8 @@ class LycorisFamiliesTest(TinyModelCase):
         self.assertGreater((expected - base).abs().max().item(), 1e-5)
         got = network_prediction(fresh, batch)
         self.assertLessEqual((got - expected).abs().max().item(), 1e-5)
+        with safe_open(str(path), "pt") as handle:  # the hash in LyCORIS's form
+            self.assertEqual(handle.metadata()["sshs_model_hash"], "0x" + file_data_sha256(path))
         return path, len(lycoris.loras)
 
     def test_the_export_puts_the_trained_adapter_on_a_fresh_base(self):

@@ -3,6 +3,7 @@ pipeline samples for a fixed prompt and seed, and a tiny SD 1.x UNet's output fo
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from unittest import mock
@@ -15,6 +16,12 @@ from training_fixtures import environment
 
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
 LORA_WEIGHTS = "lora/pytorch_lora_weights.safetensors"
+
+
+def file_data_sha256(path: Path) -> str:
+    """sha256 (hex) of a safetensors file's bytes after its header, as web UIs hash it."""
+    data = Path(path).read_bytes()
+    return hashlib.sha256(data[8 + int.from_bytes(data[:8], "little"):]).hexdigest()
 
 
 def tiny_sd1x_unet(tmp: str):

@@ -16,9 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from simpletuner.common.atomic import atomic_write_with, naming_path
+from simpletuner.training.adapters.adapter_file import write_adapter_file
 
 SUBMODULE = "lycoris"
 # The LycorisNetwork class attributes apply_preset sets (it configures the class, not one
@@ -112,9 +111,6 @@ def export_metadata(config: dict, family: str) -> dict[str, str]:
 
 
 def write_lycoris(network: torch.nn.Module, config: dict, family: str, path: Path) -> Path:
-    """The LyCORIS file at ``path``, written under a temporary name and renamed."""
-    tensors = lycoris_state_dict(network)
-    metadata = export_metadata(config, family)
-    with naming_path(path):  # a full disk is named, not only its errno
-        atomic_write_with(path, lambda temporary: save_file(tensors, temporary, metadata))
-    return path
+    """The LyCORIS file at ``path``, with the tensor hash as LyCORIS's save_weights writes it."""
+    return write_adapter_file(path, lycoris_state_dict(network), export_metadata(config, family),
+                              hash_prefix="0x")
