@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from trained_outputs import (ResumedAdapterRun, TrainedOutputAssertions, tiny_sd1x_unet,
-                             unet_output)
+from trained_outputs import ResumedAdapterRun, tiny_sd1x_unet, unet_output
 from training_fixtures import ResumedRunPair, run_train_sh
 
 LOKR = {"algo": "lokr", "multiplier": 1.0, "linear_dim": 10000, "linear_alpha": 1, "factor": 4,
@@ -88,7 +87,7 @@ class LoHaRunTest(LycorisRunPair, unittest.TestCase):
     tmp_prefix, lycoris, module_class = "st-loha-", LOHA, "LohaModule"
 
 
-class QuantizedBaseRun(LycorisRunPair, TrainedOutputAssertions):
+class QuantizedBaseRun(LycorisRunPair):
     """A LoKr over a UNet quantized to ``precision``, through ./train.sh."""
 
     module_class, precision = "LokrModule", ""
@@ -98,11 +97,6 @@ class QuantizedBaseRun(LycorisRunPair, TrainedOutputAssertions):
     def setUpClass(cls):
         cls.more_options = {"base_model_precision": cls.precision, "learning_rate": 1e-2}
         super().setUpClass()
-
-    def test_resume_is_bit_exact(self):
-        for relative in ("checkpoint-8/lora_adapter.safetensors",
-                         "lora/pytorch_lora_weights.safetensors"):
-            self.assert_same_tensors(self.full_out / relative, self.resumed_out / relative)
 
     def test_the_export_on_the_unquantized_base_differs_only_by_the_quantization(self):
         """The trained network is the quantized base with the adapter; the export, put by
