@@ -66,6 +66,13 @@ class LycorisFamiliesTest(TinyModelCase):
         self.assertLessEqual((got - expected).abs().max().item(), 1e-5)
         with safe_open(str(path), "pt") as handle:  # the hash in LyCORIS's form
             self.assertEqual(handle.metadata()["sshs_model_hash"], "0x" + file_data_sha256(path))
+            modules = {key.split(".")[0] for key in handle.keys()}
+        # ComfyUI's key map (comfy/lora.py model_lora_keys_unet) names each module of a
+        # diffusers-named network "lycoris_" + its path with "." as "_".
+        comfyui_keys = {"lycoris_" + name.replace(".", "_")
+                        for name, _ in fresh.trainable.named_modules() if name}
+        self.assertEqual(len(modules), len(lycoris.loras))
+        self.assertLessEqual(modules, comfyui_keys, sorted(modules - comfyui_keys)[:3])
         return path, len(lycoris.loras)
 
     def test_the_export_puts_the_trained_adapter_on_a_fresh_base(self):
