@@ -103,12 +103,13 @@ class LycorisFamiliesTest(TinyModelCase):
                     self.assertEqual(tensors[key + ".alpha"].item(), alpha, key)
 
     def test_lokr_trains_on_a_quantized_base_and_loads_back(self):
-        """quanto's layers take LyCORIS's weight update; torchao's only in bypass mode (check
-        refuses the other)."""
+        """torchao's layers only in bypass mode (check refuses the other); LyCORIS turns it on
+        itself for quanto's and bitsandbytes' NF4 layers."""
         from simpletuner.training.adapters.lora import adapter_state_dict, load_adapter_weights
         from simpletuner.training.memory.quantization import PRECISIONS
 
-        for precision, bypass in (("int8-quanto", False), ("int8-torchao", True)):
+        for precision, bypass in (("int8-quanto", False), ("int8-torchao", True),
+                                  ("nf4-bnb", False)):
             with self.subTest(precision=precision):
                 config = dict(CONFIGS["lokr"], bypass_mode=bypass)
                 adapters = []
