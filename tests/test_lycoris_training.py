@@ -133,9 +133,15 @@ class BypassLoKrOnInt8TorchaoTest(QuantizedBaseRun, unittest.TestCase):
 
 
 class LoKrOnInt8QuantoTest(QuantizedBaseRun, unittest.TestCase):
-    """quanto's layers take LyCORIS's weight update itself."""
+    """LyCORIS bypasses quanto's layers itself (bypass_mode unset)."""
 
     tmp_prefix, precision, lycoris = "st-lokr-quanto-", "int8-quanto", LOKR
+
+
+class LoKrOnNF4Test(QuantizedBaseRun, unittest.TestCase):
+    """bitsandbytes' NF4 on the CPU; LyCORIS bypasses its LinearNF4 layers itself."""
+
+    tmp_prefix, precision, lycoris = "st-lokr-nf4-", "nf4-bnb", LOKR
 
 
 if __name__ == "__main__":
