@@ -37,20 +37,28 @@ def _quanto(weights: str) -> Callable[[torch.nn.Module, torch.dtype], None]:
     return quantize_with_quanto
 
 
-def _bnb_nf4(module: torch.nn.Module, compute_dtype: torch.dtype) -> None:
-    """Every Linear becomes a bitsandbytes LinearNF4, quantized as it moves to its device
-    (LyCORIS knows that class and adds its output in bypass mode). What the model keeps in
-    float32 (``_keep_in_fp32_modules``: Wan's time embedder casts its input to its weight's
-    dtype) is left as diffusers' and transformers' own bitsandbytes loading leave it."""
-    import bitsandbytes as bnb
+def nf4_linears(module: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
+    """(parent, name, layer) of each Linear nf4-bnb replaces: all but bitsandbytes' own and
+    what the model keeps in float32 (``_keep_in_fp32_modules``: Wan's time embedder casts its
+    input to its weight's dtype), which diffusers' and transformers' own bitsandbytes loading
+    leave as they are too."""
     keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
-    for path, parent in list(module.named_modules()):
+    found = []
+    for path, parent in module.named_modules():
         if keep & set(path.split(".")):
             continue
-        for name, child in list(parent.named_children()):
-            if (isinstance(child, torch.nn.Linear) and not isinstance(child, bnb.nn.Linear4bit)
-                    and name not in keep):
-                setattr(parent, name, _nf4_linear(child, compute_dtype, bnb))
+        found += [(parent, name, child) for name, child in parent.named_children()
+                  if isinstance(child, torch.nn.Linear) and name not in keep
+                  and not type(child).__module__.startswith("bitsandbytes")]
+    return found
+
+
+def _bnb_nf4(module: torch.nn.Module, compute_dtype: torch.dtype) -> None:
+    """Each of nf4_linears becomes a bitsandbytes LinearNF4, quantized as it moves to its
+    device (LyCORIS knows that class and adds its output in bypass mode)."""
+    import bitsandbytes as bnb
+    for parent, name, child in nf4_linears(module):
+        setattr(parent, name, _nf4_linear(child, compute_dtype, bnb))
 
 
 def _nf4_linear(linear: torch.nn.Linear, compute_dtype: torch.dtype, bnb) -> torch.nn.Module:
