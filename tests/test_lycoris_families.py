@@ -102,6 +102,16 @@ class LycorisFamiliesTest(TinyModelCase):
                     self.assertEqual(down.shape[0], rank, key)
                     self.assertEqual(tensors[key + ".alpha"].item(), alpha, key)
 
+    def test_enable_conv_false_leaves_the_3x3_convolutions_alone(self):
+        for enable_conv in (True, False):
+            with self.subTest(enable_conv=enable_conv):
+                preset = {"target_module": ["ResnetBlock2D"], "enable_conv": enable_conv}
+                lycoris = add_lycoris(self.load("sd1x").trainable,
+                                      dict(CONV_LOCON, apply_preset=preset), "sd1x")
+                kernels = {getattr(m.org_module[0], "kernel_size", None) for m in lycoris.loras}
+                self.assertIn(None, kernels)  # the ResNet blocks' time-embedding Linear
+                self.assertEqual((3, 3) in kernels, enable_conv, kernels)
+
     def test_lokr_trains_on_a_quantized_base_and_loads_back(self):
         """torchao's layers only in bypass mode (check refuses the other); LyCORIS turns it on
         itself for quanto's and bitsandbytes' NF4 layers."""

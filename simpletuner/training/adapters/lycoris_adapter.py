@@ -26,6 +26,10 @@ _PRESET_ATTRIBUTES = ("ENABLE_CONV", "TARGET_REPLACE_MODULE", "TARGET_REPLACE_NA
                       "MODULE_ALGO_MAP", "NAME_ALGO_MAP", "LORA_PREFIX", "USE_FNMATCH",
                       "TARGET_EXCLUDE_NAME")
 _CALL_KEYS = ("multiplier", "linear_dim", "linear_alpha", "apply_preset")
+# create_lycoris applies its own `preset` after apply_preset's: of LyCORIS's built-in presets,
+# these two set nothing a LycorisNetwork reads but enable_conv, so the one that matches
+# apply_preset's enable_conv keeps it (with "full" alone, "enable_conv": false was ignored).
+_PRESET_BY_ENABLE_CONV = {True: "full", False: "full-lin"}
 
 
 class LycorisTargetError(ValueError):
@@ -51,9 +55,11 @@ def add_lycoris(network: torch.nn.Module, config: dict, family: str) -> torch.nn
     from lycoris import LycorisNetwork, create_lycoris
 
     network.requires_grad_(False)
-    options = {k: v for k, v in config.items() if k not in _CALL_KEYS}
+    options = {k: v for k, v in config.items() if k not in _CALL_KEYS + ("preset",)}
+    enable_conv = (config.get("apply_preset") or {}).get("enable_conv", True) is not False
     with _preset(LycorisNetwork, config.get("apply_preset")):
         lycoris = create_lycoris(network, float(config.get("multiplier", 1.0)),
+                                 preset=_PRESET_BY_ENABLE_CONV[enable_conv],
                                  linear_dim=config.get("linear_dim", 4),
                                  linear_alpha=config.get("linear_alpha", 1),
                                  warn_on_unmatched=False, **options)
