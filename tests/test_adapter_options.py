@@ -42,6 +42,17 @@ class AdapterOptionsTest(unittest.TestCase):
             run_preflight(load_configuration(config))
         return str(caught.exception)
 
+    def passes(self, name: str, **options) -> bool:
+        from simpletuner.configuration import ConfigError, load_configuration
+        from simpletuner.training.preflight import run_preflight
+
+        try:
+            run_preflight(load_configuration(write_config(self.root, self.root / "data", name,
+                                                          **options)))
+        except ConfigError:
+            return False
+        return True
+
     def test_lycoris_needs_a_lora_run_and_its_config_file(self):
         message = self.problems("full", model_type="full", lora_type="lycoris")
         self.assertIn("model_type is 'full'; set model_type to 'lora'", message)
@@ -61,14 +72,18 @@ class AdapterOptionsTest(unittest.TestCase):
                                 lycoris_config=self.lycoris_file("notjson", "{algo: lokr"))
         self.assertIn("is not JSON", message)
 
-    def test_lycoris_on_a_torchao_base_without_bypass_mode_or_on_nf4_is_refused(self):
+    def test_lycoris_on_a_torchao_base_without_bypass_mode_is_refused(self):
         path = self.lycoris_file("good", {"algo": "lokr", "factor": 4})
         message = self.problems("torchao", **LYCORIS, lycoris_config=path,
                                 base_model_precision="int8-torchao")
         self.assertIn("needs \"bypass_mode\": true in lycoris_config", message)
-        message = self.problems("nf4", **LYCORIS, lycoris_config=path,
-                                base_model_precision="nf4-bnb")
-        self.assertIn("not supported with base_model_precision 'nf4-bnb'", message)
+        bypass = self.lycoris_file("bypass", {"algo": "lokr", "factor": 4, "bypass_mode": True})
+        self.assertTrue(self.passes("bypass", **LYCORIS, lycoris_config=bypass,
+                                    base_model_precision="int8-torchao"))
+        for precision in ("int8-quanto", "nf4-bnb"):  # LyCORIS bypasses their layers itself
+            with self.subTest(precision=precision):
+                self.assertTrue(self.passes(precision, **LYCORIS, lycoris_config=path,
+                                            base_model_precision=precision))
 
     def test_a_lycoris_config_without_lora_type_lycoris_is_refused(self):
         path = self.lycoris_file("unused", {"algo": "lokr"})

@@ -15,6 +15,7 @@ from diffusers import DiffusionPipeline
 from safetensors import safe_open
 
 from model_fixtures import TinyModelCase
+from trained_outputs import file_data_sha256
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.training.adapters.lora import add_lora, export_lora
 
@@ -93,6 +94,7 @@ class ComfyUIFormatTest(TinyModelCase):
         self.assertTrue(all(alpha == ALPHA for alpha in alphas), alphas[:3])
         self.assertTrue(all(r == 3 * RANK for r in fused), fused)  # q, k and v stacked
         self.assertEqual(metadata["ss_network_dim"], str(RANK))
+        self.assertEqual(metadata["sshs_model_hash"], file_data_sha256(path))  # kohya's form
 
     def test_each_family_file_loads_in_diffusers_as_the_diffusers_file(self):
         for family in REFERENCE_LAYOUTS:

@@ -57,13 +57,26 @@ class MemoryOptionsPreflightTest(unittest.TestCase):
 
     @unittest.skipIf(torch.cuda.is_available(), "the refusals are for a machine without CUDA")
     def test_cuda_only_choices_are_refused_on_this_machine_all_at_once(self):
-        message = self.problems("cuda", **LORA, base_model_precision="nf4-bnb",
+        message = self.problems("cuda", **LORA, base_model_precision="fp8-torchao",
                                 text_encoder_1_precision="fp8-torchao",
                                 optimizer="bnb-adamw8bit")
-        for fragment in ("'base_model_precision' is 'nf4-bnb', which needs a CUDA device",
+        for fragment in ("'base_model_precision' is 'fp8-torchao', which needs a CUDA device",
                          "'text_encoder_1_precision' is 'fp8-torchao', which needs a CUDA "
                          "device of compute capability 8.9",
                          "'optimizer' is 'bnb-adamw8bit', which needs a CUDA device"):
+            self.assertIn(fragment, message)
+
+    @unittest.skipIf(torch.cuda.is_available(), "the refusal is for a machine without CUDA")
+    def test_nf4_is_refused_with_advice_where_bitsandbytes_cannot_quantize_on_the_cpu(self):
+        self.assertEqual(self.problems("nf4", **LORA, base_model_precision="nf4-bnb"), "")
+        # What torch raises for an operator without a CPU kernel, as in older bitsandbytes.
+        missing = NotImplementedError("Could not run 'bitsandbytes::quantize_4bit' with "
+                                      "arguments from the 'CPU' backend")
+        with mock.patch("bitsandbytes.functional.quantize_4bit", side_effect=missing):
+            message = self.problems("old-bnb", **LORA, base_model_precision="nf4-bnb")
+        for fragment in ("'base_model_precision' is 'nf4-bnb', which needs a CUDA device, or "
+                         "a bitsandbytes whose CPU backend runs NF4", "pip install -U "
+                         "bitsandbytes", "use 'int8-torchao' or 'int8-quanto'"):
             self.assertIn(fragment, message)
 
     def test_a_quantized_network_is_not_fully_fine_tuned(self):
@@ -100,10 +113,10 @@ class MemoryOptionsPreflightTest(unittest.TestCase):
     @unittest.skipIf(torch.cuda.is_available(), "the refusal is for a machine without CUDA")
     def test_the_trainer_stops_before_any_heavy_work(self):
         config = write_config(self.root, self.root / "data", "run", **LORA,
-                              base_model_precision="nf4-bnb")
+                              base_model_precision="fp8-torchao")
         result = run_training(config, self.tmp)
         self.assertEqual(result.returncode, 2)  # train.py's status for a configuration error
-        self.assertIn("'nf4-bnb', which needs a CUDA device", result.stderr)
+        self.assertIn("'fp8-torchao', which needs a CUDA device", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
         self.assertFalse((self.root / "run-out" / "cache").exists())
 

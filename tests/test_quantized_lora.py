@@ -1,4 +1,4 @@
-"""LoRA on an int8-quantized frozen base, through torchao and optimum-quanto, for a UNet family
+"""LoRA on an int8- or NF4-quantized frozen base (torchao, optimum-quanto, bitsandbytes), for a UNet family
 (sd1x) and transformer families (flux, chroma, wan): the base layers really hold quantized weights,
 the loss on a fixed batch falls, a checkpoint resumes exactly, and the exported adapter loads with
 load_lora_weights onto the *unquantized* base pipeline and changes its output."""
@@ -24,7 +24,8 @@ from lean_fixtures import (evaluation_loss, largest_difference, memory_settings,
                            resume_training, save_training, train_steps, trained_tensors)
 from model_fixtures import TinyModelCase, random_batch
 
-QUANTIZED_BY = {"int8-torchao": "torchao", "int8-quanto": "optimum.quanto"}
+QUANTIZED_BY = {"int8-torchao": "torchao", "int8-quanto": "optimum.quanto",
+                "nf4-bnb": "bitsandbytes"}  # bitsandbytes' CPU backend runs NF4
 
 
 def first_base_layer(network: torch.nn.Module, suffix: str = "to_q") -> torch.nn.Module:

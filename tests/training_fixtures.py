@@ -116,16 +116,17 @@ class ResumedRunPair:
     per_size: int
     resume_step: int
     options: dict
+    launch = staticmethod(run_training)  # or run_train_sh
 
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix=cls.tmp_prefix)
         root = Path(cls.tmp)
         make_shapes(root / "data", per_size=cls.per_size)
-        cls.full = run_training(write_config(root, root / "data", "full", **cls.options), cls.tmp)
+        cls.full = cls.launch(write_config(root, root / "data", "full", **cls.options), cls.tmp)
         cls.full_out, cls.resumed_out = root / "full-out", root / "resumed-out"
         if copy_checkpoint(root, "full", "resumed", cls.resume_step):
-            cls.resumed = run_training(write_config(
+            cls.resumed = cls.launch(write_config(
                 root, root / "data", "resumed", resume_from_checkpoint="latest", **cls.options),
                 cls.tmp)
 

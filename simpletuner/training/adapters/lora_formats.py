@@ -8,9 +8,8 @@ from pathlib import Path
 
 import torch
 from peft.utils import get_peft_model_state_dict
-from safetensors.torch import save_file
 
-from simpletuner.common.atomic import atomic_write_with, naming_path
+from simpletuner.training.adapters.adapter_file import write_adapter_file
 from simpletuner.training.adapters.lora_layouts import COMFYUI_LAYOUTS
 
 
@@ -66,11 +65,9 @@ def to_comfyui(family: str, peft_state: dict[str, torch.Tensor], *, rank: int,
 
 
 def write_comfyui_lora(family: str, network: torch.nn.Module, path: Path) -> Path:
-    """The network's "default" peft adapter in the family's ComfyUI layout at ``path``,
-    written under a temporary name and renamed."""
+    """The network's "default" peft adapter in the family's ComfyUI layout at ``path``, with
+    the tensor hash as kohya's scripts write it."""
     config = network.peft_config["default"]
     state = {k: v.detach() for k, v in get_peft_model_state_dict(network).items()}
     tensors, metadata = to_comfyui(family, state, rank=config.r, alpha=float(config.lora_alpha))
-    with naming_path(path):  # a full disk is named, not only its errno
-        atomic_write_with(path, lambda temporary: save_file(tensors, temporary, metadata))
-    return path
+    return write_adapter_file(path, tensors, metadata)

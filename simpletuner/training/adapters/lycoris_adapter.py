@@ -16,9 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from simpletuner.common.atomic import atomic_write_with, naming_path
+from simpletuner.training.adapters.adapter_file import write_adapter_file
 
 SUBMODULE = "lycoris"
 # The LycorisNetwork class attributes apply_preset sets (it configures the class, not one
@@ -27,6 +26,10 @@ _PRESET_ATTRIBUTES = ("ENABLE_CONV", "TARGET_REPLACE_MODULE", "TARGET_REPLACE_NA
                       "MODULE_ALGO_MAP", "NAME_ALGO_MAP", "LORA_PREFIX", "USE_FNMATCH",
                       "TARGET_EXCLUDE_NAME")
 _CALL_KEYS = ("multiplier", "linear_dim", "linear_alpha", "apply_preset")
+# create_lycoris applies its own `preset` after apply_preset's: of LyCORIS's built-in presets,
+# these two set nothing a LycorisNetwork reads but enable_conv, so the one that matches
+# apply_preset's enable_conv keeps it (with "full" alone, "enable_conv": false was ignored).
+_PRESET_BY_ENABLE_CONV = {True: "full", False: "full-lin"}
 
 
 class LycorisTargetError(ValueError):
@@ -52,9 +55,11 @@ def add_lycoris(network: torch.nn.Module, config: dict, family: str) -> torch.nn
     from lycoris import LycorisNetwork, create_lycoris
 
     network.requires_grad_(False)
-    options = {k: v for k, v in config.items() if k not in _CALL_KEYS}
+    options = {k: v for k, v in config.items() if k not in _CALL_KEYS + ("preset",)}
+    enable_conv = (config.get("apply_preset") or {}).get("enable_conv", True) is not False
     with _preset(LycorisNetwork, config.get("apply_preset")):
         lycoris = create_lycoris(network, float(config.get("multiplier", 1.0)),
+                                 preset=_PRESET_BY_ENABLE_CONV[enable_conv],
                                  linear_dim=config.get("linear_dim", 4),
                                  linear_alpha=config.get("linear_alpha", 1),
                                  warn_on_unmatched=False, **options)
@@ -112,9 +117,6 @@ def export_metadata(config: dict, family: str) -> dict[str, str]:
 
 
 def write_lycoris(network: torch.nn.Module, config: dict, family: str, path: Path) -> Path:
-    """The LyCORIS file at ``path``, written under a temporary name and renamed."""
-    tensors = lycoris_state_dict(network)
-    metadata = export_metadata(config, family)
-    with naming_path(path):  # a full disk is named, not only its errno
-        atomic_write_with(path, lambda temporary: save_file(tensors, temporary, metadata))
-    return path
+    """The LyCORIS file at ``path``, with the tensor hash as LyCORIS's save_weights writes it."""
+    return write_adapter_file(path, lycoris_state_dict(network), export_metadata(config, family),
+                              hash_prefix="0x")

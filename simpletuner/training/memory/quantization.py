@@ -37,23 +37,54 @@ def _quanto(weights: str) -> Callable[[torch.nn.Module, torch.dtype], None]:
     return quantize_with_quanto
 
 
-def _bnb_nf4(module: torch.nn.Module, compute_dtype: torch.dtype) -> None:
-    """Every Linear becomes a bitsandbytes Linear4bit (NF4); the weights are quantized when
-    they move to the CUDA device, as bitsandbytes does it."""
-    import bitsandbytes as bnb
-    for name, child in list(module.named_children()):
-        if not isinstance(child, torch.nn.Linear):
-            _bnb_nf4(child, compute_dtype)
+def nf4_linears(module: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
+    """(parent, name, layer) of each Linear nf4-bnb replaces: all but bitsandbytes' own and
+    what the model keeps in float32 (``_keep_in_fp32_modules``: Wan's time embedder casts its
+    input to its weight's dtype), which diffusers' and transformers' own bitsandbytes loading
+    leave as they are too."""
+    keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+    found = []
+    for path, parent in module.named_modules():
+        if keep & set(path.split(".")):
             continue
-        device = child.weight.device
-        replacement = bnb.nn.Linear4bit(child.in_features, child.out_features,
-                                        bias=child.bias is not None,
-                                        compute_dtype=compute_dtype, quant_type="nf4")
-        replacement.weight = bnb.nn.Params4bit(child.weight.data.cpu(), requires_grad=False,
-                                               quant_type="nf4")
-        if child.bias is not None:
-            replacement.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
-        setattr(module, name, replacement.to(device))
+        found += [(parent, name, child) for name, child in parent.named_children()
+                  if isinstance(child, torch.nn.Linear) and name not in keep
+                  and not type(child).__module__.startswith("bitsandbytes")]
+    return found
+
+
+def _bnb_nf4(module: torch.nn.Module, compute_dtype: torch.dtype) -> None:
+    """Each of nf4_linears becomes a bitsandbytes LinearNF4, quantized as it moves to its
+    device (LyCORIS knows that class and adds its output in bypass mode)."""
+    import bitsandbytes as bnb
+    for parent, name, child in nf4_linears(module):
+        setattr(parent, name, _nf4_linear(child, compute_dtype, bnb))
+
+
+def _nf4_linear(linear: torch.nn.Linear, compute_dtype: torch.dtype, bnb) -> torch.nn.Module:
+    replacement = bnb.nn.LinearNF4(linear.in_features, linear.out_features,
+                                   bias=linear.bias is not None, compute_dtype=compute_dtype)
+    replacement.weight = bnb.nn.Params4bit(linear.weight.data.cpu(), requires_grad=False,
+                                           quant_type="nf4")
+    if linear.bias is not None:
+        replacement.bias = torch.nn.Parameter(linear.bias.data, requires_grad=False)
+    return replacement.to(linear.weight.device)
+
+
+def _nf4_runs_here() -> bool:
+    """CUDA, or a bitsandbytes whose CPU backend quantizes and runs NF4 layers (older releases
+    quantize on CUDA only): a 64x64 layer is quantized and run to find out."""
+    if torch.cuda.is_available():
+        return True
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    try:
+        _bnb_nf4(layer, torch.float32)
+        with torch.no_grad():
+            output = layer(torch.ones(1, 64))
+    except (RuntimeError, NotImplementedError, AssertionError, AttributeError, TypeError):
+        return False
+    return bool(getattr(layer[0].weight, "bnb_quantized", False)) and bool(
+        torch.isfinite(output).all())
 
 
 def _fp8_capable() -> bool:
@@ -78,8 +109,9 @@ PRECISIONS: dict[str, PrecisionSpec] = {
                                  "a CUDA device of compute capability 8.9 or newer (Ada, Hopper)"),
     "int8-quanto": PrecisionSpec(_quanto("qint8"), "optimum.quanto", _anywhere, ""),
     "int4-quanto": PrecisionSpec(_quanto("qint4"), "optimum.quanto", _anywhere, ""),
-    "nf4-bnb": PrecisionSpec(_bnb_nf4, "bitsandbytes", torch.cuda.is_available,
-                             "a CUDA device (bitsandbytes)"),
+    "nf4-bnb": PrecisionSpec(_bnb_nf4, "bitsandbytes", _nf4_runs_here,
+                             "a CUDA device, or a bitsandbytes whose CPU backend runs NF4 "
+                             "(pip install -U bitsandbytes)"),
 }
 
 

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 import torch
 
+from simpletuner.training.memory.quantization import nf4_linears
 from simpletuner.training.memory.shards import WHOLE, RankPart
 
 QUANTO_GROUP = 128  # optimum-quanto's largest int4 group size along the input features
@@ -54,9 +55,12 @@ def quantized_weight_bytes(precision: str, shape: torch.Size, float_bytes: int) 
 
 def quantized_modules(module: torch.nn.Module, precision: str) -> list[torch.nn.Module]:
     """The submodules whose frozen weight ``precision`` replaces: every Linear (quanto: and
-    Conv2d); trainable ones (a LoRA's own layers) are not."""
+    Conv2d; nf4: but what the model keeps in float32); trainable ones (a LoRA's own layers)
+    are not."""
     if precision == "no_change":
         return []
+    if precision == "nf4-bnb":
+        return [m for _, _, m in nf4_linears(module) if not m.weight.requires_grad]
     kinds = ((torch.nn.Linear, torch.nn.Conv2d) if precision.endswith("quanto")
              else (torch.nn.Linear,))
     return [m for m in module.modules()

@@ -1,5 +1,5 @@
 """The adapter options checked before launch, torch-free: lora_type 'lycoris' and its
-lycoris_config file (and the quantized bases it does not work on), init_lora's file."""
+lycoris_config file (and the quantized bases it needs bypass_mode on), init_lora's file."""
 
 from __future__ import annotations
 
@@ -108,11 +108,8 @@ def adapter_problems(training) -> list[str]:
 
 def _quantized_base_problems(precision: str, config: dict) -> list[str]:
     """LyCORIS adds its update to the layer's weight unless bypass_mode; torchao's quantized
-    weights take no addition, so they need bypass_mode (quanto's layers take either);
-    bitsandbytes' nf4 runs on CUDA only and is untested under LyCORIS here."""
-    if precision == "nf4-bnb":
-        return ["lora_type 'lycoris' is not supported with base_model_precision 'nf4-bnb' here; "
-                "use int8-quanto, int4-quanto or a torchao precision with bypass_mode"]
+    weights take no addition, so they need bypass_mode (LyCORIS itself turns bypass mode on
+    for the quanto and bitsandbytes layers it knows)."""
     if precision.endswith("-torchao") and str(config.get("bypass_mode")).lower() != "true":
         return [f"lora_type 'lycoris' on a base_model_precision '{precision}' base needs "
                 "\"bypass_mode\": true in lycoris_config (torchao's weights cannot take "
