@@ -45,6 +45,7 @@ class LossSettings:
     flow_logit_std: float = 1.0
     flow_shift: float | None = None         # None: the model scheduler's own shift
     flux_guidance_value: float = 1.0        # guidance input of guidance-distilled Flux models
+    model_flavour: str | None = None        # Wan 2.2 A14B: which expert's noise range trains
 
     @classmethod
     def from_config(cls, training) -> "LossSettings":

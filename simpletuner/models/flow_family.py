@@ -94,6 +94,16 @@ class FlowFamilyAdapter(ModelAdapter):
         """The network's velocity prediction, shaped like ``noisy``; ``batch`` is on the device
         already (compute_loss moved it)."""
 
+    def draw_sigmas(self, latents: torch.Tensor, generator: torch.Generator | None
+                    ) -> torch.Tensor:
+        """One noise level per sample; a family that trains part of the range narrows it."""
+        settings = self.loss_settings
+        return sample_sigmas(latents.shape[0], sampling=settings.flow_timestep_sampling,
+                             logit_mean=settings.flow_logit_mean,
+                             logit_std=settings.flow_logit_std,
+                             shift=self.sigma_shift(*latents.shape[-2:]),
+                             device=self.device, generator=generator)
+
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
                      network: torch.nn.Module | None = None,
                      base_model: BaseModel | None = None) -> torch.Tensor:
@@ -102,11 +112,7 @@ class FlowFamilyAdapter(ModelAdapter):
         latents = batch.latents.to(torch.float32)
         noise = draw_noise(latents.shape, device=self.device, generator=generator,
                            noise_offset=settings.noise_offset)
-        sigmas = sample_sigmas(latents.shape[0], sampling=settings.flow_timestep_sampling,
-                               logit_mean=settings.flow_logit_mean,
-                               logit_std=settings.flow_logit_std,
-                               shift=self.sigma_shift(*latents.shape[-2:]),
-                               device=self.device, generator=generator)
+        sigmas = self.draw_sigmas(latents, generator)
         noisy, target = flow_noisy_and_target(latents, noise, sigmas)
         network = network if network is not None else self.transformer
 

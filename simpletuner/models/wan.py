@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, UMT5EncoderModel
 from simpletuner.models.base import ModelFolderError, TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
 from simpletuner.models.model_path import family_folder_problem
+from simpletuner.models.wan_flavours import expert_flavour_problem, is_two_expert
 
 
 def as_clips(pixels: torch.Tensor) -> torch.Tensor:
@@ -50,6 +51,24 @@ class WanAdapter(FlowFamilyAdapter):
         if problem:
             raise ModelFolderError(problem)
         super().check_folder(folder)
+
+    @classmethod
+    def for_folder(cls, folder: Path) -> type["WanAdapter"]:
+        if is_two_expert(Path(folder)):
+            from simpletuner.models.wan22 import WanExpertAdapter  # Wan 2.2 A14B
+            return WanExpertAdapter
+        return cls
+
+    @classmethod
+    def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
+        return expert_flavour_problem(Path(folder), flavour)
+
+    @classmethod
+    def load(cls, folder: Path, **settings) -> "WanAdapter":
+        layout = cls.for_folder(folder)
+        if layout is not cls:
+            return layout.load(folder, **settings)
+        return super().load(folder, **settings)
 
     @property
     def vae_factor(self) -> int:

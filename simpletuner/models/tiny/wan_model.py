@@ -22,15 +22,20 @@ def tiny_umt5(staging: Path, subfolder: str, width: int):
     return T5Tokenizer.from_pretrained(staging / subfolder), UMT5EncoderModel(config)
 
 
+def tiny_wan_transformer(text_dim: int):
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+        out_channels=16, text_dim=text_dim, freq_dim=32, ffn_dim=32, num_layers=1,
+        rope_max_seq_len=32)
+
+
 def build_wan(staging: Path):
-    from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline,
-                           WanTransformer3DModel)
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
 
     tokenizer, text_encoder = tiny_umt5(staging, "tokenizer", 32)
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
-        out_channels=16, text_dim=text_encoder.config.d_model, freq_dim=32, ffn_dim=32,
-        num_layers=1, rope_max_seq_len=32)
+    transformer = tiny_wan_transformer(text_encoder.config.d_model)
     vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
                            temperal_downsample=[False, True, True])
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,

@@ -1,0 +1,86 @@
+"""Wan 2.2 T2V-A14B: two experts of Wan 2.1's architecture, transformer/ denoising while the
+timestep is at or above boundary_ratio * 1000 (high noise) and transformer_2/ below it, as
+WanPipeline switches between them. A run trains one expert (model_flavour t2v-14b-2.2-high or
+-low) on its own noise range only; the other stays frozen as loaded, in the weight dtype, and
+validation and the exported pipeline use both, each in its own slot."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from simpletuner.models.base import LossSettings, ModelFolderError
+from simpletuner.models.components import checked_folder, load_component, load_frozen_components
+from simpletuner.models.sigma_range import sample_sigmas_in_range
+from simpletuner.models.wan import WanAdapter
+from simpletuner.models.wan_flavours import EXPERT_FLAVOURS, boundary_ratio
+
+EXPERT_SUBFOLDERS = {"high": ("transformer", "transformer_2"),  # (trained, frozen)
+                     "low": ("transformer_2", "transformer")}
+
+
+class WanExpertAdapter(WanAdapter):
+    def __init__(self, *, expert: str, frozen_expert, boundary: float, **shared):
+        super().__init__(**shared)
+        self.expert = expert
+        self.frozen_expert = frozen_expert
+        self.boundary = boundary
+
+    @classmethod
+    def required_subfolders(cls) -> tuple[str, ...]:
+        return super().required_subfolders() + ("transformer_2",)
+
+    @classmethod
+    def load(cls, folder: Path, *, device: torch.device, weight_dtype: torch.dtype,
+             loss_settings: LossSettings) -> "WanExpertAdapter":
+        folder = checked_folder(cls, folder)
+        expert = EXPERT_FLAVOURS.get(loss_settings.model_flavour)
+        if expert is None:  # preflight says so first; a direct load must not guess
+            raise ModelFolderError(f"{folder} is a two-expert Wan 2.2 model: model_flavour must "
+                                   f"be {' or '.join(EXPERT_FLAVOURS)}")
+        trained_folder, frozen_folder = EXPERT_SUBFOLDERS[expert]
+        load = cls.transformer_class.from_pretrained
+        transformer = load_component(load, folder, trained_folder)
+        # Cast while loading: diffusers keeps the modules it must keep in float32.
+        frozen_expert = load_component(partial(load, torch_dtype=weight_dtype), folder,
+                                       frozen_folder)
+        frozen_expert.to(device).requires_grad_(False).eval()
+        scheduler = load_component(cls.scheduler_class.from_pretrained, folder, "scheduler")
+        frozen = load_frozen_components(cls, folder, device=device, weight_dtype=weight_dtype,
+                                        vae_dtype=weight_dtype)
+        transformer.to(device).requires_grad_(True).train()
+        return cls(folder=folder, transformer=transformer, scheduler=scheduler, device=device,
+                   loss_settings=loss_settings, expert=expert, frozen_expert=frozen_expert,
+                   boundary=boundary_ratio(folder), **frozen)
+
+    def move_to(self, device: torch.device) -> None:
+        super().move_to(device)
+        self.frozen_expert.to(device)
+
+    @property
+    def sigma_range(self) -> tuple[float, float]:
+        """The trained expert's noise levels: WanPipeline gives transformer/ the timesteps
+        t >= boundary * 1000 (t = sigma * 1000) and transformer_2/ those below."""
+        return (self.boundary, 1.0) if self.expert == "high" else (0.0, self.boundary)
+
+    def draw_sigmas(self, latents: torch.Tensor, generator: torch.Generator | None
+                    ) -> torch.Tensor:
+        settings = self.loss_settings
+        low, high = self.sigma_range
+        return sample_sigmas_in_range(
+            latents.shape[0], low=low, high=high, sampling=settings.flow_timestep_sampling,
+            logit_mean=settings.flow_logit_mean, logit_std=settings.flow_logit_std,
+            shift=self.sigma_shift(*latents.shape[-2:]), device=self.device,
+            generator=generator)
+
+    def build_pipeline(self, trainable: torch.nn.Module | None = None):
+        """Both experts in their slots: the trained one (or ``trainable``) and the frozen one."""
+        trained = trainable if trainable is not None else self.transformer
+        high, low = ((trained, self.frozen_expert) if self.expert == "high"
+                     else (self.frozen_expert, trained))
+        return self.pipeline_class(
+            transformer=high, transformer_2=low, boundary_ratio=self.boundary, vae=self.vae,
+            scheduler=type(self.scheduler).from_config(self.scheduler.config),
+            **self._pipeline_text_components())

@@ -1,0 +1,213 @@
+"""Wan 2.2 T2V-A14B, one expert trained per run: the noise levels drawn stay in the trained
+expert's range and follow the configured distribution there; the trained expert gets, in
+training, the inputs WanPipeline gives it in its own slot, and the frozen expert is the one
+loaded; a two-expert folder needs an expert flavour; a LoRA run of the low-noise expert through
+./train.sh resumes to the same adapter and loads into transformer_2, and a full run of the
+high-noise expert exports a WanPipeline with both experts that generates a clip."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import unittest
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline, WanPipeline
+from safetensors.torch import load_file
+
+from model_fixtures import CPU, TinyModelCase, random_batch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
+from simpletuner.models.flow_objective import sample_sigmas
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.models.sigma_range import sample_sigmas_in_range
+from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import copy_checkpoint, make_shapes, run_train_sh, write_config
+
+BOUNDARY = 0.875  # tiny-wan22's model_index.json, as Wan2.2-T2V-A14B-Diffusers'
+EXPERT_WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+class SigmaRangeTest(unittest.TestCase):
+    def test_levels_stay_in_range_and_follow_the_unrestricted_draws_there(self):
+        for sampling in ("uniform", "logit_normal"):
+            for shift in (1.0, 3.0, 12.0):
+                for low, high in ((BOUNDARY, 1.0), (0.0, BOUNDARY), (0.2, 0.5)):
+                    with self.subTest(sampling=sampling, shift=shift, range=(low, high)):
+                        drawn = sample_sigmas_in_range(
+                            20000, low=low, high=high, sampling=sampling, logit_mean=0.3,
+                            shift=shift, device=CPU, generator=torch.Generator().manual_seed(1))
+                        self.assertTrue(bool(((drawn >= low) & (drawn <= high)).all()))
+                        # The reference: plain draws, the ones outside the range thrown away.
+                        plain = sample_sigmas(2000000, sampling=sampling, logit_mean=0.3,
+                                              shift=shift, device=CPU,
+                                              generator=torch.Generator().manual_seed(2))
+                        kept = plain[(plain >= low) & (plain <= high)]
+                        self.assertGreater(len(kept), 2000)
+                        quantiles = torch.tensor([0.1, 0.5, 0.9])
+                        torch.testing.assert_close(torch.quantile(drawn, quantiles),
+                                                   torch.quantile(kept, quantiles),
+                                                   atol=0.01 * (high - low) + 1e-3, rtol=0)
+
+    def test_the_same_generator_gives_the_same_levels(self):
+        def draw():
+            return sample_sigmas_in_range(8, low=0.0, high=BOUNDARY, sampling="logit_normal",
+                                          shift=3.0, device=CPU,
+                                          generator=torch.Generator().manual_seed(4))
+        self.assertTrue(torch.equal(draw(), draw()))
+
+
+class WanExpertAdapterTest(TinyModelCase):
+    def load_expert(self, expert: str, **loss):
+        return get_adapter_class("wan").load(
+            ensure_builtin_model("tiny-wan22"), device=CPU, weight_dtype=torch.float32,
+            loss_settings=LossSettings(model_flavour=f"t2v-14b-2.2-{expert}", **loss))
+
+    def pipeline_inputs(self, pipeline) -> dict[str, list]:
+        """Each slot's inputs over one 10-step generation."""
+        seen = {"transformer": [], "transformer_2": []}
+        hooks = [getattr(pipeline, slot).register_forward_hook(
+            lambda module, args, kwargs, output, slot=slot: seen[slot].append(kwargs),
+            with_kwargs=True) for slot in seen]
+        try:
+            pipeline.set_progress_bar_config(disable=True)
+            pipeline(prompt="a red circle", height=32, width=32, num_frames=1,
+                     num_inference_steps=10, guidance_scale=1.0, output_type="np",
+                     generator=torch.Generator().manual_seed(0))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return seen
+
+    def test_each_expert_trains_on_the_timesteps_its_pipeline_slot_gets(self):
+        for expert, slot in (("high", "transformer"), ("low", "transformer_2")):
+            with self.subTest(expert=expert):
+                adapter = self.load_expert(expert)
+                pipeline = adapter.build_pipeline()
+                self.assertIs(getattr(pipeline, slot), adapter.transformer)
+                self.assertEqual(pipeline.config.boundary_ratio, BOUNDARY)
+                seen = self.pipeline_inputs(pipeline)
+                self.assertTrue(seen["transformer"] and seen["transformer_2"])  # both denoise
+                given = torch.cat([inputs["timestep"].float() for inputs in seen[slot]])
+                batch = random_batch(adapter, 2, height=32, width=32)
+                trained = []
+                for seed in range(20):
+                    _, inputs = self.capture_network_inputs(adapter, batch, seed=seed)
+                    trained.append(inputs["timestep"])
+                trained = torch.cat(trained)
+                on_the_high_side = bool((given >= BOUNDARY * 1000).all())
+                self.assertEqual(on_the_high_side, expert == "high")
+                if expert == "high":
+                    self.assertTrue(bool((trained >= BOUNDARY * 1000).all()), trained)
+                else:
+                    self.assertTrue(bool((trained < BOUNDARY * 1000).all()), trained)
+                    self.assertTrue(bool((given < BOUNDARY * 1000).all()))
+                # The same text embeddings as the pipeline's, the same latent layout.
+                embeds, _ = pipeline.encode_prompt(["a red circle", "a blue square"],
+                                                   do_classifier_free_guidance=False,
+                                                   max_sequence_length=512, device=CPU)
+                self.assertTrue(torch.equal(inputs["encoder_hidden_states"], embeds))
+                self.assertEqual(inputs["hidden_states"].shape[1:],
+                                 seen[slot][0]["hidden_states"].shape[1:])
+
+    def test_the_frozen_expert_is_the_loaded_one_and_gets_no_gradient(self):
+        adapter = self.load_expert("low")
+        folder = ensure_builtin_model("tiny-wan22")
+        loaded = load_file(str(folder / "transformer" / EXPERT_WEIGHTS))
+        batch = random_batch(adapter, 2, height=32, width=32)
+        adapter.compute_loss(batch, torch.Generator().manual_seed(0)).backward()
+        frozen = adapter.frozen_expert.state_dict()
+        self.assertEqual(set(frozen), set(loaded))
+        for name, tensor in loaded.items():
+            self.assertTrue(torch.equal(frozen[name], tensor), name)
+        self.assertTrue(all(p.grad is None for p in adapter.frozen_expert.parameters()))
+        self.assertGreater(adapter.transformer.proj_out.weight.grad.abs().sum().item(), 0)
+
+    def test_a_two_expert_folder_needs_an_expert_flavour_and_one_transformer_refuses_it(self):
+        wan = get_adapter_class("wan")
+        two, one = ensure_builtin_model("tiny-wan22"), ensure_builtin_model("tiny-wan")
+        for flavour in (None, "t2v-480p-14b-2.1"):
+            self.assertRegex(wan.flavour_problem(two, flavour), "two-expert Wan 2.2 A14B.*"
+                             "t2v-14b-2.2-high or t2v-14b-2.2-low")
+        self.assertIsNone(wan.flavour_problem(two, "t2v-14b-2.2-high"))
+        self.assertRegex(wan.flavour_problem(one, "t2v-14b-2.2-low"), "has one transformer")
+        self.assertIsNone(wan.flavour_problem(one, None))
+
+
+class Wan22TrainingTest(TrainedOutputAssertions, unittest.TestCase):
+    """Three launches of ./train.sh: a LoRA run of the low-noise expert checkpointed at 2 of 4
+    steps, the same run resumed from a copy of its checkpoint-2, and a full run of the high-noise
+    expert for 2 steps with a validation clip."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="st-wan22-")
+        cls.root = root = Path(cls.tmp)
+        make_shapes(root / "data", per_size=2, sizes=((64, 64),))
+        common = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan22",
+                      validation_prompt="a red circle", validation_num_inference_steps=4,
+                      validation_resolution="64x64", validation_num_video_frames=5)
+        lora = dict(common, model_flavour="t2v-14b-2.2-low", model_type="lora", lora_rank=4,
+                    learning_rate=3e-2, max_train_steps=4, checkpointing_steps=2,
+                    validation_steps=100)
+        cls.lora = cls.train("lora", **lora)
+        if copy_checkpoint(root, "lora", "lora-resumed"):
+            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
+        cls.full = cls.train("full", model_flavour="t2v-14b-2.2-high", max_train_steps=2,
+                             **common)
+
+    @classmethod
+    def train(cls, name: str, **options):
+        return run_train_sh(write_config(cls.root, cls.root / "data", name, **options), cls.tmp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def sample(self, pipeline) -> np.ndarray:
+        pipeline.set_progress_bar_config(disable=True)
+        frames = pipeline(prompt="a red circle", height=64, width=64, num_frames=5,
+                          num_inference_steps=4, output_type="np",
+                          generator=torch.Generator().manual_seed(0)).frames[0]
+        self.assertEqual(frames.shape, (5, 64, 64, 3))
+        return frames.astype(np.float64)
+
+    def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
+        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
+        self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
+        self.assertIn("resumed from", self.lora_resumed.stderr)
+        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
+                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
+        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
+                      for step in (2, 4))
+        self.assert_some_tensor_changed(start, end)
+
+    def test_the_low_expert_lora_loads_into_transformer_2_and_changes_the_clip(self):
+        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
+        pipeline = WanPipeline.from_pretrained(resolve_model_path("builtin:tiny-wan22"))
+        before = self.sample(pipeline)
+        pipeline.load_lora_weights(self.root / "lora-out" / "lora", load_into_transformer_2=True)
+        self.assertTrue(any("lora" in name for name, _ in
+                            pipeline.transformer_2.named_parameters()))
+        self.assertFalse(any("lora" in name for name, _ in
+                             pipeline.transformer.named_parameters()))
+        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 1e-4)
+
+    def test_the_full_run_exports_both_experts_and_the_pipeline_generates_a_clip(self):
+        self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
+        out, base = self.root / "full-out", resolve_model_path("builtin:tiny-wan22")
+        self.assertTrue((out / "validation" / "step-2" / "clip-00.webp").is_file())
+        pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
+        self.assertIsInstance(pipeline, WanPipeline)
+        self.assertEqual(pipeline.config.boundary_ratio, BOUNDARY)
+        self.assert_some_tensor_changed(base / "transformer" / EXPERT_WEIGHTS,
+                                        out / TRANSFORMER_WEIGHTS)
+        self.assert_same_tensors(base / "transformer_2" / EXPERT_WEIGHTS,
+                                 out / "pipeline" / "transformer_2" / EXPERT_WEIGHTS)
+        self.assertGreater(self.sample(pipeline).std(), 0.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
