@@ -3,7 +3,9 @@ expert's range and follow the configured distribution there; the trained expert 
 training, the inputs WanPipeline gives it in its own slot, and the frozen expert is the one
 loaded; a two-expert folder needs an expert flavour; a LoRA run of the low-noise expert through
 ./train.sh resumes to the same adapter and loads into transformer_2, and a full run of the
-high-noise expert exports a WanPipeline with both experts that generates a clip."""
+high-noise expert exports a WanPipeline with both experts that generates a clip. TI2V-5B as
+text-to-video: the network gets the pipeline's per-token timesteps and the Wan 2.2 VAE's
+normalised latents, and a full run exports a pipeline that generates a clip."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from diffusers import DiffusionPipeline, WanPipeline
 from safetensors.torch import load_file
 
 from model_fixtures import CPU, TinyModelCase, random_batch
-from simpletuner.models.base import LossSettings
+from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.flow_objective import sample_sigmas
 from simpletuner.models.registry import get_adapter_class
@@ -136,10 +138,44 @@ class WanExpertAdapterTest(TinyModelCase):
         self.assertIsNone(wan.flavour_problem(one, None))
 
 
+class WanTI2VAdapterTest(TinyModelCase):
+    def test_the_network_gets_what_wan_pipeline_gives_it_per_token(self):
+        adapter = get_adapter_class("wan").load(
+            ensure_builtin_model("tiny-wan22-ti2v"), device=CPU, weight_dtype=torch.float32,
+            loss_settings=LossSettings(model_flavour="ti2v-5b-2.2"))
+        self.assertEqual(adapter.resolution_alignment, 32)  # 16x VAE, 2x2 transformer patches
+        pixels = torch.rand(2, 3, 5, 64, 64, generator=torch.Generator().manual_seed(7))
+        latents = adapter.encode_images(pixels * 2 - 1)
+        self.assertEqual(tuple(latents.shape), (2, 48, 2, 4, 4))
+        config = adapter.vae.config  # the pipeline decodes latents * std + mean
+        mean = torch.tensor(config.latents_mean).view(1, 48, 1, 1, 1)
+        std = torch.tensor(config.latents_std).view(1, 48, 1, 1, 1)
+        raw = adapter.vae.encode(pixels * 2 - 1).latent_dist.mode()
+        torch.testing.assert_close(latents * std + mean, raw, rtol=1e-4, atol=1e-5)
+        batch = TrainingBatch(latents, adapter.encode_prompts(["a red circle", "a blue square"]),
+                              [(64, 64)] * 2, [(0, 0)] * 2, [(64, 64)] * 2)
+        _, trained = self.capture_network_inputs(adapter, batch)
+        pipeline = adapter.build_pipeline()
+        self.assertTrue(pipeline.config.expand_timesteps)
+        given = []
+        hook = pipeline.transformer.register_forward_hook(
+            lambda module, args, kwargs, output: given.append(kwargs), with_kwargs=True)
+        pipeline.set_progress_bar_config(disable=True)
+        pipeline(prompt="a red circle", height=64, width=64, num_frames=5, num_inference_steps=2,
+                 guidance_scale=1.0, output_type="np", generator=torch.Generator().manual_seed(0))
+        hook.remove()
+        # One timestep per latent token (2 frames x 2 x 2 patches), one value per sample.
+        self.assertEqual(given[0]["timestep"].shape, (1, 8))
+        self.assertEqual(trained["timestep"].shape, (2, 8))
+        for timesteps in (given[0]["timestep"], trained["timestep"]):
+            self.assertTrue(bool((timesteps == timesteps[:, :1]).all()))
+        self.assertEqual(trained["hidden_states"].shape[1:], given[0]["hidden_states"].shape[1:])
+
+
 class Wan22TrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Three launches of ./train.sh: a LoRA run of the low-noise expert checkpointed at 2 of 4
-    steps, the same run resumed from a copy of its checkpoint-2, and a full run of the high-noise
-    expert for 2 steps with a validation clip."""
+    """Four launches of ./train.sh: a LoRA run of the low-noise expert checkpointed at 2 of 4
+    steps, the same run resumed from a copy of its checkpoint-2, a full run of the high-noise
+    expert for 2 steps with a validation clip, and a full TI2V-5B run of 2 steps."""
 
     @classmethod
     def setUpClass(cls):
@@ -157,6 +193,9 @@ class Wan22TrainingTest(TrainedOutputAssertions, unittest.TestCase):
             cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
         cls.full = cls.train("full", model_flavour="t2v-14b-2.2-high", max_train_steps=2,
                              **common)
+        cls.ti2v = cls.train("ti2v", **dict(
+            common, pretrained_model_name_or_path="builtin:tiny-wan22-ti2v",
+            model_flavour="ti2v-5b-2.2", max_train_steps=2, aspect_bucket_alignment=32))
 
     @classmethod
     def train(cls, name: str, **options):
@@ -206,6 +245,18 @@ class Wan22TrainingTest(TrainedOutputAssertions, unittest.TestCase):
                                         out / TRANSFORMER_WEIGHTS)
         self.assert_same_tensors(base / "transformer_2" / EXPERT_WEIGHTS,
                                  out / "pipeline" / "transformer_2" / EXPERT_WEIGHTS)
+        self.assertGreater(self.sample(pipeline).std(), 0.0)
+
+    def test_the_ti2v_run_exports_a_pipeline_that_expands_timesteps_and_generates_a_clip(self):
+        self.assertEqual(self.ti2v.returncode, 0, self.ti2v.stderr[-3000:])
+        out = self.root / "ti2v-out"
+        pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
+        self.assertIsInstance(pipeline, WanPipeline)
+        self.assertTrue(pipeline.config.expand_timesteps)
+        self.assertEqual(pipeline.vae.config.z_dim, 48)
+        self.assert_some_tensor_changed(
+            resolve_model_path("builtin:tiny-wan22-ti2v") / "transformer" / EXPERT_WEIGHTS,
+            out / TRANSFORMER_WEIGHTS)
         self.assertGreater(self.sample(pipeline).std(), 0.0)
 
 

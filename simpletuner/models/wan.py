@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, UMT5EncoderModel
 from simpletuner.models.base import ModelFolderError, TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
 from simpletuner.models.model_path import family_folder_problem
-from simpletuner.models.wan_flavours import expert_flavour_problem, is_two_expert
+from simpletuner.models.wan_flavours import expert_flavour_problem, wan22_layout
 
 
 def as_clips(pixels: torch.Tensor) -> torch.Tensor:
@@ -54,10 +54,12 @@ class WanAdapter(FlowFamilyAdapter):
 
     @classmethod
     def for_folder(cls, folder: Path) -> type["WanAdapter"]:
-        if is_two_expert(Path(folder)):
-            from simpletuner.models.wan22 import WanExpertAdapter  # Wan 2.2 A14B
-            return WanExpertAdapter
-        return cls
+        layout = wan22_layout(Path(folder))
+        if layout is None:
+            return cls
+        from simpletuner.models import wan22  # Wan 2.2 A14B or TI2V-5B
+
+        return wan22.LAYOUT_ADAPTERS[layout]
 
     @classmethod
     def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
@@ -112,12 +114,16 @@ class WanAdapter(FlowFamilyAdapter):
         embeds = self.text_encoders[0](tokens.input_ids.to(self.device), mask).last_hidden_state
         return {"prompt_embeds": embeds * mask.gt(0).unsqueeze(-1).to(embeds.dtype)}
 
+    def network_timesteps(self, noisy: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+        """[B] timesteps sigma * 1000, as WanPipeline passes UniPC's."""
+        return sigmas * self.scheduler.config.num_train_timesteps
+
     def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
         if noisy.ndim != 5:
             raise ValueError(f"Wan latents are [B, C, F, h, w]; got shape {tuple(noisy.shape)} "
                              "(rebuild the latent cache with model_family wan)")
-        timesteps = sigmas * self.scheduler.config.num_train_timesteps
+        timesteps = self.network_timesteps(noisy, sigmas)
         return network(hidden_states=noisy, timestep=timesteps.to(dtype),
                        encoder_hidden_states=batch.prompt_embeds["prompt_embeds"].to(dtype),
                        return_dict=False)[0]

@@ -1,8 +1,9 @@
-"""Wan 2.2 T2V-A14B: two experts of Wan 2.1's architecture, transformer/ denoising while the
+"""Wan 2.2. T2V-A14B: two experts of Wan 2.1's architecture, transformer/ denoising while the
 timestep is at or above boundary_ratio * 1000 (high noise) and transformer_2/ below it, as
 WanPipeline switches between them. A run trains one expert (model_flavour t2v-14b-2.2-high or
 -low) on its own noise range only; the other stays frozen as loaded, in the weight dtype, and
-validation and the exported pipeline use both, each in its own slot."""
+validation and the exported pipeline use both, each in its own slot. TI2V-5B: one transformer
+on the Wan 2.2 VAE, trained as text-to-video."""
 
 from __future__ import annotations
 
@@ -84,3 +85,24 @@ class WanExpertAdapter(WanAdapter):
             transformer=high, transformer_2=low, boundary_ratio=self.boundary, vae=self.vae,
             scheduler=type(self.scheduler).from_config(self.scheduler.config),
             **self._pipeline_text_components())
+
+
+class WanTI2VAdapter(WanAdapter):
+    """Wan 2.2 TI2V-5B as text-to-video: one transformer on the Wan 2.2 VAE's 48-channel latents
+    (16x spatial with the VAE's own 2x2 patchify; its latents_mean/std), and WanPipeline's
+    expand_timesteps: one timestep per latent token, all equal without a conditioning image."""
+
+    def network_timesteps(self, noisy: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+        """[B, tokens]: sigma * 1000 repeated over the frames x patch rows x patch columns."""
+        _, patch_height, patch_width = self.transformer.config.patch_size
+        frames, height, width = noisy.shape[2:]
+        tokens = frames * (height // patch_height) * (width // patch_width)
+        return super().network_timesteps(noisy, sigmas).view(-1, 1).expand(-1, tokens)
+
+    def build_pipeline(self, trainable: torch.nn.Module | None = None):
+        pipeline = super().build_pipeline(trainable)
+        pipeline.register_to_config(expand_timesteps=True)  # saved in model_index.json too
+        return pipeline
+
+
+LAYOUT_ADAPTERS = {"a14b": WanExpertAdapter, "ti2v": WanTI2VAdapter}  # by wan22_layout()

@@ -23,6 +23,7 @@ RECIPES = {
     "tiny-flux2": ("simpletuner.models.tiny.flux2_models", "build_flux2_klein"),
     "tiny-wan": ("simpletuner.models.tiny.wan_model", "build_wan"),
     "tiny-wan22": ("simpletuner.models.tiny.wan22_model", "build_wan22"),
+    "tiny-wan22-ti2v": ("simpletuner.models.tiny.wan22_model", "build_wan22_ti2v"),
 }
 
 

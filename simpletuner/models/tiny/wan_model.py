@@ -22,13 +22,13 @@ def tiny_umt5(staging: Path, subfolder: str, width: int):
     return T5Tokenizer.from_pretrained(staging / subfolder), UMT5EncoderModel(config)
 
 
-def tiny_wan_transformer(text_dim: int):
+def tiny_wan_transformer(text_dim: int, channels: int = 16):
     from diffusers import WanTransformer3DModel
 
     return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
-        out_channels=16, text_dim=text_dim, freq_dim=32, ffn_dim=32, num_layers=1,
-        rope_max_seq_len=32)
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+        in_channels=channels, out_channels=channels, text_dim=text_dim, freq_dim=32, ffn_dim=32,
+        num_layers=1, rope_max_seq_len=32)
 
 
 def build_wan(staging: Path):
