@@ -62,6 +62,20 @@ class TrainedOutputAssertions:
         self.assertFalse(all(torch.equal(one[name], other[name]) for name in one),
                          f"every tensor of {before} is unchanged in {after}")
 
+    def assert_resumed_lora_matches(self, root: Path, run, resumed, steps=(2, 4)):
+        """``resumed`` (run "<run.name>-resumed" from a copy of checkpoint-<steps[0]>) ends with
+        the LoRA of ``run``, which trained on between its two checkpoints; both are the
+        finished processes of runs writing root/<name>-out."""
+        (name, first), (resumed_name, second) = run, resumed
+        self.assertEqual(first.returncode, 0, first.stderr[-3000:])
+        self.assertEqual(second.returncode, 0, second.stderr[-3000:])
+        self.assertIn("resumed from", second.stderr)
+        self.assert_same_tensors(root / f"{name}-out" / LORA_WEIGHTS,
+                                 root / f"{resumed_name}-out" / LORA_WEIGHTS)
+        start, end = (root / f"{name}-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
+                      for step in steps)
+        self.assert_some_tensor_changed(start, end)
+
     def sample_image(self, pipeline, width: int = 96, height: int = 64,
                      **call) -> np.ndarray:
         """The pipeline's image for "a red circle", 2 steps, seed 0, of the size asked for."""
