@@ -9,7 +9,9 @@ normalised latents, and a full run exports a pipeline that generates a clip."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -19,14 +21,18 @@ import torch
 from diffusers import DiffusionPipeline, WanPipeline
 from safetensors.torch import load_file
 
+from launching import run_bounded
 from model_fixtures import CPU, TinyModelCase, random_batch
 from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.flow_objective import sample_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.models.sigma_range import sample_sigmas_in_range
+from test_family_wan import SHARED_CONFIGS, WAN_PARAMETERS, transformer_config
+from test_memory_plan_command import GIB, row
 from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import copy_checkpoint, make_shapes, run_train_sh, write_config
+from training_fixtures import (copy_checkpoint, environment, make_shapes, run_train_sh,
+                               write_config)
 
 BOUNDARY = 0.875  # tiny-wan22's model_index.json, as Wan2.2-T2V-A14B-Diffusers'
 EXPERT_WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -170,6 +176,37 @@ class WanTI2VAdapterTest(TinyModelCase):
         for timesteps in (given[0]["timestep"], trained["timestep"]):
             self.assertTrue(bool((timesteps == timesteps[:, :1]).all()))
         self.assertEqual(trained["hidden_states"].shape[1:], given[0]["hidden_states"].shape[1:])
+
+
+class WanExpertMemoryPlanTest(unittest.TestCase):
+    def test_plan_holds_the_frozen_expert_beside_the_trained_one(self):
+        """Wan2.2-T2V-A14B's experts have Wan 2.1 14B's architecture (Comfy-Org's
+        wan2.2_t2v_high_noise_14B_fp16.safetensors is 28.6 GB, as Wan 2.1 14B's)."""
+        with tempfile.TemporaryDirectory(prefix="st-wan22-plan-") as tmp:
+            root = Path(tmp)
+            folder = root / "wan22-a14b"
+            for subfolder, config in {"transformer": transformer_config("14b"),
+                                      "transformer_2": transformer_config("14b"),
+                                      **SHARED_CONFIGS}.items():
+                (folder / subfolder).mkdir(parents=True)
+                (folder / subfolder / "config.json").write_text(json.dumps(config))
+            (folder / "model_index.json").write_text(json.dumps(
+                {"_class_name": "WanPipeline", "boundary_ratio": BOUNDARY}))
+            make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+            config = write_config(root, root / "data", "a14b", model_family="wan",
+                                  pretrained_model_name_or_path=str(folder),
+                                  model_flavour="t2v-14b-2.2-low", mixed_precision="bf16")
+            result = run_bounded([sys.executable, "-m", "simpletuner", "plan", "--memory",
+                                  "--config", str(config), "--num-processes", "8"],
+                                 tmpdir=tmp, timeout=300, env=environment(tmp))
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        bf16_expert = WAN_PARAMETERS["14b"] * 2 / GIB
+        for moment in ("while the caches are built", "while training"):
+            ddp, fsdp = row(result.stdout, "other networks (frozen)", after=moment)
+            self.assertAlmostEqual(ddp / bf16_expert, 1, delta=0.01)
+            self.assertEqual(fsdp, ddp)  # not sharded: every rank holds it whole
+        ddp_gradients, _ = row(result.stdout, "gradients")  # one trained expert, float32
+        self.assertAlmostEqual(ddp_gradients / (WAN_PARAMETERS["14b"] * 4 / GIB), 1, delta=0.01)
 
 
 class Wan22TrainingTest(TrainedOutputAssertions, unittest.TestCase):

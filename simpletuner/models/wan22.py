@@ -23,6 +23,8 @@ EXPERT_SUBFOLDERS = {"high": ("transformer", "transformer_2"),  # (trained, froz
 
 
 class WanExpertAdapter(WanAdapter):
+    other_network_folder = "transformer_2"  # plan --memory: the experts share one architecture
+
     def __init__(self, *, expert: str, frozen_expert, boundary: float, **shared):
         super().__init__(**shared)
         self.expert = expert

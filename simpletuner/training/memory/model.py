@@ -10,7 +10,8 @@ While training: the trainable parameters in the dtype build_optimizer gives them
 gradients, the optimizer's state (optimizer_bytes.py), the float32 EMA, the frozen network,
 and the VAE and text encoders only if ``frozen_components_after_caching`` is "keep". FSDP2
 shards every parameter of the network on dim 0, and with it gradients, state and EMA; buffers,
-the VAE and the text encoders are replicated.
+the VAE and the text encoders are replicated. At both moments: a frozen network beside the
+trained one (Wan 2.2 A14B's other expert), in the mixed_precision dtype, replicated.
 
 Not counted: activations (batch size, resolution, gradient_checkpointing), the blocks FSDP2
 gathers while they run, DDP's gradient buckets, the CUDA context and allocator overhead."""
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -57,16 +58,20 @@ class RankBytes:
     ema: int
     frozen_components: dict[str, int]  # VAE and text encoders
     components_stay: bool  # frozen_components_after_caching is "keep"
+    # Frozen networks beside the trained one, replicated, always on the device (Wan 2.2
+    # A14B's other expert).
+    other_networks: dict[str, int] = field(default_factory=dict)
 
     @property
     def while_caching(self) -> int:
-        return sum(self.network_while_caching.values()) + sum(self.frozen_components.values())
+        return (sum(self.network_while_caching.values()) + sum(self.frozen_components.values())
+                + sum(self.other_networks.values()))
 
     @property
     def while_training(self) -> int:
         components = sum(self.frozen_components.values()) if self.components_stay else 0
         return (sum(self.trainable.values()) + sum(self.frozen.values()) + self.gradients
-                + self.optimizer + self.ema + components)
+                + self.optimizer + self.ema + components + sum(self.other_networks.values()))
 
     @property
     def peak(self) -> int:
@@ -105,6 +110,18 @@ def frozen_component_bytes(adapter_class, folder: Path, training) -> dict[str, i
             precision = getattr(training, f"text_encoder_{number}_precision")
             held = _add(held, frozen_bytes(encoder, precision, dtype))
     return held
+
+
+def other_network_bytes(adapter_class, folder: Path, training) -> dict[str, int]:
+    """The frozen network of ``adapter_class.other_network_folder`` (if it has one) as the
+    trainer loads it: mixed_precision's dtype, not quantized."""
+    subfolder = getattr(adapter_class, "other_network_folder", None)
+    if subfolder is None:
+        return {}
+    cls = network_class(adapter_class)
+    with torch.device("meta"):
+        network = cls.from_config(cls.load_config(folder / subfolder)).requires_grad_(False)
+    return frozen_bytes(network, "no_change", weight_dtype(training.mixed_precision))
 
 
 def state_arguments(training) -> dict:
@@ -181,11 +198,13 @@ def memory_plan(training, model_folder: Path, world: int) -> MemoryPlan:
     adapter_class = get_adapter_class(training.model_family).for_folder(model_folder)
     network = meta_network(adapter_class, model_folder, training)
     components = frozen_component_bytes(adapter_class, model_folder, training)
+    others = other_network_bytes(adapter_class, model_folder, training)
     refusal = fsdp_refusal(training)
     fsdp = None if refusal else [
-        rank_bytes(network, training, RankPart(rank, world, sharded=True), components)
-        for rank in range(world)]
-    return MemoryPlan(ddp=rank_bytes(network, training, WHOLE, components), fsdp=fsdp,
+        replace(rank_bytes(network, training, RankPart(rank, world, sharded=True), components),
+                other_networks=others) for rank in range(world)]
+    return MemoryPlan(ddp=replace(rank_bytes(network, training, WHOLE, components),
+                                  other_networks=others), fsdp=fsdp,
                       fsdp_refusal=refusal,
                       parameters=sum(p.numel() for p in network.parameters()),
                       trainable_parameters=sum(p.numel() for p in network.parameters()

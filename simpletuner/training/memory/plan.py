@@ -39,10 +39,14 @@ def _rows(held: RankBytes, training) -> list[tuple[str, str]]:
     away = training.frozen_components_after_caching
     components = (_by_storage(held.frozen_components) if held.components_stay
                   else "off the device")
+    # Wan 2.2 A14B's other expert; a row only where there is one (the same in every column).
+    others = ([("  other networks (frozen)", _by_storage(held.other_networks))]
+              if held.other_networks else [])
     return [
         ("while the caches are built", ""),
         ("  network (not yet sharded)", _by_storage(held.network_while_caching)),
         ("  VAE + text encoders", _by_storage(held.frozen_components)),
+        *others,
         ("  total", _size(held.while_caching)),
         ("while training", ""),
         ("  trainable parameters", _by_storage(held.trainable)),
@@ -51,6 +55,7 @@ def _rows(held: RankBytes, training) -> list[tuple[str, str]]:
         (f"  optimizer state ({training.optimizer})", _size(held.optimizer)),
         ("  EMA (float32)", _size(held.ema)),
         (f"  VAE + text encoders ({away})", components),
+        *others,
         ("  total", _size(held.while_training)),
         ("peak per rank", _size(held.peak)),
     ]
