@@ -1,9 +1,9 @@
-"""Wan 2.2. T2V-A14B: two experts of Wan 2.1's architecture, transformer/ denoising while the
+"""Wan 2.2 T2V-A14B: two experts of Wan 2.1's architecture, transformer/ denoising while the
 timestep is at or above boundary_ratio * 1000 (high noise) and transformer_2/ below it, as
 WanPipeline switches between them. A run trains one expert (model_flavour t2v-14b-2.2-high or
 -low) on its own noise range only; the other stays frozen as loaded, in the weight dtype, and
-validation and the exported pipeline use both, each in its own slot. TI2V-5B: one transformer
-on the Wan 2.2 VAE, trained as text-to-video."""
+validation and the exported pipeline use both, each in its own slot. Wan 2.2 TI2V-5B: one
+transformer on the Wan 2.2 VAE, trained as text-to-video."""
 
 from __future__ import annotations
 
