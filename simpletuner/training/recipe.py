@@ -32,11 +32,11 @@ from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.adapters.by_type import add_adapter
+from simpletuner.training.adapters.lora_init import init_adapter
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
-from simpletuner.training.adapters.by_type import add_adapter
-from simpletuner.training.adapters.lora_init import init_adapter
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
