@@ -34,6 +34,9 @@ class DatasetIndex:
     original_sizes: Mapping[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
     skipped: list[SkippedFile] = field(default_factory=list)
     clips: Mapping[str, ClipPlan] = field(default_factory=dict)  # a video dataset's samples
+    # The digest of this content when already known: recorded in the index cache by the main
+    # process that wrote it, so a loading rank never hashes millions of ids (see digest()).
+    known_digest: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         # Any list is accepted and put in canonical order once, here (see SortedIds).
@@ -44,12 +47,17 @@ class DatasetIndex:
         return sum(len(ids) for ids in self.buckets.values())
 
     def digest(self) -> str:
-        """Stable across processes and machines: ranks compare it to agree on the index."""
-        content = [self.dataset_id, dict(sorted(self.buckets.items()))]
-        if self.clips:  # only then, so an image index keeps its digest
-            content.append({s: [c.fps, c.source_frames] for s, c in sorted(self.clips.items())})
-        payload = json.dumps(content, separators=(",", ":"))
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        """Stable across processes and machines: ranks compare it to agree on the index, the
+        sampler's fingerprint holds it. Hashing the content costs seconds at 10 M samples, so
+        it is computed once per content: when the index cache is written, or on first use."""
+        if self.known_digest is None:
+            content = [self.dataset_id, dict(sorted(self.buckets.items()))]
+            if self.clips:  # only then, so an image index keeps its digest
+                content.append({s: [c.fps, c.source_frames]
+                                for s, c in sorted(self.clips.items())})
+            payload = json.dumps(content, separators=(",", ":"))
+            self.known_digest = hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        return self.known_digest
 
     def without(self, removed: dict[str, str]) -> "DatasetIndex":
         """A copy without ``removed`` (sample id -> reason), which are reported as skipped."""
@@ -63,4 +71,15 @@ class DatasetIndex:
         sizes = {s: wh for s, wh in self.original_sizes.items() if s not in removed}
         skipped = self.skipped + [SkippedFile(s, r) for s, r in sorted(removed.items())]
         clips = {s: plan for s, plan in self.clips.items() if s not in removed}
-        return DatasetIndex(self.dataset_id, buckets, sizes, skipped, clips)
+        # A few removed (undecodable files): derived from them, the rest not hashed again.
+        # Most removed (max_num_samples): what is left is the smaller thing to hash.
+        derived = (_digest_without(self.digest(), removed)
+                   if len(removed) <= self.sample_count // 2 else None)
+        return DatasetIndex(self.dataset_id, buckets, sizes, skipped, clips, derived)
+
+
+def _digest_without(digest: str, removed: dict[str, str]) -> str:
+    """The digest of an index less ``removed``: this index's and the removed ids (sorted: the
+    same whatever order a caller's dict has), which decide the smaller content."""
+    names = "\0".join(sorted(removed)).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(b"without\0" + digest.encode("ascii") + b"\0" + names).hexdigest()
