@@ -10,13 +10,14 @@ import os
 import sys
 import tempfile
 import unittest
+from dataclasses import replace
 from pathlib import Path
 
 from discovery_fixtures import dataset_config, encode, image, training_config, write
 from launching import run_bounded
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
-from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
 
 SIZES = [(96, 64), (64, 96), (64, 64), (64, 64), (128, 64), (96, 64)]
 
@@ -93,8 +94,20 @@ class RecordedDigestTest(unittest.TestCase):
         self.assertNotEqual(index.without({gone: "x", other_sample: "y"}).digest(),
                             smaller.digest())
         # derived from the parent's digest: other content before, another digest after
-        twin = DatasetIndex("photos", index.buckets, {}, known_digest="another parent")
+        twin = DatasetIndex("photos", index.buckets, {})
+        twin.set_digest("another parent")
         self.assertNotEqual(twin.without({gone: "undecodable"}).digest(), smaller.digest())
+
+    def test_other_content_made_with_replace_does_not_keep_the_digest(self):
+        self.backend().refresh_index(show_progress=False)
+        index = self.backend().load_index()
+        sample = sorted(index.buckets["64x64"])[0]
+        clips = {sample: ClipPlan(1, "24/1", 1, "container")}
+        changed = replace(index, clips=clips)  # how paired indexes gain their references
+        self.assertIsNone(changed.known_digest)
+        self.assertNotEqual(changed.digest(), index.digest())
+        self.assertEqual(changed.digest(),
+                         DatasetIndex("photos", index.buckets, {}, clips=clips).digest())
 
     def test_an_index_with_most_samples_removed_hashes_what_is_left(self):
         self.backend().refresh_index(show_progress=False)

@@ -34,13 +34,12 @@ class DatasetIndex:
     original_sizes: Mapping[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
     skipped: list[SkippedFile] = field(default_factory=list)
     clips: Mapping[str, ClipPlan] = field(default_factory=dict)  # a video dataset's samples
-    # The digest of this content when already known: recorded in the index cache by the main
-    # process that wrote it, so a loading rank never hashes millions of ids (see digest()).
-    known_digest: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         # Any list is accepted and put in canonical order once, here (see SortedIds).
         self.buckets = {key: canonical_ids(ids) for key, ids in self.buckets.items()}
+        # Not a field, so dataclasses.replace() (other content) starts without it.
+        self._digest: str | None = None
 
     @property
     def sample_count(self) -> int:
@@ -50,17 +49,37 @@ class DatasetIndex:
         """Stable across processes and machines: ranks compare it to agree on the index, the
         sampler's fingerprint holds it. Hashing the content costs seconds at 10 M samples, so
         it is computed once per content: when the index cache is written, or on first use."""
-        if self.known_digest is None:
-            content = [self.dataset_id, dict(sorted(self.buckets.items()))]
-            if self.clips:  # only then, so an image index keeps its digest
-                content.append({s: [c.fps, c.source_frames]
-                                for s, c in sorted(self.clips.items())})
-            payload = json.dumps(content, separators=(",", ":"))
-            self.known_digest = hashlib.sha256(payload.encode("utf-8")).hexdigest()
-        return self.known_digest
+        if self._digest is None:
+            self._digest = self._content_digest()
+        return self._digest
+
+    @property
+    def known_digest(self) -> str | None:
+        """The digest if already known (recorded, derived or computed), else None."""
+        return self._digest
+
+    def set_digest(self, digest: str) -> None:
+        """Take ``digest`` as this content's: the one recorded in the index cache by the main
+        process that wrote it, so a loading rank never hashes millions of ids."""
+        self._digest = digest
+
+    def _content_digest(self) -> str:
+        content = [self.dataset_id, dict(sorted(self.buckets.items()))]
+        if self.clips:  # only then, so an image index keeps its digest
+            content.append({s: [c.fps, c.source_frames] for s, c in sorted(self.clips.items())})
+        payload = json.dumps(content, separators=(",", ":"))
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
     def without(self, removed: dict[str, str]) -> "DatasetIndex":
         """A copy without ``removed`` (sample id -> reason), which are reported as skipped."""
+        smaller = self._less(removed)
+        # A few removed (undecodable files): derived from them, the rest not hashed again.
+        # Most removed (max_num_samples): what is left is the smaller thing to hash.
+        if smaller is not self and len(removed) <= self.sample_count // 2:
+            smaller.set_digest(_digest_without(self.digest(), removed))
+        return smaller
+
+    def _less(self, removed: dict[str, str]) -> "DatasetIndex":
         if not removed:
             return self
         buckets = {}
@@ -71,11 +90,7 @@ class DatasetIndex:
         sizes = {s: wh for s, wh in self.original_sizes.items() if s not in removed}
         skipped = self.skipped + [SkippedFile(s, r) for s, r in sorted(removed.items())]
         clips = {s: plan for s, plan in self.clips.items() if s not in removed}
-        # A few removed (undecodable files): derived from them, the rest not hashed again.
-        # Most removed (max_num_samples): what is left is the smaller thing to hash.
-        derived = (_digest_without(self.digest(), removed)
-                   if len(removed) <= self.sample_count // 2 else None)
-        return DatasetIndex(self.dataset_id, buckets, sizes, skipped, clips, derived)
+        return DatasetIndex(self.dataset_id, buckets, sizes, skipped, clips)
 
 
 def _digest_without(digest: str, removed: dict[str, str]) -> str:

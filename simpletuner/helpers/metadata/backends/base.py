@@ -240,9 +240,11 @@ class MetadataBackend:
                     "its captions; refresh it on the main process first")
         sizes = files.image_sizes({s.path for s in skipped})
         self.data_digest = cache_digest(cache)
-        return DatasetIndex(self.dataset.id, buckets, sizes, skipped,
-                            self.bucketing.clip_plans(buckets, files),
-                            recorded if isinstance(recorded, str) else None)
+        index = DatasetIndex(self.dataset.id, buckets, sizes, skipped,
+                             self.bucketing.clip_plans(buckets, files))
+        if isinstance(recorded, str):
+            index.set_digest(recorded)
+        return index
 
     def index_version(self) -> IndexVersion | None:
         """The index cache the last refresh or load read (None before either)."""
