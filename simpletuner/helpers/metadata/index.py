@@ -27,6 +27,13 @@ class ClipPlan:
     counted_by: str     # duration x rate); the decode verifies at least ``frames`` exist
 
 
+def _digest_without(digest: str, removed: dict[str, str]) -> str:
+    """The digest of an index less ``removed``: this index's and the removed ids (sorted: the
+    same whatever order a caller's dict has), which decide the smaller content."""
+    names = "\0".join(sorted(removed)).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(b"without\0" + digest.encode("ascii") + b"\0" + names).hexdigest()
+
+
 @dataclass
 class DatasetIndex:
     dataset_id: str
@@ -91,10 +98,3 @@ class DatasetIndex:
         skipped = self.skipped + [SkippedFile(s, r) for s, r in sorted(removed.items())]
         clips = {s: plan for s, plan in self.clips.items() if s not in removed}
         return DatasetIndex(self.dataset_id, buckets, sizes, skipped, clips)
-
-
-def _digest_without(digest: str, removed: dict[str, str]) -> str:
-    """The digest of an index less ``removed``: this index's and the removed ids (sorted: the
-    same whatever order a caller's dict has), which decide the smaller content."""
-    names = "\0".join(sorted(removed)).encode("utf-8", "surrogatepass")
-    return hashlib.sha256(b"without\0" + digest.encode("ascii") + b"\0" + names).hexdigest()
