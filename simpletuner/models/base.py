@@ -79,10 +79,14 @@ class ModelAdapter(ABC):
         # Set by training/offload.py once the caches are complete: VAE and text encoders away.
         self.frozen_away = None
 
-    def move_to(self, device: torch.device) -> None:
+    def move_to(self, device: torch.device,
+                except_modules: list[torch.nn.Module] | tuple = ()) -> None:
         """Move the network, the VAE and the text encoders to ``device`` (the trainer loads and
-        quantizes on the CPU first, so no full-precision copy ever reaches the accelerator)."""
-        self.trainable.to(device)
+        quantizes on the CPU first, so no full-precision copy ever reaches the accelerator);
+        ``except_modules`` of the network stay where they are (block swap's host blocks)."""
+        from simpletuner.models.transfer import to_device_except  # transfer imports this module
+
+        to_device_except(self.trainable, device, list(except_modules))
         self.vae.to(device)
         for encoder in self.text_encoders:
             encoder.to(device)
@@ -145,6 +149,11 @@ class ModelAdapter(ABC):
     def vae_factor(self) -> int:
         """Image pixels per latent pixel along each side."""
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    def swappable_blocks(self) -> list[torch.nn.Module]:
+        """The network's repeated blocks in the order its forward runs them, which block swap
+        may keep on the host; none for a network whose blocks are not run one after another."""
+        return []
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Trade compute for memory in the trainable network's backward pass."""

@@ -56,6 +56,12 @@ class FlowFamilyAdapter(ModelAdapter):
     def trainable(self) -> torch.nn.Module:
         return self.transformer
 
+    def swappable_blocks(self) -> list[torch.nn.Module]:
+        """The items of the transformer's top-level ModuleLists (Flux: double then single
+        blocks), in the order the forward runs them."""
+        return [block for child in self.transformer.children()
+                if isinstance(child, torch.nn.ModuleList) for block in child]
+
     @property
     def latent_patch(self) -> int:
         """Latent pixels per transformer token along each side."""
