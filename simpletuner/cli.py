@@ -18,7 +18,13 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--num-processes", type=int, default=None,
                       help="also size the split for this many hypothetical ranks")
     plan.add_argument("--memory", action="store_true",
-                      help="print the model's bytes per rank under DDP and FSDP2 instead")
+                      help="print the model's bytes per rank under DDP and FSDP2 instead, and "
+                      "one device's peak with activations and block swap")
+    plan.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                      help="with --memory: whether the run fits in this many GiB, and what "
+                      "would make it fit")
+    plan.add_argument("--frames", type=int, default=1,
+                      help="with --memory: frames per sample of a video family's micro-batch")
 
     builtin = commands.add_parser("builtin", help="build a built-in tiny model, print its folder")
     builtin.add_argument("name")
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan" and args.memory:
         from simpletuner.training.memory.plan import run_memory_plan
 
-        return run_memory_plan(args.config, args.num_processes)
+        return run_memory_plan(args.config, args.num_processes, args.gpu_memory, args.frames)
     if args.command == "plan":
         from simpletuner.planning import run_plan
 

@@ -100,8 +100,9 @@ class RefusedBlockSwapTest(unittest.TestCase):
         class Adapter:
             trainable = three_block_wan()
 
-            def swappable_blocks(self):
-                return list(self.trainable.blocks)
+            @staticmethod
+            def swappable_blocks(network):
+                return list(network.blocks)
 
         with self.assertRaisesRegex(BlockSwapError, "musubi_blocks_to_swap is 4, but "
                                     "WanTransformer3DModel has 3 blocks; set it to 3 or less"):

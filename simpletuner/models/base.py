@@ -24,6 +24,11 @@ class TrainingBatch:
     target_sizes: list[tuple[int, int]]
 
 
+# A caption of typical length (about 40 tokens): the memory plan's prompts.
+PLANNED_CAPTION = ("a photograph of a red fox sitting on a mossy log in a misty pine forest at "
+                   "dawn, soft golden light through the trees, shallow depth of field")
+
+
 class ModelFolderError(ValueError):
     """A model path that cannot be loaded as the configured family: says what was expected."""
 
@@ -150,9 +155,10 @@ class ModelAdapter(ABC):
         """Image pixels per latent pixel along each side."""
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
 
-    def swappable_blocks(self) -> list[torch.nn.Module]:
-        """The network's repeated blocks in the order its forward runs them, which block swap
-        may keep on the host; none for a network whose blocks are not run one after another."""
+    @classmethod
+    def swappable_blocks(cls, network: torch.nn.Module) -> list[torch.nn.Module]:
+        """The trained network's repeated blocks in the order its forward runs them, which
+        block swap may keep on the host; none where blocks do not run one after another."""
         return []
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
@@ -179,6 +185,11 @@ class ModelAdapter(ABC):
         tokens = tokenizer(prompts, padding="max_length", max_length=max_length,
                            truncation=True, return_tensors="pt")
         return tokens.input_ids.to(self.device)
+
+    def planned_prompt_embeds(self, count: int) -> dict[str, torch.Tensor]:
+        """Embeddings shaped as the cache holds them for ``count`` typical captions, for the
+        memory plan, which runs this on the meta device (where nothing is computed)."""
+        return self.encode_prompts([PLANNED_CAPTION] * count)
 
     @abstractmethod
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,

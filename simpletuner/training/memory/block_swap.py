@@ -86,7 +86,7 @@ class BlockSwap:
 
 def swapped_blocks(adapter, count: int) -> tuple[list[torch.nn.Module], torch.nn.Module | None]:
     """The last ``count`` of the adapter's swappable blocks and the block before them."""
-    blocks = adapter.swappable_blocks()
+    blocks = adapter.swappable_blocks(adapter.trainable)
     if count > len(blocks):
         raise BlockSwapError(
             f"musubi_blocks_to_swap is {count}, but {type(adapter.trainable).__name__} has "
@@ -110,7 +110,7 @@ def place_network(adapter, settings: BlockSwapSettings, device: torch.device) ->
             pin_block(block)
     adapter.move_to(device, except_modules=host_blocks)
     logger.info("block swap: %d of %d blocks live on the %s and are copied to %s for each "
-                "forward", count, len(adapter.swappable_blocks()), host, device)
+                "forward", count, len(adapter.swappable_blocks(adapter.trainable)), host, device)
     return BlockSwap(host_blocks, before, device)
 
 

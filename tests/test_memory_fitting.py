@@ -1,0 +1,106 @@
+"""Will it fit (training/memory/fitting.py): on figures worked out by hand, the device peak with
+activations and block swap, and the first settings that fit a budget; then `plan --memory
+--gpu-memory 24` on a Flux-dev-sized folder (published configs, tiny-flux's tokenizers and
+scheduler): the block count it proposes fits, one fewer does not."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+from pathlib import Path
+
+from simpletuner.cli import main
+from simpletuner.configuration.options import TrainingConfig
+from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.training.memory.activations import ActivationBytes
+from simpletuner.training.memory.fitting import (BlockCosts, Setting, changes, device_peak,
+                                                 fitting_setting)
+from simpletuner.training.memory.model import RankBytes
+from test_memory_plan_command import write_flux_dev_folder
+from training_fixtures import make_shapes, write_config
+
+GIB = 1 << 30
+
+# A LoRA on a frozen base: ten blocks of 2 GiB and 2 GiB outside them; 10 GiB of VAE and text
+# encoders kept on the device; 12 GiB of activations, 4 GiB under gradient checkpointing
+# (12 - 10 inside the blocks + 1 of block inputs + 1 for the largest block).
+HELD = RankBytes(network_while_caching={"bfloat16": 22 * GIB}, trainable={},
+                 frozen={"bfloat16": 22 * GIB}, gradients=0, optimizer=0, ema=0,
+                 frozen_components={"bfloat16": 10 * GIB}, components_stay=True)
+ACTIVATIONS = ActivationBytes(saved=12 * GIB, blocks_saved=10 * GIB, blocks_inputs=GIB,
+                              largest_block=GIB)
+COSTS = BlockCosts(weights=(2 * GIB,) * 10, training=(0,) * 10)
+TRAINING = TrainingConfig(model_family="flux", pretrained_model_name_or_path="unused",
+                          output_dir="unused", data_backend_config="unused",
+                          frozen_components_after_caching="keep")
+
+
+class FittingTest(unittest.TestCase):
+    def test_device_peak_with_four_blocks_swapped(self):
+        peak = device_peak(HELD, ACTIVATIONS, COSTS, Setting("offload", True, 4))
+        self.assertEqual(peak.while_caching, (22 - 8 + 10) * GIB)  # encoders there to cache
+        self.assertEqual(peak.while_training, (22 - 8 + 4 + 4) * GIB)  # two blocks staged
+        self.assertEqual((peak.on_host, peak.staged, peak.activations),
+                         (8 * GIB, 4 * GIB, 4 * GIB))
+
+    def test_as_configured_it_fits_a_large_card(self):
+        setting, peak = fitting_setting(HELD, ACTIVATIONS, COSTS, TRAINING, 60 * GIB)
+        self.assertEqual(setting, Setting("keep", False, 0))
+        self.assertEqual(peak.peak, (22 + 12 + 10) * GIB)
+
+    def test_24_gib_takes_offload_checkpointing_and_four_blocks(self):
+        # Caching needs 32 - 2n <= 24 GiB: n = 4 (training: 30 - 2n with checkpointing).
+        setting, peak = fitting_setting(HELD, ACTIVATIONS, COSTS, TRAINING, 24 * GIB)
+        self.assertEqual(setting, Setting("offload", True, 4))
+        self.assertEqual(peak.peak, 24 * GIB)
+        self.assertEqual(changes(Setting.of(TRAINING), setting),
+                         "frozen_components_after_caching 'offload', gradient_checkpointing "
+                         "true, musubi_blocks_to_swap 4")
+
+    def test_nothing_fits_when_caching_alone_is_too_large(self):
+        self.assertIsNone(fitting_setting(HELD, ACTIVATIONS, COSTS, TRAINING, 11 * GIB))
+
+
+class FluxDevOn24GiBTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = Path(cls.enterClassContext(tempfile.TemporaryDirectory(prefix="st-fit-")))
+        folder = write_flux_dev_folder(cls.root)
+        tiny = ensure_builtin_model("tiny-flux")
+        for name in ("tokenizer", "tokenizer_2", "scheduler"):
+            shutil.copytree(tiny / name, folder / name)
+        make_shapes(cls.root / "data", per_size=1, sizes=((64, 64),))
+        cls.folder = folder
+
+    def plan(self, **options) -> tuple[int, str]:
+        config = write_config(self.root, self.root / "data", model_family="flux",
+                              pretrained_model_name_or_path=str(self.folder),
+                              mixed_precision="bf16", model_type="lora", resolution=1024,
+                              train_batch_size=1, **options)
+        printed = io.StringIO()
+        with redirect_stdout(printed):
+            status = main(["plan", "--memory", "--config", str(config), "--gpu-memory", "24"])
+        return status, printed.getvalue()
+
+    def test_the_proposed_block_count_fits_and_one_fewer_does_not(self):
+        status, output = self.plan()
+        self.assertEqual(status, 1, output)
+        proposal = output.splitlines()[-1]
+        self.assertIn("does not fit in 24 GiB", proposal)
+        count = int(proposal.split("musubi_blocks_to_swap ")[1].split()[0])
+        self.assertGreater(count, 0)
+        fitted = dict(gradient_checkpointing=True, frozen_components_after_caching="offload")
+        status, output = self.plan(musubi_blocks_to_swap=count, **fitted)
+        self.assertEqual(status, 0, output)
+        self.assertIn(f"{count} of 57 blocks swapped", output)
+        self.assertIn("fits in 24 GiB", output.splitlines()[-1])
+        status, output = self.plan(musubi_blocks_to_swap=count - 1, **fitted)
+        self.assertEqual(status, 1, output)
+        self.assertIn(f"musubi_blocks_to_swap {count} ", output.splitlines()[-1])
+
+
+if __name__ == "__main__":
+    unittest.main()
