@@ -1,6 +1,6 @@
 """Block swap (musubi_blocks_to_swap) through the real trainer on the CPU: Flux and Wan, full
-and LoRA, end with the weights of the same run without block swap and resume exactly; the
-swapped blocks stay on the host, where the trainer's log says they are."""
+and LoRA (Flux's on an int8-quanto base too), end with the weights of the same run without
+block swap and resume exactly; the trainer's log says how many blocks stay on the host."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class SwappedRunTriple:
     model_type: str
     blocks_to_swap: int
     total_blocks: int
+    extra: dict = {}
 
     @classmethod
     def setUpClass(cls):
@@ -34,7 +35,7 @@ class SwappedRunTriple:
         options = dict(model_family=cls.family, model_type=cls.model_type,
                        pretrained_model_name_or_path=f"builtin:tiny-{cls.family}",
                        lora_rank=4, gradient_checkpointing=True, max_train_steps=4,
-                       checkpointing_steps=2, learning_rate=5e-3)
+                       checkpointing_steps=2, learning_rate=5e-3, **cls.extra)
         swapped = dict(options, musubi_blocks_to_swap=cls.blocks_to_swap)
         cls.runs = {"plain": run_training(write_config(root, root / "data", "plain", **options),
                                           cls.tmp),
@@ -87,6 +88,11 @@ class FluxFullBlockSwapTest(SwappedRunTriple, unittest.TestCase):
 
 class FluxLoraBlockSwapTest(SwappedRunTriple, unittest.TestCase):
     family, model_type, blocks_to_swap, total_blocks = "flux", "lora", 1, 2
+
+
+class FluxLoraOnAQuantizedBaseBlockSwapTest(SwappedRunTriple, unittest.TestCase):
+    family, model_type, blocks_to_swap, total_blocks = "flux", "lora", 2, 2
+    extra = {"base_model_precision": "int8-quanto"}
 
 
 class WanFullBlockSwapTest(SwappedRunTriple, unittest.TestCase):
