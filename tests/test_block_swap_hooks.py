@@ -2,7 +2,8 @@
 swapped block computes with fresh device copies of its tensors, never the host tensors; the
 next block is staged while one runs (forward: the one after, the recomputing backward: the one
 before); gradients reach the host parameters equal to an unswapped network's; the network is
-placed with the swapped blocks left behind; and what cannot work is refused before training."""
+placed with the swapped blocks left behind; every transformer family trains to the same weights
+with all its blocks swapped; and what cannot work is refused before training."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ from pathlib import Path
 import torch
 from diffusers import WanTransformer3DModel
 
+from model_fixtures import TinyModelCase, random_batch
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.configuration.families import FLOW_FAMILIES
 from simpletuner.models.transfer import to_device_except
-from simpletuner.training.memory.block_swap import BlockSwap, BlockSwapError, swapped_blocks
+from simpletuner.training.memory.block_swap import (BlockSwap, BlockSwapError, place_network,
+                                                    swapped_blocks)
+from simpletuner.training.settings import BlockSwapSettings
 
 CPU = torch.device("cpu")
 
@@ -93,6 +98,32 @@ class SwappedBlocksHooksTest(unittest.TestCase):
                                                                               "blocks.2."))},
                          {"meta"})
         self.assertEqual(self.network.scale_shift_table.device.type, "meta")  # the root's own
+
+
+class EveryTransformerFamilyTest(TinyModelCase):
+    """Every block swapped: two AdamW steps end with the unswapped weights, in each family."""
+
+    def trained(self, family: str, swapped: bool) -> dict[str, torch.Tensor]:
+        adapter = self.load(family)
+        count = len(adapter.swappable_blocks(adapter.trainable)) if swapped else 0
+        place_network(adapter, BlockSwapSettings(count, "cpu"), CPU)
+        adapter.set_gradient_checkpointing(True)
+        batch = random_batch(adapter, 2)
+        optimizer = torch.optim.AdamW(adapter.trainable.parameters(), lr=1e-3)
+        for step in range(2):
+            adapter.compute_loss(batch, torch.Generator().manual_seed(step)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return adapter.trainable.state_dict()
+
+    def test_families(self):
+        for family in FLOW_FAMILIES:
+            with self.subTest(family=family):
+                plain, swapped = self.trained(family, False), self.trained(family, True)
+                self.assertTrue(any(not torch.equal(plain[k], v) for k, v in
+                                    self.load(family).trainable.state_dict().items()))
+                for key, tensor in plain.items():
+                    self.assertTrue(torch.equal(tensor, swapped[key]), f"{family}: {key}")
 
 
 class RefusedBlockSwapTest(unittest.TestCase):
