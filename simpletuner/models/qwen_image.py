@@ -75,8 +75,12 @@ class QwenImageAdapter(FlowFamilyAdapter):
 
     def planned_prompt_embeds(self, count: int) -> dict[str, torch.Tensor]:
         """The pipeline splits its embeddings by each prompt's valid tokens, which the meta
-        device cannot count: the caption's tokens as the folder's tokenizer counts them."""
-        tokens = len(self.tokenizers[0](PLANNED_CAPTION).input_ids)
+        device cannot count: those of its template around the caption, less the template's
+        start it drops, as the folder's tokenizer counts them."""
+        pipeline = self._text_pipeline()
+        text = pipeline.prompt_template_encode.format(PLANNED_CAPTION)
+        tokens = (len(self.tokenizers[0](text).input_ids)
+                  - pipeline.prompt_template_encode_start_idx)
         width = self.text_encoders[0].config.text_config.hidden_size
         return {"prompt_embeds": torch.empty(count, tokens, width, device=self.device),
                 "prompt_embeds_mask": torch.ones(count, tokens, dtype=torch.long,

@@ -40,27 +40,30 @@ class DataFree(TorchDispatchMode):
 
 
 class _FusedAttention(torch.autograd.Function):
-    """Shapes and saved tensors of a fused attention kernel, nothing computed."""
+    """Shapes and saved tensors of a fused attention kernel (an attention mask, when given,
+    is kept for the backward too), nothing computed."""
 
     @staticmethod
-    def forward(ctx, query, key, value):
+    def forward(ctx, query, key, value, mask):
         out = query.new_empty((*query.shape[:-1], value.shape[-1]))
         log_sum_exp = query.new_empty(query.shape[:-1], dtype=torch.float32)
-        ctx.save_for_backward(query, key, value, out, log_sum_exp)
+        kept = (query, key, value, out, log_sum_exp) + ((mask,) if mask is not None else ())
+        ctx.save_for_backward(*kept)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        query, key, value, _, _ = ctx.saved_tensors
-        return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+        query, key, value = ctx.saved_tensors[:3]
+        return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), None
 
 
 class FusedAttentionCounted(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
-            named = dict(zip(("query", "key", "value"), args)) | kwargs
-            return _FusedAttention.apply(named["query"], named["key"], named["value"])
+            named = dict(zip(("query", "key", "value", "attn_mask"), args)) | kwargs
+            return _FusedAttention.apply(named["query"], named["key"], named["value"],
+                                         named.get("attn_mask"))
         return func(*args, **kwargs)
 
 
