@@ -2,10 +2,10 @@
 
     python benchmarks/plan_24gb.py [--gpu-memory 24] [--json]
 
-Planned, not measured: each model folder holds its published configs (the ones the family
-tests keep: tests/test_memory_plan_command.py, test_family_wan.py, test_family_qwen_image.py,
-fixtures/flux2_published_configs.json) with the tokenizers and scheduler of the family's tiny
-built-in model, so nothing is downloaded and no weight exists. For each, a LoRA (rank 16, bf16
+Planned, not measured: each model folder holds its published configs
+(benchmarks/published_configs.json, tests/fixtures/flux2_published_configs.json) with the
+tokenizers and scheduler of the family's tiny built-in model, so nothing is downloaded and no
+weight exists. For each, a LoRA (rank 16, bf16
 base, adamw, batch 1, gradient checkpointing, VAE and text encoders offloaded after caching)
 is planned as `plan --memory --gpu-memory` plans it (training/memory/fitting.py): the device
 peak without block swap, then the fewest swapped blocks that fit, with that peak and what the
@@ -19,20 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from benchlib import emit, format_table  # noqa: E402
-from simpletuner.configuration.options import TrainingConfig  # noqa: E402
-from simpletuner.models.builtin import ensure_builtin_model  # noqa: E402
-from simpletuner.models.registry import get_adapter_class  # noqa: E402
-from simpletuner.training.memory.activations import activation_bytes, planned_size  # noqa: E402
-from simpletuner.training.memory.fitting import (BlockCosts, Setting, device_peak,  # noqa: E402
+from benchlib import emit, format_table
+from simpletuner.configuration.options import TrainingConfig
+from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.memory.activations import activation_bytes, planned_size
+from simpletuner.training.memory.fitting import (BlockCosts, Setting, device_peak,
                                                  fitting_setting)
-from simpletuner.training.memory.model import memory_plan, meta_network  # noqa: E402
+from simpletuner.training.memory.model import memory_plan, meta_network
 
 GIB = 1 << 30
 TOKENIZERS = ("tokenizer", "tokenizer_2", "scheduler")
@@ -42,22 +39,19 @@ LORA = dict(model_type="lora", lora_rank=16, mixed_precision="bf16", train_batch
 
 def published() -> dict[str, tuple[str, dict, dict]]:
     """name: (family, {subfolder: config}, planned options)."""
-    from test_family_qwen_image import QWEN_IMAGE_CONFIGS
-    from test_family_wan import SHARED_CONFIGS, transformer_config
-    from test_memory_plan_command import FLUX_DEV_CONFIGS
-    flux2 = json.loads((Path(__file__).resolve().parent.parent / "tests" / "fixtures"
-                        / "flux2_published_configs.json").read_text(encoding="utf-8"))
+    here = Path(__file__).resolve().parent
+    configs = json.loads((here / "published_configs.json").read_text(encoding="utf-8"))
+    flux2 = json.loads((here.parent / "tests" / "fixtures" / "flux2_published_configs.json")
+                       .read_text(encoding="utf-8"))
     klein = {**flux2["klein-9b"]["configs"], "vae": flux2["vae"]}
-    wan = {"transformer": transformer_config("14b"), **SHARED_CONFIGS}
     square = dict(resolution=1024)
+    wan = dict(resolution=0.4, resolution_type="area")
     return {
-        "FLUX.1-dev 12B, 1024px": ("flux", FLUX_DEV_CONFIGS, square),
+        "FLUX.1-dev 12B, 1024px": ("flux", configs["flux-dev"], square),
         "FLUX.2-klein-9B, 1024px": ("flux2", klein, dict(square, model_flavour="klein-9b")),
-        "Qwen-Image 20B, 1024px": ("qwen_image", QWEN_IMAGE_CONFIGS, square),
-        "Wan 2.1 14B, 0.4 MP image": ("wan", wan, dict(resolution=0.4, resolution_type="area")),
-        "Wan 2.1 14B, 0.4 MP x 33 frames": ("wan", wan, dict(resolution=0.4,
-                                                              resolution_type="area",
-                                                              frames=33)),
+        "Qwen-Image 20B, 1024px": ("qwen_image", configs["qwen-image"], square),
+        "Wan 2.1 14B, 0.4 MP image": ("wan", configs["wan-14b"], wan),
+        "Wan 2.1 14B, 0.4 MP x 33 frames": ("wan", configs["wan-14b"], dict(wan, frames=33)),
     }
 
 

@@ -6,6 +6,7 @@ scheduler): the block count it proposes fits, one fewer does not."""
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import tempfile
 import unittest
@@ -19,6 +20,7 @@ from simpletuner.training.memory.activations import ActivationBytes
 from simpletuner.training.memory.fitting import (BlockCosts, Setting, changes, device_peak,
                                                  fitting_setting)
 from simpletuner.training.memory.model import RankBytes
+from launching import REPO
 from test_memory_plan_command import write_flux_dev_folder
 from training_fixtures import make_shapes, write_config
 
@@ -100,6 +102,20 @@ class FluxDevOn24GiBTest(unittest.TestCase):
         status, output = self.plan(musubi_blocks_to_swap=count - 1, **fitted)
         self.assertEqual(status, 1, output)
         self.assertIn(f"musubi_blocks_to_swap {count} ", output.splitlines()[-1])
+
+
+class PublishedConfigsTest(unittest.TestCase):
+    def test_the_benchmarks_copy_matches_the_family_tests(self):
+        """benchmarks/plan_24gb.py plans benchmarks/published_configs.json: the same values as
+        the family tests check against the published parameter counts."""
+        from test_family_qwen_image import QWEN_IMAGE_CONFIGS
+        from test_family_wan import SHARED_CONFIGS, transformer_config
+        from test_memory_plan_command import FLUX_DEV_CONFIGS
+        copy = json.loads((REPO / "benchmarks" / "published_configs.json").read_text())
+        self.assertEqual(copy["flux-dev"], FLUX_DEV_CONFIGS)
+        self.assertEqual(copy["qwen-image"], QWEN_IMAGE_CONFIGS)
+        self.assertEqual(copy["wan-14b"], {"transformer": transformer_config("14b"),
+                                           **SHARED_CONFIGS})
 
 
 if __name__ == "__main__":
