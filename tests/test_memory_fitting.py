@@ -1,5 +1,6 @@
 """Will it fit (training/memory/fitting.py): on figures worked out by hand, the device peak with
-activations and block swap, and the first settings that fit a budget; then `plan --memory
+activations and block swap, and the first settings that fit a budget; the host bytes it plans
+are the swapped block's real tensors after a step of tiny Flux; then `plan --memory
 --gpu-memory 24` on a Flux-dev-sized folder (published configs, tiny-flux's tokenizers and
 scheduler): the block count it proposes fits, one fewer does not."""
 
@@ -13,14 +14,22 @@ import unittest
 from contextlib import redirect_stdout
 from pathlib import Path
 
+import torch
+
+from launching import REPO
+from memory_fixtures import case_config, module_bytes, tensor_bytes
+from model_fixtures import TinyModelCase, random_batch
 from simpletuner.cli import main
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.memory.activations import ActivationBytes
+from simpletuner.training.memory.block_swap import place_network
 from simpletuner.training.memory.fitting import (BlockCosts, Setting, changes, device_peak,
                                                  fitting_setting)
-from simpletuner.training.memory.model import RankBytes
-from launching import REPO
+from simpletuner.training.memory.model import RankBytes, meta_network
+from simpletuner.training.optimization.optimizers import build_optimizer
+from simpletuner.training.settings import BlockSwapSettings, OptimizerSettings
 from test_memory_plan_command import write_flux_dev_folder
 from training_fixtures import make_shapes, write_config
 
@@ -64,6 +73,39 @@ class FittingTest(unittest.TestCase):
 
     def test_nothing_fits_when_caching_alone_is_too_large(self):
         self.assertIsNone(fitting_setting(HELD, ACTIVATIONS, COSTS, TRAINING, 11 * GIB))
+
+
+class HostBytesOfATinyRunTest(TinyModelCase):
+    def test_planned_host_bytes_are_the_swapped_blocks_tensors(self):
+        """After an AdamW step of tiny Flux with its last block swapped: the block's parameters,
+        gradients and optimizer state are the bytes the plan puts on the host (within 5 %)."""
+        for model_type in ("full", "lora"):
+            with self.subTest(model_type=model_type):
+                training = case_config({"family": "flux", "model_type": model_type,
+                                        "gradient_checkpointing": True,
+                                        "musubi_blocks_to_swap": 1})
+                adapter = self.load("flux")
+                swap = place_network(adapter, BlockSwapSettings.from_config(training),
+                                     torch.device("cpu"))
+                if model_type == "lora":
+                    add_adapter(adapter.trainable, type(adapter), training)
+                adapter.set_gradient_checkpointing(True)
+                optimizer = build_optimizer(adapter.trainable,
+                                            OptimizerSettings.from_config(training))
+                adapter.compute_loss(random_batch(adapter, 1),
+                                     torch.Generator().manual_seed(0)).backward()
+                optimizer.step()
+                block = swap.host_blocks[0]
+                parameters = list(block.parameters())
+                trained = [p for p in parameters if p.requires_grad]
+                real = (module_bytes([block]) + sum(tensor_bytes(p.grad) for p in trained)
+                        + sum(tensor_bytes(t) for p in trained
+                              for t in optimizer.state[p].values()
+                              if isinstance(t, torch.Tensor)))
+                network = meta_network(type(adapter), adapter.folder, training)
+                costs = BlockCosts.of(type(adapter).swappable_blocks(network), training)
+                planned = device_peak(HELD, ACTIVATIONS, costs, Setting.of(training)).on_host
+                self.assertAlmostEqual(planned / real, 1, delta=0.05)
 
 
 class FluxDevOn24GiBTest(unittest.TestCase):
