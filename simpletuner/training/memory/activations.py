@@ -14,7 +14,7 @@ its half dtype (autocast keeps a few results, norms and softmax, in float32: not
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +125,8 @@ def planned_size(training) -> tuple[int, int]:
 
 
 def meta_adapter(adapter_class, folder: Path, training, network: torch.nn.Module):
-    """The family's adapter around ``network`` with every module on the meta device and the
-    folder's own tokenizers and scheduler."""
+    """A transformer family's adapter around ``network`` with every module on the meta device
+    and the folder's own tokenizers and scheduler."""
     with torch.device("meta"):
         vae = adapter_class.vae_class.from_config(
             adapter_class.vae_class.load_config(folder / "vae"))
@@ -135,7 +135,8 @@ def meta_adapter(adapter_class, folder: Path, training, network: torch.nn.Module
     tokenizers = [tokenizer_class.from_pretrained(folder / sub)
                   for _, sub, _, tokenizer_class in adapter_class.text_encoder_specs]
     scheduler = adapter_class.scheduler_class.from_pretrained(folder, subfolder="scheduler")
-    return adapter_class(folder=folder, vae=vae.eval(), text_encoders=[e.eval() for e in encoders],
+    return adapter_class(folder=folder, vae=vae.eval(),
+                         text_encoders=[encoder.eval() for encoder in encoders],
                          tokenizers=tokenizers, device=META, transformer=network,
                          loss_settings=LossSettings.from_config(training), scheduler=scheduler)
 
@@ -164,7 +165,7 @@ def activation_bytes(adapter_class, folder: Path, training, network: torch.nn.Mo
     with ExitStack() as stack:
         for block in adapter.swappable_blocks(network):
             counter.watch(block, stack)
-        stack.enter_context(_assume_nonzero())
+        stack.enter_context(every_element_selected())
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t))
         stack.enter_context(DataFree())
         stack.enter_context(FusedAttentionCounted())
@@ -175,12 +176,12 @@ def activation_bytes(adapter_class, folder: Path, training, network: torch.nn.Mo
                            largest_block=max(inside, default=0))
 
 
-class _assume_nonzero:
+@contextmanager
+def every_element_selected():
     """Boolean indexing on meta tensors: every element counts as selected (nothing padded)."""
-
-    def __enter__(self):
-        self.before = fx_config.meta_nonzero_assume_all_nonzero
-        fx_config.meta_nonzero_assume_all_nonzero = True
-
-    def __exit__(self, *_):
-        fx_config.meta_nonzero_assume_all_nonzero = self.before
+    before = fx_config.meta_nonzero_assume_all_nonzero
+    fx_config.meta_nonzero_assume_all_nonzero = True
+    try:
+        yield
+    finally:
+        fx_config.meta_nonzero_assume_all_nonzero = before
