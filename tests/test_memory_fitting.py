@@ -11,7 +11,7 @@ import json
 import shutil
 import tempfile
 import unittest
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import torch
@@ -120,14 +120,26 @@ class FluxDevOn24GiBTest(unittest.TestCase):
         cls.folder = folder
 
     def plan(self, **options) -> tuple[int, str]:
+        return self.plan_args([], **options)
+
+    def plan_args(self, arguments: list[str], **options) -> tuple[int, str]:
         config = write_config(self.root, self.root / "data", model_family="flux",
                               pretrained_model_name_or_path=str(self.folder),
                               mixed_precision="bf16", model_type="lora", resolution=1024,
                               train_batch_size=1, **options)
         printed = io.StringIO()
         with redirect_stdout(printed):
-            status = main(["plan", "--memory", "--config", str(config), "--gpu-memory", "24"])
+            status = main(["plan", "--memory", "--config", str(config), "--gpu-memory", "24",
+                           *arguments])
         return status, printed.getvalue()
+
+    def test_a_bucket_size_can_be_planned(self):
+        status, output = self.plan_args(["--size", "1536x640"])
+        self.assertEqual(status, 1, output)
+        self.assertIn("a micro-batch of 1 at 1536x640, gradient_checkpointing off", output)
+        with self.assertRaises(SystemExit), redirect_stderr(io.StringIO()) as errors:
+            self.plan_args(["--size", "12x"])
+        self.assertIn("'12x' is not a size: use an integer side, 'WxH'", errors.getvalue())
 
     def test_the_proposed_block_count_fits_and_one_fewer_does_not(self):
         status, output = self.plan()

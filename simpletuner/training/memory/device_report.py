@@ -23,8 +23,10 @@ def byte_size(count: int) -> str:
 
 
 def device_report(plan: MemoryPlan, training, folder: Path, gpu_memory: float | None,
-                  frames: int) -> tuple[list[str], bool | None]:
-    """(lines, whether it fits in ``gpu_memory`` GiB; None without it)."""
+                  frames: int, size: tuple[int, int] | None = None
+                  ) -> tuple[list[str], bool | None]:
+    """(lines, whether it fits in ``gpu_memory`` GiB; None without it); ``size``: the
+    micro-batch's (width, height), else planned_size's."""
     if training.model_family in UNET_FAMILIES:
         return [f"activations: estimated for the transformer families only, not "
                 f"{training.model_family}"], None
@@ -36,7 +38,7 @@ def device_report(plan: MemoryPlan, training, folder: Path, gpu_memory: float | 
         return [f"activations: not estimated; they need the model folder's "
                 f"{', '.join(f'{name}/' for name in missing)} (the tokenizers give the "
                 "prompts' shapes)"], None
-    height, width = planned_size(training)
+    width, height = size or planned_size(training)[::-1]
     activations = activation_bytes(adapter_class, folder, training,
                                    meta_network(adapter_class, folder, training),
                                    batch_size=training.train_batch_size, height=height,

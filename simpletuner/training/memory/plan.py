@@ -84,7 +84,7 @@ def memory_table(plan: MemoryPlan, training, world: int) -> str:
 
 
 def run_memory_plan(config_path: str, num_processes: int | None, gpu_memory: float | None = None,
-                    frames: int = 1) -> int:
+                    frames: int = 1, size: tuple[int, int] | None = None) -> int:
     """Exit code: 0, or 2 for a bad configuration or process count; with ``gpu_memory`` (GiB)
     1 when nothing tried fits."""
     from simpletuner.configuration import ConfigError, load_configuration
@@ -102,6 +102,6 @@ def run_memory_plan(config_path: str, num_processes: int | None, gpu_memory: flo
     folder = resolve_model_path(training.pretrained_model_name_or_path)
     plan = memory_plan(training, folder, world)
     print(memory_table(plan, training, world))
-    lines, fits = device_report(plan, training, folder, gpu_memory, frames)
+    lines, fits = device_report(plan, training, folder, gpu_memory, frames, size)
     print("\n".join(lines))
     return 0 if fits is not False else 1
