@@ -26,6 +26,7 @@ from simpletuner.configuration.huggingface_block import (
     check_huggingface_keys, parse_huggingface_block, with_absolute_paths,
 )
 from simpletuner.configuration.families import FLOW_FAMILIES
+from simpletuner.configuration.memory_checks import check_block_swap_options
 from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.schedule_checks import check_dataset_schedule
@@ -152,6 +153,7 @@ def parse_training(raw: Any, where: str, problems: list[str],
                             "pixels")
     _check_loss_options_fit_the_family(values, where, problems)
     _check_fsdp_options(values, where, problems)
+    check_block_swap_options(values, where, problems)
     _check_chroma_lora_target(raw, values, where, problems)
     if len(problems) > before:
         return None

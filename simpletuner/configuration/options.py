@@ -173,6 +173,15 @@ class TrainingConfig:
     fsdp_sharding: Literal["full", "hybrid"] = option(
         "full", help="hybrid: shard within each node, replicate across nodes (needs > 1 node)")
 
+    # Block swap (training/memory/block_swap.py): SimpleTuner's option names
+    musubi_blocks_to_swap: int = option(
+        0, minimum=0, help="keep the last N transformer blocks (weights, gradients, optimizer "
+        "state) on musubi_block_swap_device and copy each to the training device for its "
+        "forward and backward, the next one prefetched; needs gradient_checkpointing, one "
+        "process, a transformer family; 0 = off")
+    musubi_block_swap_device: Literal["cpu"] = option(
+        "cpu", help="where block swap's blocks live between their uses")
+
     # Logging, checkpoints, validation
     report_to: Literal["none", "tensorboard", "wandb", "all"] = option(
         "none", help="all = tensorboard and wandb; wandb runs offline into output_dir/wandb "

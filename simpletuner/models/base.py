@@ -26,6 +26,11 @@ class TrainingBatch:
     reference_latents: tuple[torch.Tensor, ...] = ()
 
 
+# A caption of typical length (about 40 tokens): the memory plan's prompts.
+PLANNED_CAPTION = ("a photograph of a red fox sitting on a mossy log in a misty pine forest at "
+                   "dawn, soft golden light through the trees, shallow depth of field")
+
+
 class ModelFolderError(ValueError):
     """A model path that cannot be loaded as the configured family: says what was expected."""
 
@@ -85,10 +90,14 @@ class ModelAdapter(ABC):
         # Set by training/offload.py once the caches are complete: VAE and text encoders away.
         self.frozen_away = None
 
-    def move_to(self, device: torch.device) -> None:
+    def move_to(self, device: torch.device,
+                except_modules: list[torch.nn.Module] | tuple = ()) -> None:
         """Move the network, the VAE and the text encoders to ``device`` (the trainer loads and
-        quantizes on the CPU first, so no full-precision copy ever reaches the accelerator)."""
-        self.trainable.to(device)
+        quantizes on the CPU first, so no full-precision copy ever reaches the accelerator);
+        ``except_modules`` of the network stay where they are (block swap's host blocks)."""
+        from simpletuner.models.transfer import to_device_except  # transfer imports this module
+
+        to_device_except(self.trainable, device, list(except_modules))
         self.vae.to(device)
         for encoder in self.text_encoders:
             encoder.to(device)
@@ -152,6 +161,12 @@ class ModelAdapter(ABC):
         """Image pixels per latent pixel along each side."""
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
 
+    @classmethod
+    def swappable_blocks(cls, network: torch.nn.Module) -> list[torch.nn.Module]:
+        """The trained network's repeated blocks in the order its forward runs them, which
+        block swap may keep on the host; none where blocks do not run one after another."""
+        return []
+
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Trade compute for memory in the trainable network's backward pass."""
         if enabled:
@@ -176,6 +191,11 @@ class ModelAdapter(ABC):
         tokens = tokenizer(prompts, padding="max_length", max_length=max_length,
                            truncation=True, return_tensors="pt")
         return tokens.input_ids.to(self.device)
+
+    def planned_prompt_embeds(self, count: int) -> dict[str, torch.Tensor]:
+        """Embeddings shaped as the cache holds them for ``count`` typical captions, for the
+        memory plan, which runs this on the meta device (where nothing is computed)."""
+        return self.encode_prompts([PLANNED_CAPTION] * count)
 
     @abstractmethod
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,

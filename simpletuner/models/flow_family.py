@@ -56,6 +56,13 @@ class FlowFamilyAdapter(ModelAdapter):
     def trainable(self) -> torch.nn.Module:
         return self.transformer
 
+    @classmethod
+    def swappable_blocks(cls, network: torch.nn.Module) -> list[torch.nn.Module]:
+        """The items of the transformer's top-level ModuleLists (Flux: double then single
+        blocks), in the order the forward runs them."""
+        return [block for child in network.children()
+                if isinstance(child, torch.nn.ModuleList) for block in child]
+
     @property
     def latent_patch(self) -> int:
         """Latent pixels per transformer token along each side."""

@@ -37,6 +37,7 @@ from simpletuner.training.adapters.lora_init import init_adapter
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
+from simpletuner.training.memory.block_swap import network_to_device, place_network
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
@@ -152,7 +153,8 @@ class Trainer:
                 self.preflight.model_folder, device=torch.device("cpu"),
                 weight_dtype=self.weight_dtype, loss_settings=LossSettings.from_config(training))
             quantize_frozen_weights(adapter, self.settings.precision, self.weight_dtype)
-            adapter.move_to(self.accelerator.device)
+            self.block_swap = place_network(adapter, self.settings.block_swap,
+                                            self.accelerator.device)
             if training.model_type == "lora":  # checkpoints hold the adapter only
                 # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
                 with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
@@ -381,7 +383,8 @@ class Trainer:
             with failing_together(f"validation at step {self.state.step}"):
                 if self.accelerator.is_main_process:
                     run_validation(self.adapter, self.settings.validation, self.state.step,
-                                   trainable=trained.to(self.accelerator.device),
+                                   trainable=network_to_device(
+                                       trained, self.accelerator.device, self.block_swap),
                                    accelerator=self.accelerator,
                                    autocast_dtype=self.weight_dtype)
         finally:

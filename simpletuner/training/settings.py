@@ -72,6 +72,12 @@ class OffloadSettings(_TextEncoderPrecisions):
 
 
 @dataclass(frozen=True)
+class BlockSwapSettings(_FromConfig):
+    musubi_blocks_to_swap: int     # 0: every block on the training device
+    musubi_block_swap_device: str  # where the swapped blocks live
+
+
+@dataclass(frozen=True)
 class ShardingSettings(_FromConfig):
     fsdp_enable: bool
     fsdp_reshard_after_forward: bool
@@ -155,6 +161,7 @@ class RunSettings:
     schedule: ScheduleSettings
     precision: PrecisionSettings
     offload: OffloadSettings
+    block_swap: BlockSwapSettings
     sharding: ShardingSettings
     validation: ValidationSettings
     evaluation: EvaluationSettings
@@ -165,6 +172,7 @@ class RunSettings:
                    schedule=ScheduleSettings.from_config(training),
                    precision=PrecisionSettings.from_config(training),
                    offload=OffloadSettings.from_config(training),
+                   block_swap=BlockSwapSettings.from_config(training),
                    sharding=ShardingSettings.from_config(training),
                    validation=ValidationSettings.from_config(training),
                    evaluation=EvaluationSettings.from_config(training))

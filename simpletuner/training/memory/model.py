@@ -12,8 +12,9 @@ and the VAE and text encoders only if ``frozen_components_after_caching`` is "ke
 shards every parameter of the network on dim 0, and with it gradients, state and EMA; buffers,
 the VAE and the text encoders are replicated.
 
-Not counted: activations (batch size, resolution, gradient_checkpointing), the blocks FSDP2
-gathers while they run, DDP's gradient buckets, the CUDA context and allocator overhead."""
+Not counted here: activations (activations.py; fitting.py adds them and block swap), the
+blocks FSDP2 gathers while they run, DDP's gradient buckets, the CUDA context and allocator
+overhead."""
 
 from __future__ import annotations
 
