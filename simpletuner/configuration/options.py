@@ -41,8 +41,9 @@ class TrainingConfig:
         required=True, help="a local diffusers folder, or builtin:tiny-<family>")
     model_flavour: str | None = option(
         None, help="SimpleTuner's flavour name; the folder decides the model, and a flavour "
-        "that contradicts it is refused (flux2: dev, klein-4b, klein-9b); other families "
-        "ignore it")
+        "that contradicts it is refused (flux2: dev, klein-4b, klein-9b; wan: "
+        "t2v-480p-1.3b-2.1, t2v-480p-14b-2.1, i2v-480p-14b-2.1, i2v-720p-14b-2.1); other "
+        "families ignore it")
     model_type: Literal["full", "lora"] = option("full", help="lora: train a peft adapter only")
     lora_rank: int = option(16, minimum=1, help="rank of each LoRA update")
     lora_alpha: float | None = option(None, minimum=0.0001,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -22,6 +22,9 @@ class TrainingBatch:
     original_sizes: list[tuple[int, int]]
     crop_top_lefts: list[tuple[int, int]]
     target_sizes: list[tuple[int, int]]
+    # Per-sample tensors a family caches with the latents (Wan I2V: first-frame latents and
+    # CLIP image embedding), each [B, ...]; empty for the others.
+    conditioning: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class ModelFolderError(ValueError):
@@ -160,6 +163,12 @@ class ModelAdapter(ABC):
     @abstractmethod
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] in [-1, 1] -> latents scaled (and shifted) for the trainable network."""
+
+    def encode_for_cache(self, pixels: torch.Tensor
+                         ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """What the latent cache keeps of a sample: its latents; a family that conditions on
+        the sample itself returns {"latent": ..., <name>: ...} (TrainingBatch.conditioning)."""
+        return self.encode_images(pixels)
 
     @abstractmethod
     def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:

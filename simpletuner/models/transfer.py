@@ -41,11 +41,13 @@ def batch_pinned_for(batch: TrainingBatch, device: torch.device | str) -> Traini
     """The batch's tensors in page-locked memory when they are going to CUDA (the prefetch
     worker does this, so the loop's thread only queues the copies)."""
     return replace(batch, latents=pinned_for(batch.latents, device),
-                   prompt_embeds={k: pinned_for(v, device) for k, v in batch.prompt_embeds.items()})
+                   prompt_embeds={k: pinned_for(v, device) for k, v in batch.prompt_embeds.items()},
+                   conditioning={k: pinned_for(v, device) for k, v in batch.conditioning.items()})
 
 
 def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> TrainingBatch:
     """The batch's tensors on ``device`` (see to_device); copies are queued on the current
     stream, so call it from the thread that runs the model."""
     return replace(batch, latents=to_device(batch.latents, device),
-                   prompt_embeds={k: to_device(v, device) for k, v in batch.prompt_embeds.items()})
+                   prompt_embeds={k: to_device(v, device) for k, v in batch.prompt_embeds.items()},
+                   conditioning={k: to_device(v, device) for k, v in batch.conditioning.items()})

@@ -168,7 +168,7 @@ class Trainer:
         return prepare_caches(
             self.configuration.datasets, self.data.indexes,
             {i: b.caption_for for i, b in self.data.backends.items()},
-            self.adapter.encode_images, self.adapter.encode_prompts,
+            self.adapter.encode_for_cache, self.adapter.encode_prompts,
             model_folder=self.preflight.model_folder, family=self.training.model_family,
             output_dir=self.output_dir, seed=self.seed, rank=self.accelerator.process_index,
             world_size=self.accelerator.num_processes, vae_batch_size=self.training.vae_batch_size,

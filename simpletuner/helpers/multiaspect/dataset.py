@@ -34,5 +34,6 @@ class BatchAssembler:
             original_sizes=cached.original_sizes,
             crop_top_lefts=cached.crop_top_lefts,
             target_sizes=cached.target_sizes,
+            conditioning=cached.conditioning,
         )
 
