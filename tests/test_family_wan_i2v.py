@@ -3,7 +3,8 @@ it (the noisy latents, the first-frame mask and condition latents of its prepare
 CLIP embedding of its encode_image), cached per clip; model_flavour must name the folder's
 kind; the exported pipeline is a WanImageToVideoPipeline that animates an image; a LoRA run of
 builtin:tiny-wan-i2v on clips through ./train.sh resumes to the same adapter, which loads onto
-the base pipeline and changes its clip."""
+the base pipeline and changes its clip, and validates by animating the first frames of training
+clips (validation_using_datasets), which only image-to-video models need and take."""
 
 from __future__ import annotations
 
@@ -20,10 +21,15 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from model_fixtures import CPU, TinyModelCase
+from simpletuner.configuration import load_configuration
+from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
 from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.reporting.validation_inputs import (validation_input_images,
+                                                              validation_input_problems)
+from simpletuner.training.settings import ValidationSettings
 from trained_outputs import LORA_WEIGHTS, TrainedOutputAssertions
 from training_fixtures import copy_checkpoint, run_train_sh, write_config
 from video_fixtures import shapes_frame, write_clip
@@ -133,6 +139,30 @@ class WanI2VAdapterTest(TinyModelCase):
         self.assertRegex(wan.flavour_problem(t2v, "i2v-14b-2.2-high"),
                          "not a supported Wan flavour; use one of .*i2v-480p-14b-2.1")
 
+    def test_validation_needs_input_images_exactly_for_image_to_video_models(self):
+        wan = get_adapter_class("wan")
+        i2v = wan.for_folder(ensure_builtin_model("tiny-wan-i2v"))
+        t2v = wan.for_folder(ensure_builtin_model("tiny-wan"))
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            (root / "data").mkdir()
+
+            def training(**options):
+                config = write_config(root, root / "data", model_family="wan", **options)
+                return load_configuration(config, cwd=root).training
+
+            prompted = training(validation_prompt="a red circle")
+            self.assertRegex(" ".join(validation_input_problems(i2v, prompted, "c.json")),
+                             "c.json: key 'validation_prompt': .*set validation_using_datasets "
+                             "true .*or validation_disable true")
+            self.assertEqual(validation_input_problems(t2v, prompted, "c.json"), [])
+            using = training(validation_prompt="a red circle", validation_using_datasets=True)
+            self.assertEqual(validation_input_problems(i2v, using, "c.json"), [])
+            self.assertRegex(" ".join(validation_input_problems(t2v, using, "c.json")),
+                             "key 'validation_using_datasets': only image-to-video models")
+            self.assertEqual(validation_input_problems(
+                i2v, training(validation_prompt="x", validation_disable=True), "c.json"), [])
+
     def test_an_image_to_video_folder_without_its_image_encoder_is_refused(self):
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / "wan"
@@ -145,7 +175,9 @@ class WanI2VAdapterTest(TinyModelCase):
 WAN_I2V = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan-i2v",
                model_flavour="i2v-480p-14b-2.1", resolution=48, train_batch_size=1,
                checkpointing_steps=2, max_train_steps=4, model_type="lora", lora_rank=4,
-               learning_rate=3e-2)
+               learning_rate=3e-2, validation_prompt=["a square walking", "a bar falling"],
+               validation_using_datasets=True, validation_num_inference_steps=2,
+               validation_resolution="64x48", validation_num_video_frames=5)
 
 
 class WanI2VTrainingTest(TrainedOutputAssertions, unittest.TestCase):
@@ -193,6 +225,25 @@ class WanI2VTrainingTest(TrainedOutputAssertions, unittest.TestCase):
                                        rtol=1e-4, atol=1e-4)
             self.assertFalse(torch.allclose(entry["image_latents"][:, 1:],
                                             entry["latent"][:, 1:], atol=1e-3))
+
+    def test_validation_animates_a_training_clips_first_frame_per_prompt(self):
+        self.assert_succeeded(self.lora)
+        folder = self.root / "lora-out" / "validation" / "step-4"
+        for index in (0, 1):
+            with Image.open(folder / f"clip-{index:02d}.webp") as clip:
+                self.assertEqual((clip.size, clip.n_frames), ((64, 48), 5))
+        configuration = load_configuration(self.root / "lora.json", cwd=self.root)
+        names = [f"walk{i}.mp4" for i in (2, 0, 1)]
+        index = DatasetIndex("clips", {"64x48@9": names}, {n: (64, 48) for n in names},
+                             clips={n: ClipPlan(9, "16/1", 9, "container") for n in names})
+        settings = ValidationSettings.from_config(configuration.training)
+        images = validation_input_images(configuration.datasets, {"clips": index}, settings)
+        expected = [shapes_frame(64, 48, 0, seed=i) for i in (0, 1)]  # sorted: walk0, walk1
+        self.assertEqual(len(images), 2)
+        for image, frame in zip(images, expected):  # as decoded: H.264 is lossy
+            self.assertLess(np.abs(np.asarray(image, np.float64) - frame).mean(), 8)
+        self.assertGreater(np.abs(np.asarray(images[0], np.float64)
+                                  - np.asarray(images[1], np.float64)).mean(), 8)
 
     def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
         self.assert_succeeded(self.lora, self.lora_resumed)

@@ -240,6 +240,10 @@ class TrainingConfig:
     validation_num_video_frames: int | None = option(
         None, minimum=1, help="video families (wan): frames of each validation clip, a count "
         "the VAE encodes (Wan 4n+1); none = the pipeline's default (Wan: 81)")
+    validation_using_datasets: bool = option(
+        False, help="image-to-video models (Wan I2V) need it to validate: each validation "
+        "prompt animates the first frame of a training sample (the first training dataset's, "
+        "in sorted order, one per prompt); other models refuse it")
     validation_framerate: int | None = option(
         None, minimum=1, help="video families: frames per second of the validation clips' "
         "animated WebP; none = the family's rate (Wan: 16)")

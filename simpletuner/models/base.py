@@ -73,6 +73,8 @@ class ModelAdapter(ABC):
     # validation_num_video_frames, else these); None: an image family (validation images).
     default_validation_frames: int | None = None
     default_validation_framerate: int = 16  # a video family's clips: frames per second
+    # An image-to-video model: each validation prompt animates an input image.
+    validates_from_image: bool = False
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):

@@ -43,6 +43,7 @@ def as_pil_images(frames: torch.Tensor) -> list[Image.Image]:
 class WanI2VAdapter(WanAdapter):
     pipeline_class = WanImageToVideoPipeline
     forbidden_subfolders = ("unet", "text_encoder_2")  # UNet families, SD3, Flux
+    validates_from_image = True
 
     def __init__(self, *, image_encoder, image_processor, **parts):
         super().__init__(**parts)
