@@ -39,15 +39,15 @@ def build_wan(staging: Path):
                        tokenizer=tokenizer, scheduler=scheduler)
 
 
-def tiny_clip_vision(staging: Path):
+def tiny_clip_vision():
     """A tiny CLIPVisionModel (what WanImageToVideoPipeline and Wan2.1-I2V-*-Diffusers hold;
     32x32 input, 16 patches) and the CLIP image processor fitted to it: the PIL one, which
     needs no torchvision."""
     from transformers import CLIPVisionConfig, CLIPVisionModel
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-    config = CLIPVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=32,
-                              patch_size=8)
+    config = CLIPVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                              num_attention_heads=2, image_size=32, patch_size=8)
     processor = CLIPImageProcessorPil(size={"shortest_edge": 32},
                                       crop_size={"height": 32, "width": 32})
     return processor, CLIPVisionModel(config)
@@ -60,7 +60,7 @@ def build_wan_i2v(staging: Path):
     from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
 
     parts = build_wan(staging).components
-    image_processor, image_encoder = tiny_clip_vision(staging)
+    image_processor, image_encoder = tiny_clip_vision()
     heads, head_dim = 2, 12
     transformer = WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
