@@ -1,10 +1,10 @@
 """Wan 2.1 image-to-video: the adapter gives the transformer what WanImageToVideoPipeline gives
 it (the noisy latents, the first-frame mask and condition latents of its prepare_latents, the
 CLIP embedding of its encode_image), cached per clip; model_flavour must name the folder's
-kind; the exported pipeline is a WanImageToVideoPipeline that animates an image; a LoRA run of
-builtin:tiny-wan-i2v on clips through ./train.sh resumes to the same adapter, which loads onto
-the base pipeline and changes its clip, and validates by animating the first frames of training
-clips (validation_using_datasets), which only image-to-video models need and take."""
+kind; a LoRA run of builtin:tiny-wan-i2v on clips through ./train.sh resumes to the same
+adapter, which loads onto the base pipeline and changes its clip, and validates by animating
+the first frames of training clips (validation_using_datasets), which only image-to-video
+models need and take; a full run exports a WanImageToVideoPipeline that animates an image."""
 
 from __future__ import annotations
 
@@ -25,12 +25,11 @@ from simpletuner.configuration import load_configuration
 from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
 from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
-from simpletuner.models.pipelines import export_pipeline
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.reporting.validation_inputs import (validation_input_images,
                                                               validation_input_problems)
 from simpletuner.training.settings import ValidationSettings
-from trained_outputs import LORA_WEIGHTS, TrainedOutputAssertions
+from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
 from training_fixtures import copy_checkpoint, run_train_sh, write_config
 from video_fixtures import shapes_frame, write_clip
 
@@ -114,18 +113,6 @@ class WanI2VAdapterTest(TinyModelCase):
         condition_inputs = transformer.patch_embedding.weight.grad[:, 16:]  # mask + condition
         self.assertGreater(condition_inputs.abs().sum().item(), 0)
 
-    def test_the_exported_pipeline_is_an_image_to_video_pipeline_that_animates_an_image(self):
-        adapter = self.load_i2v()
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = export_pipeline(adapter.build_pipeline(), Path(tmp))
-            index = json.loads((folder / "model_index.json").read_text())
-            self.assertEqual(index["image_encoder"], ["transformers", "CLIPVisionModel"])
-            pipeline = DiffusionPipeline.from_pretrained(folder)
-        self.assertIsInstance(pipeline, WanImageToVideoPipeline)
-        frames = animate(pipeline)
-        self.assertEqual(frames.shape, (5, 48, 64, 3))
-        self.assertGreater(frames.std(), 0.0)
-
     def test_model_flavour_must_name_the_folders_kind(self):
         i2v, t2v = ensure_builtin_model("tiny-wan-i2v"), ensure_builtin_model("tiny-wan")
         wan = get_adapter_class("wan")
@@ -181,8 +168,8 @@ WAN_I2V = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-w
 
 
 class WanI2VTrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Two launches of ./train.sh on four clips: a LoRA run checkpointed at 2 and the same run
-    resumed from a copy of its checkpoint-2."""
+    """Three launches of ./train.sh on four clips: a LoRA run checkpointed at 2, the same run
+    resumed from a copy of its checkpoint-2, and a full run of 2 steps."""
 
     @classmethod
     def setUpClass(cls):
@@ -197,6 +184,8 @@ class WanI2VTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         cls.lora = cls.train("lora")
         if copy_checkpoint(root, "lora", "lora-resumed"):
             cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest")
+        cls.full = cls.train("full", model_type="full", learning_rate=1e-3, max_train_steps=2,
+                             validation_prompt=None)
 
     @classmethod
     def train(cls, name: str, **options):
@@ -262,6 +251,21 @@ class WanI2VTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         self.assertEqual(before.shape, (5, 48, 64, 3))
         pipeline.load_lora_weights(self.root / "lora-out" / "lora")
         self.assertGreater(np.abs(animate(pipeline) - before).mean(), 1e-3)
+
+    def test_the_full_run_exports_an_image_to_video_pipeline_that_animates_an_image(self):
+        self.assert_succeeded(self.full)
+        folder = self.root / "full-out" / "pipeline"
+        index = json.loads((folder / "model_index.json").read_text())
+        self.assertEqual(index["image_encoder"], ["transformers", "CLIPVisionModel"])
+        pipeline = DiffusionPipeline.from_pretrained(folder)
+        self.assertIsInstance(pipeline, WanImageToVideoPipeline)
+        frames = animate(pipeline)
+        self.assertEqual(frames.shape, (5, 48, 64, 3))
+        self.assertGreater(frames.std(), 0.0)
+        self.assert_some_tensor_changed(resolve_model_path("builtin:tiny-wan-i2v") /
+                                        TRANSFORMER_WEIGHTS.removeprefix("pipeline/"),
+                                        folder.parent / TRANSFORMER_WEIGHTS)
+
 
 if __name__ == "__main__":
     unittest.main()
