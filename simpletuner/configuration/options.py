@@ -41,8 +41,9 @@ class TrainingConfig:
         required=True, help="a local diffusers folder, or builtin:tiny-<family>")
     model_flavour: str | None = option(
         None, help="SimpleTuner's flavour name; the folder decides the model, and a flavour "
-        "that contradicts it is refused (flux2: dev, klein-4b, klein-9b); other families "
-        "ignore it")
+        "that contradicts it is refused (flux2: dev, klein-4b, klein-9b; wan: "
+        "t2v-480p-1.3b-2.1, t2v-480p-14b-2.1, i2v-480p-14b-2.1, i2v-720p-14b-2.1); other "
+        "families ignore it")
     model_type: Literal["full", "lora"] = option("full", help="lora: train a peft adapter only")
     lora_rank: int = option(16, minimum=1, help="rank of each LoRA update")
     lora_alpha: float | None = option(None, minimum=0.0001,
@@ -248,6 +249,10 @@ class TrainingConfig:
     validation_num_video_frames: int | None = option(
         None, minimum=1, help="video families (wan): frames of each validation clip, a count "
         "the VAE encodes (Wan 4n+1); none = the pipeline's default (Wan: 81)")
+    validation_using_datasets: bool = option(
+        False, help="image-to-video models (Wan I2V) need it to validate: each validation "
+        "prompt animates the first frame of a training sample (the first training dataset's, "
+        "in sorted order, one per prompt); other models refuse it")
     validation_framerate: int | None = option(
         None, minimum=1, help="video families: frames per second of the validation clips' "
         "animated WebP; none = the family's rate (Wan: 16)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -24,6 +24,9 @@ class TrainingBatch:
     target_sizes: list[tuple[int, int]]
     # edit models: one [B, C, h, w] per conditioning dataset, each sample's own reference
     reference_latents: tuple[torch.Tensor, ...] = ()
+    # Per-sample tensors a family caches with the latents (Wan I2V: first-frame latents and
+    # CLIP image embedding), each [B, ...]; empty for the others.
+    conditioning: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 # A caption of typical length (about 40 tokens): the memory plan's prompts.
@@ -77,6 +80,8 @@ class ModelAdapter(ABC):
     # validation_num_video_frames, else these); None: an image family (validation images).
     default_validation_frames: int | None = None
     default_validation_framerate: int = 16  # a video family's clips: frames per second
+    # An image-to-video model: each validation prompt animates an input image.
+    validates_from_image: bool = False
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):
@@ -177,6 +182,12 @@ class ModelAdapter(ABC):
     @abstractmethod
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] in [-1, 1] -> latents scaled (and shifted) for the trainable network."""
+
+    def encode_for_cache(self, pixels: torch.Tensor
+                         ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """What the latent cache keeps of a sample: its latents; a family that conditions on
+        the sample itself returns {"latent": ..., <name>: ...} (TrainingBatch.conditioning)."""
+        return self.encode_images(pixels)
 
     @abstractmethod
     def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:

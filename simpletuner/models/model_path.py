@@ -17,15 +17,15 @@ def known_builtins() -> str:
 
 
 def family_folder_problem(model_family: str, name_or_path: str) -> str | None:
-    """Why a local folder is a variant of ``model_family`` that is not supported (Wan's I2V and
-    2.2 flavours), decided without torch; None otherwise."""
+    """Why a local folder is a variant of ``model_family`` that is not supported (Wan 2.2
+    flavours), decided without torch; None otherwise."""
     if model_family != "wan" or name_or_path.startswith(BUILTIN_PREFIX):
         return None
     from simpletuner.models.wan_flavours import SUPPORTED, unsupported_flavour
 
     problem = unsupported_flavour(Path(name_or_path).expanduser())
     return None if problem is None else (
-        f"{name_or_path} is not a Wan 2.1 text-to-video folder: {problem}; {SUPPORTED}")
+        f"{name_or_path} is not a Wan 2.1 folder: {problem}; {SUPPORTED}")
 
 
 def model_path_problem(name_or_path: str) -> str | None:

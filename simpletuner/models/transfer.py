@@ -43,7 +43,8 @@ def batch_pinned_for(batch: TrainingBatch, device: torch.device | str) -> Traini
     return replace(batch, latents=pinned_for(batch.latents, device),
                    prompt_embeds={k: pinned_for(v, device) for k, v in batch.prompt_embeds.items()},
                    reference_latents=tuple(pinned_for(r, device)
-                                           for r in batch.reference_latents))
+                                           for r in batch.reference_latents),
+                   conditioning={k: pinned_for(v, device) for k, v in batch.conditioning.items()})
 
 
 def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> TrainingBatch:
@@ -52,7 +53,8 @@ def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> Trainin
     return replace(batch, latents=to_device(batch.latents, device),
                    prompt_embeds={k: to_device(v, device) for k, v in batch.prompt_embeds.items()},
                    reference_latents=tuple(to_device(r, device)
-                                           for r in batch.reference_latents))
+                                           for r in batch.reference_latents),
+                   conditioning={k: to_device(v, device) for k, v in batch.conditioning.items()})
 
 
 def to_device_except(module: torch.nn.Module, device: torch.device,

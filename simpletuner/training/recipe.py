@@ -48,6 +48,7 @@ from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dt
 from simpletuner.training.reporting.evaluation import Evaluator
 from simpletuner.training.reporting.run_start import new_run_log, start_run_log
 from simpletuner.training.reporting.validation import is_validation_step, run_validation
+from simpletuner.training.reporting.validation_inputs import validation_input_images
 from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
@@ -170,7 +171,7 @@ class Trainer:
         return prepare_caches(
             self.configuration.datasets, self.data.indexes,
             {i: b.caption_for for i, b in self.data.backends.items()},
-            self.adapter.encode_images, self.adapter.encode_prompts,
+            self.adapter.encode_for_cache, self.adapter.encode_prompts,
             model_folder=self.preflight.model_folder, family=self.training.model_family,
             output_dir=self.output_dir, seed=self.seed, rank=self.accelerator.process_index,
             world_size=self.accelerator.num_processes, vae_batch_size=self.training.vae_batch_size,
@@ -382,11 +383,13 @@ class Trainer:
             trained = network_on_main(self.accelerator, self.prepared)
             with failing_together(f"validation at step {self.state.step}"):
                 if self.accelerator.is_main_process:
+                    images = validation_input_images(self.configuration.datasets,
+                                                     self.caches.indexes, self.settings.validation)
                     run_validation(self.adapter, self.settings.validation, self.state.step,
                                    trainable=network_to_device(
                                        trained, self.accelerator.device, self.block_swap),
                                    accelerator=self.accelerator,
-                                   autocast_dtype=self.weight_dtype)
+                                   autocast_dtype=self.weight_dtype, images=images)
         finally:
             if ema is not None:
                 ema.swap(network)

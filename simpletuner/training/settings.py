@@ -105,6 +105,7 @@ class ValidationSettings(_FromConfig):
     validation_guidance_skip_scale: float
     validation_num_video_frames: int | None
     validation_framerate: int | None
+    validation_using_datasets: bool
     validation_seed: int
     validation_negative_prompt: str | None
     validation_on_startup: bool

@@ -88,9 +88,9 @@ FAMILY_KEYS = {
               "pipeline alone", (None, "trained-stage")),
     **ignored("sdxl_validation_stage1_model sdxl_validation_stage2_model", "used only with "
               "sdxl_validation_pipeline_mode 'full-pipeline', which is refused here"),
-    # Wan (2.1 text-to-video only)
+    # Wan (2.1 text-to-video and image-to-video)
     **ignored("wan_force_2_1_time_embedding", "accepted; Wan 2.1 models have the 2.1 time "
               "embedding already, and Wan 2.2 folders are refused"),
     **refused("wan_validation_load_other_stage", "remove it; it loads the other expert of a "
-              "two-expert Wan 2.2 model, and only Wan 2.1 text-to-video is supported here"),
+              "two-expert Wan 2.2 model, and only Wan 2.1 is supported here"),
 }

@@ -43,8 +43,6 @@ REPORTING_KEYS = {
               (None, "simpletuner-local")),
     **ignored("validation_external_script validation_external_background", "used only with "
               "validation_method 'external-script', which is refused here"),
-    **refused("validation_using_datasets", "remove it; validation is text-to-image from "
-              "validation_prompt"),
     **refused("validation_randomize", "remove it; every validation uses validation_seed"),
     **ignored("validation_multigpu", "accepted; the main process makes every validation image"),
     **ignored("validation_seed_source", "accepted; validation noise comes from a CPU generator "

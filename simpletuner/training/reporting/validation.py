@@ -34,9 +34,10 @@ def clip_frames(adapter, settings: ValidationSettings) -> int | None:
 
 
 def run_validation(adapter, settings: ValidationSettings, step: int, *, trainable=None,
-                   accelerator=None, autocast_dtype=None) -> list[Path]:
+                   accelerator=None, autocast_dtype=None, images=None) -> list[Path]:
     """Generate and save one image (or clip) per prompt and validation size into
-    output_dir/validation/step-<n>/ (by size, then prompt)."""
+    output_dir/validation/step-<n>/ (by size, then prompt); ``images``: each prompt's input
+    image (validation_inputs.py), for an image-to-video model."""
     prompts = settings.prompts
     frames = clip_frames(adapter, settings)
     arguments = settings.pipeline_arguments()
@@ -50,6 +51,7 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
                 pipeline, prompts, resolution=size,
                 num_inference_steps=settings.validation_num_inference_steps,
                 seed=settings.validation_seed, autocast_dtype=autocast_dtype,
+                input_images=images,
                 **adapter.validation_arguments(arguments),
                 **adapter.size_arguments(size))
             labels += prompts
