@@ -47,6 +47,7 @@ from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dt
 from simpletuner.training.reporting.evaluation import Evaluator
 from simpletuner.training.reporting.run_start import new_run_log, start_run_log
 from simpletuner.training.reporting.validation import is_validation_step, run_validation
+from simpletuner.training.reporting.validation_edits import EditPairs, run_edit_validation
 from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
@@ -122,6 +123,7 @@ class Trainer:
         total_steps(self.training, build_sampler(self.data, self.training, self.accelerator))
         self.adapter = self._load_model()
         self.caches = self._prepare_caches()
+        self.edit_pairs = EditPairs.select(self.configuration, self.data, self.caches.indexes)
         release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)
         self.sampler = self._build_sampler()
         self.total_steps = total_steps(self.training, self.sampler)
@@ -248,7 +250,7 @@ class Trainer:
         """Micro-batches from the lockstep sampler, one optimizer step per ``accumulation`` of
         them (a group never crosses buckets or epochs, see the sampler)."""
         validation = self.settings.validation
-        if validation.validation_on_startup and validation.prompts:
+        if validation.validation_on_startup and validation.enabled:
             self.validate()  # SimpleTuner's validation_on_startup: the starting weights
         self.parts.network.train()
         with ExitStack() as stack:
@@ -380,10 +382,11 @@ class Trainer:
             trained = network_on_main(self.accelerator, self.prepared)
             with failing_together(f"validation at step {self.state.step}"):
                 if self.accelerator.is_main_process:
-                    run_validation(self.adapter, self.settings.validation, self.state.step,
-                                   trainable=trained.to(self.accelerator.device),
-                                   accelerator=self.accelerator,
-                                   autocast_dtype=self.weight_dtype)
+                    generate = (run_validation if self.edit_pairs is None else
+                                partial(run_edit_validation, pairs=self.edit_pairs))
+                    generate(self.adapter, self.settings.validation, step=self.state.step,
+                             trainable=trained.to(self.accelerator.device),
+                             accelerator=self.accelerator, autocast_dtype=self.weight_dtype)
         finally:
             if ema is not None:
                 ema.swap(network)

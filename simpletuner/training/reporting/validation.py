@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def is_validation_step(settings: ValidationSettings, step: int, last_step: int) -> bool:
     """Every validation_steps steps (0 = only at the end), and always at the end."""
-    if not settings.prompts:
+    if not settings.enabled:
         return False
     if step == last_step:
         return True
