@@ -75,7 +75,8 @@ class Trainer:
     and the shared ``seed``), ``adapter`` (the model family), ``caches``, ``sampler``,
     ``parts`` (what a checkpoint saves besides the state) and ``prepared`` (the network as
     accelerate wraps it), ``checkpointer``, ``state`` (RunState: step, epoch, seed, final loss,
-    the guard's bad steps), ``guard``, ``evaluator`` and ``trace``. ``watcher`` (stop signals)
+    the guard's bad steps), ``guard``, ``evaluator``, ``trace`` and ``edit_pairs`` (what
+    validation edits, with eval_dataset_id). ``watcher`` (stop signals)
     is there from the start: before the first step a signal stops the run at once, in the loop
     at the next step with a checkpoint, during the export once the export is complete."""
 
