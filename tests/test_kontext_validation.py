@@ -6,7 +6,6 @@ validation included. eval_dataset_id's problems are all reported before launch."
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import unittest
@@ -74,7 +73,8 @@ class KontextEditValidationTest(TrainedOutputAssertions, unittest.TestCase):
             folder = self.step_folder("run", step)
             for index, name in enumerate(VALIDATED):
                 with self.subTest(step=step, pair=name):
-                    edit, result = folder / f"edit-{index:02d}.png", folder / f"image-{index:02d}.png"
+                    edit = folder / f"edit-{index:02d}.png"
+                    result = folder / f"image-{index:02d}.png"
                     caption = (self.targets / f"{name}.txt").read_text()
                     for path in (edit, result):
                         with Image.open(path) as image:
