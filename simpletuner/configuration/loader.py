@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.conditioning_checks import CONDITIONING, with_references
+from simpletuner.configuration.edit_validation_checks import check_edit_validation
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
                                                       check_caption_and_crop_options,
                                                       check_video_sources)
@@ -398,6 +399,8 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
             ds.dataset_type == "eval" for ds in datasets):
         problems.append(f"{path}: key 'eval_steps_interval' needs a dataset with "
                         "'dataset_type': 'eval' in the dataset file")
+    if training is not None:
+        check_edit_validation(training, datasets, str(path), problems)
     log_level = _log_level(training, problems) if training is not None else None
     if problems:
         raise ConfigError(problems)

@@ -256,6 +256,13 @@ class TrainingConfig:
     validation_framerate: int | None = option(
         None, minimum=1, help="video families: frames per second of the validation clips' "
         "animated WebP; none = the family's rate (Wan: 16)")
+    eval_dataset_id: str | None = option(
+        None, help="edit models (flux kontext): the dataset with conditioning_data whose pairs "
+        "validation edits: each of its first num_eval_images targets' reference, with that "
+        "target's caption as the prompt (instead of validation_prompt); none = text-to-image "
+        "validation")
+    num_eval_images: int = option(4, minimum=1, help="with eval_dataset_id: how many of its "
+                                  "pairs (in sample order) validation edits")
     eval_steps_interval: int = option(
         0, minimum=0, help="every this many steps, log the loss on the 'eval' datasets "
         "(eval/loss, output_dir/eval_loss.jsonl); 0 = never")

@@ -47,8 +47,8 @@ from simpletuner.training.optimization.schedules import build_lr_scheduler
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
 from simpletuner.training.reporting.evaluation import Evaluator
 from simpletuner.training.reporting.run_start import new_run_log, start_run_log
-from simpletuner.training.reporting.validation import is_validation_step, run_validation
-from simpletuner.training.reporting.validation_inputs import validation_input_images
+from simpletuner.training.reporting.validation import is_validation_step, validate_model
+from simpletuner.training.reporting.validation_edits import EditPairs
 from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
@@ -76,7 +76,8 @@ class Trainer:
     and the shared ``seed``), ``adapter`` (the model family), ``caches``, ``sampler``,
     ``parts`` (what a checkpoint saves besides the state) and ``prepared`` (the network as
     accelerate wraps it), ``checkpointer``, ``state`` (RunState: step, epoch, seed, final loss,
-    the guard's bad steps), ``guard``, ``evaluator`` and ``trace``. ``watcher`` (stop signals)
+    the guard's bad steps), ``guard``, ``evaluator``, ``trace`` and ``edit_pairs`` (what
+    validation edits, with eval_dataset_id). ``watcher`` (stop signals)
     is there from the start: before the first step a signal stops the run at once, in the loop
     at the next step with a checkpoint, during the export once the export is complete."""
 
@@ -124,6 +125,7 @@ class Trainer:
         total_steps(self.training, build_sampler(self.data, self.training, self.accelerator))
         self.adapter = self._load_model()
         self.caches = self._prepare_caches()
+        self.edit_pairs = EditPairs.select(self.configuration, self.data, self.caches.indexes)
         release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)
         self.sampler = self._build_sampler()
         self.total_steps = total_steps(self.training, self.sampler)
@@ -251,7 +253,7 @@ class Trainer:
         """Micro-batches from the lockstep sampler, one optimizer step per ``accumulation`` of
         them (a group never crosses buckets or epochs, see the sampler)."""
         validation = self.settings.validation
-        if validation.validation_on_startup and validation.prompts:
+        if validation.validation_on_startup and validation.enabled:
             self.validate()  # SimpleTuner's validation_on_startup: the starting weights
         self.parts.network.train()
         with ExitStack() as stack:
@@ -383,13 +385,11 @@ class Trainer:
             trained = network_on_main(self.accelerator, self.prepared)
             with failing_together(f"validation at step {self.state.step}"):
                 if self.accelerator.is_main_process:
-                    images = validation_input_images(self.configuration.datasets,
-                                                     self.caches.indexes, self.settings.validation)
-                    run_validation(self.adapter, self.settings.validation, self.state.step,
-                                   trainable=network_to_device(
+                    validate_model(self.adapter, self.settings.validation, self.state.step,
+                                   edit_pairs=self.edit_pairs, datasets=self.configuration.datasets,
+                                   indexes=self.caches.indexes, trainable=network_to_device(
                                        trained, self.accelerator.device, self.block_swap),
-                                   accelerator=self.accelerator,
-                                   autocast_dtype=self.weight_dtype, images=images)
+                                   accelerator=self.accelerator, autocast_dtype=self.weight_dtype)
         finally:
             if ema is not None:
                 ema.swap(network)

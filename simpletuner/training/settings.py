@@ -110,6 +110,8 @@ class ValidationSettings(_FromConfig):
     validation_negative_prompt: str | None
     validation_on_startup: bool
     validation_disable: bool
+    eval_dataset_id: str | None   # edit models: the pairs whose references validation edits
+    num_eval_images: int
     output_dir: str
     library: tuple[str, ...] = ()   # user_prompt_library's prompts, read once
 
@@ -126,6 +128,11 @@ class ValidationSettings(_FromConfig):
         prompt = self.validation_prompt
         given = [] if prompt is None else [prompt] if isinstance(prompt, str) else list(prompt)
         return given + list(self.library)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is anything to validate: prompts, or edit pairs (eval_dataset_id)."""
+        return not self.validation_disable and bool(self.prompts or self.eval_dataset_id)
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
