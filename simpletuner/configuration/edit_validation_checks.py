@@ -35,3 +35,7 @@ def check_edit_validation(training, datasets: list, where: str, problems: list[s
                         "targets' captions as prompts; remove validation_prompt and "
                         "user_prompt_library, or remove eval_dataset_id for text-to-image "
                         "validation")
+    if training.validation_using_datasets:
+        problems.append(f"{where}: key 'validation_using_datasets' takes image-to-video "
+                        f"models' input images; the edit model's validation edits the "
+                        f"references of '{name}' (eval_dataset_id): remove it")

@@ -26,8 +26,8 @@ def validation_input_problems(adapter_class, training, where: str) -> list[str]:
                 "animates a training sample's first frame), or validation_disable true"]
     if training.validation_using_datasets and not adapter_class.validates_from_image:
         return [f"{where}: key 'validation_using_datasets': only image-to-video models (Wan "
-                "I2V) take validation inputs here; this model validates from its prompts "
-                "alone: remove it"]
+                "I2V) take validation inputs here; remove it (an edit model such as flux "
+                "kontext validates the references of the dataset eval_dataset_id names)"]
     return []
 
 
