@@ -23,25 +23,21 @@ from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
-from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import (build_sampler, report_skipped_files_together,
                                                   start_data)
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
-from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.base import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
-from simpletuner.models.registry import get_adapter_class
-from simpletuner.training.adapters.by_type import add_adapter
-from simpletuner.training.adapters.lora_init import init_adapter
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
-from simpletuner.training.memory.block_swap import network_to_device, place_network
+from simpletuner.training.memory.block_swap import network_to_device
 from simpletuner.training.memory.offload import release_frozen_components
-from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
                                                   shard_network)
+from simpletuner.training.model_setup import load_trained_model
 from simpletuner.training.optimization.optimizers import build_optimizer
 from simpletuner.training.optimization.schedules import build_lr_scheduler
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
@@ -123,7 +119,10 @@ class Trainer:
         self.seed = self.data.seed
         # From the indexes, before any heavy work: a dataset that would never join the schedule.
         total_steps(self.training, build_sampler(self.data, self.training, self.accelerator))
-        self.adapter = self._load_model()
+        self.adapter, self.block_swap = load_trained_model(
+            self.training, self.settings, model_folder=self.preflight.model_folder,
+            resume_from=self.preflight.resume_from, seed=self.seed,
+            device=self.accelerator.device, weight_dtype=self.weight_dtype)
         self.caches = self._prepare_caches()
         self.edit_pairs = EditPairs.select(self.configuration, self.data, self.caches.indexes)
         release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)
@@ -146,27 +145,6 @@ class Trainer:
                       sampler=self.sampler, indexes=self.caches.indexes,
                       resume_step=self.state.step, total_steps=self.total_steps,
                       processes=self.accelerator.num_processes)
-
-    def _load_model(self):
-        """Loaded, cast and quantized on the CPU, then moved: the device never holds an fp32
-        copy. A rank that cannot load the model stops every rank before the caches' collectives."""
-        training = self.training
-        with failing_together("loading the model"):
-            adapter = get_adapter_class(training.model_family).load(
-                self.preflight.model_folder, device=torch.device("cpu"),
-                weight_dtype=self.weight_dtype, loss_settings=LossSettings.from_config(training))
-            quantize_frozen_weights(adapter, self.settings.precision, self.weight_dtype)
-            self.block_swap = place_network(adapter, self.settings.block_swap,
-                                            self.accelerator.device)
-            if training.model_type == "lora":  # checkpoints hold the adapter only
-                # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
-                with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
-                    torch.manual_seed(stable_seed("lora init", self.seed) & (2**63 - 1))
-                    add_adapter(adapter.trainable, type(adapter), training)
-            if training.init_lora is not None and self.preflight.resume_from is None:
-                init_adapter(adapter, training.init_lora)
-            adapter.set_gradient_checkpointing(training.gradient_checkpointing)
-        return adapter
 
     def _prepare_caches(self):
         """VAE latents and text embeddings; undecodable images are dropped on every rank alike."""
