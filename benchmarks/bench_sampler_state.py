@@ -127,14 +127,20 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+def size_arguments(doc: str) -> argparse.Namespace:
+    """--samples (a list of sizes), --buckets, --json: this benchmark's, and
+    bench_index_digest.py's over the same synthetic index."""
+    parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", default="1000000,10000000",
                         help="comma-separated dataset sizes")
     parser.add_argument("--buckets", type=int, default=40)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = size_arguments(__doc__)
     result = {"machine": machine(), "buckets": args.buckets, "by_samples": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.samples.split(",")):

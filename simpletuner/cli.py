@@ -18,7 +18,16 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--num-processes", type=int, default=None,
                       help="also size the split for this many hypothetical ranks")
     plan.add_argument("--memory", action="store_true",
-                      help="print the model's bytes per rank under DDP and FSDP2 instead")
+                      help="print the model's bytes per rank under DDP and FSDP2 instead, and "
+                      "one device's peak with activations and block swap")
+    plan.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                      help="with --memory: whether the run fits in this many GiB, and what "
+                      "would make it fit")
+    plan.add_argument("--frames", type=int, default=1,
+                      help="with --memory: frames per sample of a video family's micro-batch")
+    plan.add_argument("--size", type=_one_size, default=None, metavar="WxH",
+                      help="with --memory: the micro-batch's size (your largest bucket); "
+                      "default: the square of the training resolution's area")
 
     builtin = commands.add_parser("builtin", help="build a built-in tiny model, print its folder")
     builtin.add_argument("name")
@@ -35,6 +44,19 @@ def _parser() -> argparse.ArgumentParser:
         "(checkpoints verified by SHA-256)")
     report.add_argument("output_dir")
     return parser
+
+
+def _one_size(value: str) -> tuple[int, int]:
+    """(width, height) of --size; argparse reports the ValueError's message."""
+    from simpletuner.configuration.validation_options import validation_sizes
+
+    try:
+        sizes = validation_sizes(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if len(sizes) != 1:
+        raise argparse.ArgumentTypeError(f"'{value}': one size, 'WxH'")
+    return sizes[0]
 
 
 def _check(config: str, option_args: list[str]) -> int:
@@ -66,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan" and args.memory:
         from simpletuner.training.memory.plan import run_memory_plan
 
-        return run_memory_plan(args.config, args.num_processes)
+        return run_memory_plan(args.config, args.num_processes, args.gpu_memory, args.frames,
+                               args.size)
     if args.command == "plan":
         from simpletuner.planning import run_plan
 

@@ -35,6 +35,15 @@ class TinyModelCase(unittest.TestCase):
             ensure_builtin_model(f"tiny-{family}"), device=CPU, weight_dtype=torch.float32,
             loss_settings=LossSettings(**loss))
 
+    def assert_block_swap_moves(self, adapter, frozen_part: torch.nn.Module) -> None:
+        """move_to as block swap calls it: the host block stays, the rest of the network and
+        ``frozen_part`` (a family's own frozen module) go to the device (meta here)."""
+        host_block = adapter.transformer.blocks[0]
+        adapter.move_to(torch.device("meta"), except_modules=[host_block])
+        self.assertTrue(all(p.device == CPU for p in host_block.parameters()))
+        self.assertTrue(adapter.transformer.proj_out.weight.is_meta)
+        self.assertTrue(all(p.is_meta for p in frozen_part.parameters()))
+
     def capture_network_inputs(self, adapter, batch, seed: int = 5):
         """compute_loss with a network that records its inputs and predicts zeros: the loss is
         then the mean square of the target."""

@@ -331,7 +331,7 @@ class CacheTest(TempDirTest):
             with self.assertRaisesRegex(MetadataCacheError, "malformed index"):
                 self.backend().load_index()
 
-    def test_a_cache_edited_out_of_order_does_not_match_the_main_rank(self):
+    def test_a_cache_edited_out_of_order_is_refused_not_trusted(self):
         self.populate()
         backend = self.backend()
         index = self.refresh(backend)
@@ -340,8 +340,15 @@ class CacheTest(TempDirTest):
         first, second = ids.index(index.buckets["64x64"][0]), ids.index(index.buckets["64x64"][1])
         ids[first], ids[second] = ids[second], ids[first]  # rows still ascend, ids do not
         backend.cache_path.write_text(json.dumps(cache))
-        # What the ranks' agreement check compares: it tells this rank from the main one.
-        self.assertNotEqual(self.backend().load_index().digest(), index.digest())
+        # It keeps the digest recorded for the main rank's content: a rank must not load it
+        # (its error reaches every rank through the agreement check).
+        with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING") as logs, \
+                self.assertRaisesRegex(MetadataCacheError, "no usable metadata cache"):
+            self.backend().load_index()
+        self.assertIn("the ids of 'files' are not ascending strings", logs.output[0])
+        self.reads.clear()
+        self.assertEqual(self.refresh(self.backend()).digest(), index.digest())
+        self.assertEqual(len(self.reads), 13)  # the main rank rebuilt it from the images
 
     def test_cache_with_misaligned_columns_is_rebuilt(self):
         self.populate(3)

@@ -1,6 +1,6 @@
 """Wan 2.1 text-to-video, trained on images as one-frame clips: the adapter learns and gives the
 transformer what WanPipeline gives it ([B, C, F, h, w] latents, timestep sigma * 1000, the
-pipeline's zero-padded UMT5 embeddings); other Wan flavours are refused by name; full and LoRA
+pipeline's zero-padded UMT5 embeddings); Wan 2.2 flavours are refused by name; full and LoRA
 runs of builtin:tiny-wan through ./train.sh export what WanPipeline loads (one frame or a clip
 of five), and a resumed run (full or LoRA) ends with the uninterrupted run's weights; plan
 --memory counts the published parameters of Wan2.1-T2V-1.3B and -14B."""
@@ -158,17 +158,18 @@ class WanAdapterTest(TinyModelCase):
         self.assertEqual([b for b in blocks if type(b).__name__ != "WanTransformerBlock"],
                          [transformer.condition_embedder])
 
-    def test_wan_flavours_other_than_2_1_t2v_are_refused_by_name(self):
+    def test_vace_and_a_second_expert_without_a_boundary_are_refused_by_name(self):
         tiny = ensure_builtin_model("tiny-wan")
         for change, named in ((lambda d: (d / "transformer_2").mkdir(), "transformer_2/"),
-                              (lambda d: self.rename_pipeline(d, "WanImageToVideoPipeline"),
-                               "WanImageToVideoPipeline")):
+                              (lambda d: self.rename_pipeline(d, "WanVACEPipeline"),
+                               "WanVACEPipeline")):
             with tempfile.TemporaryDirectory() as tmp:
                 folder = Path(tmp) / "wan"
                 shutil.copytree(tiny, folder)
                 change(folder)
                 with self.assertRaisesRegex(ModelFolderError, f"{named}.*supported here: Wan "
-                                            "2.1 text-to-video.*t2v-480p-1.3b-2.1"):
+                                            "2.1 text-to-video.*t2v-480p-1.3b-2.1.*"
+                                            "i2v-480p-14b-2.1"):
                     get_adapter_class("wan").load(folder, device=CPU, weight_dtype=torch.float32,
                                                   loss_settings=LossSettings())
 
@@ -192,21 +193,21 @@ class WanConfigTest(unittest.TestCase):
             self.load(**options)
         return str(caught.exception)
 
-    def test_check_refuses_a_wan_i2v_folder_before_launch_without_torch(self):
+    def test_check_refuses_a_wan_2_2_i2v_folder_before_launch_without_torch(self):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             folder = root / "wan-i2v"
             (folder / "image_encoder").mkdir(parents=True)
             (folder / "model_index.json").write_text(
-                json.dumps({"_class_name": "WanImageToVideoPipeline"}))
+                json.dumps({"_class_name": "WanImageToVideoPipeline", "boundary_ratio": 0.9}))
             make_shapes(root / "data", per_size=1, sizes=((64, 64),))
             config = write_config(root, root / "data", model_family="wan",
                                   pretrained_model_name_or_path=str(folder))
             result = check_recording_torch(config, root)
         # check stayed torch-free and exited 2, a configuration problem
         self.assertEqual(result.stdout.split()[-2:], ["False", "2"], result.stderr[-2000:])
-        self.assertRegex(result.stdout + result.stderr, "names WanImageToVideoPipeline; "
-                         "supported here: Wan 2.1 text-to-video")
+        self.assertRegex(result.stdout + result.stderr, "names WanImageToVideoPipeline with "
+                         "Wan 2.2's .*; supported here: Wan 2.1 text-to-video")
 
     def test_wan_options_are_accepted_or_refused_with_advice(self):
         self.load(wan_force_2_1_time_embedding=True, wan_validation_load_other_stage=True)

@@ -133,6 +133,10 @@ class WanExpertAdapterTest(TinyModelCase):
         self.assertTrue(all(p.grad is None for p in adapter.frozen_expert.parameters()))
         self.assertGreater(adapter.transformer.proj_out.weight.grad.abs().sum().item(), 0)
 
+    def test_block_swap_placement_moves_the_frozen_expert_and_leaves_the_host_block(self):
+        adapter = self.load_expert("high")
+        self.assert_block_swap_moves(adapter, adapter.frozen_expert)
+
     def test_a_two_expert_folder_needs_an_expert_flavour_and_one_transformer_refuses_it(self):
         wan = get_adapter_class("wan")
         two, one = ensure_builtin_model("tiny-wan22"), ensure_builtin_model("tiny-wan")

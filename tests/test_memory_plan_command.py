@@ -114,7 +114,8 @@ class FluxDevPlanCommandTest(unittest.TestCase):
         # kept: T5 (4.76 B parameters) in int8 plus the bf16 VAE and CLIP, about 4.9 GiB
         self.assertGreater(row(self.lean, "VAE + text encoders (keep)")[0], 4.4)
         self.assertIn("FSDP2 is not planned: base_model_precision int8-torchao", self.lean)
-        self.assertIn("Not counted: activations", self.lean)
+        self.assertIn("activations: not estimated; they need the model folder's tokenizer/, "
+                      "tokenizer_2/, scheduler/", self.lean)
 
 
 class PublishedSizesTest(unittest.TestCase):

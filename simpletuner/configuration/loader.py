@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.conditioning_checks import CONDITIONING, with_references
+from simpletuner.configuration.edit_validation_checks import check_edit_validation
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
                                                       check_caption_and_crop_options,
                                                       check_video_sources)
@@ -25,11 +26,14 @@ from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.huggingface_block import (
     check_huggingface_keys, parse_huggingface_block, with_absolute_paths,
 )
-from simpletuner.configuration.families import FLOW_FAMILIES
+from simpletuner.configuration.memory_checks import check_block_swap_options
 from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.schedule_checks import check_dataset_schedule
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
+from simpletuner.configuration.training_checks import (check_chroma_lora_target,
+                                                       check_fsdp_options,
+                                                       check_loss_options_fit_the_family)
 from simpletuner.configuration.validation_options import check_validation_options
 from simpletuner.configuration.video_block import check_video_dataset, parse_video_block
 
@@ -90,53 +94,6 @@ def _resolve(path: str, base: Path) -> Path:
     return expanded if expanded.is_absolute() else (base / expanded)
 
 
-def _check_loss_options_fit_the_family(values: dict[str, Any], where: str,
-                                       problems: list[str]) -> None:
-    """An option the chosen family would ignore is a mistake to report, not to drop silently."""
-    family = values.get("model_family")
-    if family is None:
-        return
-    if family in FLOW_FAMILIES and values.get("snr_gamma") is not None:
-        problems.append(
-            f"{where}: key 'snr_gamma' applies to the noise-prediction families (sd1x, sd2x, "
-            f"sdxl); model_family '{family}' trains with flow matching, where Min-SNR weighting "
-            "does not exist. Remove it (flow_timestep_sampling and flow_shift shape that loss).")
-    flow_keys = sorted(key for key in values if key.startswith("flow_"))
-    if family not in FLOW_FAMILIES and flow_keys:
-        problems.append(
-            f"{where}: {', '.join(repr(k) for k in flow_keys)} apply to the flow-matching "
-            f"families ({', '.join(FLOW_FAMILIES)}); model_family '{family}' would ignore them. "
-            "Remove them.")
-    if family not in ("flux", "flux2") and "flux_guidance_value" in values:
-        problems.append(f"{where}: key 'flux_guidance_value' applies to model_families 'flux' "
-                        f"and 'flux2' only; '{family}' has no guidance input. Remove it.")
-
-
-def _check_chroma_lora_target(raw: dict, values: dict[str, Any], where: str,
-                              problems: list[str]) -> None:
-    """flux_lora_target 'all' is accepted as the family's default targets, which for Chroma (as
-    in SimpleTuner) leave out the text-stream projections that SimpleTuner's 'all' adds."""
-    if (values.get("model_family") != "chroma" or values.get("model_type") != "lora"
-            or values.get("lora_target_modules")):
-        return
-    if {normalise_key(key): value for key, value in raw.items()}.get("flux_lora_target") == "all":
-        problems.append(f"{where}: key 'flux_lora_target' 'all' adapts more of Chroma than its "
-                        "default (to_q, to_k, to_v, to_out.0); set lora_target_modules to "
-                        '["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", '
-                        '"add_v_proj", "to_add_out"] for SimpleTuner\'s \'all\'')
-
-
-def _check_fsdp_options(values: dict[str, Any], where: str, problems: list[str]) -> None:
-    if not values.get("fsdp_enable", False):
-        return
-    if values.get("fsdp_version", 2) != 2:
-        problems.append(f"{where}: fsdp_version {values['fsdp_version']} is not supported; "
-                        "use fsdp_version 2 (torch's fully_shard), the only FSDP here")
-    if values.get("mixed_precision") == "fp16":
-        problems.append(f"{where}: fsdp_enable needs mixed_precision 'bf16' or 'no'; fp16's loss "
-                        "scaler does not handle sharded gradients")
-
-
 def parse_training(raw: Any, where: str, problems: list[str],
                    base: Path) -> TrainingConfig | None:
     if not isinstance(raw, dict):
@@ -150,9 +107,10 @@ def parse_training(raw: Any, where: str, problems: list[str],
             problems.append(f"{where}: key 'resolution' is {values['resolution']}; with "
                             f"resolution_type '{resolution_type}' it must be a whole number of "
                             "pixels")
-    _check_loss_options_fit_the_family(values, where, problems)
-    _check_fsdp_options(values, where, problems)
-    _check_chroma_lora_target(raw, values, where, problems)
+    check_loss_options_fit_the_family(values, where, problems)
+    check_fsdp_options(values, where, problems)
+    check_block_swap_options(values, where, problems)
+    check_chroma_lora_target(raw, values, where, problems)
     if len(problems) > before:
         return None
     training = TrainingConfig(**values)
@@ -396,6 +354,8 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
             ds.dataset_type == "eval" for ds in datasets):
         problems.append(f"{path}: key 'eval_steps_interval' needs a dataset with "
                         "'dataset_type': 'eval' in the dataset file")
+    if training is not None:
+        check_edit_validation(training, datasets, str(path), problems)
     log_level = _log_level(training, problems) if training is not None else None
     if problems:
         raise ConfigError(problems)

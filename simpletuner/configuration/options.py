@@ -41,9 +41,10 @@ class TrainingConfig:
         required=True, help="a local diffusers folder, or builtin:tiny-<family>")
     model_flavour: str | None = option(
         None, help="SimpleTuner's flavour name; the folder decides the model, and a flavour "
-        "that contradicts it is refused (flux2: dev, klein-4b, klein-9b); wan: a two-expert "
-        "Wan 2.2 folder needs t2v-14b-2.2-high or t2v-14b-2.2-low, the expert to train; other "
-        "families ignore it")
+        "that contradicts it is refused (flux2: dev, klein-4b, klein-9b; wan: "
+        "t2v-480p-1.3b-2.1, t2v-480p-14b-2.1, i2v-480p-14b-2.1, i2v-720p-14b-2.1, "
+        "t2v-14b-2.2-high, t2v-14b-2.2-low, ti2v-5b-2.2; a two-expert Wan 2.2 folder needs "
+        "t2v-14b-2.2-high or t2v-14b-2.2-low, the expert to train); other families ignore it")
     model_type: Literal["full", "lora"] = option("full", help="lora: train a peft adapter only")
     lora_rank: int = option(16, minimum=1, help="rank of each LoRA update")
     lora_alpha: float | None = option(None, minimum=0.0001,
@@ -174,6 +175,15 @@ class TrainingConfig:
     fsdp_sharding: Literal["full", "hybrid"] = option(
         "full", help="hybrid: shard within each node, replicate across nodes (needs > 1 node)")
 
+    # Block swap (training/memory/block_swap.py): SimpleTuner's option names
+    musubi_blocks_to_swap: int = option(
+        0, minimum=0, help="keep the last N transformer blocks (weights, gradients, optimizer "
+        "state) on musubi_block_swap_device and copy each to the training device for its "
+        "forward and backward, the next one prefetched; needs gradient_checkpointing, one "
+        "process, a transformer family; 0 = off")
+    musubi_block_swap_device: Literal["cpu"] = option(
+        "cpu", help="where block swap's blocks live between their uses")
+
     # Logging, checkpoints, validation
     report_to: Literal["none", "tensorboard", "wandb", "all"] = option(
         "none", help="all = tensorboard and wandb; wandb runs offline into output_dir/wandb "
@@ -240,9 +250,20 @@ class TrainingConfig:
     validation_num_video_frames: int | None = option(
         None, minimum=1, help="video families (wan): frames of each validation clip, a count "
         "the VAE encodes (Wan 4n+1); none = the pipeline's default (Wan: 81)")
+    validation_using_datasets: bool = option(
+        False, help="image-to-video models (Wan I2V) need it to validate: each validation "
+        "prompt animates the first frame of a training sample (the first training dataset's, "
+        "in sorted order, one per prompt); other models refuse it")
     validation_framerate: int | None = option(
         None, minimum=1, help="video families: frames per second of the validation clips' "
         "animated WebP; none = the family's rate (Wan: 16)")
+    eval_dataset_id: str | None = option(
+        None, help="edit models (flux kontext): the dataset with conditioning_data whose pairs "
+        "validation edits: each of its first num_eval_images targets' reference, with that "
+        "target's caption as the prompt (instead of validation_prompt); none = text-to-image "
+        "validation")
+    num_eval_images: int = option(4, minimum=1, help="with eval_dataset_id: how many of its "
+                                  "pairs (in sample order) validation edits")
     eval_steps_interval: int = option(
         0, minimum=0, help="every this many steps, log the loss on the 'eval' datasets "
         "(eval/loss, output_dir/eval_loss.jsonl); 0 = never")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -24,6 +24,14 @@ class TrainingBatch:
     target_sizes: list[tuple[int, int]]
     # edit models: one [B, C, h, w] per conditioning dataset, each sample's own reference
     reference_latents: tuple[torch.Tensor, ...] = ()
+    # Per-sample tensors a family caches with the latents (Wan I2V: first-frame latents and
+    # CLIP image embedding), each [B, ...]; empty for the others.
+    conditioning: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+# A caption of typical length (about 40 tokens): the memory plan's prompts.
+PLANNED_CAPTION = ("a photograph of a red fox sitting on a mossy log in a misty pine forest at "
+                   "dawn, soft golden light through the trees, shallow depth of field")
 
 
 class ModelFolderError(ValueError):
@@ -73,6 +81,8 @@ class ModelAdapter(ABC):
     # validation_num_video_frames, else these); None: an image family (validation images).
     default_validation_frames: int | None = None
     default_validation_framerate: int = 16  # a video family's clips: frames per second
+    # An image-to-video model: each validation prompt animates an input image.
+    validates_from_image: bool = False
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):
@@ -86,10 +96,14 @@ class ModelAdapter(ABC):
         # Set by training/offload.py once the caches are complete: VAE and text encoders away.
         self.frozen_away = None
 
-    def move_to(self, device: torch.device) -> None:
+    def move_to(self, device: torch.device,
+                except_modules: list[torch.nn.Module] | tuple = ()) -> None:
         """Move the network, the VAE and the text encoders to ``device`` (the trainer loads and
-        quantizes on the CPU first, so no full-precision copy ever reaches the accelerator)."""
-        self.trainable.to(device)
+        quantizes on the CPU first, so no full-precision copy ever reaches the accelerator);
+        ``except_modules`` of the network stay where they are (block swap's host blocks)."""
+        from simpletuner.models.transfer import to_device_except  # transfer imports this module
+
+        to_device_except(self.trainable, device, list(except_modules))
         self.vae.to(device)
         for encoder in self.text_encoders:
             encoder.to(device)
@@ -153,6 +167,12 @@ class ModelAdapter(ABC):
         """Image pixels per latent pixel along each side."""
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
 
+    @classmethod
+    def swappable_blocks(cls, network: torch.nn.Module) -> list[torch.nn.Module]:
+        """The trained network's repeated blocks in the order its forward runs them, which
+        block swap may keep on the host; none where blocks do not run one after another."""
+        return []
+
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Trade compute for memory in the trainable network's backward pass."""
         if enabled:
@@ -163,6 +183,12 @@ class ModelAdapter(ABC):
     @abstractmethod
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] in [-1, 1] -> latents scaled (and shifted) for the trainable network."""
+
+    def encode_for_cache(self, pixels: torch.Tensor
+                         ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """What the latent cache keeps of a sample: its latents; a family that conditions on
+        the sample itself returns {"latent": ..., <name>: ...} (TrainingBatch.conditioning)."""
+        return self.encode_images(pixels)
 
     @abstractmethod
     def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
@@ -177,6 +203,11 @@ class ModelAdapter(ABC):
         tokens = tokenizer(prompts, padding="max_length", max_length=max_length,
                            truncation=True, return_tensors="pt")
         return tokens.input_ids.to(self.device)
+
+    def planned_prompt_embeds(self, count: int) -> dict[str, torch.Tensor]:
+        """Embeddings shaped as the cache holds them for ``count`` typical captions, for the
+        memory plan, which runs this on the meta device (where nothing is computed)."""
+        return self.encode_prompts([PLANNED_CAPTION] * count)
 
     @abstractmethod
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,

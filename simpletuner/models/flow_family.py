@@ -50,11 +50,27 @@ class FlowFamilyAdapter(ModelAdapter):
                                         weight_dtype=weight_dtype, vae_dtype=weight_dtype)
         transformer.to(device).requires_grad_(True).train()
         return cls(folder=folder, transformer=transformer, scheduler=scheduler, device=device,
-                   loss_settings=loss_settings, **frozen)
+                   loss_settings=loss_settings, **frozen,
+                   **cls.load_conditioning_components(folder, device=device,
+                                                      weight_dtype=weight_dtype))
+
+    @classmethod
+    def load_conditioning_components(cls, folder: Path, *, device: torch.device,
+                                     weight_dtype: torch.dtype) -> dict:
+        """Frozen parts beyond the VAE and text encoders, as keyword arguments of the
+        constructor (Wan I2V's image encoder and processor); none by default."""
+        return {}
 
     @property
     def trainable(self) -> torch.nn.Module:
         return self.transformer
+
+    @classmethod
+    def swappable_blocks(cls, network: torch.nn.Module) -> list[torch.nn.Module]:
+        """The items of the transformer's top-level ModuleLists (Flux: double then single
+        blocks), in the order the forward runs them."""
+        return [block for child in network.children()
+                if isinstance(child, torch.nn.ModuleList) for block in child]
 
     @property
     def latent_patch(self) -> int:
@@ -133,9 +149,11 @@ class FlowFamilyAdapter(ModelAdapter):
                               thresholds=thresholds)
 
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
-        components = {"transformer": trainable if trainable is not None else self.transformer,
-                      "vae": self.vae,
-                      # A copy: validation's set_timesteps must not touch the loaded one.
-                      "scheduler": type(self.scheduler).from_config(self.scheduler.config),
-                      **self._pipeline_text_components()}
-        return self.pipeline_class(**components)
+        return self.pipeline_class(**self._pipeline_components(trainable))
+
+    def _pipeline_components(self, trainable: torch.nn.Module | None) -> dict:
+        return {"transformer": trainable if trainable is not None else self.transformer,
+                "vae": self.vae,
+                # A copy: validation's set_timesteps must not touch the loaded one.
+                "scheduler": type(self.scheduler).from_config(self.scheduler.config),
+                **self._pipeline_text_components()}

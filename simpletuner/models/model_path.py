@@ -17,8 +17,8 @@ def known_builtins() -> str:
 
 
 def family_folder_problem(model_family: str, name_or_path: str) -> str | None:
-    """Why a local folder is a variant of ``model_family`` that is not supported (Wan's I2V and
-    TI2V flavours), decided without torch; None otherwise."""
+    """Why a local folder is a variant of ``model_family`` that is not supported (Wan's VACE and
+    Wan 2.2 I2V flavours), decided without torch; None otherwise."""
     if model_family != "wan" or name_or_path.startswith(BUILTIN_PREFIX):
         return None
     from simpletuner.models.wan_flavours import SUPPORTED, unsupported_flavour

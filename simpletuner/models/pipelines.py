@@ -39,9 +39,11 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
                                num_inference_steps: int, guidance_scale: float = 7.5,
                                seed: int = 0, autocast_dtype: torch.dtype | None = None,
                                negative_prompt: str | None = None, keep=None,
+                               input_images: list[Image.Image] | None = None,
                                **pipeline_arguments) -> list:
     """One image per prompt at ``resolution`` (a side, or (width, height)); ``keep`` picks what
-    is kept of each pipeline output (default ``first_image``; ``first_clip``). Each prompt gets its
+    is kept of each pipeline output (default ``first_image``; ``first_clip``). ``input_images``:
+    each prompt's input image, for image-to-video pipelines. Each prompt gets its
     own CPU generator seeded with ``seed``: identical on every device and run. Pass the frozen
     components' dtype as ``autocast_dtype`` when it differs from the trainable network's.
     ``negative_prompt`` and ``pipeline_arguments`` (guidance_rescale, skip_guidance_layers...)
@@ -55,11 +57,13 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
     pipeline.set_progress_bar_config(disable=True)
     images = []
     with _eval_mode(pipeline), torch.no_grad(), autocast:
-        for prompt in tqdm(prompts, desc="validation images", leave=False):
+        for index, prompt in enumerate(tqdm(prompts, desc="validation images", leave=False)):
             generator = torch.Generator(device="cpu").manual_seed(seed)
+            given = {} if input_images is None else {"image": input_images[index]}
             result = pipeline(prompt=prompt, height=height, width=width,
                               num_inference_steps=num_inference_steps,
-                              guidance_scale=guidance_scale, generator=generator, **extra)
+                              guidance_scale=guidance_scale, generator=generator, **given,
+                              **extra)
             images.append((keep or first_image)(result))
     return images
 

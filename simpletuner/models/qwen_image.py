@@ -12,7 +12,7 @@ import torch
 from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
 
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.base import PLANNED_CAPTION, TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
 
 NO_NEGATIVE_PROMPT = " "  # what Qwen-Image's own examples pass for "no negative prompt"
@@ -72,6 +72,19 @@ class QwenImageAdapter(FlowFamilyAdapter):
         if mask is None:
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         return {"prompt_embeds": embeds, "prompt_embeds_mask": mask}
+
+    def planned_prompt_embeds(self, count: int) -> dict[str, torch.Tensor]:
+        """The pipeline splits its embeddings by each prompt's valid tokens, which the meta
+        device cannot count: those of its template around the caption, less the template's
+        start it drops, as the folder's tokenizer counts them."""
+        pipeline = self._text_pipeline()
+        text = pipeline.prompt_template_encode.format(PLANNED_CAPTION)
+        tokens = (len(self.tokenizers[0](text).input_ids)
+                  - pipeline.prompt_template_encode_start_idx)
+        width = self.text_encoders[0].config.text_config.hidden_size
+        return {"prompt_embeds": torch.empty(count, tokens, width, device=self.device),
+                "prompt_embeds_mask": torch.ones(count, tokens, dtype=torch.long,
+                                                 device=self.device)}
 
     @staticmethod
     def pack_latents(latents: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,8 @@ def batch_pinned_for(batch: TrainingBatch, device: torch.device | str) -> Traini
     return replace(batch, latents=pinned_for(batch.latents, device),
                    prompt_embeds={k: pinned_for(v, device) for k, v in batch.prompt_embeds.items()},
                    reference_latents=tuple(pinned_for(r, device)
-                                           for r in batch.reference_latents))
+                                           for r in batch.reference_latents),
+                   conditioning={k: pinned_for(v, device) for k, v in batch.conditioning.items()})
 
 
 def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> TrainingBatch:
@@ -52,4 +53,20 @@ def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> Trainin
     return replace(batch, latents=to_device(batch.latents, device),
                    prompt_embeds={k: to_device(v, device) for k, v in batch.prompt_embeds.items()},
                    reference_latents=tuple(to_device(r, device)
-                                           for r in batch.reference_latents))
+                                           for r in batch.reference_latents),
+                   conditioning={k: to_device(v, device) for k, v in batch.conditioning.items()})
+
+
+def to_device_except(module: torch.nn.Module, device: torch.device,
+                     kept: list[torch.nn.Module]) -> torch.nn.Module:
+    """``module`` moved to ``device`` as Module.to moves it, except the submodules in ``kept``,
+    which stay where they are (block swap's host blocks)."""
+    kept_ids = {id(m) for m in kept}
+    if id(module) in kept_ids:
+        return module
+    if not any(id(m) in kept_ids for m in module.modules()):
+        return module.to(device)
+    module._apply(lambda tensor: tensor.to(device), recurse=False)  # its own tensors only
+    for child in module.children():
+        to_device_except(child, device, kept)
+    return module

@@ -3,7 +3,8 @@ one-frame clips: latents are [B, C, F, h, w] (F = 1 for an image) from the causa
 normalised with its latents_mean/latents_std as WanPipeline decodes them. The transformer
 patchifies them itself and takes the timestep as sigma * 1000 (UniPC's flow sigmas, as
 WanPipeline passes them) and UMT5's last hidden states, each prompt cut to its own length and
-zero-padded to 512."""
+zero-padded to 512. An image-to-video folder (WanImageToVideoPipeline) gets wan_i2v.py's
+adapter, a Wan 2.2 A14B or TI2V-5B folder wan22.py's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from transformers import AutoTokenizer, UMT5EncoderModel
 from simpletuner.models.base import ModelFolderError, TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
 from simpletuner.models.model_path import family_folder_problem
-from simpletuner.models.wan_flavours import expert_flavour_problem, wan22_layout
+from simpletuner.models.wan_flavours import flavour_mismatch, folder_kind
 
 
 def as_clips(pixels: torch.Tensor) -> torch.Tensor:
@@ -32,7 +33,7 @@ class WanAdapter(FlowFamilyAdapter):
     pipeline_class = WanPipeline
     vae_class = AutoencoderKLWan
     scheduler_class = UniPCMultistepScheduler  # Wan's own, with flow sigmas
-    # UNet families; SD3, Flux (CLIP + T5); Wan I2V's CLIP image encoder.
+    # UNet families; SD3, Flux (CLIP + T5); an image encoder beside a WanPipeline index.
     forbidden_subfolders = ("unet", "text_encoder_2", "image_encoder")
     lora_target_modules = ("to_k", "to_q", "to_v", "to_out.0")  # SimpleTuner's Wan default
     t5_max_length = 512  # WanPipeline.__call__'s max_sequence_length
@@ -46,30 +47,34 @@ class WanAdapter(FlowFamilyAdapter):
         return {"num_frames": 1, **arguments, "output_type": "pil"}
 
     @classmethod
-    def check_folder(cls, folder: Path) -> None:
-        problem = family_folder_problem(cls.family, str(folder))  # I2V, Wan 2.2...
-        if problem:
-            raise ModelFolderError(problem)
-        super().check_folder(folder)
-
-    @classmethod
     def for_folder(cls, folder: Path) -> type["WanAdapter"]:
-        layout = wan22_layout(Path(folder))
-        if layout is None:
-            return cls
-        from simpletuner.models import wan22  # Wan 2.2 A14B or TI2V-5B
+        kind = folder_kind(Path(folder))
+        if kind == "i2v":
+            from simpletuner.models.wan_i2v import WanI2VAdapter  # it subclasses this one
 
-        return wan22.LAYOUT_ADAPTERS[layout]
+            return WanI2VAdapter
+        if kind in ("a14b", "ti2v"):
+            from simpletuner.models import wan22  # Wan 2.2 A14B or TI2V-5B
+
+            return wan22.LAYOUT_ADAPTERS[kind]
+        return WanAdapter
 
     @classmethod
     def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
-        return expert_flavour_problem(Path(folder), flavour)
+        return flavour_mismatch(Path(folder), flavour)
+
+    @classmethod
+    def check_folder(cls, folder: Path) -> None:
+        problem = family_folder_problem(cls.family, str(folder))  # VACE, Wan 2.2 I2V...
+        if problem:
+            raise ModelFolderError(problem)
+        super(WanAdapter, cls.for_folder(folder)).check_folder(folder)
 
     @classmethod
     def load(cls, folder: Path, **settings) -> "WanAdapter":
-        layout = cls.for_folder(folder)
-        if layout is not cls:
-            return layout.load(folder, **settings)
+        adapter_class = cls.for_folder(folder)
+        if adapter_class is not cls:  # the folder's own adapter, which may load differently
+            return adapter_class.load(folder, **settings)
         return super().load(folder, **settings)
 
     @property
@@ -124,6 +129,12 @@ class WanAdapter(FlowFamilyAdapter):
             raise ValueError(f"Wan latents are [B, C, F, h, w]; got shape {tuple(noisy.shape)} "
                              "(rebuild the latent cache with model_family wan)")
         timesteps = self.network_timesteps(noisy, sigmas)
-        return network(hidden_states=noisy, timestep=timesteps.to(dtype),
+        return network(timestep=timesteps.to(dtype),
                        encoder_hidden_states=batch.prompt_embeds["prompt_embeds"].to(dtype),
-                       return_dict=False)[0]
+                       return_dict=False, **self._conditioned(noisy, batch, dtype))[0]
+
+    def _conditioned(self, noisy: torch.Tensor, batch: TrainingBatch, dtype: torch.dtype
+                     ) -> dict[str, torch.Tensor]:
+        """The network's inputs besides the timestep and the prompt (text-to-video: the noisy
+        latents alone)."""
+        return {"hidden_states": noisy}

@@ -58,8 +58,9 @@ class WanExpertAdapter(WanAdapter):
                    loss_settings=loss_settings, expert=expert, frozen_expert=frozen_expert,
                    boundary=boundary_ratio(folder), **frozen)
 
-    def move_to(self, device: torch.device) -> None:
-        super().move_to(device)
+    def move_to(self, device: torch.device,
+                except_modules: list[torch.nn.Module] | tuple = ()) -> None:
+        super().move_to(device, except_modules)
         self.frozen_expert.to(device)
 
     @property
@@ -83,10 +84,8 @@ class WanExpertAdapter(WanAdapter):
         trained = trainable if trainable is not None else self.transformer
         high, low = ((trained, self.frozen_expert) if self.expert == "high"
                      else (self.frozen_expert, trained))
-        return self.pipeline_class(
-            transformer=high, transformer_2=low, boundary_ratio=self.boundary, vae=self.vae,
-            scheduler=type(self.scheduler).from_config(self.scheduler.config),
-            **self._pipeline_text_components())
+        return self.pipeline_class(**self._pipeline_components(high), transformer_2=low,
+                                   boundary_ratio=self.boundary)
 
 
 class WanTI2VAdapter(WanAdapter):
@@ -107,4 +106,4 @@ class WanTI2VAdapter(WanAdapter):
         return pipeline
 
 
-LAYOUT_ADAPTERS = {"a14b": WanExpertAdapter, "ti2v": WanTI2VAdapter}  # by wan22_layout()
+LAYOUT_ADAPTERS = {"a14b": WanExpertAdapter, "ti2v": WanTI2VAdapter}  # by folder_kind()

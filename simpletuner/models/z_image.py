@@ -13,7 +13,7 @@ import torch
 from diffusers import ZImagePipeline, ZImageTransformer2DModel
 from transformers import AutoTokenizer, Qwen3Model
 
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.base import PLANNED_CAPTION, TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
 
 
@@ -46,6 +46,18 @@ class ZImageAdapter(FlowFamilyAdapter):
                                        attention_mask=mask,
                                        output_hidden_states=True).hidden_states[-2]
         return {"prompt_embeds": hidden, "prompt_mask": mask.to(hidden.dtype)}
+
+    def planned_prompt_embeds(self, count: int) -> dict[str, torch.Tensor]:
+        """The caption's tokens only: _predict drops the padding by the mask, which the meta
+        device cannot read."""
+        tokenizer = self.tokenizers[0]
+        text = tokenizer.apply_chat_template([{"role": "user", "content": PLANNED_CAPTION}],
+                                             tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=True)
+        tokens = min(len(tokenizer(text).input_ids), self.max_sequence_length)
+        width = self.text_encoders[0].config.hidden_size
+        return {"prompt_embeds": torch.empty(count, tokens, width, device=self.device),
+                "prompt_mask": torch.ones(count, tokens, device=self.device)}
 
     def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:

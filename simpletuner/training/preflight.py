@@ -24,6 +24,7 @@ from simpletuner.training.checkpointing.checkpointer import read_run_state
 from simpletuner.training.checkpointing.folders import resolve_resume
 from simpletuner.training.run.launch_checks import launch_warnings, static_problems
 from simpletuner.training.optimization.optimizers import optimizer_problems
+from simpletuner.training.reporting.validation_inputs import validation_input_problems
 from simpletuner.training.memory.quantization import precision_problems
 from simpletuner.training.settings import OptimizerSettings, PrecisionSettings
 
@@ -82,6 +83,8 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
             flavour_problem = adapter_class.flavour_problem(model_folder, training.model_flavour)
             if flavour_problem:
                 problems.append(f"{where}: key 'model_flavour': {flavour_problem}")
+            problems += validation_input_problems(adapter_class.for_folder(model_folder),
+                                                  training, where)
         except (ModelFolderError, ValueError) as exc:
             problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
 

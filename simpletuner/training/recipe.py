@@ -23,30 +23,28 @@ from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
-from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.helpers.metadata.startup import (build_sampler, report_skipped_files_together,
                                                   start_data)
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
-from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.base import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
-from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
-from simpletuner.training.adapters.by_type import add_adapter
-from simpletuner.training.adapters.lora_init import init_adapter
+from simpletuner.training.memory.block_swap import network_to_device
 from simpletuner.training.memory.offload import release_frozen_components
-from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
                                                   shard_network)
+from simpletuner.training.model_setup import load_trained_model
 from simpletuner.training.optimization.optimizers import build_optimizer
 from simpletuner.training.optimization.schedules import build_lr_scheduler
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
 from simpletuner.training.reporting.evaluation import Evaluator
 from simpletuner.training.reporting.run_start import new_run_log, start_run_log
-from simpletuner.training.reporting.validation import is_validation_step, run_validation
+from simpletuner.training.reporting.validation import is_validation_step, validate_model
+from simpletuner.training.reporting.validation_edits import EditPairs
 from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
@@ -74,7 +72,8 @@ class Trainer:
     and the shared ``seed``), ``adapter`` (the model family), ``caches``, ``sampler``,
     ``parts`` (what a checkpoint saves besides the state) and ``prepared`` (the network as
     accelerate wraps it), ``checkpointer``, ``state`` (RunState: step, epoch, seed, final loss,
-    the guard's bad steps), ``guard``, ``evaluator`` and ``trace``. ``watcher`` (stop signals)
+    the guard's bad steps), ``guard``, ``evaluator``, ``trace`` and ``edit_pairs`` (what
+    validation edits, with eval_dataset_id). ``watcher`` (stop signals)
     is there from the start: before the first step a signal stops the run at once, in the loop
     at the next step with a checkpoint, during the export once the export is complete."""
 
@@ -120,8 +119,12 @@ class Trainer:
         self.seed = self.data.seed
         # From the indexes, before any heavy work: a dataset that would never join the schedule.
         total_steps(self.training, build_sampler(self.data, self.training, self.accelerator))
-        self.adapter = self._load_model()
+        self.adapter, self.block_swap = load_trained_model(
+            self.training, self.settings, model_folder=self.preflight.model_folder,
+            resume_from=self.preflight.resume_from, seed=self.seed,
+            device=self.accelerator.device, weight_dtype=self.weight_dtype)
         self.caches = self._prepare_caches()
+        self.edit_pairs = EditPairs.select(self.configuration, self.data, self.caches.indexes)
         release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)
         self.sampler = self._build_sampler()
         self.total_steps = total_steps(self.training, self.sampler)
@@ -143,32 +146,12 @@ class Trainer:
                       resume_step=self.state.step, total_steps=self.total_steps,
                       processes=self.accelerator.num_processes)
 
-    def _load_model(self):
-        """Loaded, cast and quantized on the CPU, then moved: the device never holds an fp32
-        copy. A rank that cannot load the model stops every rank before the caches' collectives."""
-        training = self.training
-        with failing_together("loading the model"):
-            adapter = get_adapter_class(training.model_family).load(
-                self.preflight.model_folder, device=torch.device("cpu"),
-                weight_dtype=self.weight_dtype, loss_settings=LossSettings.from_config(training))
-            quantize_frozen_weights(adapter, self.settings.precision, self.weight_dtype)
-            adapter.move_to(self.accelerator.device)
-            if training.model_type == "lora":  # checkpoints hold the adapter only
-                # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
-                with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
-                    torch.manual_seed(stable_seed("lora init", self.seed) & (2**63 - 1))
-                    add_adapter(adapter.trainable, type(adapter), training)
-            if training.init_lora is not None and self.preflight.resume_from is None:
-                init_adapter(adapter, training.init_lora)
-            adapter.set_gradient_checkpointing(training.gradient_checkpointing)
-        return adapter
-
     def _prepare_caches(self):
         """VAE latents and text embeddings; undecodable images are dropped on every rank alike."""
         return prepare_caches(
             self.configuration.datasets, self.data.indexes,
             {i: b.caption_for for i, b in self.data.backends.items()},
-            self.adapter.encode_images, self.adapter.encode_prompts,
+            self.adapter.encode_for_cache, self.adapter.encode_prompts,
             model_folder=self.preflight.model_folder, family=self.training.model_family,
             output_dir=self.output_dir, seed=self.seed, rank=self.accelerator.process_index,
             world_size=self.accelerator.num_processes, vae_batch_size=self.training.vae_batch_size,
@@ -248,7 +231,7 @@ class Trainer:
         """Micro-batches from the lockstep sampler, one optimizer step per ``accumulation`` of
         them (a group never crosses buckets or epochs, see the sampler)."""
         validation = self.settings.validation
-        if validation.validation_on_startup and validation.prompts:
+        if validation.validation_on_startup and validation.enabled:
             self.validate()  # SimpleTuner's validation_on_startup: the starting weights
         self.parts.network.train()
         with ExitStack() as stack:
@@ -380,10 +363,11 @@ class Trainer:
             trained = network_on_main(self.accelerator, self.prepared)
             with failing_together(f"validation at step {self.state.step}"):
                 if self.accelerator.is_main_process:
-                    run_validation(self.adapter, self.settings.validation, self.state.step,
-                                   trainable=trained.to(self.accelerator.device),
-                                   accelerator=self.accelerator,
-                                   autocast_dtype=self.weight_dtype)
+                    validate_model(self.adapter, self.settings.validation, self.state.step,
+                                   edit_pairs=self.edit_pairs, datasets=self.configuration.datasets,
+                                   indexes=self.caches.indexes, trainable=network_to_device(
+                                       trained, self.accelerator.device, self.block_swap),
+                                   accelerator=self.accelerator, autocast_dtype=self.weight_dtype)
         finally:
             if ema is not None:
                 ema.swap(network)

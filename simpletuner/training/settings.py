@@ -72,6 +72,12 @@ class OffloadSettings(_TextEncoderPrecisions):
 
 
 @dataclass(frozen=True)
+class BlockSwapSettings(_FromConfig):
+    musubi_blocks_to_swap: int     # 0: every block on the training device
+    musubi_block_swap_device: str  # where the swapped blocks live
+
+
+@dataclass(frozen=True)
 class ShardingSettings(_FromConfig):
     fsdp_enable: bool
     fsdp_reshard_after_forward: bool
@@ -99,10 +105,13 @@ class ValidationSettings(_FromConfig):
     validation_guidance_skip_scale: float
     validation_num_video_frames: int | None
     validation_framerate: int | None
+    validation_using_datasets: bool
     validation_seed: int
     validation_negative_prompt: str | None
     validation_on_startup: bool
     validation_disable: bool
+    eval_dataset_id: str | None   # edit models: the pairs whose references validation edits
+    num_eval_images: int
     output_dir: str
     library: tuple[str, ...] = ()   # user_prompt_library's prompts, read once
 
@@ -119,6 +128,11 @@ class ValidationSettings(_FromConfig):
         prompt = self.validation_prompt
         given = [] if prompt is None else [prompt] if isinstance(prompt, str) else list(prompt)
         return given + list(self.library)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is anything to validate: prompts, or edit pairs (eval_dataset_id)."""
+        return not self.validation_disable and bool(self.prompts or self.eval_dataset_id)
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
@@ -155,6 +169,7 @@ class RunSettings:
     schedule: ScheduleSettings
     precision: PrecisionSettings
     offload: OffloadSettings
+    block_swap: BlockSwapSettings
     sharding: ShardingSettings
     validation: ValidationSettings
     evaluation: EvaluationSettings
@@ -165,6 +180,7 @@ class RunSettings:
                    schedule=ScheduleSettings.from_config(training),
                    precision=PrecisionSettings.from_config(training),
                    offload=OffloadSettings.from_config(training),
+                   block_swap=BlockSwapSettings.from_config(training),
                    sharding=ShardingSettings.from_config(training),
                    validation=ValidationSettings.from_config(training),
                    evaluation=EvaluationSettings.from_config(training))

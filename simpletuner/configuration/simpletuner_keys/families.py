@@ -88,9 +88,9 @@ FAMILY_KEYS = {
               "pipeline alone", (None, "trained-stage")),
     **ignored("sdxl_validation_stage1_model sdxl_validation_stage2_model", "used only with "
               "sdxl_validation_pipeline_mode 'full-pipeline', which is refused here"),
-    # Wan (2.1 text-to-video, 2.2 T2V-A14B)
-    **ignored("wan_force_2_1_time_embedding", "accepted; Wan 2.1 and 2.2 A14B models have the "
-              "2.1 time embedding already, and TI2V-5B folders are refused"),
+    # Wan (2.1 text-to-video and image-to-video, 2.2 T2V-A14B and TI2V-5B)
+    **ignored("wan_force_2_1_time_embedding", "accepted; Wan 2.1 (text- and image-to-video) "
+              "and 2.2 A14B models have the 2.1 time embedding already"),
     **ignored("wan_validation_load_other_stage", "accepted; a two-expert Wan 2.2 run always "
               "validates with both experts (the other frozen as loaded), as its export holds "
               "both"),

@@ -60,7 +60,7 @@ MODEL_KEYS = {
               "gradient_checkpointing_offload_pin_memory_max_buckets offload_during_startup "
               "offload_during_save delete_model_after_load unet_attention_slice keep_vae_loaded "
               "vae_enable_slicing vae_enable_tiling vae_enable_patch_conv "
-              "vae_enable_temporal_roll musubi_block_swap_device fully_unload_text_encoder "
+              "vae_enable_temporal_roll fully_unload_text_encoder "
               "optimizer_offload_gradients fuse_optimizer optimizer_release_gradients "
               "enable_chunked_feed_forward feed_forward_chunk_size set_grads_to_none "
               "fsdp_cpu_ram_efficient_loading fsdp_limit_all_gathers find_unused_parameters "
@@ -73,8 +73,6 @@ MODEL_KEYS = {
               "ramtorch_transformer_percent ramtorch_text_encoder_percent "
               "ramtorch_disable_sync_hooks ramtorch_disable_extensions",
               "used only with ramtorch, which is refused here"),
-    **refused("musubi_blocks_to_swap", "remove it; blocks are not swapped to the CPU here",
-              (None, 0)),
     **ignored("trust_remote_code", "accepted; no model here runs code from its folder"),
     **refused("max_grounding_entities", "remove it; grounding is not supported here", (None, 0)),
     **ignored("pretrained_grounding_model_name_or_path", "used only with grounding, which is "

@@ -36,15 +36,12 @@ REPORTING_KEYS = {
     **refused("eval_loss_disable", "remove it; set eval_steps_interval 0 (or leave out the eval "
               "datasets) to skip the eval loss"),
     **refused("evaluation_type", "remove it; CLIP scores are not computed here", (None, "none")),
-    **ignored("pretrained_evaluation_model_name_or_path num_eval_images", "used only with "
+    **ignored("pretrained_evaluation_model_name_or_path", "used only with "
               "evaluation_type 'clip', which is refused here"),
-    **refused("eval_dataset_id", "remove it; every enabled eval dataset is evaluated"),
     **refused("validation_method", "remove it; validation runs here, on the main process",
               (None, "simpletuner-local")),
     **ignored("validation_external_script validation_external_background", "used only with "
               "validation_method 'external-script', which is refused here"),
-    **refused("validation_using_datasets", "remove it; validation is text-to-image from "
-              "validation_prompt"),
     **refused("validation_randomize", "remove it; every validation uses validation_seed"),
     **ignored("validation_multigpu", "accepted; the main process makes every validation image"),
     **ignored("validation_seed_source", "accepted; validation noise comes from a CPU generator "

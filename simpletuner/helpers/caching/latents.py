@@ -1,7 +1,9 @@
 """VAE latent cache: one safetensors file per sample, named by a digest of everything that
 changes its contents, so a warm start encodes nothing and a changed setting never reuses a
 stale entry. A clip (a video dataset's sample) is decoded to its bucket's frames (clip.py) and
-its entry is [C, F', h, w]; a clip that decodes to fewer frames is a failed sample.
+its entry is [C, F', h, w]; a clip that decodes to fewer frames is a failed sample. A family
+that conditions on the sample itself (Wan I2V: its first frame's latents and CLIP embedding)
+returns them beside the latent, and they are kept in the same entry.
 
 Every rank plans the whole cache (file stats, no decoding), then encodes only its static share
 (``rank_share`` of the sorted sample ids). Images that were read but fail to decode, and files
@@ -32,7 +34,10 @@ from simpletuner.helpers.metadata.video_buckets import bucket_frames
 from simpletuner.helpers.multiaspect.clip import PreparedClip, prepare_clip
 from simpletuner.helpers.multiaspect.image import Downsample, PreparedImage, prepare_image
 
-EncodeImages = Callable[[torch.Tensor], torch.Tensor]  # ModelAdapter.encode_images
+# ModelAdapter.encode_for_cache: the latents, or {"latent": ..., <conditioning name>: ...},
+# each tensor batch-first.
+EncodeImages = Callable[[torch.Tensor], torch.Tensor | dict[str, torch.Tensor]]
+ENTRY_PARTS = ("latent", "geometry")  # what every entry holds besides a family's conditioning
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class CachedLatents:
     original_sizes: list[tuple[int, int]]      # (height, width)
     crop_top_lefts: list[tuple[int, int]]      # (top, left)
     target_sizes: list[tuple[int, int]]        # (height, width)
+    conditioning: dict[str, torch.Tensor] = field(default_factory=dict)  # each [B, ...]
 
 
 @dataclass
@@ -138,6 +144,8 @@ class LatentCache:
             original_sizes=[(g[0], g[1]) for g in geometry],
             crop_top_lefts=[(g[2], g[3]) for g in geometry],
             target_sizes=[(g[4], g[5]) for g in geometry],
+            conditioning={name: torch.stack([e[name] for e in entries])
+                          for name in entries[0] if name not in ENTRY_PARTS},
         )
 
 
@@ -195,13 +203,16 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
                     failures[sample_id] = outcome
             if ready:
                 with torch.no_grad():
-                    latents = encode_images(torch.stack([p.pixels for _, p in ready]))
-                latents = latents.detach().to("cpu", torch.float32)
-                for (sample_id, image), latent in zip(ready, latents):
+                    parts = encode_images(torch.stack([p.pixels for _, p in ready]))
+                if not isinstance(parts, dict):
+                    parts = {"latent": parts}
+                parts = {k: v.detach().to("cpu", torch.float32) for k, v in parts.items()}
+                for row, (sample_id, image) in enumerate(ready):
                     geometry = torch.tensor(
                         [*image.original_size, *image.crop_top_left, *image.target_size],
                         dtype=torch.int64)
-                    save_entry(cache.paths[sample_id], {"latent": latent, "geometry": geometry})
+                    save_entry(cache.paths[sample_id],
+                               {**{k: v[row] for k, v in parts.items()}, "geometry": geometry})
                 encoded += len(ready)
             bar.update(len(chunk))
     return LatentCacheResult(cache, failures, encoded)

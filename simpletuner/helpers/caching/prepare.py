@@ -42,6 +42,13 @@ class PreparedCaches:
                                    for c, index in references.items()}}
 
 
+def latent_components(model_folder: str | Path) -> list[str]:
+    """Sub-folders that shape latent entries: the VAE, and an image encoder with its processor
+    where the family caches image embeddings with the latents (Wan I2V)."""
+    return ["vae"] + [name for name in ("image_encoder", "image_processor")
+                      if (Path(model_folder) / name).is_dir()]
+
+
 def text_components(model_folder: str | Path) -> list[str]:
     """Sub-folders that shape text embeddings (text_encoder*, tokenizer*), for any family."""
     return sorted(p.name for p in Path(model_folder).iterdir()
@@ -81,7 +88,7 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
     any rank (a model that cannot encode, an unreadable caption, a full disk) is a RankFailure
     on every rank, never a rank waiting alone in the next collective."""
     with failing_together("reading the model's identity for the caches"):
-        vae_identity = model_identity(model_folder, ["vae"], family)
+        vae_identity = model_identity(model_folder, latent_components(model_folder), family)
         text_identity = model_identity(model_folder, text_components(model_folder), family)
     latent_caches, text_caches, kept, failures, reference_failures = {}, {}, {}, {}, {}
     for dataset in datasets:

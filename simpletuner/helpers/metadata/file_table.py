@@ -38,6 +38,17 @@ def shared_ints(values) -> list[int]:
     return list(map(distinct.tolist().__getitem__, which.tolist()))
 
 
+def _ascending_strings(ids: list) -> bool:
+    """A C loop (~0.06 s per 1 M ids): the table's order is the canonical order the split
+    relies on, and a rank trusts the digest recorded with it (backends/base.py)."""
+    if ids and not isinstance(ids[0], str):
+        return False
+    try:  # a str compared with anything else raises
+        return all(map(operator.lt, ids, islice(ids, 1, None)))
+    except TypeError:
+        return False
+
+
 class FileTableFormatError(ValueError):
     """The cached columns are not a table this code wrote."""
 
@@ -73,6 +84,8 @@ class FileTable:
             raise FileTableFormatError(f"'files' lacks one of the columns {', '.join(_COLUMNS)}")
         if len({len(column) for column in columns}) != 1:
             raise FileTableFormatError("the columns of 'files' differ in length")
+        if not _ascending_strings(columns[0]):
+            raise FileTableFormatError("the ids of 'files' are not ascending strings")
         clips = data.get("clips")
         if clips is not None and not (isinstance(clips, dict) and set(clips) == set(CLIP_COLUMNS)
                                       and all(isinstance(clips[n], list)

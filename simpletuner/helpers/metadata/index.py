@@ -27,6 +27,13 @@ class ClipPlan:
     counted_by: str     # duration x rate); the decode verifies at least ``frames`` exist
 
 
+def _digest_without(digest: str, removed: dict[str, str]) -> str:
+    """The digest of an index less ``removed``: this index's and the removed ids (sorted: the
+    same whatever order a caller's dict has), which decide the smaller content."""
+    names = "\0".join(sorted(removed)).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(b"without\0" + digest.encode("ascii") + b"\0" + names).hexdigest()
+
+
 @dataclass
 class DatasetIndex:
     dataset_id: str
@@ -40,13 +47,32 @@ class DatasetIndex:
     def __post_init__(self):
         # Any list is accepted and put in canonical order once, here (see SortedIds).
         self.buckets = {key: canonical_ids(ids) for key, ids in self.buckets.items()}
+        # Not a field, so dataclasses.replace() (other content) starts without it.
+        self._digest: str | None = None
 
     @property
     def sample_count(self) -> int:
         return sum(len(ids) for ids in self.buckets.values())
 
     def digest(self) -> str:
-        """Stable across processes and machines: ranks compare it to agree on the index."""
+        """Stable across processes and machines: ranks compare it to agree on the index, the
+        sampler's fingerprint holds it. Hashing the content costs seconds at 10 M samples, so
+        it is computed once per content: when the index cache is written, or on first use."""
+        if self._digest is None:
+            self._digest = self._content_digest()
+        return self._digest
+
+    @property
+    def known_digest(self) -> str | None:
+        """The digest if already known (recorded, derived or computed), else None."""
+        return self._digest
+
+    def set_digest(self, digest: str) -> None:
+        """Take ``digest`` as this content's: the one recorded in the index cache by the main
+        process that wrote it, so a loading rank never hashes millions of ids."""
+        self._digest = digest
+
+    def _content_digest(self) -> str:
         content = [self.dataset_id, dict(sorted(self.buckets.items()))]
         if self.clips:  # only then, so an image index keeps its digest
             content.append({s: [c.fps, c.source_frames] for s, c in sorted(self.clips.items())})
@@ -57,6 +83,14 @@ class DatasetIndex:
 
     def without(self, removed: dict[str, str]) -> "DatasetIndex":
         """A copy without ``removed`` (sample id -> reason), which are reported as skipped."""
+        smaller = self._less(removed)
+        # A few removed (undecodable files): derived from them, the rest not hashed again.
+        # Most removed (max_num_samples): what is left is the smaller thing to hash.
+        if smaller is not self and len(removed) <= self.sample_count // 2:
+            smaller.set_digest(_digest_without(self.digest(), removed))
+        return smaller
+
+    def _less(self, removed: dict[str, str]) -> "DatasetIndex":
         if not removed:
             return self
         buckets = {}

@@ -42,5 +42,6 @@ class BatchAssembler:
                     [s.references[position] for s in micro_batch.samples]).latents
                 for position, conditioning_id in enumerate(
                     self.conditioning.get(dataset_id, ()))),
+            conditioning=cached.conditioning,
         )
 

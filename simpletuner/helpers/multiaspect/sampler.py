@@ -104,7 +104,6 @@ class MultiAspectSampler:
         self.timeline = DatasetTimeline({d.index.dataset_id: d.schedule for d in self.datasets},
                                         self._dataset_groups, seed=seed)
         self._counts_by_epoch: dict[int, list[BucketCounts]] = {}
-        self._index_digests: dict[str, str] | None = None  # hashing every id: once, not per save
         self.epoch = 0
         self.step = 0
         self._cache_epoch: int | None = None
@@ -154,8 +153,6 @@ class MultiAspectSampler:
 
     def fingerprint(self) -> dict:
         """Everything that decides the plan; plain JSON so a mismatch can name what changed."""
-        if self._index_digests is None:
-            self._index_digests = {d.index.dataset_id: d.index.digest() for d in self.datasets}
         return {
             "split_version": SPLIT_VERSION,
             "processes": self.processes,
@@ -168,7 +165,7 @@ class MultiAspectSampler:
                     "repeats": d.repeats,
                     "allow_oversubscription": d.allow_oversubscription,
                     "bucket_tail": d.bucket_tail,
-                    "index": self._index_digests[d.index.dataset_id],
+                    "index": d.index.digest(),  # once per index (index.py)
                     **d.schedule.fingerprint(),
                 }
                 for d in self.datasets

@@ -22,6 +22,7 @@ RECIPES = {
     "tiny-z_image": ("simpletuner.models.tiny.z_image", "build_z_image"),
     "tiny-flux2": ("simpletuner.models.tiny.flux2_models", "build_flux2_klein"),
     "tiny-wan": ("simpletuner.models.tiny.wan_model", "build_wan"),
+    "tiny-wan-i2v": ("simpletuner.models.tiny.wan_model", "build_wan_i2v"),
     "tiny-wan22": ("simpletuner.models.tiny.wan22_model", "build_wan22"),
     "tiny-wan22-ti2v": ("simpletuner.models.tiny.wan22_model", "build_wan22_ti2v"),
 }

@@ -13,8 +13,9 @@ shards every parameter of the network on dim 0, and with it gradients, state and
 the VAE and the text encoders are replicated. At both moments: a frozen network beside the
 trained one (Wan 2.2 A14B's other expert), in the mixed_precision dtype, replicated.
 
-Not counted: activations (batch size, resolution, gradient_checkpointing), the blocks FSDP2
-gathers while they run, DDP's gradient buckets, the CUDA context and allocator overhead."""
+Not counted here: activations (activations.py; fitting.py adds them and block swap), the
+blocks FSDP2 gathers while they run, DDP's gradient buckets, the CUDA context and allocator
+overhead."""
 
 from __future__ import annotations
 

@@ -1,25 +1,20 @@
-"""`python -m simpletuner plan --memory [--num-processes N]`: the memory model's bytes per
-rank (model.py) under DDP and under FSDP2 at N processes, printed as a table, from the config
-and the model folder's configs only (no weight is read)."""
+"""`python -m simpletuner plan --memory [--num-processes N] [--gpu-memory GIB]`: the memory
+model's bytes per rank (model.py) under DDP and under FSDP2 at N processes, printed as a table,
+then the device's peak with one micro-batch's activations (activations.py) and block swap, and
+with --gpu-memory whether that fits and what would make it fit (fitting.py); from the config
+and the model folder's configs and tokenizers only (no weight is read)."""
 
 from __future__ import annotations
 
 import sys
 import textwrap
 
+from simpletuner.training.memory.device_report import byte_size, device_report
 from simpletuner.training.memory.model import MemoryPlan, RankBytes, memory_plan
 
-NOT_COUNTED = ("Not counted: activations (they grow with batch size and resolution; "
-               "gradient_checkpointing cuts them), FSDP2's gathered blocks while they run, "
+NOT_COUNTED = ("Not counted above: activations (below), FSDP2's gathered blocks while they run, "
                "DDP's gradient buckets (up to one more copy of the gradients), the CUDA context "
                "and allocator overhead.")
-
-
-def _size(count: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.2f} {unit}"
-    return f"{count} B"
 
 
 def _by_storage(held: dict[str, int]) -> str:
@@ -27,7 +22,7 @@ def _by_storage(held: dict[str, int]) -> str:
     total = sum(held.values())
     kinds = [k for v, k in sorted(((v, k) for k, v in held.items()), reverse=True)
              if v > total / 100]
-    return f"{_size(total)} {' + '.join(kinds)}".rstrip()
+    return f"{byte_size(total)} {' + '.join(kinds)}".rstrip()
 
 
 def _count(parameters: int) -> str:
@@ -47,17 +42,17 @@ def _rows(held: RankBytes, training) -> list[tuple[str, str]]:
         ("  network (not yet sharded)", _by_storage(held.network_while_caching)),
         ("  VAE + text encoders", _by_storage(held.frozen_components)),
         *others,
-        ("  total", _size(held.while_caching)),
+        ("  total", byte_size(held.while_caching)),
         ("while training", ""),
         ("  trainable parameters", _by_storage(held.trainable)),
         ("  frozen network", _by_storage(held.frozen)),
-        ("  gradients", _size(held.gradients)),
-        (f"  optimizer state ({training.optimizer})", _size(held.optimizer)),
-        ("  EMA (float32)", _size(held.ema)),
+        ("  gradients", byte_size(held.gradients)),
+        (f"  optimizer state ({training.optimizer})", byte_size(held.optimizer)),
+        ("  EMA (float32)", byte_size(held.ema)),
         (f"  VAE + text encoders ({away})", components),
         *others,
-        ("  total", _size(held.while_training)),
-        ("peak per rank", _size(held.peak)),
+        ("  total", byte_size(held.while_training)),
+        ("peak per rank", byte_size(held.peak)),
     ]
 
 
@@ -93,8 +88,10 @@ def memory_table(plan: MemoryPlan, training, world: int) -> str:
     return "\n".join(lines)
 
 
-def run_memory_plan(config_path: str, num_processes: int | None) -> int:
-    """Exit code: 0, or 2 for a bad configuration or process count."""
+def run_memory_plan(config_path: str, num_processes: int | None, gpu_memory: float | None = None,
+                    frames: int = 1, size: tuple[int, int] | None = None) -> int:
+    """Exit code: 0, or 2 for a bad configuration or process count; with ``gpu_memory`` (GiB)
+    1 when nothing tried fits."""
     from simpletuner.configuration import ConfigError, load_configuration
     from simpletuner.models.builtin import resolve_model_path
     try:
@@ -108,5 +105,8 @@ def run_memory_plan(config_path: str, num_processes: int | None) -> int:
         print(f"--num-processes is {world}; expected 1 or more", file=sys.stderr)
         return 2
     folder = resolve_model_path(training.pretrained_model_name_or_path)
-    print(memory_table(memory_plan(training, folder, world), training, world))
-    return 0
+    plan = memory_plan(training, folder, world)
+    print(memory_table(plan, training, world))
+    lines, fits = device_report(plan, training, folder, gpu_memory, frames, size)
+    print("\n".join(lines))
+    return 0 if fits is not False else 1

@@ -9,12 +9,15 @@ Each library is imported only when its precision is asked for."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from simpletuner.training.settings import PrecisionSettings
+
+logger = logging.getLogger(__name__)
 
 QUANTIZATION_INSTALL = "pip install 'simpletuner[quantization]'"
 
@@ -160,6 +163,8 @@ def quantize_frozen_weights(adapter, settings: PrecisionSettings, compute_dtype:
         network.requires_grad_(False).to(compute_dtype)
         if settings.base_model_precision != "no_change":
             PRECISIONS[settings.base_model_precision].quantize(network, compute_dtype)
+            logger.info("the frozen %s quantized to %s", type(network).__name__,
+                        settings.base_model_precision)
     for number, encoder in enumerate(adapter.text_encoders, start=1):
         quantize_text_encoder(encoder, settings.text_encoder_precision(number), compute_dtype)
 

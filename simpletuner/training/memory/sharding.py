@@ -113,10 +113,11 @@ def _take_main_ranks_values(network: torch.nn.Module) -> None:
 
 def prepare(accelerator, network: torch.nn.Module, optimizer):
     """(the module to call, the optimizer): a sharded network is used as it is, since
-    accelerate would wrap it in DDP; otherwise accelerate prepares both (DDP)."""
+    accelerate would wrap it in DDP; otherwise accelerate prepares both (DDP). The network is
+    already placed (block swap keeps some blocks on the host): accelerate does not move it."""
     if is_sharded(network):
         return network, accelerator.prepare(optimizer)
-    return accelerator.prepare(network, optimizer)
+    return accelerator.prepare(network, optimizer, device_placement=[False, True])
 
 
 def accumulating(accelerator, network: torch.nn.Module, sync: bool):

@@ -137,7 +137,8 @@ def _validation_images(output_dir: Path, notes: list[str]) -> dict[int, list[Val
 
 def _validation_image(output_dir: Path, path: Path, notes: list[str]) -> ValidationImage | None:
     """The prompt is in the PNG's text (models/pipelines.py writes it there); a clip's in its
-    frame strip's (validation_clips.py)."""
+    frame strip's (validation_clips.py). An edit's side-by-side (validation_edits.py) is shown
+    in its result's place."""
     try:
         with Image.open(path) as image:
             size = image.size
@@ -147,7 +148,9 @@ def _validation_image(output_dir: Path, path: Path, notes: list[str]) -> Validat
     except (OSError, ValueError) as exc:
         notes.append(f"{path.relative_to(output_dir)}: not readable ({exc})")
         return None
-    return ValidationImage(path.relative_to(output_dir).as_posix(), prompt, size)
+    edit = path.with_name(path.name.replace("image-", "edit-", 1))  # reference | result
+    shown = edit if path.suffix == ".png" and edit.is_file() else path
+    return ValidationImage(shown.relative_to(output_dir).as_posix(), prompt, size)
 
 
 def _checkpoint_entry(step: int, folder: Path, verify_hashes: bool) -> CheckpointEntry:

@@ -11,6 +11,8 @@ from simpletuner.models.pipelines import (first_clip, generate_validation_images
                                           save_validation_images)
 from simpletuner.training.reporting.trackers import log_images
 from simpletuner.training.reporting.validation_clips import frame_strip, save_validation_clips
+from simpletuner.training.reporting.validation_edits import EditPairs, run_edit_validation
+from simpletuner.training.reporting.validation_inputs import validation_input_images
 from simpletuner.training.settings import ValidationSettings
 
 logger = logging.getLogger(__name__)
@@ -18,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 def is_validation_step(settings: ValidationSettings, step: int, last_step: int) -> bool:
     """Every validation_steps steps (0 = only at the end), and always at the end."""
-    if not settings.prompts:
+    if not settings.enabled:
         return False
     if step == last_step:
         return True
@@ -34,9 +36,10 @@ def clip_frames(adapter, settings: ValidationSettings) -> int | None:
 
 
 def run_validation(adapter, settings: ValidationSettings, step: int, *, trainable=None,
-                   accelerator=None, autocast_dtype=None) -> list[Path]:
+                   accelerator=None, autocast_dtype=None, images=None) -> list[Path]:
     """Generate and save one image (or clip) per prompt and validation size into
-    output_dir/validation/step-<n>/ (by size, then prompt)."""
+    output_dir/validation/step-<n>/ (by size, then prompt); ``images``: each prompt's input
+    image (validation_inputs.py), for an image-to-video model."""
     prompts = settings.prompts
     frames = clip_frames(adapter, settings)
     arguments = settings.pipeline_arguments()
@@ -50,6 +53,7 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
                 pipeline, prompts, resolution=size,
                 num_inference_steps=settings.validation_num_inference_steps,
                 seed=settings.validation_seed, autocast_dtype=autocast_dtype,
+                input_images=images,
                 **adapter.validation_arguments(arguments),
                 **adapter.size_arguments(size))
             labels += prompts
@@ -66,3 +70,16 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
     logger.info("validation %s for step %d in %s", "images" if frames is None else "clips",
                 step, folder)
     return paths
+
+
+def validate_model(adapter, settings: ValidationSettings, step: int, *,
+                   edit_pairs: EditPairs | None, datasets, indexes, trainable=None, accelerator=None,
+                   autocast_dtype=None) -> list[Path]:
+    """An edit model edits its validation references (validation_edits.py); any other model
+    generates from the prompts, an image-to-video one from an input image each."""
+    if edit_pairs is not None:
+        return run_edit_validation(adapter, settings, edit_pairs, step, trainable=trainable,
+                                   accelerator=accelerator, autocast_dtype=autocast_dtype)
+    return run_validation(adapter, settings, step, trainable=trainable, accelerator=accelerator,
+                          autocast_dtype=autocast_dtype,
+                          images=validation_input_images(datasets, indexes, settings))

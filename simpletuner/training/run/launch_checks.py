@@ -14,6 +14,8 @@ from simpletuner.configuration import Configuration
 from simpletuner.configuration.validation_options import validation_sizes
 from simpletuner.helpers.data_backend.huggingface_loading import dataset_problems
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.pairs import pair_references
 from simpletuner.helpers.metadata.split import UndersizedBucketsError, check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.models.model_path import family_folder_problem, model_path_problem
@@ -41,20 +43,38 @@ def launch_problems(configuration: Configuration) -> list[str]:
 
 def cached_bucket_problems(configuration: Configuration) -> list[str]:
     """Undersized buckets of the folder datasets whose index cache holds every listed file's
-    header; a dataset without one is left to the run, which reports the same (status 2)."""
+    header, after pairing edit targets with their references as start-up does (a target
+    without its reference is not trained); a dataset without one, or with a reference dataset
+    without one, is left to the run, which reports the same (status 2)."""
     training, specs = configuration.training, []
+    cached = _cached_indexes([*configuration.datasets, *configuration.references], training)
     for dataset in configuration.datasets:
-        if dataset.type != "local" or dataset.metadata_backend != "discovery":
-            continue  # remote listings and tables are read by the run, not by check
-        backend = MetadataBackend.from_config(dataset, training)
-        index = backend.index_if_cached()
-        if index is not None:
-            specs.append(backend.split_spec(limit_samples(index, dataset.max_num_samples)))
+        conditioning = dataset.conditioning_ids()
+        if dataset.id not in cached or not all(c in cached for c in conditioning):
+            continue
+        backend, index = cached[dataset.id]
+        if conditioning:
+            index = pair_references(index, [cached[c][1] for c in conditioning]).target
+        specs.append(backend.split_spec(limit_samples(index, dataset.max_num_samples)))
     try:
         check_bucket_sizes(specs, training.num_processes, training.gradient_accumulation_steps)
     except UndersizedBucketsError as exc:
         return [f"{training.data_backend_config} (as its index cache in output_dir shows): {exc}"]
     return []
+
+
+def _cached_indexes(datasets: list, training) -> dict[str, tuple[MetadataBackend, DatasetIndex]]:
+    """Dataset id -> its backend and cached index, for the local folders that have one (remote
+    listings and tables are read by the run, not by check)."""
+    cached = {}
+    for dataset in datasets:
+        if dataset.type != "local" or dataset.metadata_backend != "discovery":
+            continue
+        backend = MetadataBackend.from_config(dataset, training)
+        index = backend.index_if_cached()
+        if index is not None:
+            cached[dataset.id] = backend, index
+    return cached
 
 
 def launch_warnings(configuration: Configuration) -> list[str]:

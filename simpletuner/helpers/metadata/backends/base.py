@@ -9,14 +9,17 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds:
   other than the main one read it with ``load_index`` and refuse it if the settings differ.
   A bucket is a list of ascending rows of ``files``, which is sorted by sample id, so loading
   it yields the canonical order without comparing a single id (and each id string is held
-  once). The ranks' agreement check compares every rank's index with the main one's, built
-  from the listing, so a cache edited out of order is caught there.
+  once); the ids are checked to ascend as they are read (file_table.py), so a cache edited
+  out of order is refused rather than trusted.
 
 * ``captions``: captions known at indexing time (a metadata table's, or caption files fetched
   from remote storage; see captions.py), so other ranks never fetch them one by one.
 * ``data_digest``: the digest of its sample table, which a checkpoint records; the file it
   replaces is kept under ``metadata/previous/`` to name changed files on resume
-  (index_history.py).
+  (index_history.py). ``index.digest``: the index's own digest (what ranks agree on and the
+  sampler's fingerprint holds), computed once by the main process as it writes the cache, so
+  no rank hashes every id at start-up; a cache without one gains it on the next warm start.
+  Ranks that read different caches (storage not shared alike) see different digests.
 
 Where the sizes come from is the metadata source: header probes (headers.py, 'discovery'), a
 table (table.py, 'parquet') or a datasets-library split's rows (huggingface_rows.py); where the
@@ -63,6 +66,7 @@ logger = logging.getLogger(__name__)
 
 # 3: ``files`` is a table of columns; 4: buckets are rows of that table; 5: any storage
 CACHE_VERSION = 5
+INDEX_DIGEST_KEY = "digest"  # in ``index``: DatasetIndex.digest(), computed as it is written
 
 
 class MetadataCacheError(RuntimeError):
@@ -171,7 +175,8 @@ class MetadataBackend:
             "version": CACHE_VERSION, "dataset_id": self.dataset.id,
             "files_key": self._file_entries_key(), "files": found.files.to_json(),
             "settings": self.settings(),
-            "index": {"buckets": rows, "skipped": [[s.path, s.reason] for s in index.skipped]},
+            "index": {"buckets": rows, "skipped": [[s.path, s.reason] for s in index.skipped],
+                      INDEX_DIGEST_KEY: index.digest()},
             "captions": self.captions.to_json() if self.captions is not None else None,
         }
         changed = self.history.write_if_changed(new_cache, cache)
@@ -201,7 +206,10 @@ class MetadataBackend:
     def _reuse_cached_index(self, cache: dict[str, Any], listed: int) -> DatasetIndex:
         """The source says the cache was built from exactly this data: take it as it is."""
         index = self._index_from(cache)
-        written = DIGEST_KEY not in cache and self.history.write_if_changed(dict(cache), cache)
+        written = False
+        if DIGEST_KEY not in cache or INDEX_DIGEST_KEY not in cache["index"]:  # older caches
+            updated = {**cache, "index": {**cache["index"], INDEX_DIGEST_KEY: index.digest()}}
+            written = self.history.write_if_changed(updated, cache)
         self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
                                           cache_written=written)
         return index
@@ -220,6 +228,7 @@ class MetadataBackend:
         try:
             buckets = {key: files.ids_at(rows) for key, rows in cache["index"]["buckets"].items()}
             skipped = [SkippedFile(path, reason) for path, reason in cache["index"]["skipped"]]
+            recorded = cache["index"].get(INDEX_DIGEST_KEY)
         except (FileTableFormatError, LookupError, TypeError, ValueError, AttributeError) as exc:
             raise MetadataCacheError(
                 f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} has a "
@@ -232,8 +241,11 @@ class MetadataBackend:
                     "its captions; refresh it on the main process first")
         sizes = files.image_sizes({s.path for s in skipped})
         self.data_digest = cache_digest(cache)
-        return DatasetIndex(self.dataset.id, buckets, sizes, skipped,
-                            self.bucketing.clip_plans(buckets, files))
+        index = DatasetIndex(self.dataset.id, buckets, sizes, skipped,
+                             self.bucketing.clip_plans(buckets, files))
+        if isinstance(recorded, str):
+            index.set_digest(recorded)
+        return index
 
     def index_version(self) -> IndexVersion | None:
         """The index cache the last refresh or load read (None before either)."""

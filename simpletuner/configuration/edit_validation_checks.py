@@ -1,0 +1,41 @@
+"""eval_dataset_id: the edit pairs whose references validation edits, checked against the model
+and the dataset file (SimpleTuner's key; its Kontext guide leaves validation_using_datasets
+off, because the paired references are what validation takes)."""
+
+from __future__ import annotations
+
+from simpletuner.configuration.conditioning_checks import takes_references
+
+
+def check_edit_validation(training, datasets: list, where: str, problems: list[str]) -> None:
+    """Every problem with eval_dataset_id, appended to ``problems``."""
+    name = training.eval_dataset_id
+    if name is None:
+        return
+    key = f"{where}: key 'eval_dataset_id'"
+    if not takes_references(training.model_family, training.model_flavour):
+        problems.append(f"{key} picks the edit pairs that validation edits, which only edit "
+                        "models do (model_family 'flux' with model_flavour 'kontext'); remove "
+                        "it (every enabled eval dataset's loss is logged)")
+        return
+    dataset = {ds.id: ds for ds in datasets}.get(name)
+    if dataset is None:
+        problems.append(f"{key} names {name!r}, which is not an enabled dataset of the dataset "
+                        "file; name the dataset whose conditioning_data holds the references")
+    elif not dataset.conditioning_ids():
+        problems.append(f"{key} names '{name}', which has no conditioning_data; name a dataset "
+                        "paired with references")
+    elif len(dataset.conditioning_ids()) > 1:
+        problems.append(f"{key} names '{name}', whose targets have "
+                        f"{len(dataset.conditioning_ids())} references each; "
+                        "FluxKontextPipeline edits one reference image: name a dataset with one "
+                        "conditioning dataset")
+    if training.validation_prompt is not None or training.user_prompt_library is not None:
+        problems.append(f"{key}: validation edits the references of '{name}' with their "
+                        "targets' captions as prompts; remove validation_prompt and "
+                        "user_prompt_library, or remove eval_dataset_id for text-to-image "
+                        "validation")
+    if training.validation_using_datasets:
+        problems.append(f"{where}: key 'validation_using_datasets' takes image-to-video "
+                        f"models' input images; the edit model's validation edits the "
+                        f"references of '{name}' (eval_dataset_id): remove it")

@@ -1,0 +1,37 @@
+"""The model as a run trains it: loaded, cast and quantized on the CPU, placed on the device
+(block swap's host blocks left behind), the adapter added with the run's seed, init_lora."""
+
+from __future__ import annotations
+
+import torch
+
+from simpletuner.common.together import failing_together
+from simpletuner.helpers.metadata.permutation import stable_seed
+from simpletuner.models.base import LossSettings
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.adapters.by_type import add_adapter
+from simpletuner.training.adapters.lora_init import init_adapter
+from simpletuner.training.memory.block_swap import place_network
+from simpletuner.training.memory.quantization import quantize_frozen_weights
+
+
+def load_trained_model(training, settings, *, model_folder, resume_from, seed: int, device,
+                       weight_dtype):
+    """(adapter, block swap) on every rank; ``settings`` is the run's RunSettings. The device
+    never holds an fp32 copy, and a rank that cannot load the model stops every rank before
+    the caches' collectives."""
+    with failing_together("loading the model"):
+        adapter = get_adapter_class(training.model_family).load(
+            model_folder, device=torch.device("cpu"), weight_dtype=weight_dtype,
+            loss_settings=LossSettings.from_config(training))
+        quantize_frozen_weights(adapter, settings.precision, weight_dtype)
+        block_swap = place_network(adapter, settings.block_swap, device)
+        if training.model_type == "lora":  # checkpoints hold the adapter only
+            # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.
+            with torch.random.fork_rng():  # manual_seed seeds CUDA too; both restored after
+                torch.manual_seed(stable_seed("lora init", seed) & (2**63 - 1))
+                add_adapter(adapter.trainable, type(adapter), training)
+        if training.init_lora is not None and resume_from is None:
+            init_adapter(adapter, training.init_lora)
+        adapter.set_gradient_checkpointing(training.gradient_checkpointing)
+    return adapter, block_swap

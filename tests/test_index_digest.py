@@ -1,0 +1,197 @@
+"""The index digest: recorded in the index cache by the main rank as it writes it, taken as it
+is by every loading rank (no rank hashes every id at start-up), derived for a smaller index,
+and still telling apart ranks that read different caches (real gloo processes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import unittest
+from dataclasses import replace
+from pathlib import Path
+
+from discovery_fixtures import dataset_config, encode, image, training_config, write
+from launching import run_bounded
+from simpletuner.helpers.metadata.backends.base import MetadataBackend
+from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
+from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
+
+SIZES = [(96, 64), (64, 96), (64, 64), (64, 64), (128, 64), (96, 64)]
+
+
+def content_digest(dataset_id: str, buckets: dict[str, list[str]]) -> str:
+    """The digest's definition (index.py), written out here: SHA-256 of the compact JSON of
+    the dataset id and the buckets by key."""
+    payload = json.dumps([dataset_id, dict(sorted(buckets.items()))], separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def populate(folder: Path, count: int = len(SIZES)) -> None:
+    for i in range(count):
+        w, h = SIZES[i % len(SIZES)]
+        write(folder, f"dir{i % 2}/img{i:02d}.png", encode(image(w, h, seed=i), "PNG"))
+
+
+class RecordedDigestTest(unittest.TestCase):
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.data, self.output = Path(tmp.name) / "data", Path(tmp.name) / "out"
+        populate(self.data)
+
+    def backend(self) -> MetadataBackend:
+        return MetadataBackend.from_config(dataset_config(self.data),
+                                           training_config(self.output))
+
+    def cache(self, backend: MetadataBackend) -> dict:
+        return json.loads(backend.cache_path.read_text())
+
+    def expected(self, index: DatasetIndex) -> str:
+        return content_digest("photos", {k: list(v) for k, v in index.buckets.items()})
+
+    def test_the_main_rank_records_the_content_digest_and_other_ranks_take_it(self):
+        main = self.backend()
+        index = main.refresh_index(show_progress=False)
+        self.assertEqual(self.cache(main)["index"]["digest"], self.expected(index))
+        loaded = self.backend().load_index()
+        self.assertEqual(loaded.buckets, index.buckets)
+        self.assertEqual(loaded.known_digest, self.expected(index))  # known before any hashing
+        # Taken as recorded, not recomputed: a loading rank's start-up hashes no id.
+        cache = self.cache(main)
+        cache["index"]["digest"] = "recorded by the main rank"
+        main.cache_path.write_text(json.dumps(cache))
+        self.assertEqual(self.backend().load_index().digest(), "recorded by the main rank")
+
+    def test_a_cache_without_a_digest_gains_it_on_the_next_warm_start(self):
+        main = self.backend()
+        index = main.refresh_index(show_progress=False)
+        cache = self.cache(main)
+        del cache["index"]["digest"]
+        main.cache_path.write_text(json.dumps(cache))
+        self.assertIsNone(self.backend().load_index().known_digest)  # computed when asked
+        again = self.backend()
+        self.assertEqual(again.refresh_index(show_progress=False).digest(), self.expected(index))
+        self.assertEqual(again.last_refresh.read, 0)
+        self.assertTrue(again.last_refresh.cache_written)
+        self.assertEqual(self.cache(again)["index"]["digest"], self.expected(index))
+
+    def test_a_smaller_index_derives_its_digest_from_what_was_removed(self):
+        self.backend().refresh_index(show_progress=False)
+        index = self.backend().load_index()
+        gone = sorted(index.buckets["64x64"])[0]
+        smaller = index.without({gone: "undecodable"})
+        self.assertNotIn(gone, smaller.buckets["64x64"])
+        self.assertNotEqual(smaller.digest(), index.digest())
+        # the same on every rank that removes the same samples, whatever the reason's text
+        other_rank = self.backend().load_index().without({gone: "another reason"})
+        self.assertEqual(other_rank.digest(), smaller.digest())
+        other_sample = sorted(index.buckets["96x64"])[0]
+        self.assertNotEqual(index.without({other_sample: "undecodable"}).digest(),
+                            smaller.digest())
+        self.assertNotEqual(index.without({gone: "x", other_sample: "y"}).digest(),
+                            smaller.digest())
+        # derived from the parent's digest: other content before, another digest after
+        twin = DatasetIndex("photos", index.buckets, {})
+        twin.set_digest("another parent")
+        self.assertNotEqual(twin.without({gone: "undecodable"}).digest(), smaller.digest())
+
+    def test_other_content_made_with_replace_does_not_keep_the_digest(self):
+        self.backend().refresh_index(show_progress=False)
+        index = self.backend().load_index()
+        sample = sorted(index.buckets["64x64"])[0]
+        clips = {sample: ClipPlan(1, "24/1", 1, "container")}
+        changed = replace(index, clips=clips)  # how paired indexes gain their references
+        self.assertIsNone(changed.known_digest)
+        self.assertNotEqual(changed.digest(), index.digest())
+        self.assertEqual(changed.digest(),
+                         DatasetIndex("photos", index.buckets, {}, clips=clips).digest())
+
+    def test_an_index_with_most_samples_removed_hashes_what_is_left(self):
+        self.backend().refresh_index(show_progress=False)
+        index = self.backend().load_index()
+        kept = sorted(index.buckets["64x64"])[-1]
+        few = index.without({s: "beyond max_num_samples" for ids in index.buckets.values()
+                             for s in ids if s != kept})
+        self.assertEqual(few.buckets, {"64x64": [kept]})
+        self.assertEqual(few.digest(), content_digest("photos", {"64x64": [kept]}))
+
+
+class FileTableOrderTest(unittest.TestCase):
+    def test_a_table_is_read_only_with_strictly_ascending_string_ids(self):
+        def table(ids: list) -> dict:
+            n = len(ids)
+            return {"ids": ids, "bytes": [1] * n, "change_key": [2] * n, "width": [64] * n,
+                    "height": [64] * n, "errors": {}}
+
+        self.assertEqual(FileTable.from_json(table(["a/1.png", "a/2.png", "b.png"])).ids,
+                         ["a/1.png", "a/2.png", "b.png"])
+        for ids in (["b.png", "a.png"], ["a.png", "a.png"], ["a.png", 1], [1, 2], [None]):
+            with self.subTest(ids=ids), self.assertRaisesRegex(FileTableFormatError,
+                                                               "not ascending strings"):
+                FileTable.from_json(table(ids))
+
+
+WORKER = r"""
+import json, sys
+from pathlib import Path
+from accelerate import Accelerator
+sys.path.insert(0, sys.argv[4])
+from discovery_fixtures import dataset_config, training_config
+from simpletuner.common.clean_exit import exit_process
+from simpletuner.helpers.metadata.backends.base import IndexAgreementError, MetadataBackend
+
+accelerator = Accelerator(cpu=True)
+data, shared, stale, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[5]
+main = accelerator.is_main_process
+outcomes = []
+for rank_one_output in (shared, stale):
+    output = shared if main else rank_one_output
+    backend = MetadataBackend.from_config(dataset_config(data), training_config(output))
+    index = backend.refresh_index(show_progress=False) if main else None
+    accelerator.wait_for_everyone()  # the main rank's cache is written
+    index = index or backend.load_index()
+    try:
+        MetadataBackend.check_index_agreement({"photos": index}, None, accelerator)
+        outcomes.append(["agreed", index.known_digest])
+    except IndexAgreementError as exc:
+        outcomes.append([str(exc), index.known_digest])
+Path(out, f"rank-{accelerator.process_index}.json").write_text(json.dumps(outcomes))
+accelerator.end_training()
+exit_process(0)
+"""
+
+
+class RanksReadingDifferentCachesTest(unittest.TestCase):
+    def test_recorded_digests_agree_on_one_cache_and_tell_a_stale_one_apart(self):
+        tmp = Path(tempfile.mkdtemp())
+        data = tmp / "data"
+        populate(data, 5)
+        stale = MetadataBackend.from_config(dataset_config(data), training_config(tmp / "stale"))
+        stale_digest = stale.refresh_index(show_progress=False).digest()
+        populate(data, 6)  # the data changed after the stale cache was written
+        (tmp / "worker.py").write_text(WORKER)
+        (tmp / "result").mkdir()
+        tests = Path(__file__).resolve().parent
+        env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
+        done = run_bounded(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+             "2", tmp / "worker.py", data, tmp / "shared", tmp / "stale", tests, tmp / "result"],
+            tmpdir=tmp, env=env, timeout=180)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        ranks = [json.loads((tmp / "result" / f"rank-{r}.json").read_text()) for r in range(2)]
+        (agreed0, main_digest), (agreed1, loaded_digest) = ranks[0][0], ranks[1][0]
+        self.assertEqual((agreed0, agreed1), ("agreed", "agreed"))
+        self.assertEqual(loaded_digest, main_digest)  # rank 1 took the recorded one
+        self.assertNotEqual(main_digest, stale_digest)
+        (error0, _), (error1, stale_loaded) = ranks[0][1], ranks[1][1]
+        self.assertEqual(stale_loaded, stale_digest)
+        self.assertEqual(error0, error1)  # every rank fails with the same message
+        self.assertIn("the ranks see different bucket indexes", error0)
+        self.assertIn(f"ranks 1: {{'photos': '{stale_digest[:12]}'}}", error0)
+
+
+if __name__ == "__main__":
+    unittest.main()
