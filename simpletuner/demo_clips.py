@@ -11,7 +11,6 @@ config/video/config.json trains the tiny Wan on them.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from fractions import Fraction
@@ -22,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from simpletuner.common.atomic import atomic_write_text, atomic_write_with
-from simpletuner.demo_data import COLOURS, generate_main
+from simpletuner.demo_data import COLOURS, generate_main, marker_matches, write_marker
 
 VERSION = 1
 CLIP_COUNT = 24
@@ -126,11 +125,7 @@ def _expected_marker() -> dict:
 
 def is_complete(folder: Path) -> bool:
     """The marker matches this generator, and every clip and caption is present."""
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker == _expected_marker() and all(
+    return marker_matches(folder / MARKER, _expected_marker()) and all(
         (folder / f"{c.stem}{ext}").is_file() for c in demo_clips() for ext in (".mp4", ".txt"))
 
 
@@ -143,7 +138,7 @@ def ensure_demo_clips(folder: str | Path) -> Path:
     for clip in demo_clips():
         write_clip(clip, folder / f"{clip.stem}.mp4")
         atomic_write_text(folder / f"{clip.stem}.txt", clip.caption + "\n")
-    atomic_write_text(folder / MARKER, json.dumps(_expected_marker(), sort_keys=True) + "\n")
+    write_marker(folder / MARKER, _expected_marker())
     return folder
 
 

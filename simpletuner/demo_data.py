@@ -116,16 +116,22 @@ def _expected_marker() -> dict:
     return {"version": VERSION, "images": IMAGE_COUNT}
 
 
-def is_complete(folder: Path) -> bool:
-    """The marker matches this generator, and every image and caption is present."""
+def marker_matches(path: Path, expected: dict) -> bool:
+    """A demo generator's marker file at ``path`` holds ``expected`` (missing or torn: no)."""
     try:
-        marker = json.loads((folder / MARKER).read_text())
+        return json.loads(path.read_text()) == expected
     except (OSError, ValueError):
         return False
-    if marker != _expected_marker():
-        return False
-    return all((folder / f"{i.stem}{ext}").is_file()
-               for i in demo_images() for ext in (".png", ".txt"))
+
+
+def write_marker(path: Path, expected: dict) -> None:
+    atomic_write_text(path, json.dumps(expected, sort_keys=True) + "\n")
+
+
+def is_complete(folder: Path) -> bool:
+    """The marker matches this generator, and every image and caption is present."""
+    return marker_matches(folder / MARKER, _expected_marker()) and all(
+        (folder / f"{i.stem}{ext}").is_file() for i in demo_images() for ext in (".png", ".txt"))
 
 
 def ensure_demo_dataset(folder: str | Path) -> Path:
@@ -138,7 +144,7 @@ def ensure_demo_dataset(folder: str | Path) -> Path:
     for image in demo_images():
         atomic_write_bytes(folder / f"{image.stem}.png", render(image))
         atomic_write_text(folder / f"{image.stem}.txt", image.caption + "\n")
-    atomic_write_text(folder / MARKER, json.dumps(_expected_marker(), sort_keys=True) + "\n")
+    write_marker(folder / MARKER, _expected_marker())
     return folder
 
 

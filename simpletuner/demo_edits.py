@@ -7,13 +7,12 @@ generated deterministically on first use, each file atomically, the marker last.
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_bytes, atomic_write_text
-from simpletuner.demo_data import COLOURS, DemoImage, demo_images, render
+from simpletuner.demo_data import (COLOURS, DemoImage, demo_images, generate_main,
+                                   marker_matches, render, write_marker)
 
 VERSION = 1
 MARKER = ".demo-edits.json"
@@ -42,11 +41,7 @@ def _expected_marker() -> dict:
 
 
 def is_complete(folder: Path) -> bool:
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker == _expected_marker() and all(
+    return marker_matches(folder / MARKER, _expected_marker()) and all(
         (folder / EDITS / f"{r.stem}{ext}").is_file() and (folder / REFERENCES / f"{r.stem}.png")
         .is_file() for r, _ in edit_pairs() for ext in (".png", ".txt"))
 
@@ -62,17 +57,12 @@ def ensure_edit_demo(folder: str | Path) -> Path:
         atomic_write_bytes(folder / REFERENCES / f"{reference.stem}.png", render(reference))
         atomic_write_bytes(folder / EDITS / f"{reference.stem}.png", render(target))
         atomic_write_text(folder / EDITS / f"{reference.stem}.txt", instruction(target) + "\n")
-    atomic_write_text(folder / MARKER, json.dumps(_expected_marker(), sort_keys=True) + "\n")
+    write_marker(folder / MARKER, _expected_marker())
     return folder
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m simpletuner.demo_edits FOLDER", file=sys.stderr)
-        return 2
-    print(ensure_edit_demo(args[0]))
-    return 0
+    return generate_main(ensure_edit_demo, "simpletuner.demo_edits", argv)
 
 
 if __name__ == "__main__":

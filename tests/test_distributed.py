@@ -1,5 +1,6 @@
-"""Real processes (gloo on CPU, 4 ranks): the audit through the real MetadataBackend and sampler,
-with bucket_tail carry (the default) and an evaluation set smaller than the number of ranks.
+"""Real processes (gloo on CPU, 4 ranks, and issue 22's case on 8): the audit through the real
+MetadataBackend and sampler, with bucket_tail carry (the default) and an evaluation set smaller
+than the number of ranks.
 
 Ranks are started the way torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), one
 process each (tests/launching.py: bounded, a private TMPDIR), so every rank's exit status and
@@ -197,6 +198,58 @@ class DistributedAuditTest(unittest.TestCase):
             self.assertIn(f"[rank {rank}] audit stopped: some ranks could not load the bucket "
                           "index", err)
             self.assertIn("rank 1: MetadataCacheError", err)
+
+
+class IssueCaseOnEightProcessesTest(unittest.TestCase):
+    """Issue 22's case in real processes: 100 images, batch 2, 8 ranks (E = 16), three epochs,
+    and 2 evaluation images. Every occurrence of every pass is trained exactly once (what an
+    epoch cannot fill into a whole effective batch is carried into the next, none dropped),
+    and each evaluation image is evaluated once while six ranks run stand-ins."""
+
+    IMAGES, RANKS, EPOCHS, HELD = 100, 8, 3, 2
+
+    def test_every_occurrence_once_and_every_eval_image_once(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            (root / "tmp").mkdir()
+            for folder, count in (("photos", self.IMAGES), ("held", self.HELD)):
+                (root / folder).mkdir()
+                for i in range(count):
+                    Image.new("RGB", (64, 64), (i * 7 % 256, 90, 160)).save(
+                        root / folder / f"{folder}_{i:03d}.png")
+            (root / "multidatabackend.json").write_text(json.dumps([
+                {"id": "photos", "instance_data_dir": str(root / "photos"),
+                 "caption_strategy": "filename"},
+                {"id": "held", "dataset_type": "eval", "instance_data_dir": str(root / "held"),
+                 "caption_strategy": "filename"}]))
+            config = write_config(root, "issue.json", gradient_accumulation_steps=1, seed=11)
+            output = root / "audit"
+            results = launch(["--config", str(config), "--output", str(output),
+                              "--epochs", str(self.EPOCHS)], self.RANKS, str(root / "tmp"))
+            for rank, (code, out, err) in enumerate(results):
+                self.assertEqual(code, 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}")
+            plan = json.loads((output / "plan.json").read_text())
+            traces = [[json.loads(line) for line in (output / f"rank-{r}.jsonl").open()]
+                      for r in range(self.RANKS)]
+            one_pass = Counter({("photos", f"photos_{i:03d}.png"): 1 for i in range(self.IMAGES)})
+            carried = DistributedAuditTest.carried
+            for epoch in range(self.EPOCHS):
+                got = Counter((m["dataset"], s) for t in traces for m in t
+                              if m["epoch"] == epoch for s in m["samples"])
+                self.assertEqual(got + carried(plan, epoch), one_pass + carried(plan, epoch - 1),
+                                 f"epoch {epoch}")
+                self.assertIn(f"epoch {epoch}: ", results[0][1])
+            # 100 = 6 x 16 + 4: the first epoch carries 4, the next 8, the third 12.
+            self.assertEqual([sum(carried(plan, e).values()) for e in range(self.EPOCHS)],
+                             [4, 8, 12])
+            self.assertIn("0 missing, 0 duplicated", results[0][1])
+            evaluation = [[json.loads(line) for line in (output / "eval" / f"rank-{r}.jsonl")
+                           .open()] for r in range(self.RANKS)]
+            evaluated = Counter(s for t in evaluation for m in t if not m.get("stand_in")
+                                for s in m["samples"])
+            self.assertEqual(evaluated, Counter(f"held_{i:03d}.png" for i in range(self.HELD)))
+            self.assertEqual(sum(m.get("stand_in", False) for t in evaluation for m in t),
+                             self.RANKS - self.HELD)
 
 
 if __name__ == "__main__":
