@@ -135,7 +135,7 @@ class FailTogetherTest(unittest.TestCase):
         stack = kept.read_text()
         # The original stack, down to the line that raised, then the agreed failure it caused.
         self.assertRegex(stack, r'File "[^"]*simpletuner/models/base\.py", line \d+, in move_to'
-                                r'\n +self\.trainable\.to\(device\)')
+                                r'\n +to_device_except\(self\.trainable, ')
         self.assertIn(", in run_training\n", stack)
         self.assertIn("The above exception was the direct cause", stack)
         self.assertTrue(stack.endswith("RankFailure: loading the model failed on rank 1: "
