@@ -114,22 +114,29 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         kept[dataset.id] = index.without(merged)
         failures[dataset.id] = merged
         latent_caches[dataset.id] = result.cache
-
-        # Captions are read for this rank's samples only (caption files are per sample); a
-        # caption shared by samples of several ranks may be encoded by each, harmlessly. Every
-        # caption a sample can train with in any epoch is cached; the empty one by rank 0 only.
-        # Leaving the block is a barrier: other ranks' text entries are complete after it.
-        text = TextEmbedCache(default_text_dir(dataset, output_dir), text_identity)
-        sample_ids = [s for ids in kept[dataset.id].buckets.values() for s in ids]
-        policy = CaptionPolicy.for_dataset(dataset)
-        with failing_together(f"caching text embeddings of dataset {dataset.id!r}"):
-            texts = read_captions(caption_for[dataset.id],
-                                  rank_share(sample_ids, rank, world_size))
-            captions = [c for text_of_sample in texts for c in policy.candidates(text_of_sample)]
-            if policy.may_drop and rank == 0:
-                captions.append(EMPTY_CAPTION)
-            cache_text_embeds(captions, text, encode_prompts, progress=progress)
-        text_caches[dataset.id] = text
+        text_caches[dataset.id] = _cache_text(
+            dataset, kept[dataset.id], caption_for[dataset.id], encode_prompts, text_identity,
+            output_dir=output_dir, rank=rank, world_size=world_size, progress=progress)
     pairs = {d.id: d.conditioning_ids() for d in datasets if d.conditioning_ids()}
     return PreparedCaches(kept, failures, BatchAssembler(latent_caches, text_caches, pairs),
                           reference_failures)
+
+
+def _cache_text(dataset, index: DatasetIndex, caption_for, encode_prompts: EncodePrompts,
+                text_identity, *, output_dir, rank: int, world_size: int,
+                progress: bool) -> TextEmbedCache:
+    """The text embeddings of every caption ``index``'s samples can train with."""
+    # Captions are read for this rank's samples only (caption files are per sample); a
+    # caption shared by samples of several ranks may be encoded by each, harmlessly. Every
+    # caption a sample can train with in any epoch is cached; the empty one by rank 0 only.
+    # Leaving the block is a barrier: other ranks' text entries are complete after it.
+    text = TextEmbedCache(default_text_dir(dataset, output_dir), text_identity)
+    sample_ids = [s for ids in index.buckets.values() for s in ids]
+    policy = CaptionPolicy.for_dataset(dataset)
+    with failing_together(f"caching text embeddings of dataset {dataset.id!r}"):
+        texts = read_captions(caption_for, rank_share(sample_ids, rank, world_size))
+        captions = [c for text_of_sample in texts for c in policy.candidates(text_of_sample)]
+        if policy.may_drop and rank == 0:
+            captions.append(EMPTY_CAPTION)
+        cache_text_embeds(captions, text, encode_prompts, progress=progress)
+    return text
