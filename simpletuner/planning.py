@@ -14,6 +14,7 @@ from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
 from simpletuner.helpers.metadata.subset import limit_samples
+from simpletuner.helpers.metadata.video_buckets import retiming_summary
 from simpletuner.helpers.multiaspect.schedule_report import (dataset_schedule,
                                                              schedule_first_epochs,
                                                              schedule_table)
@@ -31,8 +32,9 @@ def _plan_json(indexes: list[DatasetIndex]) -> dict:
             "buckets": index.buckets,
             "skipped": [{"path": s.path, "reason": s.reason} for s in index.skipped],
             # a video dataset's: what each clip's latents are cached from
-            **({"clips": {s: asdict(plan) for s, plan in index.clips.items()}}
-               if index.clips else {}),
+            # (retimed_fps only where set: video.fps)
+            **({"clips": {s: {k: v for k, v in asdict(plan).items() if v is not None}
+                          for s, plan in index.clips.items()}} if index.clips else {}),
         }
         for index in indexes
     }}
@@ -116,6 +118,8 @@ def _index_datasets(config) -> tuple[list[DatasetIndex], list]:
                     "buckets, %d skipped", dataset.id, report.listed, kind, report.read, probe,
                     report.reused, index.sample_count, kind, len(index.buckets),
                     len(index.skipped))
+        if (retimed := retiming_summary(index)) is not None:
+            logger.info(retimed)
         indexes.append(index)
         split_specs.append(backend.split_spec(index))
     return indexes, split_specs

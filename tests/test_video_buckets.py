@@ -79,13 +79,13 @@ class VideoConfigTest(unittest.TestCase):
 
     def test_wrong_keys_and_values_name_the_block_and_the_key(self):
         problems = self.problems("wan", self.clips(video={
-            "num_frames": 0, "bucket_strategy": "duration", "fps": 16}))
+            "num_frames": 0, "bucket_strategy": "duration", "frame_rate": 16}))
         self.assertEqual(len(problems), 3, problems)
         text = "\n".join(problems)
         self.assertIn("key 'video': key 'num_frames' is 0; expected a value >= 1", text)
         self.assertIn("key 'bucket_strategy' is 'duration'; expected one of 'aspect_ratio', "
                       "'resolution_frames'", text)
-        self.assertIn("key 'video': unknown key 'fps'", text)
+        self.assertIn("key 'video': unknown key 'frame_rate'", text)
         problems = self.problems("wan", self.clips(video=[81]))
         self.assertTrue(any("key 'video'" in p for p in problems), problems)
 

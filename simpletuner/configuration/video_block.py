@@ -8,6 +8,10 @@ fewer / more frames (``min_frames`` defaults to ``num_frames``). ``bucket_strate
 at its own length, rounded down to a multiple of ``frame_interval`` (when set). Either way the
 count is then snapped down to the family's VAE rule (video_frames.py: Wan 4n+1), as SimpleTuner
 trims to it; a clip left below ``min_frames`` is skipped.
+
+``fps`` (SimpleTuner reads it only to print it): when set, every clip is re-timed to it before
+its frame count is decided (clip_timing.py), so all of the above see the re-timed clip; unset,
+clips train at the rate they were recorded at.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ class VideoConfig:
     bucket_strategy: Literal["aspect_ratio", "resolution_frames"] = option(
         "aspect_ratio", help="'aspect_ratio': by size, every clip at num_frames; "
         "'resolution_frames': by size and frame count (bucket 'WxH@F')")
+    fps: int | None = option(
+        None, minimum=1, help="re-time every clip to this frame rate (frames picked by their "
+        "timestamps; Wan trains at 16) before its frame count is decided; unset: each clip "
+        "at its own rate")
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ class VideoSettings:
     frame_interval: int | None
     is_i2v: bool
     bucket_strategy: str
+    fps: int | None = None  # the rate clips are re-timed to; None: their own
 
     @classmethod
     def for_dataset(cls, video: dict | None, model_family: str) -> "VideoSettings":
@@ -61,13 +70,15 @@ class VideoSettings:
         return cls(rule=FRAME_RULES[model_family], num_frames=block.num_frames,
                    min_frames=max(floor, block.num_frames or 1), max_frames=block.max_frames,
                    frame_interval=block.frame_interval, is_i2v=block.is_i2v,
-                   bucket_strategy=block.bucket_strategy)
+                   bucket_strategy=block.bucket_strategy, fps=block.fps)
 
     def key(self) -> dict[str, Any]:
         """What the index depends on (the metadata cache's settings)."""
         return {"frame_rule": self.rule.describe(), "num_frames": self.num_frames,
                 "min_frames": self.min_frames, "max_frames": self.max_frames,
-                "frame_interval": self.frame_interval, "bucket_strategy": self.bucket_strategy}
+                "frame_interval": self.frame_interval, "bucket_strategy": self.bucket_strategy,
+                # only when set, so an index cached without re-timing stays valid
+                **({"fps": self.fps} if self.fps is not None else {})}
 
 
 def parse_video_block(raw: Any, where: str, problems: list[str]) -> dict | None:

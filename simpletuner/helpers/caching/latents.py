@@ -76,8 +76,9 @@ class LatentSettings:
                    dataset.crop, dataset.crop_style, seed, downsample)
 
     def key(self, sample_id: str, target: tuple[int, int], file_size: int,
-            change_key: int | str, frames: int | None = None) -> str:
-        """``frames``: a clip's, which its bucket decides; None for an image."""
+            change_key: int | str, frames: int | None = None, fps: int | None = None) -> str:
+        """``frames``: a clip's, which its bucket decides; None for an image. ``fps``: the rate
+        a clip is re-timed to (None: its own)."""
         random_crop = self.crop and self.crop_style == "random"
         return digest({
             "format": CACHE_FORMAT, "kind": "latent", "model": self.model_identity,
@@ -93,15 +94,18 @@ class LatentSettings:
             **({"downsample": [self.downsample.resolution_type, self.downsample.maximum,
                                self.downsample.target]} if self.downsample else {}),
             **({"frames": frames} if frames is not None else {}),
+            **({"fps": fps} if fps is not None else {}),
         })
 
 
 @dataclass(frozen=True)
 class Target:
-    """What one sample is fitted to: (width, height), and a clip's frame count (None: image)."""
+    """What one sample is fitted to: (width, height), a clip's frame count (None: image) and
+    the rate a clip is re-timed to (None: its own)."""
 
     size: tuple[int, int]
     frames: int | None = None
+    fps: int | None = None
 
     @property
     def kind(self) -> str:
@@ -169,12 +173,15 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
     for bucket, sample_ids in index.buckets.items():
         size = parse_bucket_key(bucket)
         for sample_id in sample_ids:
-            target = Target(size, bucket_frames(bucket) if sample_id in index.clips else None)
+            plan = index.clips.get(sample_id)
+            target = (Target(size) if plan is None
+                      else Target(size, bucket_frames(bucket), plan.retimed_fps))
             version = versions.get(sample_id)
             if version is None:
                 failures[sample_id] = f"cannot read {target.kind} file: missing or unreadable"
                 continue
-            key = settings.key(sample_id, size, version.size, version.change_key, target.frames)
+            key = settings.key(sample_id, size, version.size, version.change_key, target.frames,
+                               target.fps)
             cache.paths[sample_id] = entry_path(settings.folder, key)
             targets[sample_id] = target
 
@@ -251,7 +258,7 @@ def _prepare(settings: LatentSettings, sample_id: str,
                    downsample=settings.downsample)
     try:
         if target.frames is not None:
-            return prepare_clip(data, target.size, target.frames, **fitting)
+            return prepare_clip(data, target.size, target.frames, fps=target.fps, **fitting)
         return prepare_image(data, target.size, **fitting,
                              resize_first=(settings.reference_of[sample_id][1]
                                            if settings.reference_of else None))

@@ -19,12 +19,19 @@ class SkippedFile:
 @dataclass(frozen=True)
 class ClipPlan:
     """What caching decodes of one clip: its first ``frames`` frames of the first video stream,
-    in presentation order (start 0, stride 1), at the source's rate; never re-timed here."""
+    in presentation order from its start, at the source's rate or, when ``retimed_fps`` is set,
+    re-timed to that rate (clip_timing.py)."""
 
     frames: int         # the count of its bucket "WxH@F"
     fps: str            # the source's exact rate, 'num/den'
     source_frames: int  # what discovery read (``counted_by``: the container's count or
     counted_by: str     # duration x rate); the decode verifies at least ``frames`` exist
+    retimed_fps: int | None = None  # video.fps where it differs from ``fps``; else None
+
+    def digested(self) -> list:
+        """What the index digest covers (frames: in the bucket key); the re-timing only when
+        set, so an index without it keeps its digest."""
+        return [self.fps, self.source_frames, *([self.retimed_fps] if self.retimed_fps else [])]
 
 
 def _digest_without(digest: str, removed: dict[str, str]) -> str:
@@ -75,7 +82,7 @@ class DatasetIndex:
     def _content_digest(self) -> str:
         content = [self.dataset_id, dict(sorted(self.buckets.items()))]
         if self.clips:  # only then, so an image index keeps its digest
-            content.append({s: [c.fps, c.source_frames] for s, c in sorted(self.clips.items())})
+            content.append({s: c.digested() for s, c in sorted(self.clips.items())})
         if self.references:  # likewise
             content.append({s: list(refs) for s, refs in sorted(self.references.items())})
         payload = json.dumps(content, separators=(",", ":"))

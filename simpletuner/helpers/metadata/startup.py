@@ -34,6 +34,7 @@ from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.split import check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
+from simpletuner.helpers.metadata.video_buckets import retiming_summary
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
@@ -109,6 +110,9 @@ def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataS
     if accelerator.is_main_process:
         for note in notes:
             logger.info(note)
+        for index in indexes.values():  # which clips video.fps re-timed, from which rates
+            if (retimed := retiming_summary(index)) is not None:
+                logger.info(retimed)
         for ds in config.datasets:  # the orphans of edit pairs, counted (skipped_files names them)
             if ds.conditioning_ids():
                 logger.info(pair_summary(indexes[ds.id], [references[c] for c in

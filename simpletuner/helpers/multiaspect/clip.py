@@ -1,7 +1,8 @@
 """Decode a clip for training and fit it to its bucket "WxH@F": its first F frames of the first
-video stream, in presentation order, at the source's rate (never re-timed), each frame rotated
-as the container says it is displayed, then resized and cropped exactly as an image of that
-size would be (image.py), with one crop for every frame.
+video stream, in presentation order, at the source's rate or re-timed to ``video.fps`` (frames
+picked by their timestamps on the probe's 1/R grid, clip_timing.py), each frame rotated as the
+container says it is displayed, then resized and cropped exactly as an image of that size would
+be (image.py), with one crop for every frame.
 
 Pure PyAV + Pillow + torch and deterministic: a random crop comes from the sample's own RNG
 (``crop_rng``), drawn afresh for each frame so all frames share it. A clip that decodes to
@@ -11,7 +12,10 @@ as that clip's skip reason."""
 from __future__ import annotations
 
 import io
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,6 +23,8 @@ import av
 import torch
 from PIL import Image
 
+from simpletuner.helpers.metadata.backends.clip_probe import stream_rate
+from simpletuner.helpers.metadata.clip_timing import source_slot
 from simpletuner.helpers.multiaspect.image import (CropStyle, Downsample, crop_rng,
                                                    fit_to_target)
 
@@ -37,35 +43,67 @@ class PreparedClip:
     target_size: tuple[int, int]
 
 
-def decode_frames(source: str | Path | bytes | BinaryIO, frames: int) -> list[Image.Image]:
-    """The first ``frames`` frames of the first video stream as displayed RGB images. Raises
-    ShortClipError when the stream ends before, PyAV's error when it cannot be decoded."""
+def decode_frames(source: str | Path | bytes | BinaryIO, frames: int,
+                  fps: int | None = None) -> list[Image.Image]:
+    """The first ``frames`` frames of the first video stream as displayed RGB images, re-timed
+    to ``fps`` when given. Raises ShortClipError when the stream ends before, PyAV's error when
+    it cannot be decoded."""
     if isinstance(source, bytes):
         source = io.BytesIO(source)
     if isinstance(source, Path):
         source = str(source)
-    decoded: list[Image.Image] = []
     with av.open(source, "r") as container:
         if not container.streams.video:
             raise ShortClipError("no video stream")
-        for frame in container.decode(video=0):
-            image = frame.to_image()  # RGB24
-            rotation = (frame.rotation or 0) % 360  # degrees counter-clockwise, as displayed
-            decoded.append(image.rotate(rotation, expand=True) if rotation else image)
-            if len(decoded) == frames:
-                return decoded
-    raise ShortClipError(f"decoded {len(decoded)} frames, its bucket trains at {frames}; "
+        decoded = container.decode(video=0)
+        shown = (_displayed(frame) for frame in decoded) if fps is None else _retimed(
+            decoded, stream_rate(container.streams.video[0]), fps)
+        pictures = list(itertools.islice(shown, frames))
+    if len(pictures) == frames:
+        return pictures
+    timing = f" re-timed to {fps} fps" if fps is not None else ""
+    raise ShortClipError(f"decoded {len(pictures)} frames{timing}, its bucket trains at {frames}; "
                          "the container's frame count was wrong (re-encode the clip)")
+
+
+def _displayed(frame: av.VideoFrame) -> Image.Image:
+    image = frame.to_image()  # RGB24
+    rotation = (frame.rotation or 0) % 360  # degrees counter-clockwise, as displayed
+    return image.rotate(rotation, expand=True) if rotation else image
+
+
+def _retimed(decoded: Iterator[av.VideoFrame], rate: Fraction, fps: int) -> Iterator[Image.Image]:
+    """Re-timed frame k: the last source frame whose slot is at most floor(k*R/T). A frame's
+    slot is its timestamp from the first frame's on the 1/R grid, rounded, so a container's
+    rounded timestamps pick the frames the count assumed; the last frame lasts one slot. Each
+    picked frame is converted once, a dropped one never."""
+    current, image, slot, origin, picked = None, None, 0, None, 0
+    for position, frame in enumerate(decoded):
+        if frame.pts is None:
+            slot = position
+        else:
+            origin = frame.pts if origin is None else origin
+            slot = round((frame.pts - origin) * Fraction(frame.time_base) * rate)
+        while current is not None and source_slot(picked, rate, fps) < slot:
+            image = _displayed(current) if image is None else image
+            yield image
+            picked += 1
+        current, image = frame, None
+    while current is not None and source_slot(picked, rate, fps) <= slot:
+        image = _displayed(current) if image is None else image
+        yield image
+        picked += 1
 
 
 def prepare_clip(source: str | Path | bytes | BinaryIO, target: tuple[int, int], frames: int,
                  *, crop: bool, crop_style: CropStyle = "center", seed: int = 0,
                  dataset_id: str = "", sample_id: str = "",
-                 downsample: Downsample | None = None) -> PreparedClip:
-    """Decode ``frames`` frames of ``source`` and fit each to ``target`` (w, h); random crops
-    are keyed by (seed, dataset_id, sample_id), the same for every frame."""
+                 downsample: Downsample | None = None, fps: int | None = None) -> PreparedClip:
+    """Decode ``frames`` frames of ``source`` (re-timed to ``fps`` when given) and fit each to
+    ``target`` (w, h); random crops are keyed by (seed, dataset_id, sample_id), the same for
+    every frame."""
     fitted = []
-    for image in decode_frames(source, frames):
+    for image in decode_frames(source, frames, fps):
         rng = crop_rng(seed, dataset_id, sample_id) if crop and crop_style == "random" else None
         fitted.append(fit_to_target(image, target, crop=crop, crop_style=crop_style, rng=rng,
                                     downsample=downsample))

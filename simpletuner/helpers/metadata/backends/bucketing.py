@@ -65,7 +65,7 @@ class Bucketing:
         return index, ordered
 
     def clip_plans(self, buckets: dict[str, SortedIds], files: FileTable) -> dict:
-        return clip_plans(buckets, files) if self.video is not None else {}
+        return clip_plans(buckets, files, self.video.fps) if self.video is not None else {}
 
     def _decide(self, width: int, height: int) -> tuple[str | None, str | None]:
         """(why an image of this size is skipped, or None; its bucket key, or None when
@@ -100,7 +100,8 @@ class Bucketing:
             rows = sized.tolist()
             names = names if settings.draws_aspect else [names[w] for w in which.tolist()]
             names = with_frames(names, [files.ids[row] for row in rows],
-                                [files.clips["frames"][row] for row in rows], self.video, skipped)
+                                [files.clips["frames"][row] for row in rows], self.video, skipped,
+                                [files.clips["fps"][row] for row in rows])
         keys = sorted({key for key in names if key is not None})
         number = {key: n for n, key in enumerate(keys)}
         bucket = np.array([number.get(key, -1) for key in names], np.int64)

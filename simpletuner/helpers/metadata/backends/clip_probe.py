@@ -79,24 +79,29 @@ def _probe_container(container, size: int) -> ClipProbe:
     if not container.streams.video:
         return ClipProbe(error=AUDIO_ONLY if container.streams.audio else NO_VIDEO_STREAM)
     stream = container.streams.video[0]
-    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    rate = stream_rate(stream)
     if not rate:
         return ClipProbe(error=NO_FRAME_RATE)
     frames, counted_by = stream.frames, COUNTED_BY_CONTAINER
     if frames <= 0:
-        frames, counted_by = _frames_from_duration(container, stream, Fraction(rate))
+        frames, counted_by = _frames_from_duration(container, stream, rate)
     first = next(iter(container.decode(stream)), None)
     if first is None or frames <= 0:
         return ClipProbe(error=NO_FRAMES)
     width, height = first.width, first.height
     if (first.rotation or 0) % 180:
         width, height = height, width
-    rate = Fraction(rate)
     present = _frames_in_data(container, stream, rate, frames, size)
     if present is not None and present < frames - TRUNCATION_SLACK:
         return ClipProbe(error=f"{TRUNCATED}: the container says {frames} frames, its data ends "
                                f"after about {present}")
     return ClipProbe(width, height, frames, f"{rate.numerator}/{rate.denominator}", counted_by)
+
+
+def stream_rate(stream) -> Fraction | None:
+    """A video stream's frame rate as the probe reads it (the decode re-times on this grid)."""
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    return Fraction(rate) if rate else None
 
 
 def _frames_in_data(container, stream, rate: Fraction, frames: int, size: int) -> int | None:
