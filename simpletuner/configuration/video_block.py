@@ -39,7 +39,9 @@ class VideoConfig:
     frame_interval: int | None = option(
         None, minimum=1, help="bucket_strategy 'resolution_frames': a clip's frame count is "
         "rounded down to a multiple of this before the family's rule")
-    is_i2v: bool = option(False, help="image-to-video: the first frame is the clean condition")
+    is_i2v: bool = option(False, help="image-to-video: the first frame is the clean condition "
+                          "(Wan 2.2 TI2V-5B trains so on this dataset; a Wan 2.1 image-to-video "
+                          "folder does on every dataset)")
     bucket_strategy: Literal["aspect_ratio", "resolution_frames"] = option(
         "aspect_ratio", help="'aspect_ratio': by size, every clip at num_frames; "
         "'resolution_frames': by size and frame count (bucket 'WxH@F')")

@@ -184,10 +184,11 @@ class ModelAdapter(ABC):
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] in [-1, 1] -> latents scaled (and shifted) for the trainable network."""
 
-    def encode_for_cache(self, pixels: torch.Tensor
+    def encode_for_cache(self, pixels: torch.Tensor, first_frame_condition: bool = False
                          ) -> torch.Tensor | dict[str, torch.Tensor]:
         """What the latent cache keeps of a sample: its latents; a family that conditions on
-        the sample itself returns {"latent": ..., <name>: ...} (TrainingBatch.conditioning)."""
+        the sample itself returns {"latent": ..., <name>: ...} (TrainingBatch.conditioning).
+        ``first_frame_condition``: the dataset is ``video.is_i2v`` (read by TI2V-5B)."""
         return self.encode_images(pixels)
 
     @abstractmethod

@@ -145,8 +145,15 @@ class FlowFamilyAdapter(ModelAdapter):
                                           timesteps=sigmas * FLOW_TIMESTEPS,
                                           num_train_timesteps=FLOW_TIMESTEPS,
                                           noise_ratio=flow_noise_ratio(sigmas))
+        prediction, target = self.trained_part(prediction, target, batch)
         return objective_loss(prediction, target, loss_type=settings.loss_type,
                               thresholds=thresholds)
+
+    def trained_part(self, prediction: torch.Tensor, target: torch.Tensor,
+                     batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """What of the prediction the loss covers: all of it, unless the family's pipeline
+        never uses a part (Wan 2.2 TI2V-5B's given first frame)."""
+        return prediction, target
 
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
         return self.pipeline_class(**self._pipeline_components(trainable))

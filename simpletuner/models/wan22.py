@@ -3,7 +3,8 @@ timestep is at or above boundary_ratio * 1000 (high noise) and transformer_2/ be
 WanPipeline switches between them. A run trains one expert (model_flavour t2v-14b-2.2-high or
 -low) on its own noise range only; the other stays frozen as loaded, in the weight dtype, and
 validation and the exported pipeline use both, each in its own slot. Wan 2.2 TI2V-5B: one
-transformer on the Wan 2.2 VAE, trained as text-to-video."""
+transformer on the Wan 2.2 VAE, trained as text-to-video, and as image-to-video on a
+``video.is_i2v`` dataset."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from simpletuner.models.base import LossSettings, ModelFolderError
+from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.sigma_range import sample_sigmas_in_range
-from simpletuner.models.wan import WanAdapter
+from simpletuner.models.wan import WanAdapter, as_clips
 from simpletuner.models.wan_flavours import EXPERT_FLAVOURS, boundary_ratio
 
 EXPERT_SUBFOLDERS = {"high": ("transformer", "transformer_2"),  # (trained, frozen)
@@ -89,16 +90,54 @@ class WanExpertAdapter(WanAdapter):
 
 
 class WanTI2VAdapter(WanAdapter):
-    """Wan 2.2 TI2V-5B as text-to-video: one transformer on the Wan 2.2 VAE's 48-channel latents
-    (16x spatial with the VAE's own 2x2 patchify; its latents_mean/std), and WanPipeline's
-    expand_timesteps: one timestep per latent token, all equal without a conditioning image."""
+    """Wan 2.2 TI2V-5B: one transformer on the Wan 2.2 VAE's 48-channel latents (16x spatial
+    with the VAE's own 2x2 patchify; its latents_mean/std), and expand_timesteps: one timestep
+    per latent token, all equal for text-to-video. A ``video.is_i2v`` dataset trains it as
+    WanImageToVideoPipeline runs it with expand_timesteps (no CLIP image encoder): the latents
+    of the first frame alone, cached as ``first_frame_latents``, replace latent frame 0 of the
+    noisy input clean, its tokens get timestep 0, and the loss leaves out that frame, which the
+    pipeline overwrites with the condition."""
 
     def network_timesteps(self, noisy: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
         """[B, tokens]: sigma * 1000 repeated over the frames x patch rows x patch columns."""
-        _, patch_height, patch_width = self.transformer.config.patch_size
-        frames, height, width = noisy.shape[2:]
-        tokens = frames * (height // patch_height) * (width // patch_width)
+        tokens = noisy.shape[2] * self._tokens_per_frame(noisy)
         return super().network_timesteps(noisy, sigmas).view(-1, 1).expand(-1, tokens)
+
+    def _tokens_per_frame(self, latents: torch.Tensor) -> int:
+        _, patch_height, patch_width = self.transformer.config.patch_size
+        return (latents.shape[3] // patch_height) * (latents.shape[4] // patch_width)
+
+    @torch.no_grad()
+    def encode_for_cache(self, pixels: torch.Tensor, first_frame_condition: bool = False):
+        """The latents; for an is_i2v dataset also those of the first frame encoded alone, as
+        the pipeline's prepare_latents encodes its image."""
+        latents = self.encode_images(pixels)
+        if not first_frame_condition:
+            return latents
+        return {"latent": latents, "first_frame_latents": self.encode_images(
+            as_clips(pixels)[:, :, :1])}
+
+    def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
+                 batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
+        condition = batch.conditioning.get("first_frame_latents")
+        if condition is None:
+            return super()._predict(network, noisy, sigmas, batch, dtype)
+        given = torch.cat([condition.to(noisy.dtype), noisy[:, :, 1:]], dim=2)
+        timesteps = self.network_timesteps(noisy, sigmas).clone()
+        timesteps[:, :self._tokens_per_frame(noisy)] = 0  # the first frame's tokens: clean
+        return network(hidden_states=given, timestep=timesteps.to(dtype),
+                       encoder_hidden_states=batch.prompt_embeds["prompt_embeds"].to(dtype),
+                       return_dict=False)[0]
+
+    def trained_part(self, prediction: torch.Tensor, target: torch.Tensor,
+                     batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if "first_frame_latents" not in batch.conditioning:
+            return prediction, target
+        if prediction.shape[2] < 2:
+            raise ValueError("a video.is_i2v dataset conditions on its first frame, so a "
+                             "one-frame clip or image leaves nothing to train; give it clips "
+                             "of 5 frames or more")
+        return prediction[:, :, 1:], target[:, :, 1:]
 
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
         pipeline = super().build_pipeline(trainable)

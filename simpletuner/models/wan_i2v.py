@@ -81,10 +81,11 @@ class WanI2VAdapter(WanAdapter):
         return self.image_encoder(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
 
     @torch.no_grad()
-    def encode_for_cache(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
+    def encode_for_cache(self, pixels: torch.Tensor, first_frame_condition: bool = False
+                         ) -> dict[str, torch.Tensor]:
         """The sample's latents, the latents of its first frame followed by black frames
         (``image_latents``, normalised as the latents are) and its first frame's CLIP
-        embedding (``image_embeds``)."""
+        embedding (``image_embeds``); every dataset is image-to-video for this folder."""
         clips = as_clips(pixels)
         first = clips[:, :, :1]
         condition = torch.cat([first, torch.zeros_like(clips[:, :, 1:])], dim=2)

@@ -34,7 +34,8 @@ from simpletuner.helpers.metadata.video_buckets import bucket_frames
 from simpletuner.helpers.multiaspect.clip import PreparedClip, prepare_clip
 from simpletuner.helpers.multiaspect.image import Downsample, PreparedImage, prepare_image
 
-# ModelAdapter.encode_for_cache: the latents, or {"latent": ..., <conditioning name>: ...},
+# ModelAdapter.encode_for_cache (with first_frame_condition=True for a video.is_i2v dataset):
+# the latents, or {"latent": ..., <conditioning name>: ...},
 # each tensor batch-first.
 EncodeImages = Callable[[torch.Tensor], torch.Tensor | dict[str, torch.Tensor]]
 ENTRY_PARTS = ("latent", "geometry")  # what every entry holds besides a family's conditioning
@@ -52,6 +53,7 @@ class LatentSettings:
     crop_style: str = "center"
     seed: int = 0              # the resolved shared seed; only random crops depend on it
     downsample: Downsample | None = None   # applies to cropped images only
+    first_frame_condition: bool = False    # video.is_i2v: the model's first-frame condition too
     # Edit references (reference_strict): reference id -> (its target's sample id, the target's
     # original (w, h)); each is resized to that size and cropped as its target, whose dataset
     # is ``dataset_id``.
@@ -72,8 +74,9 @@ class LatentSettings:
                                          dataset.target_downsample_size):
             downsample = Downsample(dataset.resolution_type, dataset.maximum_image_size,
                                     dataset.target_downsample_size)
+        is_i2v = dataset.dataset_type == "video" and bool((dataset.video or {}).get("is_i2v"))
         return cls(dataset.id, open_storage(dataset), Path(folder), model_identity,
-                   dataset.crop, dataset.crop_style, seed, downsample)
+                   dataset.crop, dataset.crop_style, seed, downsample, is_i2v)
 
     def key(self, sample_id: str, target: tuple[int, int], file_size: int,
             change_key: int | str, frames: int | None = None, fps: int | None = None) -> str:
@@ -95,6 +98,7 @@ class LatentSettings:
                                self.downsample.target]} if self.downsample else {}),
             **({"frames": frames} if frames is not None else {}),
             **({"fps": fps} if fps is not None else {}),
+            **({"first_frame_condition": True} if self.first_frame_condition else {}),
         })
 
 
@@ -210,7 +214,9 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
                     failures[sample_id] = outcome
             if ready:
                 with torch.no_grad():
-                    parts = encode_images(torch.stack([p.pixels for _, p in ready]))
+                    pixels = torch.stack([p.pixels for _, p in ready])
+                    parts = (encode_images(pixels, first_frame_condition=True)
+                             if settings.first_frame_condition else encode_images(pixels))
                 if not isinstance(parts, dict):
                     parts = {"latent": parts}
                 parts = {k: v.detach().to("cpu", torch.float32) for k, v in parts.items()}
