@@ -2,7 +2,7 @@
 transformer what WanImageToVideoPipeline with expand_timesteps gives it (latent frame 0 the
 clean latents of the first frame encoded alone, the prepare_latents condition; per-token
 timesteps 0 on that frame, t elsewhere, as the pipeline builds them) and leaves that frame out
-of the loss; a text-to-video dataset of the same model is unchanged; a LoRA run on is_i2v clips
+of the loss; a text-to-video dataset of the same model is unchanged; is_i2v for a text-to-video-only model is refused; a LoRA run on is_i2v clips
 through ./train.sh caches the condition, resumes to the same adapter, and the adapter loads into
 the image-to-video pipeline and changes the clip it animates from an image."""
 
@@ -20,9 +20,11 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from model_fixtures import CPU, TinyModelCase
+from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.preflight import run_preflight
 from trained_outputs import LORA_WEIGHTS, TrainedOutputAssertions
 from training_fixtures import copy_checkpoint, run_train_sh, write_config
 from video_fixtures import shapes_frame, write_clip
@@ -115,6 +117,30 @@ class WanTI2VImageToVideoTest(TinyModelCase):
         self.clips = [clip[:1] for clip in self.clips]
         with self.assertRaisesRegex(ValueError, "one-frame clip or image leaves nothing"):
             self.run_zero_network(self.batch(first_frame_condition=True))
+
+
+class IsI2VPreflightTest(unittest.TestCase):
+    def problems(self, root: Path, **model) -> list[str]:
+        (root / "clips").mkdir(exist_ok=True)
+        datasets = [{"id": "clips", "dataset_type": "video",
+                     "instance_data_dir": str(root / "clips"),
+                     "video": {"bucket_strategy": "resolution_frames", "is_i2v": True}}]
+        config = write_config(root, root, "check", datasets, **{**TI2V, **model})
+        try:
+            run_preflight(load_configuration(config, cwd=root))
+        except ConfigError as error:
+            return error.problems
+        return []
+
+    def test_is_i2v_is_refused_for_a_model_that_trains_text_to_video_only(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assertEqual(self.problems(Path(tmp)), [])
+            problems = self.problems(Path(tmp), model_flavour=None,
+                                     pretrained_model_name_or_path="builtin:tiny-wan")
+        self.assertEqual(len(problems), 1, problems)
+        self.assertRegex(problems[0], "check-multidatabackend.json: dataset 'clips': key "
+                                      "'video': 'is_i2v' is true, but .* trains text-to-video "
+                                      "only; use an image-to-video model .*or remove is_i2v")
 
 
 TI2V = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan22-ti2v",

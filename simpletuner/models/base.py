@@ -83,6 +83,8 @@ class ModelAdapter(ABC):
     default_validation_framerate: int = 16  # a video family's clips: frames per second
     # An image-to-video model: each validation prompt animates an input image.
     validates_from_image: bool = False
+    # Trains a video.is_i2v dataset as image-to-video (elsewhere the key is refused).
+    trains_image_to_video: bool = False
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):

@@ -98,6 +98,8 @@ class WanTI2VAdapter(WanAdapter):
     noisy input clean, its tokens get timestep 0, and the loss leaves out that frame, which the
     pipeline overwrites with the condition."""
 
+    trains_image_to_video = True
+
     def network_timesteps(self, noisy: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
         """[B, tokens]: sigma * 1000 repeated over the frames x patch rows x patch columns."""
         tokens = noisy.shape[2] * self._tokens_per_frame(noisy)

@@ -44,6 +44,7 @@ class WanI2VAdapter(WanAdapter):
     pipeline_class = WanImageToVideoPipeline
     forbidden_subfolders = ("unet", "text_encoder_2")  # UNet families, SD3, Flux
     validates_from_image = True
+    trains_image_to_video = True  # every dataset, is_i2v or not
 
     def __init__(self, *, image_encoder, image_processor, **parts):
         super().__init__(**parts)

@@ -85,6 +85,8 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
                 problems.append(f"{where}: key 'model_flavour': {flavour_problem}")
             problems += validation_input_problems(adapter_class.for_folder(model_folder),
                                                   training, where)
+            problems += _is_i2v_problems(adapter_class.for_folder(model_folder), model_folder,
+                                         configuration)
         except (ModelFolderError, ValueError) as exc:
             problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
 
@@ -111,6 +113,18 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
         raise ConfigError(problems)
     assert model_folder is not None
     return Preflight(model_folder, resume_from, seed)
+
+
+def _is_i2v_problems(adapter_class, model_folder: Path,
+                     configuration: Configuration) -> list[str]:
+    """A ``video.is_i2v`` dataset for a model that would train it as text-to-video."""
+    if adapter_class.trains_image_to_video:
+        return []
+    return [f"{configuration.training.data_backend_config}: dataset '{ds.id}': key 'video': "
+            f"'is_i2v' is true, but {model_folder} trains text-to-video only; use an "
+            "image-to-video model (Wan 2.1 I2V, or Wan 2.2 TI2V-5B: model_flavour ti2v-5b-2.2) "
+            "or remove is_i2v" for ds in configuration.datasets
+            if ds.dataset_type == "video" and (ds.video or {}).get("is_i2v")]
 
 
 def _checked(configuration: Configuration, main_result: Preflight | None = None
