@@ -2,9 +2,10 @@
 transformer what WanImageToVideoPipeline with expand_timesteps gives it (latent frame 0 the
 clean latents of the first frame encoded alone, the prepare_latents condition; per-token
 timesteps 0 on that frame, t elsewhere, as the pipeline builds them) and leaves that frame out
-of the loss; a text-to-video dataset of the same model is unchanged; is_i2v for a text-to-video-only model is refused; a LoRA run on is_i2v clips
-through ./train.sh caches the condition, resumes to the same adapter, and the adapter loads into
-the image-to-video pipeline and changes the clip it animates from an image."""
+of the loss; a text-to-video dataset of the same model is unchanged; is_i2v for a model that
+trains text-to-video only is refused; a LoRA run on is_i2v clips through ./train.sh caches the
+condition, resumes to the same adapter, and the adapter loads into the image-to-video pipeline
+and changes the clip it animates from an image."""
 
 from __future__ import annotations
 
