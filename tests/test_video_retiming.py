@@ -2,8 +2,8 @@
 the instants before a clip's end, the decoder's frames against the source frames each instant
 shows (8, 24, 30, 29.97 fps and a Matroska clip's rounded millisecond timestamps), discovery's
 buckets and skip reasons over clips at 8, 16, 24 and 30 fps, the log line naming the re-timed
-clips, the latent cache decoding the re-timed frames, and exactly-once and lockstep over a grid
-of re-timed clips. Without ``fps`` nothing changes: frames as decoded."""
+clips, the latent cache decoding the re-timed frames, exactly-once and lockstep over a grid of
+re-timed clips and in a two-rank audit. Without ``fps`` nothing changes: frames as decoded."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from simpletuner.helpers.metadata.video_buckets import bucket_frames, with_frame
 from simpletuner.helpers.multiaspect.clip import ShortClipError, decode_frames
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
 from simpletuner.planning import run_plan
+from test_distributed import launch
 from test_video_buckets import RULES, SETTING_GRID, SIZES, oracle_frames, settings
 from video_fixtures import write_clip
 from discovery_fixtures import training_config
@@ -220,6 +221,37 @@ class RetimedLatentsTest(unittest.TestCase):
                                    clips={"fast.mp4": ClipPlan(5, "24/1", 12, "container")})
             again = cache_latents(untimed, settings_, lambda pixels: pixels, progress=False)
             self.assertNotEqual(again.cache.paths["fast.mp4"], result.cache.paths["fast.mp4"])
+
+
+class RetimedAuditTest(unittest.TestCase):
+    """Two gloo ranks through the exactly-once audit on clips re-timed to 16 fps; start-up logs
+    which clips it re-timed."""
+
+    def test_every_retimed_clip_once_in_its_retimed_bucket(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            for i in range(4):  # 34 frames at 24 fps and 40 at 30 are 23 and 22 at 16: @21
+                write_clip(root / "clips" / f"cinema{i}.mkv", 64, 48, 34, fps=24, seed=i)
+                write_clip(root / "clips" / f"phone{i}.mp4", 64, 48, 40, fps=30, seed=i)
+            (root / "multidatabackend.json").write_text(json.dumps([{
+                "id": "clips", "dataset_type": "video", "instance_data_dir": str(root / "clips"),
+                "video": {"bucket_strategy": "resolution_frames", "fps": 16}}]))
+            (root / "config.json").write_text(json.dumps({
+                "model_family": "wan", "pretrained_model_name_or_path": "builtin:tiny-wan",
+                "output_dir": str(root / "out"), "resolution": 64, "aspect_bucket_alignment": 16,
+                "data_backend_config": str(root / "multidatabackend.json"),
+                "train_batch_size": 1, "seed": 4}))
+            (root / "tmp").mkdir()
+            results = launch(["--config", str(root / "config.json"), "--output",
+                              str(root / "audit"), "--epochs", "2"], 2, str(root / "tmp"))
+            for rank, (code, out, err) in enumerate(results):
+                self.assertEqual(code, 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}")
+            self.assertEqual(results[0][1].count(" 0 missing, 0 duplicated"), 2, results[0][1])
+            self.assertIn("dataset 'clips': 8 clips re-timed to 16 fps (video.fps): 4 from 24 "
+                          "fps (cinema0.mkv, cinema1.mkv, cinema2.mkv and 1 more); 4 from 30 fps "
+                          "(phone0.mp4, phone1.mp4, phone2.mp4 and 1 more)", results[0][2])
+            plan = json.loads((root / "audit" / "plan.json").read_text())
+            self.assertEqual(list(plan["datasets"]["clips"]["buckets"]), ["80x64@21"])
 
 
 RATES = ("8/1", "16/1", "24/1", "30/1", "30000/1001")
