@@ -8,7 +8,10 @@ from dataclasses import replace
 from simpletuner.configuration.datasets import DatasetConfig
 
 # (model_family, model_flavour) of the models that train on reference images
-REFERENCE_MODELS = {("flux", "kontext")}
+REFERENCE_MODELS = {("flux", "kontext"), ("qwen_image", "edit-v1")}
+# How messages name them.
+REFERENCE_MODELS_TEXT = ("model_family 'flux' with model_flavour 'kontext', or 'qwen_image' with "
+                         "'edit-v1'")
 CONDITIONING = "conditioning"
 
 
@@ -78,8 +81,8 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
         problems.append(
             f"{where}: conditioning datasets ({', '.join(sorted(named_by))}) hold reference "
             f"images, which model_family '{training.model_family}' (model_flavour "
-            f"{training.model_flavour!r}) does not train on; use model_family 'flux' with "
-            "model_flavour 'kontext', or remove conditioning_data")
+            f"{training.model_flavour!r}) does not train on; use {REFERENCE_MODELS_TEXT}, or "
+            "remove conditioning_data")
 
 
 def _check_conditioning_entry(ds: DatasetConfig, label: str, problems: list[str]) -> None:

@@ -83,6 +83,9 @@ class ModelAdapter(ABC):
     default_validation_framerate: int = 16  # a video family's clips: frames per second
     # An image-to-video model: each validation prompt animates an input image.
     validates_from_image: bool = False
+    # An edit model whose text encoder reads each prompt with the sample's reference images:
+    # encode_prompts(prompts, references), and text entries keyed by both.
+    prompts_see_references: bool = False
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):
