@@ -15,9 +15,11 @@ import unittest
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
-from diffusers import QwenImageEditPipeline
+from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
+    CONDITION_IMAGE_SIZE, calculate_dimensions as plus_dimensions)
 
 from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from model_fixtures import CPU, network_prediction
@@ -66,7 +68,11 @@ class QwenEditAdapterTest(unittest.TestCase):
                                          network=zero_network)
         pipeline = self.pipeline
         self.assertIsInstance(pipeline, QwenImageEditPipeline)
-        embeds, mask = pipeline.encode_prompt(PROMPTS, image=self.references, device=CPU)
+        # the pipeline's text encoder reads the reference resized to about 1 MP
+        width, height, _ = calculate_dimensions(1024 * 1024, 64 / 96)
+        shown = [pipeline.image_processor.resize(image, height, width)
+                 for image in self.references]
+        embeds, mask = pipeline.encode_prompt(PROMPTS, image=shown, device=CPU)
         torch.testing.assert_close(seen["encoder_hidden_states"], embeds)
         self.assertTrue(torch.equal(seen["encoder_hidden_states_mask"], mask))
         pixels = pipeline.image_processor.preprocess(self.references, 96, 64).unsqueeze(2)
@@ -95,8 +101,10 @@ class QwenEditAdapterTest(unittest.TestCase):
         self.assertGreater((first - second).abs().mean().item(), 1e-4)
 
     def test_a_prompt_without_its_reference_is_refused(self):
-        with self.assertRaisesRegex(ValueError, "reads each prompt with its reference image"):
+        with self.assertRaisesRegex(ValueError, "reads each prompt with its reference images"):
             self.adapter.encode_prompts(PROMPTS)
+        with self.assertRaisesRegex(ValueError, r"\(1 to 1\)"):
+            self.adapter.encode_prompts(PROMPTS, [self.references, self.references])
 
     def test_the_flavour_and_the_folder_must_agree(self):
         qwen = get_adapter_class("qwen_image")
@@ -108,24 +116,86 @@ class QwenEditAdapterTest(unittest.TestCase):
         self.assertIsNone(qwen.flavour_problem(ensure_builtin_model("tiny-qwen_image"), None))
 
 
+class QwenEditPlusAdapterTest(unittest.TestCase):
+    """edit-v2: two references per sample, as QwenImageEditPlusPipeline gives them."""
+
+    def test_the_network_gets_both_references_as_the_plus_pipeline_gives_them(self):
+        adapter = get_adapter_class("qwen_image").load(
+            ensure_builtin_model("tiny-qwen_image-edit-plus"), device=CPU,
+            weight_dtype=torch.float32, loss_settings=LossSettings())
+        pipeline = adapter.build_pipeline()
+        self.assertIsInstance(pipeline, QwenImageEditPlusPipeline)
+        first = [circle("green", "blue", (64, 96)), circle("yellow", "red", (64, 96))]
+        second = [circle("red", "green", (64, 64)), circle("blue", "yellow", (64, 64))]
+        pairs = [[a, b] for a, b in zip(first, second)]
+        batch = TrainingBatch(
+            latents=torch.zeros(2, 16, 8, 8), prompt_embeds=adapter.encode_prompts(PROMPTS, pairs),
+            original_sizes=[(64, 64)] * 2, crop_top_lefts=[(0, 0)] * 2,
+            target_sizes=[(64, 64)] * 2,
+            reference_latents=tuple(adapter.encode_images(torch.stack([to_tensor(i) for i in
+                                                                       images]))
+                                    for images in (first, second)))
+        seen = {}
+
+        def zero_network(**inputs):
+            seen.update(inputs)
+            return (torch.zeros_like(inputs["hidden_states"]),)
+
+        adapter.compute_loss(batch, torch.Generator().manual_seed(5), network=zero_network)
+        for row, images in enumerate(pairs):  # the Plus pipeline encodes one prompt per call
+            shown = []
+            for image in images:
+                width, height = plus_dimensions(CONDITION_IMAGE_SIZE, image.width / image.height)
+                shown.append(pipeline.image_processor.resize(image, height, width))
+            embeds, _ = pipeline.encode_prompt([PROMPTS[row]], image=shown, device=CPU)
+            length = embeds.shape[1]
+            torch.testing.assert_close(seen["encoder_hidden_states"][row, :length], embeds[0])
+            self.assertEqual(int(seen["encoder_hidden_states_mask"][row].sum()), length)
+        vae_images = [pipeline.image_processor.preprocess(images, image_height, 64).unsqueeze(2)
+                      for images, image_height in ((first, 96), (second, 64))]
+        _, image_latents = pipeline.prepare_latents(vae_images, 2, 16, 64, 64, torch.float32,
+                                                    CPU, torch.Generator().manual_seed(0))
+        torch.testing.assert_close(seen["hidden_states"][:, 16:], image_latents)
+        self.assertEqual(seen["img_shapes"], [[(1, 4, 4), (1, 6, 4), (1, 4, 4)]] * 2)
+
+
 class QwenEditConfigTest(unittest.TestCase):
-    def test_validation_from_a_prompt_alone_is_refused(self):
+    def problems(self, datasets, **options) -> list[str]:
         root = Path(self.enterContext(tempfile.TemporaryDirectory()))
         targets, references, _ = make_edit_pairs(root, count=1)
-        config = write_config(root, targets, datasets=edit_datasets(targets, references),
-                              validation_prompt="make the circle red", **EDIT)
+        config = write_config(root, targets, datasets=datasets(targets, references),
+                              **{**EDIT, **options})
         with self.assertRaises(ConfigError) as caught:
             load_configuration(config, cwd=root)
-        (problem,) = caught.exception.problems
+        return caught.exception.problems
+
+    def test_validation_from_a_prompt_alone_is_refused(self):
+        (problem,) = self.problems(edit_datasets, validation_prompt="make the circle red")
         self.assertIn("key 'validation_prompt': a Qwen-Image-Edit pipeline edits a reference",
                       problem)
         self.assertIn("set eval_dataset_id", problem)
 
+    def test_more_references_than_the_flavour_reads_are_refused(self):
+        def with_references(count):
+            def datasets(targets, references):
+                edits, conditioning = edit_datasets(targets, references)
+                extra = [{**conditioning, "id": f"refs-{i}"} for i in range(count)]
+                return [{**edits, "conditioning_data": [e["id"] for e in extra]}, *extra]
+            return datasets
+
+        (problem,) = self.problems(with_references(2))
+        self.assertIn("names 2 conditioning datasets, but model_flavour 'edit-v1' reads at most "
+                      "1", problem)
+        self.assertIn("use model_flavour 'edit-v2'", problem)
+        problems = self.problems(with_references(4), model_flavour="edit-v2",
+                                 pretrained_model_name_or_path="builtin:tiny-qwen_image-edit-plus")
+        self.assertIn("'edit-v2' reads at most 3 reference(s)", " ".join(problems))
+
 
 class QwenEditTrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Four launches of ./train.sh on 4 edit pairs plus an orphan on each side: full (4 steps,
-    checkpointed at 2, validated on held-out pairs), full resumed from a copy of checkpoint-2,
-    LoRA, LoRA resumed."""
+    """Five launches of ./train.sh on 4 edit pairs plus an orphan on each side: full (4 steps,
+    checkpointed at 2), full resumed from a copy of checkpoint-2, LoRA, LoRA resumed, and a
+    2-step edit-v2 run with two references per target."""
 
     @classmethod
     def setUpClass(cls):
@@ -144,6 +214,19 @@ class QwenEditTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         cls.lora = cls.train("lora", **lora)
         if copy_checkpoint(root, "lora", "lora-resumed"):
             cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
+        cls.second_references = root / "second-references"  # edit-v2: two per target
+        cls.second_references.mkdir()
+        for target in cls.targets.glob("??x??-*.png"):
+            circle("yellow", "green", (64, 64)).save(cls.second_references / f"{target.stem}.png")
+        edits, first = edit_datasets(cls.targets, cls.references)
+        second = {**first, "id": "second-references",
+                  "instance_data_dir": str(cls.second_references)}
+        cls.plus = run_train_sh(write_config(
+            root, cls.targets, "plus", datasets=[
+                {**edits, "conditioning_data": ["edit-references", "second-references"]},
+                first, second],
+            **dict(common, model_flavour="edit-v2", max_train_steps=2,
+                   pretrained_model_name_or_path="builtin:tiny-qwen_image-edit-plus")), cls.tmp)
 
     @classmethod
     def train(cls, name: str, **options):
@@ -192,25 +275,49 @@ class QwenEditTrainingTest(TrainedOutputAssertions, unittest.TestCase):
             "processor_class"], "Qwen2VLProcessor")
         self.assertEqual(json.loads((processor / "video_preprocessor_config.json").read_text())[
             "video_processor_type"], "Qwen2VLVideoProcessor")
+        self.assertEqual(json.loads((processor / "preprocessor_config.json").read_text())[
+            "image_processor_type"], "Qwen2VLImageProcessor")
         self.assertTrue((processor / "tokenizer.json").is_file())
         pipeline = QwenImageEditPipeline.from_pretrained(folder,
                                                          processor=load_processor(folder))
-        red = self.edit(pipeline, circle("red", "blue", (64, 64)))
-        green = self.edit(pipeline, circle("green", "yellow", (64, 64)))
-        self.assertEqual(red.shape, (64, 64, 3))
-        self.assertGreater(np.abs(red - green).mean(), 0.0)  # the edit depends on its reference
+        # (that the edit depends on its reference: QwenEditAdapterTest, without the 1 MP
+        # resize each pipeline call makes of its reference)
+        edited = self.sample_image(pipeline, 64, 64, image=circle("red", "blue", (64, 64)),
+                                   true_cfg_scale=1.0)
+        self.assertGreater(edited.std(), 0.0)
 
-    def edit(self, pipeline, reference) -> np.ndarray:
-        return self.sample_image(pipeline, 64, 64, image=reference, true_cfg_scale=1.0)
-
-    def test_the_lora_export_loads_onto_the_edit_pipeline_and_changes_its_edit(self):
+    def test_the_lora_export_loads_onto_the_edit_pipeline_and_changes_its_network(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         base = resolve_model_path("builtin:tiny-qwen_image-edit")
         pipeline = QwenImageEditPipeline.from_pretrained(base, processor=load_processor(base))
-        reference = circle("red", "blue", (64, 64))
-        before = self.edit(pipeline, reference)
+        before = self.transformer_output(pipeline)
         pipeline.load_lora_weights(self.root / "lora-out" / "lora")
-        self.assertGreater(np.abs(self.edit(pipeline, reference) - before).mean(), 0.1)
+        self.assertGreater((self.transformer_output(pipeline) - before).abs().mean().item(), 1e-3)
+
+    @staticmethod
+    def transformer_output(pipeline) -> torch.Tensor:
+        """The transformer's prediction for fixed inputs: a 4 x 4 target and a reference."""
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            return pipeline.transformer(
+                hidden_states=torch.randn(1, 32, 64, generator=generator),
+                encoder_hidden_states=torch.randn(1, 8, 32, generator=generator),
+                encoder_hidden_states_mask=torch.ones(1, 8, dtype=torch.long),
+                timestep=torch.tensor([0.5]), img_shapes=[[(1, 4, 4), (1, 4, 4)]],
+                return_dict=False)[0]
+
+    def test_edit_v2_trains_on_two_references_and_exports_the_plus_pipeline(self):
+        self.assertEqual(self.plus.returncode, 0, self.plus.stderr[-3000:])
+        out = self.root / "plus-out"
+        for record in read_jsonl(out / "trace" / "rank-0.jsonl"):
+            self.assertEqual(record["references"], [[s.replace(".png", ".jpg"), s]
+                                                    for s in record["samples"]])
+        folder = out / "pipeline"
+        pipeline = QwenImageEditPlusPipeline.from_pretrained(folder,
+                                                             processor=load_processor(folder))
+        references = [circle("red", "blue", (64, 64)), circle("yellow", "green", (64, 64))]
+        edited = self.sample_image(pipeline, 64, 64, image=references, true_cfg_scale=1.0)
+        self.assertGreater(edited.std(), 0.0)
 
     def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
         self.assert_resumed_lora_matches(self.root, ("lora", self.lora),

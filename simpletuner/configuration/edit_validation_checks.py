@@ -28,8 +28,8 @@ def check_edit_validation(training, datasets: list, where: str, problems: list[s
                         "paired with references")
     elif len(dataset.conditioning_ids()) > 1:
         problems.append(f"{key} names '{name}', whose targets have "
-                        f"{len(dataset.conditioning_ids())} references each; "
-                        "FluxKontextPipeline edits one reference image: name a dataset with one "
+                        f"{len(dataset.conditioning_ids())} references each; validation "
+                        "edits one reference image per target: name a dataset with one "
                         "conditioning dataset")
     if training.validation_prompt is not None or training.user_prompt_library is not None:
         problems.append(f"{key}: validation edits the references of '{name}' with their "

@@ -20,7 +20,9 @@ from simpletuner.models.flux2 import pipeline_class_name
 
 NO_NEGATIVE_PROMPT = " "  # what Qwen-Image's own examples pass for "no negative prompt"
 # model_flavour -> the pipeline class of the folders it trains (SimpleTuner's edit flavours)
-EDIT_FLAVOURS = {"edit-v1": "QwenImageEditPipeline"}
+EDIT_FLAVOURS = {"edit-v1": "QwenImageEditPipeline", "edit-v2": "QwenImageEditPlusPipeline"}
+EDIT_BUILTINS = {"edit-v1": "builtin:tiny-qwen_image-edit",
+                 "edit-v2": "builtin:tiny-qwen_image-edit-plus"}
 
 
 class QwenImageAdapter(FlowFamilyAdapter):
@@ -40,10 +42,13 @@ class QwenImageAdapter(FlowFamilyAdapter):
 
     @classmethod
     def for_folder(cls, folder: Path) -> type["QwenImageAdapter"]:
-        if pipeline_class_name(folder) in EDIT_FLAVOURS.values():
-            from simpletuner.models.qwen_image_edit import QwenImageEditAdapter
+        found = pipeline_class_name(folder)
+        if found in EDIT_FLAVOURS.values():
+            from simpletuner.models.qwen_image_edit import (QwenImageEditAdapter,
+                                                            QwenImageEditPlusAdapter)
 
-            return QwenImageEditAdapter
+            return (QwenImageEditPlusAdapter if found == EDIT_FLAVOURS["edit-v2"]
+                    else QwenImageEditAdapter)
         return QwenImageAdapter
 
     @classmethod
@@ -55,8 +60,8 @@ class QwenImageAdapter(FlowFamilyAdapter):
             return None
         if wanted is not None:
             return (f"{flavour!r} trains a {wanted} model, but the model_index.json of {folder} "
-                    f"names {found}; use a Qwen-Image-Edit folder (or "
-                    "builtin:tiny-qwen_image-edit), or remove model_flavour")
+                    f"names {found}; use such a folder (or {EDIT_BUILTINS[flavour]}), or remove "
+                    "model_flavour")
         edit = next(name for name, pipeline in EDIT_FLAVOURS.items() if pipeline == found)
         return (f"{folder} is a {found} model; set model_flavour {edit!r} (and give its "
                 "datasets conditioning_data)")

@@ -18,7 +18,7 @@ from simpletuner.common.atomic import atomic_write_text
 
 # What model_index.json names: the class the folder is for, not the subclass built here.
 PIPELINE_ENTRY = ("transformers", "Qwen2VLProcessor")
-VIDEO_CONFIG = "video_preprocessor_config.json"
+IMAGE_CONFIG, VIDEO_CONFIG = "preprocessor_config.json", "video_preprocessor_config.json"
 
 
 class ImageTextQwen2VLProcessor(Qwen2VLProcessor):
@@ -31,10 +31,13 @@ class ImageTextQwen2VLProcessor(Qwen2VLProcessor):
         return {**super().to_dict(), "processor_class": PIPELINE_ENTRY[1]}
 
     def save_pretrained(self, save_directory, **kwargs):
-        """Qwen2VLProcessor's files, and the video part's config it would have written: the
-        default Qwen2VLVideoProcessor's, sharing the image part's patching and statistics."""
+        """Qwen2VLProcessor's files; the image part's config also on its own, as processors
+        saved before transformers 5 have it; and the video part's config Qwen2VLProcessor would
+        have written: the default Qwen2VLVideoProcessor's, with the image part's patching and
+        statistics."""
         written = super().save_pretrained(save_directory, **kwargs)
         image = self.image_processor
+        atomic_write_text(Path(save_directory) / IMAGE_CONFIG, image.to_json_string())
         video = {"video_processor_type": "Qwen2VLVideoProcessor",
                  "processor_class": PIPELINE_ENTRY[1],
                  "patch_size": image.patch_size, "temporal_patch_size": image.temporal_patch_size,

@@ -20,6 +20,8 @@ RECIPES = {
     "tiny-chroma": ("simpletuner.models.tiny.chroma_model", "build_chroma"),
     "tiny-qwen_image": ("simpletuner.models.tiny.qwen_models", "build_qwen_image"),
     "tiny-qwen_image-edit": ("simpletuner.models.tiny.qwen_models", "build_qwen_image_edit"),
+    "tiny-qwen_image-edit-plus": ("simpletuner.models.tiny.qwen_models",
+                                  "build_qwen_image_edit_plus"),
     "tiny-z_image": ("simpletuner.models.tiny.z_image", "build_z_image"),
     "tiny-flux2": ("simpletuner.models.tiny.flux2_models", "build_flux2_klein"),
     "tiny-wan": ("simpletuner.models.tiny.wan_model", "build_wan"),

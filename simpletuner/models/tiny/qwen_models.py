@@ -66,8 +66,8 @@ def build_qwen_image(staging: Path):
     return QwenImagePipeline(**_qwen_image_parts(staging))
 
 
-def build_qwen_image_edit(staging: Path):
-    from diffusers import QwenImageEditPipeline
+def build_qwen_image_edit(staging: Path, pipeline_name: str = "QwenImageEditPipeline"):
+    import diffusers
 
     from simpletuner.models.qwen_processor import PIPELINE_ENTRY, build_processor
 
@@ -76,6 +76,11 @@ def build_qwen_image_edit(staging: Path):
     # processor's 1 MP: a few dozen image tokens keep the tiny model fast.
     processor = build_processor(parts["tokenizer"],
                                 size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112})
-    pipeline = QwenImageEditPipeline(processor=processor, **parts)
+    pipeline = getattr(diffusers, pipeline_name)(processor=processor, **parts)
     pipeline.register_to_config(processor=PIPELINE_ENTRY)
     return pipeline
+
+
+def build_qwen_image_edit_plus(staging: Path):
+    """Qwen-Image-Edit-2509's layout: the same parts in QwenImageEditPlusPipeline."""
+    return build_qwen_image_edit(staging, "QwenImageEditPlusPipeline")
