@@ -1,10 +1,10 @@
-"""Qwen-Image-Edit (model_family qwen_image, model_flavour edit-v1): the transformer and the
-text encoder get each pair as QwenImageEditPipeline gives them (the prompt read with its
-reference image, the reference's packed latents appended, img_shapes listing both), and text
-entries are keyed by caption and reference; full and LoRA runs of builtin:tiny-qwen_image-edit
-on edit pairs through ./train.sh resume exactly, leave orphans out, and export what
-QwenImageEditPipeline loads (given the processor built here, which needs no torchvision) and
-runs with a reference image."""
+"""Qwen-Image-Edit (model_family qwen_image, model_flavour edit-v1, and edit-v2 with several
+references): the transformer and the text encoder get each pair as QwenImageEditPipeline (or
+QwenImageEditPlusPipeline) gives them (the prompt read with its references, their packed
+latents appended, img_shapes listing them all), and text entries are keyed by caption and
+references; full edit-v1 and LoRA edit-v2 runs through ./train.sh resume exactly, leave orphans
+out, and export what the pipelines load (given the processor built here, which needs no
+torchvision) and run with a reference image."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from training_fixtures import copy_checkpoint, read_jsonl, run_train_sh, write_c
 
 EDIT = dict(model_family="qwen_image", model_flavour="edit-v1",
             pretrained_model_name_or_path="builtin:tiny-qwen_image-edit")
+PLUS = "builtin:tiny-qwen_image-edit-plus"
 PROMPTS = ["make the circle red", "make the circle a much deeper shade of blue"]
 
 
@@ -188,14 +189,14 @@ class QwenEditConfigTest(unittest.TestCase):
                       "1", problem)
         self.assertIn("use model_flavour 'edit-v2'", problem)
         problems = self.problems(with_references(4), model_flavour="edit-v2",
-                                 pretrained_model_name_or_path="builtin:tiny-qwen_image-edit-plus")
+                                 pretrained_model_name_or_path=PLUS)
         self.assertIn("'edit-v2' reads at most 3 reference(s)", " ".join(problems))
 
 
 class QwenEditTrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Five launches of ./train.sh on 4 edit pairs plus an orphan on each side: full (4 steps,
-    checkpointed at 2), full resumed from a copy of checkpoint-2, LoRA, LoRA resumed, and a
-    2-step edit-v2 run with two references per target."""
+    """Four launches of ./train.sh on 4 edit pairs plus an orphan on each side, 4 steps
+    checkpointed at 2: edit-v1 full, and resumed from a copy of checkpoint-2; edit-v2 LoRA with
+    two references per target, and resumed likewise."""
 
     @classmethod
     def setUpClass(cls):
@@ -207,32 +208,34 @@ class QwenEditTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         circle("red", "blue", (64, 64)).save(cls.references / "lonely-reference.jpg")
         common = dict(EDIT, max_train_steps=4, checkpointing_steps=2, train_batch_size=2,
                       trace_samples=True)
-        cls.full = cls.train("full", **common)
+        cls.full = cls.train("full", edit_datasets(cls.targets, cls.references), **common)
         if copy_checkpoint(root, "full", "resumed"):
-            cls.resumed = cls.train("resumed", resume_from_checkpoint="latest", **common)
-        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2)
-        cls.lora = cls.train("lora", **lora)
+            cls.resumed = cls.train("resumed", edit_datasets(cls.targets, cls.references),
+                                    resume_from_checkpoint="latest", **common)
+        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2,
+                    model_flavour="edit-v2", pretrained_model_name_or_path=PLUS)
+        cls.lora = cls.train("lora", cls.two_reference_datasets(), **lora)
         if copy_checkpoint(root, "lora", "lora-resumed"):
-            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
-        cls.second_references = root / "second-references"  # edit-v2: two per target
-        cls.second_references.mkdir()
-        for target in cls.targets.glob("??x??-*.png"):
-            circle("yellow", "green", (64, 64)).save(cls.second_references / f"{target.stem}.png")
-        edits, first = edit_datasets(cls.targets, cls.references)
-        second = {**first, "id": "second-references",
-                  "instance_data_dir": str(cls.second_references)}
-        cls.plus = run_train_sh(write_config(
-            root, cls.targets, "plus", datasets=[
-                {**edits, "conditioning_data": ["edit-references", "second-references"]},
-                first, second],
-            **dict(common, model_flavour="edit-v2", max_train_steps=2,
-                   pretrained_model_name_or_path="builtin:tiny-qwen_image-edit-plus")), cls.tmp)
+            cls.lora_resumed = cls.train("lora-resumed", cls.two_reference_datasets(),
+                                         resume_from_checkpoint="latest", **lora)
 
     @classmethod
-    def train(cls, name: str, **options):
-        config = write_config(cls.root, cls.targets, name,
-                              datasets=edit_datasets(cls.targets, cls.references), **options)
-        return run_train_sh(config, cls.tmp)
+    def two_reference_datasets(cls) -> list[dict]:
+        """The pairs with a second reference folder (same stems, .png) for edit-v2."""
+        second_references = cls.root / "second-references"
+        if not second_references.is_dir():
+            second_references.mkdir()
+            for target in cls.targets.glob("??x??-*.png"):
+                circle("yellow", "green", (64, 64)).save(second_references / target.name)
+        edits, first = edit_datasets(cls.targets, cls.references)
+        second = {**first, "id": "second-references", "instance_data_dir": str(second_references)}
+        return [{**edits, "conditioning_data": ["edit-references", "second-references"]},
+                first, second]
+
+    @classmethod
+    def train(cls, name: str, datasets: list[dict], **options):
+        return run_train_sh(write_config(cls.root, cls.targets, name, datasets=datasets,
+                                         **options), cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
@@ -286,13 +289,19 @@ class QwenEditTrainingTest(TrainedOutputAssertions, unittest.TestCase):
                                    true_cfg_scale=1.0)
         self.assertGreater(edited.std(), 0.0)
 
-    def test_the_lora_export_loads_onto_the_edit_pipeline_and_changes_its_network(self):
+    def test_the_edit_v2_lora_trains_on_two_references_and_loads_onto_the_plus_pipeline(self):
         self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
-        base = resolve_model_path("builtin:tiny-qwen_image-edit")
-        pipeline = QwenImageEditPipeline.from_pretrained(base, processor=load_processor(base))
+        for record in read_jsonl(self.root / "lora-out" / "trace" / "rank-0.jsonl"):
+            self.assertEqual(record["references"], [[s.replace(".png", ".jpg"), s]
+                                                    for s in record["samples"]])
+        base = resolve_model_path(PLUS)
+        pipeline = QwenImageEditPlusPipeline.from_pretrained(base, processor=load_processor(base))
         before = self.transformer_output(pipeline)
         pipeline.load_lora_weights(self.root / "lora-out" / "lora")
         self.assertGreater((self.transformer_output(pipeline) - before).abs().mean().item(), 1e-3)
+        edited = self.sample_image(pipeline, 64, 64, image=[circle("red", "blue", (64, 64))],
+                                   true_cfg_scale=1.0)
+        self.assertGreater(edited.std(), 0.0)
 
     @staticmethod
     def transformer_output(pipeline) -> torch.Tensor:
@@ -305,19 +314,6 @@ class QwenEditTrainingTest(TrainedOutputAssertions, unittest.TestCase):
                 encoder_hidden_states_mask=torch.ones(1, 8, dtype=torch.long),
                 timestep=torch.tensor([0.5]), img_shapes=[[(1, 4, 4), (1, 4, 4)]],
                 return_dict=False)[0]
-
-    def test_edit_v2_trains_on_two_references_and_exports_the_plus_pipeline(self):
-        self.assertEqual(self.plus.returncode, 0, self.plus.stderr[-3000:])
-        out = self.root / "plus-out"
-        for record in read_jsonl(out / "trace" / "rank-0.jsonl"):
-            self.assertEqual(record["references"], [[s.replace(".png", ".jpg"), s]
-                                                    for s in record["samples"]])
-        folder = out / "pipeline"
-        pipeline = QwenImageEditPlusPipeline.from_pretrained(folder,
-                                                             processor=load_processor(folder))
-        references = [circle("red", "blue", (64, 64)), circle("yellow", "green", (64, 64))]
-        edited = self.sample_image(pipeline, 64, 64, image=references, true_cfg_scale=1.0)
-        self.assertGreater(edited.std(), 0.0)
 
     def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
         self.assert_resumed_lora_matches(self.root, ("lora", self.lora),
