@@ -8,7 +8,12 @@ from dataclasses import replace
 from simpletuner.configuration.datasets import DatasetConfig
 
 # (model_family, model_flavour) of the models that train on reference images
-REFERENCE_MODELS = {("flux", "kontext")}
+REFERENCE_MODELS = {("flux", "kontext"), ("qwen_image", "edit-v1"), ("qwen_image", "edit-v2")}
+# How messages name them.
+REFERENCE_MODELS_TEXT = ("model_family 'flux' with model_flavour 'kontext', or 'qwen_image' with "
+                         "'edit-v1' or 'edit-v2'")
+# The references per sample a model's pipeline reads (the others: any number).
+MOST_REFERENCES = {("qwen_image", "edit-v1"): 1, ("qwen_image", "edit-v2"): 3}
 CONDITIONING = "conditioning"
 
 
@@ -55,6 +60,7 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
         if ds.dataset_type not in ("image", "eval"):
             problems.append(f"{label}: key 'conditioning_data' is for image and eval datasets, "
                             f"not '{ds.dataset_type}'")
+        _check_reference_count(ds, training, label, problems)
         for name in ds.conditioning_ids():
             if name not in unusable:  # else its own problems are reported
                 _check_named(name, ds.id, by_id, named_by, label, problems)
@@ -78,8 +84,19 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
         problems.append(
             f"{where}: conditioning datasets ({', '.join(sorted(named_by))}) hold reference "
             f"images, which model_family '{training.model_family}' (model_flavour "
-            f"{training.model_flavour!r}) does not train on; use model_family 'flux' with "
-            "model_flavour 'kontext', or remove conditioning_data")
+            f"{training.model_flavour!r}) does not train on; use {REFERENCE_MODELS_TEXT}, or "
+            "remove conditioning_data")
+
+
+def _check_reference_count(ds: DatasetConfig, training, label: str,
+                           problems: list[str]) -> None:
+    model = (getattr(training, "model_family", None), getattr(training, "model_flavour", None))
+    most = MOST_REFERENCES.get(model)
+    if most is not None and len(ds.conditioning_ids()) > most:
+        problems.append(f"{label}: key 'conditioning_data' names {len(ds.conditioning_ids())} "
+                        f"conditioning datasets, but model_flavour '{model[1]}' reads at most "
+                        f"{most} reference(s) per sample; name at most {most}"
+                        + (", or use model_flavour 'edit-v2' (up to 3)" if most == 1 else ""))
 
 
 def _check_conditioning_entry(ds: DatasetConfig, label: str, problems: list[str]) -> None:

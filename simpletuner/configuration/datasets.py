@@ -48,7 +48,8 @@ class DatasetConfig:
         "whose conditioning_data names this one, matched to its targets by path")
     disabled: bool = option(False)
     conditioning_data: str | list[str] | None = option(
-        None, help="edit training (flux kontext): the id(s) of the 'conditioning' dataset(s) "
+        None, help="edit training (flux kontext, qwen_image edit-v1/v2): the id(s) of the "
+        "'conditioning' dataset(s) "
         "holding each sample's reference image, the file with the same path and stem")
     conditioning_type: Literal["reference_strict", "reference_loose"] | None = option(
         None, help="a 'conditioning' dataset (set, it makes one, as in SimpleTuner): "

@@ -4,18 +4,19 @@ off, because the paired references are what validation takes)."""
 
 from __future__ import annotations
 
-from simpletuner.configuration.conditioning_checks import takes_references
+from simpletuner.configuration.conditioning_checks import REFERENCE_MODELS_TEXT, takes_references
 
 
 def check_edit_validation(training, datasets: list, where: str, problems: list[str]) -> None:
     """Every problem with eval_dataset_id, appended to ``problems``."""
     name = training.eval_dataset_id
     if name is None:
+        _check_prompt_only_validation(training, where, problems)
         return
     key = f"{where}: key 'eval_dataset_id'"
     if not takes_references(training.model_family, training.model_flavour):
         problems.append(f"{key} picks the edit pairs that validation edits, which only edit "
-                        "models do (model_family 'flux' with model_flavour 'kontext'); remove "
+                        f"models do ({REFERENCE_MODELS_TEXT}); remove "
                         "it (every enabled eval dataset's loss is logged)")
         return
     dataset = {ds.id: ds for ds in datasets}.get(name)
@@ -27,8 +28,8 @@ def check_edit_validation(training, datasets: list, where: str, problems: list[s
                         "paired with references")
     elif len(dataset.conditioning_ids()) > 1:
         problems.append(f"{key} names '{name}', whose targets have "
-                        f"{len(dataset.conditioning_ids())} references each; "
-                        "FluxKontextPipeline edits one reference image: name a dataset with one "
+                        f"{len(dataset.conditioning_ids())} references each; validation "
+                        "edits one reference image per target: name a dataset with one "
                         "conditioning dataset")
     if training.validation_prompt is not None or training.user_prompt_library is not None:
         problems.append(f"{key}: validation edits the references of '{name}' with their "
@@ -39,3 +40,16 @@ def check_edit_validation(training, datasets: list, where: str, problems: list[s
         problems.append(f"{where}: key 'validation_using_datasets' takes image-to-video "
                         f"models' input images; the edit model's validation edits the "
                         f"references of '{name}' (eval_dataset_id): remove it")
+
+
+def _check_prompt_only_validation(training, where: str, problems: list[str]) -> None:
+    """Qwen-Image-Edit's pipelines edit an image and cannot generate from a prompt alone."""
+    if training.model_family != "qwen_image" or not takes_references(
+            training.model_family, training.model_flavour):
+        return
+    for key in ("validation_prompt", "user_prompt_library"):
+        if getattr(training, key) is not None:
+            problems.append(f"{where}: key '{key}': a Qwen-Image-Edit pipeline edits a reference "
+                            "image and cannot generate from a prompt alone; set eval_dataset_id "
+                            "to a dataset paired with references (its targets' captions are the "
+                            f"prompts), or remove {key}")

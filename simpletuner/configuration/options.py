@@ -41,7 +41,8 @@ class TrainingConfig:
         required=True, help="a local diffusers folder, or builtin:tiny-<family>")
     model_flavour: str | None = option(
         None, help="SimpleTuner's flavour name; the folder decides the model, and a flavour "
-        "that contradicts it is refused (flux2: dev, klein-4b, klein-9b; wan: "
+        "that contradicts it is refused (flux: kontext; qwen_image: edit-v1, edit-v2, trained on "
+        "edit pairs; flux2: dev, klein-4b, klein-9b; wan: "
         "t2v-480p-1.3b-2.1, t2v-480p-14b-2.1, i2v-480p-14b-2.1, i2v-720p-14b-2.1, "
         "t2v-14b-2.2-high, t2v-14b-2.2-low, ti2v-5b-2.2; a two-expert Wan 2.2 folder needs "
         "t2v-14b-2.2-high or t2v-14b-2.2-low, the expert to train); other families ignore it")
@@ -258,7 +259,8 @@ class TrainingConfig:
         None, minimum=1, help="video families: frames per second of the validation clips' "
         "animated WebP; none = the family's rate (Wan: 16)")
     eval_dataset_id: str | None = option(
-        None, help="edit models (flux kontext): the dataset with conditioning_data whose pairs "
+        None, help="edit models (flux kontext, qwen_image edit-v1/v2): the dataset with "
+        "conditioning_data whose pairs "
         "validation edits: each of its first num_eval_images targets' reference, with that "
         "target's caption as the prompt (instead of validation_prompt); none = text-to-image "
         "validation")

@@ -85,6 +85,9 @@ class ModelAdapter(ABC):
     validates_from_image: bool = False
     # Trains a video.is_i2v dataset as image-to-video (elsewhere the key is refused).
     trains_image_to_video: bool = False
+    # An edit model whose text encoder reads each prompt with the sample's reference images:
+    # encode_prompts(prompts, references), and text entries keyed by both.
+    prompts_see_references: bool = False
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):

@@ -20,7 +20,8 @@ class FluxKontextAdapter(FluxAdapter):
 
     def size_arguments(self, size: int | tuple[int, int]) -> dict:
         width, height = (size, size) if isinstance(size, int) else size
-        return {"max_area": width * height}  # else the pipeline samples at 1024 x 1024
+        # else the pipeline samples at 1024 x 1024, and resizes the reference to its own size
+        return {"max_area": width * height, "_auto_resize": False}
 
     def _image_stream(self, noisy: torch.Tensor, batch: TrainingBatch,
                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

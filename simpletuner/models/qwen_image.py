@@ -8,14 +8,21 @@ network's image input through ``pack_latents``/``image_shapes``, so a subclass e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
 
 from simpletuner.models.base import PLANNED_CAPTION, TrainingBatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
+from simpletuner.models.flux2 import pipeline_class_name
 
 NO_NEGATIVE_PROMPT = " "  # what Qwen-Image's own examples pass for "no negative prompt"
+# model_flavour -> the pipeline class of the folders it trains (SimpleTuner's edit flavours)
+EDIT_FLAVOURS = {"edit-v1": "QwenImageEditPipeline", "edit-v2": "QwenImageEditPlusPipeline"}
+EDIT_BUILTINS = {"edit-v1": "builtin:tiny-qwen_image-edit",
+                 "edit-v2": "builtin:tiny-qwen_image-edit-plus"}
 
 
 class QwenImageAdapter(FlowFamilyAdapter):
@@ -32,6 +39,36 @@ class QwenImageAdapter(FlowFamilyAdapter):
     # The last block's text-stream output (to_add_out, txt_mlp...) feeds nothing: the network
     # returns the image stream only.
     ddp_find_unused_parameters = True
+
+    @classmethod
+    def for_folder(cls, folder: Path) -> type["QwenImageAdapter"]:
+        found = pipeline_class_name(folder)
+        if found in EDIT_FLAVOURS.values():
+            from simpletuner.models.qwen_image_edit import (QwenImageEditAdapter,
+                                                            QwenImageEditPlusAdapter)
+
+            return (QwenImageEditPlusAdapter if found == EDIT_FLAVOURS["edit-v2"]
+                    else QwenImageEditAdapter)
+        return QwenImageAdapter
+
+    @classmethod
+    def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
+        """Only the edit flavours change what is trained (edit pairs), so only they are
+        checked against the folder's pipeline class."""
+        found, wanted = pipeline_class_name(folder), EDIT_FLAVOURS.get(flavour)
+        if found == wanted or (wanted is None and found not in EDIT_FLAVOURS.values()):
+            return None
+        if wanted is not None:
+            return (f"{flavour!r} trains a {wanted} model, but the model_index.json of {folder} "
+                    f"names {found}; use such a folder (or {EDIT_BUILTINS[flavour]}), or remove "
+                    "model_flavour")
+        edit = next(name for name, pipeline in EDIT_FLAVOURS.items() if pipeline == found)
+        return (f"{folder} is a {found} model; set model_flavour {edit!r} (and give its "
+                "datasets conditioning_data)")
+
+    @classmethod
+    def load(cls, folder: Path, **settings) -> "QwenImageAdapter":
+        return super(QwenImageAdapter, cls.for_folder(folder)).load(folder, **settings)
 
     @property
     def vae_factor(self) -> int:

@@ -250,6 +250,13 @@ def _prefetched(pool: ThreadPoolExecutor, chunks: list[list[str]], settings: Lat
         yield chunk, prepared
 
 
+def fitted_image(settings: LatentSettings, sample_id: str,
+                 size: tuple[int, int]) -> PreparedImage | str:
+    """An image sample as its latent entry is made from (``size``: its bucket's (w, h)), or
+    why its file cannot be used."""
+    return _prepare(settings, sample_id, Target(size))
+
+
 def _prepare(settings: LatentSettings, sample_id: str,
              target: Target) -> PreparedImage | PreparedClip | str:
     """The prepared image or clip, or why the file cannot be used: gone since it was listed,

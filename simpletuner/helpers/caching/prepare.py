@@ -13,6 +13,8 @@ from pathlib import Path
 
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
 from simpletuner.helpers.caching.latents import EncodeImages, LatentSettings, cache_latents
+from simpletuner.helpers.caching.reference_prompts import (ReferenceImages,
+                                                           cache_prompts_with_references)
 from simpletuner.helpers.caching.references import cache_references
 from simpletuner.helpers.caching.storage import model_identity, rank_share
 from simpletuner.helpers.caching.text_embeds import (
@@ -78,12 +80,14 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    model_folder: str | Path, family: str, output_dir: str | Path, seed: int,
                    rank: int, world_size: int, vae_batch_size: int = 8,
                    progress: bool = True,
-                   conditioning: Mapping[str, tuple] | None = None) -> PreparedCaches:
+                   conditioning: Mapping[str, tuple] | None = None,
+                   prompts_see_references: bool = False) -> PreparedCaches:
     """Call on every rank, after the Accelerator is built and every rank holds the same
     ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
     maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed;
     ``conditioning``: id -> (conditioning DatasetConfig, its paired index), for edit pairs,
-    whose references are cached first.
+    whose references are cached first; ``prompts_see_references``: the text encoder reads
+    each caption with its sample's references (``encode_prompts(captions, images)``).
     Each rank's work between two collectives is one ``failing_together`` block: an error on
     any rank (a model that cannot encode, an unreadable caption, a full disk) is a RankFailure
     on every rank, never a rank waiting alone in the next collective."""
@@ -94,7 +98,7 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
     for dataset in datasets:
         settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
                                               model_identity=vae_identity, seed=seed)
-        index = indexes[dataset.id]
+        index, references = indexes[dataset.id], None
         if dataset.conditioning_ids():
             references = cache_references(
                 dataset, conditioning or {}, index, settings, encode_images,
@@ -116,16 +120,20 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         latent_caches[dataset.id] = result.cache
         text_caches[dataset.id] = _cache_text(
             dataset, kept[dataset.id], caption_for[dataset.id], encode_prompts, text_identity,
-            output_dir=output_dir, rank=rank, world_size=world_size, progress=progress)
+            output_dir=output_dir, rank=rank, world_size=world_size, progress=progress,
+            references=(ReferenceImages(references, dataset.conditioning_ids())
+                        if references and prompts_see_references else None))
     pairs = {d.id: d.conditioning_ids() for d in datasets if d.conditioning_ids()}
-    return PreparedCaches(kept, failures, BatchAssembler(latent_caches, text_caches, pairs),
-                          reference_failures)
+    assembler = BatchAssembler(latent_caches, text_caches, pairs,
+                               prompts_see_references=prompts_see_references)
+    return PreparedCaches(kept, failures, assembler, reference_failures)
 
 
 def _cache_text(dataset, index: DatasetIndex, caption_for, encode_prompts: EncodePrompts,
-                text_identity, *, output_dir, rank: int, world_size: int,
-                progress: bool) -> TextEmbedCache:
-    """The text embeddings of every caption ``index``'s samples can train with."""
+                text_identity, *, output_dir, rank: int, world_size: int, progress: bool,
+                references: ReferenceImages | None = None) -> TextEmbedCache:
+    """The text embeddings of every caption ``index``'s samples can train with; with
+    ``references``, of each such caption with its sample's references."""
     # Captions are read for this rank's samples only (caption files are per sample); a
     # caption shared by samples of several ranks may be encoded by each, harmlessly. Every
     # caption a sample can train with in any epoch is cached; the empty one by rank 0 only.
@@ -134,7 +142,16 @@ def _cache_text(dataset, index: DatasetIndex, caption_for, encode_prompts: Encod
     sample_ids = [s for ids in index.buckets.values() for s in ids]
     policy = CaptionPolicy.for_dataset(dataset)
     with failing_together(f"caching text embeddings of dataset {dataset.id!r}"):
-        texts = read_captions(caption_for, rank_share(sample_ids, rank, world_size))
+        share = rank_share(sample_ids, rank, world_size)
+        texts = read_captions(caption_for, share)
+        if references is not None:  # every sample's captions, each with its references
+            dropped = [EMPTY_CAPTION] if policy.may_drop else []
+            items = [(caption, index.references[sample_id])
+                     for sample_id, text_of_sample in zip(share, texts)
+                     for caption in policy.candidates(text_of_sample) + dropped]
+            cache_prompts_with_references(items, references, text, encode_prompts,
+                                          progress=progress)
+            return text
         captions = [c for text_of_sample in texts for c in policy.candidates(text_of_sample)]
         if policy.may_drop and rank == 0:
             captions.append(EMPTY_CAPTION)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simpletuner.common.together import failing_together
@@ -26,6 +26,9 @@ class CachedReferences:
     target: DatasetIndex                 # without the pairs whose reference failed
     caches: dict[str, LatentCache]       # conditioning dataset id -> its latents
     failures: dict[str, dict[str, str]]  # conditioning dataset id -> reference id -> reason
+    # conditioning dataset id -> what its references were fitted with and their buckets, so
+    # a text encoder that reads references sees the images the latents were made from
+    plans: dict[str, tuple[LatentSettings, DatasetIndex]] = field(default_factory=dict)
 
 
 def reference_index(target: DatasetIndex, position: int, conditioning_id: str) -> DatasetIndex:
@@ -66,7 +69,7 @@ def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIn
                      world_size: int, batch_size: int, progress: bool) -> CachedReferences:
     """Every rank calls this for a dataset with conditioning_data (collectives inside);
     ``conditioning``: id -> (configuration.DatasetConfig, its paired index)."""
-    caches, failures, lost = {}, {}, {}
+    caches, failures, lost, plans = {}, {}, {}, {}
     for position, conditioning_id in enumerate(dataset.conditioning_ids()):
         config, own = conditioning[conditioning_id]
         settings = reference_settings(target_settings, config, target, position,
@@ -85,4 +88,5 @@ def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIn
                      f"{conditioning_id}/{ref} could not be cached ({reason})"
                      for ref, reason in merged.items()})
         caches[conditioning_id], failures[conditioning_id] = result.cache, merged
-    return CachedReferences(target.without(lost), caches, failures)
+        plans[conditioning_id] = (settings, index)
+    return CachedReferences(target.without(lost), caches, failures, plans)

@@ -1,6 +1,8 @@
 """Text-embedding cache: one safetensors file per unique caption, named by a digest of the text
 encoders' identity and the caption, holding every named tensor ``encode_prompts`` returns (one
-row, batch dimension removed). Same static partition, atomic writes and warm start as latents."""
+row, batch dimension removed). Same static partition, atomic writes and warm start as latents.
+A family whose text encoder also reads the reference images (Qwen-Image-Edit) keys each entry by
+the caption and its references' latent entries (reference_prompts.py)."""
 
 from __future__ import annotations
 
@@ -44,29 +46,36 @@ class TextEmbedCache:
     keep_in_memory: int = 64       # captions repeat across batches (SDXL row: ~0.6 MB)
     _recent: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
 
-    def path_for(self, caption: str) -> Path:
-        key = digest({"format": CACHE_FORMAT, "kind": "text", "model": self.model_identity,
-                      "caption": caption})
-        return entry_path(self.folder, key)
+    def path_for(self, caption: str, references: tuple[str, ...] = ()) -> Path:
+        """``references``: the keys of the latent entries of the references the text encoder
+        reads with the caption; none for families whose prompts are text only."""
+        payload = {"format": CACHE_FORMAT, "kind": "text", "model": self.model_identity,
+                   "caption": caption}
+        if references:  # only then, so text-only entries keep their names
+            payload["references"] = list(references)
+        return entry_path(self.folder, digest(payload))
 
-    def load(self, captions: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Named tensors stacked over ``captions``: each [len(captions), ...]."""
-        rows = [self._row(caption) for caption in captions]
+    def load(self, captions: Sequence[str],
+             references: Sequence[tuple[str, ...]] | None = None) -> dict[str, torch.Tensor]:
+        """Named tensors stacked over ``captions`` (each with its ``references``, if given):
+        each [len(captions), ...]."""
+        keys = references if references is not None else [()] * len(captions)
+        rows = [self._row(caption, refs) for caption, refs in zip(captions, keys, strict=True)]
         return {name: stack_padded([row[name] for row in rows]) for name in rows[0]}
 
-    def _row(self, caption: str) -> dict[str, torch.Tensor]:
-        row = self._recent.get(caption)
+    def _row(self, caption: str, references: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        row = self._recent.get((caption, references))
         if row is not None:
-            self._recent.move_to_end(caption)
+            self._recent.move_to_end((caption, references))
             return row
-        path = self.path_for(caption)
+        path = self.path_for(caption, references)
         try:
             row = load_entry(path, f"text embedding of {caption!r}")
         except FileNotFoundError as error:
             raise FileNotFoundError(
                 f"no cached text embedding for caption {caption!r} in {self.folder}; the cache "
                 "folder must be on storage every rank can read") from error
-        self._recent[caption] = row
+        self._recent[(caption, references)] = row
         if len(self._recent) > self.keep_in_memory:
             self._recent.popitem(last=False)
         return row

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from simpletuner.helpers.caching.latents import LatentCache
+from simpletuner.helpers.caching.reference_prompts import reference_keys
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.models.base import TrainingBatch
@@ -18,11 +19,14 @@ class BatchAssembler:
 
     def __init__(self, latents: Mapping[str, LatentCache],
                  text_embeds: Mapping[str, TextEmbedCache],
-                 conditioning: Mapping[str, list[str]] | None = None):
+                 conditioning: Mapping[str, list[str]] | None = None, *,
+                 prompts_see_references: bool = False):
         self.latents = dict(latents)          # dataset id -> its latent cache
         self.text_embeds = dict(text_embeds)  # dataset id -> its text-embedding cache
         # edit pairs: dataset id -> its conditioning datasets (their latents are in ``latents``)
         self.conditioning = dict(conditioning or {})
+        # the text entries of edit pairs are keyed by caption and references (Qwen-Image-Edit)
+        self.prompts_see_references = prompts_see_references
 
     def __call__(self, micro_batch: MicroBatch) -> TrainingBatch:
         dataset_id = micro_batch.dataset_id
@@ -30,7 +34,13 @@ class BatchAssembler:
             raise KeyError(f"no caches for dataset {dataset_id!r}; caches exist for "
                            f"{sorted(self.latents)}")
         cached = self.latents[dataset_id].load([s.sample_id for s in micro_batch.samples])
-        prompts = self.text_embeds[dataset_id].load([s.caption for s in micro_batch.samples])
+        conditioning_ids = self.conditioning.get(dataset_id, ())
+        references = None
+        if self.prompts_see_references and conditioning_ids:
+            references = [reference_keys(self.latents, conditioning_ids, s.references)
+                          for s in micro_batch.samples]
+        prompts = self.text_embeds[dataset_id].load([s.caption for s in micro_batch.samples],
+                                                    references)
         return TrainingBatch(
             latents=cached.latents,
             prompt_embeds=prompts,
@@ -40,8 +50,7 @@ class BatchAssembler:
             reference_latents=tuple(
                 self.latents[conditioning_id].load(
                     [s.references[position] for s in micro_batch.samples]).latents
-                for position, conditioning_id in enumerate(
-                    self.conditioning.get(dataset_id, ()))),
+                for position, conditioning_id in enumerate(conditioning_ids)),
             conditioning=cached.conditioning,
         )
 

@@ -152,6 +152,12 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
     return pixels.div_(127.5).sub_(1.0)
 
 
+def to_image(pixels: torch.Tensor) -> Image.Image:
+    """The inverse of to_tensor: [3, H, W] in [-1, 1] -> the 8-bit RGB image."""
+    array = ((pixels.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+    return Image.fromarray(array.permute(1, 2, 0).numpy())
+
+
 def prepare_image(source: str | Path | bytes | BinaryIO, target: tuple[int, int], *,
                   crop: bool, crop_style: CropStyle = "center", seed: int = 0,
                   dataset_id: str = "", sample_id: str = "",

@@ -1,6 +1,8 @@
 """The tiny Qwen-Image: a two-block QwenImageTransformer2DModel, a small causal 3D VAE with the
 real latent statistics, and a Qwen2.5-VL text encoder (tiny text and vision towers) with a
-locally written byte-level Qwen2 tokenizer that knows Qwen's chat and vision tokens."""
+locally written byte-level Qwen2 tokenizer that knows Qwen's chat and vision tokens. The tiny
+Qwen-Image-Edit is the same network in QwenImageEditPipeline, with the processor that shows
+its text encoder the reference image."""
 
 from __future__ import annotations
 
@@ -41,9 +43,9 @@ def tiny_qwen25_vl(staging: Path, subfolder: str = "tokenizer"):
     return tokenizer, Qwen2_5_VLForConditionalGeneration(config)
 
 
-def build_qwen_image(staging: Path):
+def _qwen_image_parts(staging: Path) -> dict:
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler,
-                           QwenImagePipeline, QwenImageTransformer2DModel)
+                           QwenImageTransformer2DModel)
 
     tokenizer, text_encoder = tiny_qwen25_vl(staging)
     # Head 16 = the rope axes (frame, row, column); 2x2 packing of 16 latent channels = 64.
@@ -53,6 +55,32 @@ def build_qwen_image(staging: Path):
     # Three spatial downsamplings (8x) as the real one; its latents_mean/std are the defaults.
     vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                                  temperal_downsample=[False, True, True])
-    return QwenImagePipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+    return dict(transformer=transformer, vae=vae, text_encoder=text_encoder,
+                tokenizer=tokenizer,
+                scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER))
+
+
+def build_qwen_image(staging: Path):
+    from diffusers import QwenImagePipeline
+
+    return QwenImagePipeline(**_qwen_image_parts(staging))
+
+
+def build_qwen_image_edit(staging: Path, pipeline_name: str = "QwenImageEditPipeline"):
+    import diffusers
+
+    from simpletuner.models.qwen_processor import PIPELINE_ENTRY, build_processor
+
+    parts = _qwen_image_parts(staging)
+    # The text encoder sees each reference at most 112 x 112 (64 patches of 14), not the real
+    # processor's 1 MP: a few dozen image tokens keep the tiny model fast.
+    processor = build_processor(parts["tokenizer"],
+                                size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112})
+    pipeline = getattr(diffusers, pipeline_name)(processor=processor, **parts)
+    pipeline.register_to_config(processor=PIPELINE_ENTRY)
+    return pipeline
+
+
+def build_qwen_image_edit_plus(staging: Path):
+    """Qwen-Image-Edit-2509's layout: the same parts in QwenImageEditPlusPipeline."""
+    return build_qwen_image_edit(staging, "QwenImageEditPlusPipeline")

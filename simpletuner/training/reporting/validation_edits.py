@@ -1,4 +1,4 @@
-"""Validation of an edit model (flux kontext) on the pairs of the dataset eval_dataset_id names:
+"""Validation of an edit model (flux kontext, qwen_image edit-v1) on the pairs of the dataset eval_dataset_id names:
 its first num_eval_images targets (sorted ids, the same every run), each reference fitted to
 the validation size and edited with its target's caption. Writes, per pair and size,
 image-NN.png (the result) and edit-NN.png (reference | result), both with the prompt in their
@@ -93,10 +93,9 @@ def run_edit_validation(adapter, settings: ValidationSettings, pairs: EditPairs,
             for target in pairs.targets:
                 references.append(pairs.reference(target, size))
                 prompts.append(pairs.prompt(target))
-                # _auto_resize off: the reference keeps the validation size, not Kontext's 1024
                 results += generate_validation_images(
                     pipeline, prompts[-1:], resolution=size, image=references[-1],
-                    _auto_resize=False, num_inference_steps=settings.validation_num_inference_steps,
+                    num_inference_steps=settings.validation_num_inference_steps,
                     seed=settings.validation_seed, autocast_dtype=autocast_dtype, **arguments,
                     **adapter.size_arguments(size))
     folder = Path(settings.output_dir) / "validation" / f"step-{step}"
