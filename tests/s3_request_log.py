@@ -73,7 +73,11 @@ class RequestLog:
             threading.Thread(target=self._forward, args=(client,), daemon=True).start()
 
     def _forward(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(("127.0.0.1", self.server.port))
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.server.port))
+        except OSError:
+            client.close()  # the server is down: the client sees its connection dropped
+            return
         threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
         reader = client.makefile("rb")
         try:

@@ -258,6 +258,23 @@ class S3DiscoveryTest(unittest.TestCase):
         self.assertEqual(dict(index.original_sizes), dict(with_obstore.original_sizes))
         self.assertEqual(index.skipped, with_obstore.skipped)
 
+    def test_listing_and_header_reads_wait_out_a_restart_of_the_server(self):
+        storage = self.backend("out-restart", aws_retry_window_seconds=30).storage
+        self.assertIsNotNone(storage.fast)
+        expected = storage.list_files()  # the pools now hold connections the restart drops
+        head = storage.read_range("a.png", 0, 8192)
+        self.server.kill()
+        back = threading.Timer(1.5, self.server.start)
+        back.start()
+        try:
+            with self.assertLogs("simpletuner.helpers.data_backend.retries", "INFO") as logs:
+                self.assertEqual(storage.read_range("a.png", 0, 8192), head)
+                self.assertEqual(storage.list_files().sample_ids, expected.sample_ids)
+        finally:
+            back.join()
+        self.assertIn("waiting up to 30 s for it to answer again", logs.output[0])
+        self.assertIn("answers again after", "\n".join(logs.output))
+
     def test_latents_are_cached_locally_from_the_bucket(self):
         backend = self.backend("out-latents")
         index = backend.refresh_index(show_progress=False)
