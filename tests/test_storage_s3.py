@@ -260,7 +260,7 @@ class S3DiscoveryTest(unittest.TestCase):
 
     def test_listing_and_header_reads_wait_out_a_restart_of_the_server(self):
         storage = self.backend("out-restart", aws_retry_window_seconds=30).storage
-        self.assertIsNotNone(storage.fast)
+        self.assertIsNotNone(storage.obstore_reads)
         expected = storage.list_files()  # the pools now hold connections the restart drops
         head = storage.read_range("a.png", 0, 8192)
         self.server.kill()

@@ -90,9 +90,10 @@ class S3Storage:
             config=Config(retries={"total_max_attempts": 1, "mode": "standard"},
                           max_pool_connections=settings.max_pool_connections,
                           connect_timeout=10, read_timeout=60))
-        self.fast = self._obstore_reads()  # listing and header reads; None: boto3 does them
+        # discovery's listing and header reads; None: boto3 does them too
+        self.obstore_reads = self._obstore_client()
 
-    def _obstore_reads(self) -> s3_obstore.ObstoreReads | None:
+    def _obstore_client(self) -> s3_obstore.ObstoreReads | None:
         """obstore for discovery's hot calls when it is installed and boto3's chain finds
         credentials (without them boto3 says what to set)."""
         if not s3_obstore.installed():
@@ -103,10 +104,12 @@ class S3Storage:
         session = boto3.session.Session(
             aws_access_key_id=self.settings.access_key_id,
             aws_secret_access_key=self.settings.secret_access_key,
-            aws_session_token=self.settings.session_token)
+            aws_session_token=self.settings.session_token, region_name=self.settings.region)
         if session.get_credentials() is None:
             return None
-        return s3_obstore.ObstoreReads(self.settings, Boto3CredentialProvider(session))
+        # boto3 finds AWS's region for the bucket by itself; obstore must be told it
+        region = session.region_name or "us-east-1"
+        return s3_obstore.ObstoreReads(self.settings, Boto3CredentialProvider(session), region)
 
     # -- the storage interface -------------------------------------------------------------
 
@@ -128,9 +131,9 @@ class S3Storage:
                 if sample_id in wanted}
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
-        if self.fast is not None and start == 0:
-            data = self._call("read", name,
-                              lambda: self.fast.read_prefix(self.prefix + name, length))
+        if self.obstore_reads is not None and start == 0:
+            data = self._call("read", name, lambda: self.obstore_reads.read_prefix(
+                self.prefix + name, length))
             if data is not None:
                 return data
         return self._get(name, Range=f"bytes={start}-{start + length - 1}")
@@ -163,7 +166,7 @@ class S3Storage:
     def _objects(self) -> Iterator[tuple[str, int, str]]:
         """(sample id, size, ETag) of every visible object under the prefix, page by page (each
         page retried on its own, so an outage mid-listing does not start it again)."""
-        pages = self._obstore_pages() if self.fast is not None else self._boto3_pages()
+        pages = self._obstore_pages() if self.obstore_reads is not None else self._boto3_pages()
         for page in pages:
             for key, size, etag in page:
                 sample_id = key[len(self.prefix):]
@@ -189,7 +192,7 @@ class S3Storage:
         def next_page():
             nonlocal stream
             if stream is None:  # the first page, or the listing again after a failed page
-                stream = self.fast.pages(self.prefix, after)
+                stream = self.obstore_reads.pages(self.prefix, after)
             try:
                 return next(stream, None)
             except Exception:

@@ -42,8 +42,8 @@ class ObstoreReads:
     """Listing pages and prefix reads of one bucket; requests are tried once (the caller's
     RetryWindow waits out outages), with boto3's timeouts."""
 
-    def __init__(self, settings, credentials):
-        self._settings, self._credentials = settings, credentials
+    def __init__(self, settings, credentials, region: str):
+        self._settings, self._credentials, self._region = settings, credentials, region
         self._lister = self._store({})
         self._windows = {window: self._store({"Range": f"bytes=0-{window - 1}"})
                          for window in PREFIX_WINDOWS}
@@ -57,7 +57,7 @@ class ObstoreReads:
                    "pool_max_idle_per_host": str(self._settings.max_pool_connections)}
         if headers:
             options["default_headers"] = headers
-        config = {"region": self._settings.region or "us-east-1"}
+        config = {"region": self._region}
         if endpoint:  # S3-compatible servers: path-style addressing, as boto3 uses there
             config.update(endpoint=endpoint, virtual_hosted_style_request=False)
         return S3Store(self._settings.bucket, config=config, client_options=options,
