@@ -37,6 +37,7 @@ BUCKET, PREFIX = "datasets", "photos 2026/"
 NAMES = {  # sample id -> (width, height, format)
     "a.png": (64, 64, "PNG"), "nested/deeper/b c.jpg": (96, 64, "JPEG"),
     "nested/ünï cödé.webp": (64, 96, "WEBP"), "z/d.jpeg": (80, 48, "JPEG"),
+    "odd/50% off #1+2 ~[x].png": (48, 64, "PNG"),  # characters URLs and paths escape
 }
 
 
@@ -202,9 +203,9 @@ class S3DiscoveryTest(unittest.TestCase):
             training_config(self.tmp / "out-changing"))
         self.log.clear()
         first = backend.refresh_index(show_progress=False)
-        self.assertEqual(backend.last_refresh.read, 9)
-        # 7 indexed samples; large/photo.jpg and large/photo.webp share large/photo.txt
-        self.assertEqual(len({r.key for r in self.log.gets() if r.key.endswith(".txt")}), 6)
+        self.assertEqual(backend.last_refresh.read, 10)
+        # 8 indexed samples; large/photo.jpg and large/photo.webp share large/photo.txt
+        self.assertEqual(len({r.key for r in self.log.gets() if r.key.endswith(".txt")}), 7)
         self.log.clear()
         backend.refresh_index(show_progress=False)
         self.assertEqual(self.log.gets(), [], "an unchanged bucket was read again")
