@@ -13,7 +13,9 @@ disk holds them once). Sides, one after the other against the same warm server:
   ranged GETs of the headers on threads, the index cache written);
 * project, warm: the same with the cache in place (the listing only).
 
-Bytes are counted from the responses (Content-Length) on the real boto3 clients.
+Object reads and their bytes are counted at the storage's read calls, whichever client makes
+them; CPU seconds are this process's and the server's (rclone's /proc/<pid>/stat), so the table
+shows who spends what per request.
 """
 
 from __future__ import annotations

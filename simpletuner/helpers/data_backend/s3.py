@@ -1,9 +1,11 @@
 """An S3-compatible bucket (AWS S3, Cloudflare R2, Backblaze B2, MinIO, rclone) as storage.
 
 Keys under ``aws_data_prefix`` are the dataset; a sample id is a key without that prefix.
+boto3 makes the requests, except discovery's listing and header reads, which obstore makes where
+it is installed (s3_obstore.py: a tenth of the CPU per request); both give the same answers.
 A request that fails for a reason that passes (the server down or restarting, a dropped
 connection, throttling, a 5xx) is retried with backoff for ``aws_retry_window_seconds``
-(retries.py; boto3 itself tries once); what still fails becomes a StorageError that says what
+(retries.py; each client itself tries once); what still fails becomes a StorageError that says what
 is wrong, which key and what to do. No message, log line or cache entry ever holds a
 credential: only the bucket, the prefix and the endpoint are named.
 """
