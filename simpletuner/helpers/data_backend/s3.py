@@ -1,9 +1,11 @@
 """An S3-compatible bucket (AWS S3, Cloudflare R2, Backblaze B2, MinIO, rclone) as storage.
 
 Keys under ``aws_data_prefix`` are the dataset; a sample id is a key without that prefix.
+boto3 makes the requests, except discovery's listing and header reads, which obstore makes where
+it is installed (s3_obstore.py: a tenth of the CPU per request); both give the same answers.
 A request that fails for a reason that passes (the server down or restarting, a dropped
 connection, throttling, a 5xx) is retried with backoff for ``aws_retry_window_seconds``
-(retries.py; boto3 itself tries once); what still fails becomes a StorageError that says what
+(retries.py; each client itself tries once); what still fails becomes a StorageError that says what
 is wrong, which key and what to do. No message, log line or cache entry ever holds a
 credential: only the bucket, the prefix and the endpoint are named.
 """
@@ -14,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from simpletuner.helpers.data_backend import s3_obstore
 from simpletuner.helpers.data_backend.retries import RetriesSpent, RetryWindow
 from simpletuner.helpers.data_backend.storage import (
     CAPTION_EXTENSION, IMAGE_EXTENSIONS, FileVersion, Listing, StorageError, extension_of,
@@ -89,6 +92,26 @@ class S3Storage:
             config=Config(retries={"total_max_attempts": 1, "mode": "standard"},
                           max_pool_connections=settings.max_pool_connections,
                           connect_timeout=10, read_timeout=60))
+        # discovery's listing and header reads; None: boto3 does them too
+        self.obstore_reads = self._obstore_client()
+
+    def _obstore_client(self) -> s3_obstore.ObstoreReads | None:
+        """obstore for discovery's hot calls when it is installed and boto3's chain finds
+        credentials (without them boto3 says what to set)."""
+        if not s3_obstore.installed():
+            return None
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+
+        session = boto3.session.Session(
+            aws_access_key_id=self.settings.access_key_id,
+            aws_secret_access_key=self.settings.secret_access_key,
+            aws_session_token=self.settings.session_token, region_name=self.settings.region)
+        if session.get_credentials() is None:
+            return None
+        # boto3 finds AWS's region for the bucket by itself; obstore must be told it
+        region = session.region_name or "us-east-1"
+        return s3_obstore.ObstoreReads(self.settings, Boto3CredentialProvider(session), region)
 
     # -- the storage interface -------------------------------------------------------------
 
@@ -110,6 +133,11 @@ class S3Storage:
                 if sample_id in wanted}
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
+        if self.obstore_reads is not None and start == 0:
+            data = self._call("read", name, lambda: self.obstore_reads.read_prefix(
+                self.prefix + name, length))
+            if data is not None:
+                return data
         return self._get(name, Range=f"bytes={start}-{start + length - 1}")
 
     def read_bytes(self, name: str) -> bytes:
@@ -140,19 +168,42 @@ class S3Storage:
     def _objects(self) -> Iterator[tuple[str, int, str]]:
         """(sample id, size, ETag) of every visible object under the prefix, page by page (each
         page retried on its own, so an outage mid-listing does not start it again)."""
-        arguments = {"Bucket": self.bucket, "Prefix": self.prefix}
-        while True:
-            page = self._call("list", "", lambda: self.client.list_objects_v2(**arguments))
-            for item in page.get("Contents", ()):
-                sample_id = item["Key"][len(self.prefix):]
+        pages = self._obstore_pages() if self.obstore_reads is not None else self._boto3_pages()
+        for page in pages:
+            for key, size, etag in page:
+                sample_id = key[len(self.prefix):]
                 if not sample_id or sample_id.endswith("/") or any(
                         part.startswith(".") for part in sample_id.split("/")):
                     continue  # folder markers and hidden files, as for a local folder
-                etag = item.get("ETag", "").strip('"')
-                yield sample_id, item["Size"], etag or str(item.get("LastModified"))
+                yield sample_id, size, etag
+
+    def _boto3_pages(self) -> Iterator[list[tuple[str, int, str]]]:
+        arguments = {"Bucket": self.bucket, "Prefix": self.prefix}
+        while True:
+            page = self._call("list", "", lambda: self.client.list_objects_v2(**arguments))
+            yield [(item["Key"], item["Size"],
+                    item.get("ETag", "").strip('"') or str(item.get("LastModified")))
+                   for item in page.get("Contents", ())]
             if not page.get("IsTruncated"):
                 return
             arguments["ContinuationToken"] = page["NextContinuationToken"]
+
+    def _obstore_pages(self) -> Iterator[list[tuple[str, int, str]]]:
+        after, stream = None, None
+
+        def next_page():
+            nonlocal stream
+            if stream is None:  # the first page, or the listing again after a failed page
+                stream = self.obstore_reads.pages(self.prefix, after)
+            try:
+                return next(stream, None)
+            except Exception:
+                stream = None
+                raise
+        while (page := self._call("list", "", next_page)) is not None:
+            if page:
+                after = page[-1][0]
+            yield page
 
     def _get(self, name: str, **extra) -> bytes:
         # The body is read inside the request: a connection dropped mid-body is retried too.
@@ -175,17 +226,14 @@ class S3Storage:
 
     def _transient(self, exc: Exception) -> str | None:
         """Why ``exc`` may pass with time (then the request is retried), or None."""
-        from botocore.exceptions import (
-            ClientError, ConnectionError as BotoConnectionError, HTTPClientError,
-            IncompleteReadError,
-        )
-
-        if isinstance(exc, BotoConnectionError):
+        problem = _connection_problem(exc)
+        if problem == "unreachable":
             return f"cannot reach {self._endpoint()} ({type(exc).__name__})"
-        if isinstance(exc, (HTTPClientError, IncompleteReadError)):
+        if problem == "dropped":
             return f"the connection to {self._endpoint()} dropped ({type(exc).__name__})"
-        if isinstance(exc, ClientError):
-            code, status = _code_and_status(exc)
+        answer = _answer(exc)
+        if answer is not None:
+            code, status, _ = answer
             if code in _THROTTLED or status in (429, 503):
                 return f"throttled by the server ({code or status})"
             if code in _SERVER_FAILED or status in (500, 502, 504):
@@ -195,7 +243,7 @@ class S3Storage:
     def _translated(self, exc: Exception, action: str, name: str,
                     spent: RetriesSpent | None) -> Exception:
         """A clear error naming the bucket, the key and the setting to check."""
-        from botocore.exceptions import ClientError, NoCredentialsError
+        from botocore.exceptions import NoCredentialsError
 
         what = f"cannot {action} s3://{self.bucket}/{self.prefix}{name}"
         if spent is not None:
@@ -207,9 +255,10 @@ class S3Storage:
             return StorageError(f"{what}: no AWS credentials found; set aws_access_key_id and "
                                 "aws_secret_access_key in multidatabackend.json, or the "
                                 "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment variables")
-        if not isinstance(exc, ClientError):
+        answer = _answer(exc)
+        if answer is None:
             return exc
-        code, status = _code_and_status(exc)
+        code, status, message = answer
         if code == "NoSuchBucket":
             return StorageError(f"{what}: the bucket '{self.bucket}' does not exist at "
                                 f"{self.settings.endpoint_url or 'AWS'}; check aws_bucket_name "
@@ -221,23 +270,41 @@ class S3Storage:
                                 "bucket's permissions")
         if code in _MISSING or status == 404:
             return FileNotFoundError(f"{what}: no such object")
-        return StorageError(f"{what}: {code or status}: "
-                            f"{exc.response.get('Error', {}).get('Message', '')}")
+        return StorageError(f"{what}: {code or status}: {message}")
 
     def _advice(self, exc: Exception) -> str:
-        from botocore.exceptions import ClientError
-
-        if not isinstance(exc, ClientError):
+        answer = _answer(exc)
+        if answer is None:
             return ("check aws_endpoint_url and that the server is up and reachable from this "
                     f"machine, then run again (latents cached so far are kept); raise "
                     f"{RETRY_SETTING} to wait longer through outages")
-        code, status = _code_and_status(exc)
+        code, status, _ = answer
         if code in _THROTTLED or status in (429, 503):
             return "lower aws_max_pool_connections or try again later"
         return "try again later"
 
 
-def _code_and_status(exc) -> tuple[str, int | None]:
-    """A botocore ClientError's error code and HTTP status."""
-    return (str(exc.response.get("Error", {}).get("Code", "")),
-            exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+def _answer(exc: Exception) -> tuple[str, int | None, str] | None:
+    """The error code, HTTP status and message of the server's error answer, from boto3 or
+    obstore; None when no answer came."""
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return (str(error.get("Code", "")),
+                exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                error.get("Message", ""))
+    return s3_obstore.answer(exc) if s3_obstore.is_obstore_error(exc) else None
+
+
+def _connection_problem(exc: Exception) -> str | None:
+    """'unreachable' or 'dropped' when no answer came for a reason that may pass."""
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError, HTTPClientError, IncompleteReadError,
+    )
+
+    if isinstance(exc, BotoConnectionError):
+        return "unreachable"
+    if isinstance(exc, (HTTPClientError, IncompleteReadError)):
+        return "dropped"
+    return s3_obstore.connection_problem(exc) if s3_obstore.is_obstore_error(exc) else None
