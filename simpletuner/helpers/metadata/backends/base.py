@@ -58,6 +58,8 @@ from simpletuner.helpers.metadata.buckets import (
 )
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.index_columns import index_columns, load_columns
+from simpletuner.helpers.metadata.index_file import IndexFileError, write_columns
 from simpletuner.helpers.metadata.index_history import (DIGEST_KEY, IndexHistory, IndexVersion,
                                                         cache_digest)
 from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
@@ -67,6 +69,7 @@ logger = logging.getLogger(__name__)
 # 3: ``files`` is a table of columns; 4: buckets are rows of that table; 5: any storage
 CACHE_VERSION = 5
 INDEX_DIGEST_KEY = "digest"  # in ``index``: DatasetIndex.digest(), computed as it is written
+INDEX_FILE_VERSION = 1  # the mapped index beside the cache (index_columns.py)
 
 
 class MetadataCacheError(RuntimeError):
@@ -100,6 +103,7 @@ class MetadataBackend:
         self.source = source or HeaderSource(storage, dataset.id)
         self.captions: CaptionTable | None = None  # set when the index holds the captions
         self.cache_path = Path(cache_dir) / "metadata" / f"{dataset.id}.json"
+        self.index_path = self.cache_path.with_suffix(".index")  # what load_index maps
         self.history = IndexHistory(self.cache_path, dataset.id)
         self.data_digest: str | None = None  # the index cache's (index_history.py), once read
         self.bucket_settings = BucketSettings.for_dataset(dataset, training)
@@ -167,7 +171,7 @@ class MetadataBackend:
         if cache is not None and cache.get("files_key") == self._file_entries_key():
             known = self._cached_files(cache) or known
             if self.source.unchanged(listing, known) and cache.get("settings") == self.settings():
-                return self._reuse_cached_index(cache, len(known.ids))
+                return self._reuse_cached_index(cache, known)
         found = self.source.read(listing, known, show_progress)
         index, rows = self.bucketing.build(found, listing)
         self.captions = self._index_captions(found, rows, listing, cache, known)
@@ -179,7 +183,8 @@ class MetadataBackend:
                       INDEX_DIGEST_KEY: index.digest()},
             "captions": self.captions.to_json() if self.captions is not None else None,
         }
-        changed = self.history.write_if_changed(new_cache, cache)
+        changed = self.history.write_if_changed(new_cache, cache, derived=self.index_path)
+        self._write_index_file(new_cache, found.files)
         self.data_digest = new_cache[DIGEST_KEY]
         listed = len(found.files.ids)
         self.last_refresh = RefreshReport(
@@ -200,16 +205,61 @@ class MetadataBackend:
         return self.bucketing.build(self.source.read(listing, known, False), listing)[0]
 
     def load_index(self) -> DatasetIndex:
-        """The index the main process wrote; reads no image and lists no folder."""
-        return self._index_from(self._read_cache())
+        """The index the main process wrote, memory-mapped (index_columns.py); reads no image,
+        lists no folder and parses no id."""
+        try:
+            loaded = load_columns(self.index_path)
+        except IndexFileError as exc:
+            raise MetadataCacheError(
+                f"dataset '{self.dataset.id}': no usable metadata cache at {self.index_path} "
+                f"({exc}); the main process writes it with refresh_index() (or run "
+                "`python -m simpletuner plan`)") from exc
+        meta = loaded.meta
+        if meta.get("version") != INDEX_FILE_VERSION or meta.get("settings") != self.settings():
+            raise MetadataCacheError(
+                f"dataset '{self.dataset.id}': the metadata cache at {self.index_path} was "
+                "written with other bucket settings; refresh it on the main process first")
+        if self._captions_in_index() and loaded.captions is None:
+            raise MetadataCacheError(
+                f"dataset '{self.dataset.id}': the metadata cache at {self.index_path} lacks "
+                "its captions; refresh it on the main process first")
+        self.captions = loaded.captions
+        self.data_digest = meta["data_digest"]
+        index = DatasetIndex(self.dataset.id, loaded.buckets, loaded.sizes,
+                             [SkippedFile(path, reason) for path, reason in meta["skipped"]],
+                             loaded.clips)
+        index.set_digest(meta["index_digest"])
+        return index
 
-    def _reuse_cached_index(self, cache: dict[str, Any], listed: int) -> DatasetIndex:
+    def _write_index_file(self, cache: dict[str, Any], files: FileTable) -> bool:
+        """Write the mapped index of ``cache`` unless the one on disk is whole and of this very
+        cache: so an index cache written before there was one gains it once, and a damaged or
+        truncated one is replaced, never trusted. True if written."""
+        index = cache["index"]
+        meta = {"version": INDEX_FILE_VERSION, "dataset_id": self.dataset.id,
+                "settings": cache["settings"], "data_digest": cache[DIGEST_KEY],
+                "index_digest": index[INDEX_DIGEST_KEY], "buckets": sorted(index["buckets"]),
+                "skipped": index["skipped"], "clips": files.clips}
+        try:
+            if load_columns(self.index_path).meta == meta:
+                return False
+        except IndexFileError:
+            pass  # missing, from before, damaged: written now
+        captions = self.captions.texts if self.captions is not None else None
+        write_columns(self.index_path, meta, index_columns(
+            files.ids, files.widths, files.heights, index["buckets"], captions))
+        return True
+
+    def _reuse_cached_index(self, cache: dict[str, Any], files: FileTable) -> DatasetIndex:
         """The source says the cache was built from exactly this data: take it as it is."""
         index = self._index_from(cache)
         written = False
         if DIGEST_KEY not in cache or INDEX_DIGEST_KEY not in cache["index"]:  # older caches
             updated = {**cache, "index": {**cache["index"], INDEX_DIGEST_KEY: index.digest()}}
-            written = self.history.write_if_changed(updated, cache)
+            written = self.history.write_if_changed(updated, cache, derived=self.index_path)
+            cache = updated
+        written |= self._write_index_file(cache, files)
+        listed = len(files.ids)
         self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
                                           cache_written=written)
         return index
