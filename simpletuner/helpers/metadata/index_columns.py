@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from simpletuner.helpers.metadata.index import ClipPlan, SizesView
-from simpletuner.helpers.metadata.index_file import IndexFileError, read_columns
+from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex, SizesView, SkippedFile
+from simpletuner.helpers.metadata.index_history import DIGEST_KEY
+from simpletuner.helpers.metadata.index_file import IndexFileError, read_columns, write_columns
 from simpletuner.helpers.metadata.split import SortedIds
 from simpletuner.helpers.metadata.video_buckets import bucket_frames
 
+VERSION = 1  # of the index file's columns and header; another is rewritten by the main rank
 _ENCODING = ("utf-8", "surrogatepass")  # any str, lone surrogates too, round-trips exactly
 _DECODED_AT_ONCE = 1 << 16  # ids decoded per step when iterating
 
@@ -162,6 +164,31 @@ def index_columns(ids: Sequence[str], widths: Sequence[int], heights: Sequence[i
     return columns
 
 
+def index_meta(cache: Mapping[str, Any], clips: dict[str, list] | None) -> dict[str, Any]:
+    """The header of the index file made from the JSON cache ``cache`` (its digests recorded:
+    backends/base.py), with a video table's clip columns (clip sets are small)."""
+    index = cache["index"]
+    return {"version": VERSION, "dataset_id": cache["dataset_id"], "settings": cache["settings"],
+            DIGEST_KEY: cache[DIGEST_KEY], "index_digest": index["digest"],
+            "buckets": sorted(index["buckets"]), "skipped": index["skipped"], "clips": clips}
+
+
+def write_if_stale(path, meta: dict[str, Any], files, rows: Mapping[str, Sequence[int]],
+                   captions: Sequence[str | None] | None) -> bool:
+    """Write the index of ``files`` (a FileTable) with ``meta`` at ``path`` unless the file
+    there is whole and holds this very ``meta`` (which names the JSON cache by its digests): so
+    a cache written before there was one gains it once, and a damaged or truncated one is
+    replaced, never trusted. True if written."""
+    try:
+        if load_columns(path).meta == meta:
+            return False
+    except IndexFileError:
+        pass  # missing, from before, damaged: written now
+    write_columns(path, meta, index_columns(files.ids, files.widths, files.heights, rows,
+                                            captions))
+    return True
+
+
 @dataclass(frozen=True)
 class LoadedIndex:
     meta: dict[str, Any]
@@ -170,10 +197,20 @@ class LoadedIndex:
     captions: MappedCaptions | None
     clips: dict[str, ClipPlan]
 
+    def index(self) -> DatasetIndex:
+        """The DatasetIndex, with the digest the main rank recorded (no id is hashed)."""
+        skipped = [SkippedFile(path, reason) for path, reason in self.meta["skipped"]]
+        index = DatasetIndex(self.meta["dataset_id"], self.buckets, self.sizes, skipped,
+                             self.clips)
+        index.set_digest(self.meta["index_digest"])
+        return index
+
 
 def load_columns(path) -> LoadedIndex:
     """The index file at ``path`` mapped; IndexFileError if it is not a whole, undamaged one."""
     meta, c = read_columns(path)
+    if meta.get("version") != VERSION:
+        raise IndexFileError(f"{path}: written by another version ({meta.get('version')})")
     try:
         ids = MappedIds(StringColumn(c["id_bytes"], c["id_starts"]))
         keys, starts, rows = meta["buckets"], c["bucket_starts"], c["bucket_rows"]

@@ -5,8 +5,7 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds:
 * ``files``: what each file's header said (columns, see file_table.py), valid while the file's
   byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb
   limit), so a change of bucket settings re-buckets from it without reading a single image.
-* ``index``: the buckets and skips for ``settings``, everything that affects bucketing. Ranks
-  other than the main one read it with ``load_index`` and refuse it if the settings differ.
+* ``index``: the buckets and skips for ``settings``, everything that affects bucketing.
   A bucket is a list of ascending rows of ``files``, which is sorted by sample id, so loading
   it yields the canonical order without comparing a single id (and each id string is held
   once); the ids are checked to ascend as they are read (file_table.py), so a cache edited
@@ -20,6 +19,9 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds:
   sampler's fingerprint holds), computed once by the main process as it writes the cache, so
   no rank hashes every id at start-up; a cache without one gains it on the next warm start.
   Ranks that read different caches (storage not shared alike) see different digests.
+
+Other ranks never parse this file: they map ``<dataset id>.index`` (index_columns.py), which the
+main process writes after it, and whenever the one there is missing, damaged or of another cache.
 
 Where the sizes come from is the metadata source: header probes (headers.py, 'discovery'), a
 table (table.py, 'parquet') or a datasets-library split's rows (huggingface_rows.py); where the
@@ -58,8 +60,8 @@ from simpletuner.helpers.metadata.buckets import (
 )
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
-from simpletuner.helpers.metadata.index_columns import index_columns, load_columns
-from simpletuner.helpers.metadata.index_file import IndexFileError, write_columns
+from simpletuner.helpers.metadata.index_columns import index_meta, load_columns, write_if_stale
+from simpletuner.helpers.metadata.index_file import IndexFileError
 from simpletuner.helpers.metadata.index_history import (DIGEST_KEY, IndexHistory, IndexVersion,
                                                         cache_digest)
 from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
@@ -69,7 +71,6 @@ logger = logging.getLogger(__name__)
 # 3: ``files`` is a table of columns; 4: buckets are rows of that table; 5: any storage
 CACHE_VERSION = 5
 INDEX_DIGEST_KEY = "digest"  # in ``index``: DatasetIndex.digest(), computed as it is written
-INDEX_FILE_VERSION = 1  # the mapped index beside the cache (index_columns.py)
 
 
 class MetadataCacheError(RuntimeError):
@@ -214,41 +215,24 @@ class MetadataBackend:
                 f"dataset '{self.dataset.id}': no usable metadata cache at {self.index_path} "
                 f"({exc}); the main process writes it with refresh_index() (or run "
                 "`python -m simpletuner plan`)") from exc
-        meta = loaded.meta
-        if meta.get("version") != INDEX_FILE_VERSION or meta.get("settings") != self.settings():
-            raise MetadataCacheError(
-                f"dataset '{self.dataset.id}': the metadata cache at {self.index_path} was "
-                "written with other bucket settings; refresh it on the main process first")
-        if self._captions_in_index() and loaded.captions is None:
-            raise MetadataCacheError(
-                f"dataset '{self.dataset.id}': the metadata cache at {self.index_path} lacks "
-                "its captions; refresh it on the main process first")
+        problem = None
+        if loaded.meta.get("settings") != self.settings():
+            problem = "was written with other bucket settings"
+        elif self._captions_in_index() and loaded.captions is None:
+            problem = "lacks its captions"
+        if problem:
+            raise MetadataCacheError(f"dataset '{self.dataset.id}': the metadata cache at "
+                                     f"{self.index_path} {problem}; refresh it on the main "
+                                     "process first")
         self.captions = loaded.captions
-        self.data_digest = meta["data_digest"]
-        index = DatasetIndex(self.dataset.id, loaded.buckets, loaded.sizes,
-                             [SkippedFile(path, reason) for path, reason in meta["skipped"]],
-                             loaded.clips)
-        index.set_digest(meta["index_digest"])
-        return index
+        self.data_digest = loaded.meta[DIGEST_KEY]
+        return loaded.index()
 
     def _write_index_file(self, cache: dict[str, Any], files: FileTable) -> bool:
-        """Write the mapped index of ``cache`` unless the one on disk is whole and of this very
-        cache: so an index cache written before there was one gains it once, and a damaged or
-        truncated one is replaced, never trusted. True if written."""
-        index = cache["index"]
-        meta = {"version": INDEX_FILE_VERSION, "dataset_id": self.dataset.id,
-                "settings": cache["settings"], "data_digest": cache[DIGEST_KEY],
-                "index_digest": index[INDEX_DIGEST_KEY], "buckets": sorted(index["buckets"]),
-                "skipped": index["skipped"], "clips": files.clips}
-        try:
-            if load_columns(self.index_path).meta == meta:
-                return False
-        except IndexFileError:
-            pass  # missing, from before, damaged: written now
-        captions = self.captions.texts if self.captions is not None else None
-        write_columns(self.index_path, meta, index_columns(
-            files.ids, files.widths, files.heights, index["buckets"], captions))
-        return True
+        """The mapped index of ``cache``, unless the one there is already (index_columns.py)."""
+        return write_if_stale(self.index_path, index_meta(cache, files.clips), files,
+                              cache["index"]["buckets"],
+                              self.captions.texts if self.captions is not None else None)
 
     def _reuse_cached_index(self, cache: dict[str, Any], files: FileTable) -> DatasetIndex:
         """The source says the cache was built from exactly this data: take it as it is."""
