@@ -165,7 +165,8 @@ class MetadataBackend:
     # -- discovery -----------------------------------------------------------------------
 
     def refresh_index(self, show_progress: bool = True) -> DatasetIndex:
-        """List the storage, size new or changed files only, bucket, write the cache."""
+        """List the storage, size new or changed files only, bucket, write the cache; the index
+        returned is the mapped one every other rank loads, so the lists built here are freed."""
         listing = self.storage.list_files()
         cache = self._read_cache()
         known = FileTable()
@@ -191,7 +192,7 @@ class MetadataBackend:
         self.last_refresh = RefreshReport(
             listed=listed, reused=listed - found.read, read=found.read,
             forgotten=found.forgotten, cache_written=changed)
-        return index
+        return self.load_index()
 
     def index_if_cached(self) -> DatasetIndex | None:
         """The index refresh_index would build, when the cache already holds the header of
@@ -246,7 +247,7 @@ class MetadataBackend:
         listed = len(files.ids)
         self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
                                           cache_written=written)
-        return index
+        return self.load_index()
 
     def _index_from(self, cache: dict[str, Any] | None) -> DatasetIndex:
         files = self._cached_files(cache) if cache is not None else None
