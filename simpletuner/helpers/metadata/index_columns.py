@@ -155,7 +155,8 @@ def index_columns(ids: Sequence[str], widths: Sequence[int], heights: Sequence[i
     keys = sorted(rows)
     columns = {"id_bytes": id_column.blob, "id_starts": id_column.starts,
                "width": np.asarray(widths, np.int32), "height": np.asarray(heights, np.int32),
-               "bucket_rows": np.asarray([r for key in keys for r in rows[key]], np.int64),
+               "bucket_rows": np.concatenate([np.asarray(rows[key], np.int64) for key in keys]
+                                             or [np.zeros(0, np.int64)]),
                "bucket_starts": np.cumsum([0] + [len(rows[key]) for key in keys], dtype=np.int64)}
     if captions is not None:
         texts = StringColumn.encode([text or "" for text in captions])
