@@ -42,9 +42,12 @@ class StringColumnTest(unittest.TestCase):
         with self.assertRaises(IndexError):
             ids[3]
 
-    def test_a_name_holding_a_nul_is_refused(self):
+    def test_a_name_holding_a_nul_is_refused_and_a_caption_kept(self):
         with self.assertRaisesRegex(ValueError, "NUL"):
             StringColumn.encode(["a\0b"])
+        captions = ["first", "a\0b\0", "", "ünï"]
+        column = StringColumn.encode(captions, may_hold_nul=True)
+        self.assertEqual([column.at(row) for row in range(len(column))], captions)
 
 
 class MappedIndexTest(unittest.TestCase):

@@ -36,12 +36,16 @@ class StringColumn:
         self.blob, self.starts = blob, starts  # starts: one per string, then the blob's end
 
     @classmethod
-    def encode(cls, texts: Sequence[str]) -> "StringColumn":
+    def encode(cls, texts: Sequence[str], *, may_hold_nul: bool = False) -> "StringColumn":
+        """``may_hold_nul``: found by each string's length where one holds a NUL (a caption
+        may; ``many`` cannot split those, ``at`` reads them whole)."""
         blob = ("\0".join(texts) + "\0").encode(*_ENCODING) if texts else b""
         data = np.frombuffer(blob, dtype=np.uint8)
         ends = np.flatnonzero(data == 0)
         if len(ends) != len(texts):
-            raise ValueError("a string holds a NUL character, which this column cannot store")
+            if not may_hold_nul:
+                raise ValueError("a string holds a NUL character, which this column cannot store")
+            ends = np.cumsum([len(text.encode(*_ENCODING)) + 1 for text in texts]) - 1
         return cls(data, np.concatenate(([0], ends + 1)).astype(np.int64))
 
     def __len__(self) -> int:
@@ -159,7 +163,7 @@ def index_columns(ids: Sequence[str], widths: Sequence[int], heights: Sequence[i
                                              or [np.zeros(0, np.int64)]),
                "bucket_starts": np.cumsum([0] + [len(rows[key]) for key in keys], dtype=np.int64)}
     if captions is not None:
-        texts = StringColumn.encode([text or "" for text in captions])
+        texts = StringColumn.encode([text or "" for text in captions], may_hold_nul=True)
         columns.update(caption_bytes=texts.blob, caption_starts=texts.starts,
                        caption_known=np.array([text is not None for text in captions], bool))
     return columns
