@@ -6,7 +6,8 @@ caller's ``meta``, each column's dtype, offset and length, the file's size), eac
 A reader checks the size (a truncated file) and the CRC (a damaged one) before it maps a single
 column: CRC-32 because it runs at about 3x SHA-256's speed here and the check is against
 damage, not forgery (a few tenths of a second at 10 M samples). No pickles: only the plain
-dtypes in ``_DTYPES`` are written or read.
+dtypes in ``_DTYPES`` are written or read. A new file always replaces the old by rename, never
+by writing into it, so a process that mapped the old one keeps reading what it checked.
 """
 
 from __future__ import annotations
