@@ -6,13 +6,18 @@ A synthetic file table of N rows (ids such as 'part0012/img_0012345.jpg', sizes,
 widths and heights of K buckets), stored three ways; each read runs in a fresh process, best of
 --repeats:
 
-* json: the index cache as ``MetadataBackend.refresh_index`` writes it, read by ``load_index``
-  (what every rank but the main one does at start-up: parse, then the buckets' id lists);
+* json: the JSON index cache as ``MetadataBackend.refresh_index`` writes it, read as
+  ``load_index`` read it before issue 29 (parse, then the buckets' id lists; the main rank's
+  warm start still reads it this way);
+* binary: the mapped index file the main rank writes beside it, read by ``load_index`` (what
+  every other rank does now: size and CRC-32 checked, columns mapped, no id decoded);
 * numpy: one .npy file per column, the ids as one NUL-separated UTF-8 blob (NUL is the one
   byte no file name holds) with int64 offsets, bucket rows as one int32 array with offsets;
 * arrow: one Arrow IPC file of the same columns (pyarrow), bucket rows as a second table.
 
-For the columnar two: "map" opens the columns memory-mapped (nothing parsed: what a rank pays to
+"+ split" also splits every bucket for epoch 0 as rank 0 of 8 does (batch 4) and decodes the
+ids of its first micro-batch of each: a rank's start-up up to its first batch. For the two
+columnar layouts: "map" opens the columns memory-mapped (nothing parsed: what a rank pays to
 see the table), "ids" also makes every bucket's list of Python str ids, which the split as it is
 today needs. Bytes are the files' sizes on disk.
 """
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,17 +64,21 @@ def backend(folder: Path):
 
 
 def write_all(folder: Path, rows: int, buckets: int) -> None:
-    from simpletuner.common.atomic import atomic_write_json
-    from simpletuner.helpers.metadata.backends.base import CACHE_VERSION
+    from simpletuner.helpers.metadata.backends.base import CACHE_VERSION, INDEX_DIGEST_KEY
     from simpletuner.helpers.metadata.file_table import FileTable
 
     c = synthetic_columns(rows, buckets)
     b = backend(folder)
     table = FileTable(c["ids"], c["bytes"], c["change_key"], c["width"], c["height"])
-    atomic_write_json(b.cache_path, {
-        "version": CACHE_VERSION, "dataset_id": "bench", "files_key": b._file_entries_key(),
-        "files": table.to_json(), "settings": b.settings(), "captions": None,
-        "index": {"buckets": c["rows"], "skipped": []}})
+    cache = {"version": CACHE_VERSION, "dataset_id": "bench", "files_key": b._file_entries_key(),
+             "files": table.to_json(), "settings": b.settings(), "captions": None,
+             "index": {"buckets": c["rows"], "skipped": [], INDEX_DIGEST_KEY: "not hashed"}}
+    start = time.perf_counter()
+    b.history.write_if_changed(cache, None, derived=b.index_path)
+    json_written = time.perf_counter()
+    b._write_index_file(cache, table)  # what refresh_index does after the JSON
+    print(f"written: JSON {json_written - start:.2f} s, index file "
+          f"{time.perf_counter() - json_written:.2f} s", file=sys.stderr)
     keys = sorted(c["rows"])
     bucket_rows = np.concatenate([np.asarray(c["rows"][k], dtype=np.int32) for k in keys])
     bucket_offsets = np.cumsum([0] + [len(c["rows"][k]) for k in keys]).astype(np.int64)
@@ -126,11 +136,25 @@ def read_arrow(folder: Path, with_ids: bool) -> int:
                for k in range(len(keys)))
 
 
+def first_batches(cache_reader, index) -> int:
+    """Rank 0 of 8's epoch 0 of every bucket, and its first micro-batch's ids."""
+    slices = cache_reader.split_buckets_between_processes(index, seed=1, epoch=0, processes=8,
+                                                          rank=0, accumulation=1)
+    decoded = sum(len(s.micro_batch(0)) for s in slices.values())
+    return index.sample_count if decoded == 4 * len(slices) else -1
+
+
 def run_one(way: str, folder: Path) -> dict:
     """Imports and the backend's construction happen before the clock starts."""
-    if way == "json":
+    if way.startswith(("json", "binary")):
         cache_reader = backend(folder)
-        reader = lambda: cache_reader.load_index().sample_count  # noqa: E731
+        cache_reader.dataset = replace(cache_reader.dataset, train_batch_size=4)
+        load = ((lambda: cache_reader._index_from(cache_reader._read_cache()))
+                if way.startswith("json") else cache_reader.load_index)
+        if way.endswith("split"):
+            reader = lambda: first_batches(cache_reader, load())  # noqa: E731
+        else:
+            reader = lambda: load().sample_count  # noqa: E731
     else:
         if way.startswith("arrow"):
             import pyarrow  # noqa: F401
@@ -144,12 +168,15 @@ def run_one(way: str, folder: Path) -> dict:
             "peak_mb": peak_rss_mb() - before}
 
 
-WAYS = ("json", "numpy map", "numpy ids", "arrow map", "arrow ids")
+WAYS = ("json", "json + split", "binary", "binary + split", "numpy map", "numpy ids",
+        "arrow map", "arrow ids")
 
 
 def on_disk(folder: Path, way: str) -> int:
-    if way == "json":
+    if way.startswith("json"):
         return (folder / "out/cache/metadata/bench.json").stat().st_size
+    if way.startswith("binary"):
+        return (folder / "out/cache/metadata/bench.index").stat().st_size
     if way.startswith("numpy"):
         return sum(p.stat().st_size for p in (folder / "numpy").iterdir())
     return sum((folder / f"{n}.arrow").stat().st_size for n in ("files", "buckets"))
@@ -162,6 +189,8 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated, of: "
+                        + ", ".join(WAYS))
     parser.add_argument("--one", choices=WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -173,7 +202,7 @@ def main() -> None:
         folder = Path(tmp)
         print(f"writing {args.rows:,} rows three ways...", file=sys.stderr)
         write_all(folder, args.rows, args.buckets)
-        for way in WAYS:
+        for way in args.ways.split(","):
             runs = [json.loads(subprocess.run(
                 [sys.executable, __file__, "--one", way, "--folder", tmp], check=True,
                 capture_output=True, text=True).stdout) for _ in range(args.repeats)]

@@ -29,7 +29,7 @@ HISTOGRAM_NAME = "bucket_histogram.png"
 def _plan_json(indexes: list[DatasetIndex]) -> dict:
     return {"datasets": {
         index.dataset_id: {
-            "buckets": index.buckets,
+            "buckets": {key: list(ids) for key, ids in index.buckets.items()},
             "skipped": [{"path": s.path, "reason": s.reason} for s in index.skipped],
             # a video dataset's: what each clip's latents are cached from
             # (retimed_fps only where set: video.fps)

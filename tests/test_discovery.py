@@ -11,6 +11,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 from PIL import Image, ImageFile
 
 from discovery_fixtures import (
@@ -18,6 +19,7 @@ from discovery_fixtures import (
 )
 from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.metadata.backends import discovery, probe_pool
+from simpletuner.helpers.metadata.index_file import read_columns, write_columns
 from simpletuner.helpers.metadata.split import SortedIds
 from simpletuner.helpers.metadata.backends.base import MetadataBackend, MetadataCacheError
 from simpletuner.helpers.metadata.backends.bucketing import MISSING_CAPTION
@@ -322,12 +324,14 @@ class CacheTest(TempDirTest):
         self.populate()
         backend = self.backend()
         self.refresh(backend)
-        good = backend.cache_path.read_text()
-        for damage in (lambda rows: rows.reverse(), lambda rows: rows.append(10 ** 6),
-                       lambda rows: rows.insert(0, "dir0/img00.png")):
-            cache = json.loads(good)
-            damage(next(iter(cache["index"]["buckets"].values())))
-            backend.cache_path.write_text(json.dumps(cache))
+        meta, columns = read_columns(backend.index_path)
+        good = {name: np.array(values) for name, values in columns.items()}
+        for damage in (lambda rows: rows.__setitem__(slice(None), rows[::-1].copy()),
+                       lambda rows: rows.__setitem__(-1, 10 ** 6),
+                       lambda rows: rows.__setitem__(0, -1)):
+            damaged = {name: values.copy() for name, values in good.items()}
+            damage(damaged["bucket_rows"])  # written whole: only the rows are wrong
+            write_columns(backend.index_path, meta, damaged)
             with self.assertRaisesRegex(MetadataCacheError, "malformed index"):
                 self.backend().load_index()
 
@@ -340,15 +344,14 @@ class CacheTest(TempDirTest):
         first, second = ids.index(index.buckets["64x64"][0]), ids.index(index.buckets["64x64"][1])
         ids[first], ids[second] = ids[second], ids[first]  # rows still ascend, ids do not
         backend.cache_path.write_text(json.dumps(cache))
-        # It keeps the digest recorded for the main rank's content: a rank must not load it
-        # (its error reaches every rank through the agreement check).
-        with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING") as logs, \
-                self.assertRaisesRegex(MetadataCacheError, "no usable metadata cache"):
-            self.backend().load_index()
-        self.assertIn("the ids of 'files' are not ascending strings", logs.output[0])
+        # It keeps the digest recorded for the main rank's content: the main rank must not
+        # take its rows, nor write them into the index the other ranks load.
         self.reads.clear()
-        self.assertEqual(self.refresh(self.backend()).digest(), index.digest())
+        with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING") as logs:
+            self.assertEqual(self.refresh(self.backend()).digest(), index.digest())
+        self.assertIn("the ids of 'files' are not ascending strings", logs.output[0])
         self.assertEqual(len(self.reads), 13)  # the main rank rebuilt it from the images
+        self.assertEqual(self.backend().load_index(), index)
 
     def test_cache_with_misaligned_columns_is_rebuilt(self):
         self.populate(3)
@@ -357,6 +360,7 @@ class CacheTest(TempDirTest):
         cache = json.loads(backend.cache_path.read_text())
         cache["files"]["width"].pop()
         backend.cache_path.write_text(json.dumps(cache))
+        backend.index_path.unlink()  # as a cache written before the mapped index was
         with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING") as logs:
             with self.assertRaises(MetadataCacheError):
                 self.backend().load_index()

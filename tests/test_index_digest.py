@@ -13,11 +13,14 @@ import unittest
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from discovery_fixtures import dataset_config, encode, image, training_config, write
 from launching import run_bounded
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
+from simpletuner.helpers.metadata.index_file import read_columns, write_columns
 
 SIZES = [(96, 64), (64, 96), (64, 64), (64, 64), (128, 64), (96, 64)]
 
@@ -60,9 +63,9 @@ class RecordedDigestTest(unittest.TestCase):
         self.assertEqual(loaded.buckets, index.buckets)
         self.assertEqual(loaded.known_digest, self.expected(index))  # known before any hashing
         # Taken as recorded, not recomputed: a loading rank's start-up hashes no id.
-        cache = self.cache(main)
-        cache["index"]["digest"] = "recorded by the main rank"
-        main.cache_path.write_text(json.dumps(cache))
+        meta, columns = read_columns(main.index_path)
+        write_columns(main.index_path, {**meta, "index_digest": "recorded by the main rank"},
+                      {name: np.array(values) for name, values in columns.items()})
         self.assertEqual(self.backend().load_index().digest(), "recorded by the main rank")
 
     def test_a_cache_without_a_digest_gains_it_on_the_next_warm_start(self):
@@ -71,12 +74,14 @@ class RecordedDigestTest(unittest.TestCase):
         cache = self.cache(main)
         del cache["index"]["digest"]
         main.cache_path.write_text(json.dumps(cache))
-        self.assertIsNone(self.backend().load_index().known_digest)  # computed when asked
+        main.index_path.unlink()  # written before the digest was recorded, and the index file
+        self.assertIsNone(DatasetIndex("photos", index.buckets, {}).known_digest)
         again = self.backend()
         self.assertEqual(again.refresh_index(show_progress=False).digest(), self.expected(index))
         self.assertEqual(again.last_refresh.read, 0)
         self.assertTrue(again.last_refresh.cache_written)
         self.assertEqual(self.cache(again)["index"]["digest"], self.expected(index))
+        self.assertEqual(self.backend().load_index().known_digest, self.expected(index))
 
     def test_a_smaller_index_derives_its_digest_from_what_was_removed(self):
         self.backend().refresh_index(show_progress=False)

@@ -23,6 +23,7 @@ from simpletuner.helpers.metadata.backends.discovery import Probe
 
 if TYPE_CHECKING:  # clip_probe imports PyAV, which image datasets never need
     from simpletuner.helpers.metadata.backends.clip_probe import ClipProbe
+from simpletuner.helpers.metadata.index import SizesView
 from simpletuner.helpers.metadata.split import SortedIds
 
 _COLUMNS = ("ids", "bytes", "change_key", "width", "height")
@@ -158,10 +159,8 @@ class FileTable:
         return ImageSizes(self, excluded)
 
 
-class ImageSizes(Mapping):
-    """A read-only view of a FileTable's sizes: looked up in the sorted id column (bisect)
-    rather than copied into a dict of one tuple per image, which a warm start would pay for
-    on every rank."""
+class ImageSizes(SizesView):
+    """A read-only view of a FileTable's sizes: looked up in the sorted id column (bisect)."""
 
     def __init__(self, table: FileTable, excluded: set[str]):
         self._table = table
@@ -181,3 +180,6 @@ class ImageSizes(Mapping):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+    def without(self, removed: Mapping[str, str]) -> "ImageSizes":
+        return ImageSizes(self._table, self._excluded | set(removed))

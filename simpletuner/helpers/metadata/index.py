@@ -34,6 +34,15 @@ class ClipPlan:
         return [self.fps, self.source_frames, *([self.retimed_fps] if self.retimed_fps else [])]
 
 
+class SizesView(Mapping):
+    """Sample id -> (width, height), read from the file table's columns instead of copied into
+    a dict of one tuple per image, which a start-up would pay for on every rank."""
+
+    def without(self, removed: Mapping[str, str]) -> "SizesView":
+        """The same view less ``removed``."""
+        raise NotImplementedError
+
+
 def _digest_without(digest: str, removed: dict[str, str]) -> str:
     """The digest of an index less ``removed``: this index's and the removed ids (sorted: the
     same whatever order a caller's dict has), which decide the smaller content."""
@@ -80,7 +89,7 @@ class DatasetIndex:
         self._digest = digest
 
     def _content_digest(self) -> str:
-        content = [self.dataset_id, dict(sorted(self.buckets.items()))]
+        content = [self.dataset_id, {key: list(ids) for key, ids in sorted(self.buckets.items())}]
         if self.clips:  # only then, so an image index keeps its digest
             content.append({s: c.digested() for s, c in sorted(self.clips.items())})
         if self.references:  # likewise
@@ -102,10 +111,13 @@ class DatasetIndex:
             return self
         buckets = {}
         for key, ids in self.buckets.items():
-            kept = SortedIds(s for s in ids if s not in removed)
+            kept = ids.without(removed)
             if kept:
                 buckets[key] = kept
-        sizes = {s: wh for s, wh in self.original_sizes.items() if s not in removed}
+        if isinstance(self.original_sizes, SizesView):  # a view: no copy of millions of sizes
+            sizes = self.original_sizes.without(removed)
+        else:
+            sizes = {s: wh for s, wh in self.original_sizes.items() if s not in removed}
         skipped = self.skipped + [SkippedFile(s, r) for s, r in sorted(removed.items())]
         clips = {s: plan for s, plan in self.clips.items() if s not in removed}
         references = {s: refs for s, refs in self.references.items() if s not in removed}

@@ -63,10 +63,12 @@ class IndexHistory:
         self.dataset_id = dataset_id
         self.folder = cache_path.parent / PREVIOUS_FOLDER / dataset_id
 
-    def write_if_changed(self, new: dict[str, Any], old: Mapping[str, Any] | None) -> bool:
+    def write_if_changed(self, new: dict[str, Any], old: Mapping[str, Any] | None,
+                         derived: Path | None = None) -> bool:
         """Write ``new`` over the cache ``old`` was read from unless they are the same; keep the
         old file first when the sample table differs. ``new`` gains its digest (DIGEST_KEY).
-        True if written."""
+        ``derived``: a file made from the cache, removed before it is replaced, so a crash
+        between the two writes leaves none that is stale. True if written."""
         new.pop(DIGEST_KEY, None)
         digest = new[DIGEST_KEY] = cache_digest(new)
         if old is not None:
@@ -75,6 +77,8 @@ class IndexHistory:
             previous = cache_digest(old)
             if previous != digest and self.cache_path.is_file():
                 self._keep(previous)
+        if derived is not None:
+            derived.unlink(missing_ok=True)
         atomic_write_json(self.cache_path, new)
         return True
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import math
 import operator
+from bisect import bisect_left
 from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -174,15 +175,48 @@ class BucketSlice:
         return _ids_of(self.ids, self.occurrences[:self.counted], self.counts, self.repeats)
 
 
-class SortedIds(list):
+class SortedIds(Sequence):
     """Sample ids in canonical order (sorted, each once), which the split takes as they are.
 
     Every ``DatasetIndex`` bucket is one (see ``canonical_ids``), so a rank checks the order
     once, where the index is made, not in every epoch's split; where a bucket is built in sorted
     order (``refresh_index`` walks a sorted listing) it is never checked at all. With ids
     scattered in memory the check was most of a rank's split time (benchmarks/bench_split.py).
-    Treat it as read-only.
+    Read-only. This one holds a list of str; a loaded index's are memory-mapped columns whose
+    ids are decoded only when asked for (index_columns.MappedIds), since the split and the
+    sampler need the ids of a few micro-batches, not of millions of samples.
     """
+
+    def __init__(self, ids: Iterable[str] = ()):
+        self._ids = list(ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, at):
+        return self._ids[at]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __contains__(self, sample_id) -> bool:
+        # sorted: a bisection, not a scan
+        at = bisect_left(self, sample_id)
+        return at < len(self) and self[at] == sample_id
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (SortedIds, list, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(map(operator.eq, self, other))
+
+    __hash__ = None  # like a list's
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self[:5])!r}{' ...' if len(self) > 5 else ''})"
+
+    def without(self, removed: Mapping[str, object]) -> "SortedIds":
+        """These ids less ``removed``, still in canonical order."""
+        return SortedIds(s for s in self if s not in removed)
 
 
 def canonical_ids(sample_ids: Sequence[str]) -> SortedIds:

@@ -5,8 +5,7 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds:
 * ``files``: what each file's header said (columns, see file_table.py), valid while the file's
   byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb
   limit), so a change of bucket settings re-buckets from it without reading a single image.
-* ``index``: the buckets and skips for ``settings``, everything that affects bucketing. Ranks
-  other than the main one read it with ``load_index`` and refuse it if the settings differ.
+* ``index``: the buckets and skips for ``settings``, everything that affects bucketing.
   A bucket is a list of ascending rows of ``files``, which is sorted by sample id, so loading
   it yields the canonical order without comparing a single id (and each id string is held
   once); the ids are checked to ascend as they are read (file_table.py), so a cache edited
@@ -20,6 +19,9 @@ The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds:
   sampler's fingerprint holds), computed once by the main process as it writes the cache, so
   no rank hashes every id at start-up; a cache without one gains it on the next warm start.
   Ranks that read different caches (storage not shared alike) see different digests.
+
+Other ranks never parse this file: they map ``<dataset id>.index`` (index_columns.py), which the
+main process writes after it, and whenever the one there is missing, damaged or of another cache.
 
 Where the sizes come from is the metadata source: header probes (headers.py, 'discovery'), a
 table (table.py, 'parquet') or a datasets-library split's rows (huggingface_rows.py); where the
@@ -58,6 +60,8 @@ from simpletuner.helpers.metadata.buckets import (
 )
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.index_columns import index_meta, load_columns, write_if_stale
+from simpletuner.helpers.metadata.index_file import IndexFileError
 from simpletuner.helpers.metadata.index_history import (DIGEST_KEY, IndexHistory, IndexVersion,
                                                         cache_digest)
 from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
@@ -100,6 +104,7 @@ class MetadataBackend:
         self.source = source or HeaderSource(storage, dataset.id)
         self.captions: CaptionTable | None = None  # set when the index holds the captions
         self.cache_path = Path(cache_dir) / "metadata" / f"{dataset.id}.json"
+        self.index_path = self.cache_path.with_suffix(".index")  # what load_index maps
         self.history = IndexHistory(self.cache_path, dataset.id)
         self.data_digest: str | None = None  # the index cache's (index_history.py), once read
         self.bucket_settings = BucketSettings.for_dataset(dataset, training)
@@ -160,14 +165,15 @@ class MetadataBackend:
     # -- discovery -----------------------------------------------------------------------
 
     def refresh_index(self, show_progress: bool = True) -> DatasetIndex:
-        """List the storage, size new or changed files only, bucket, write the cache."""
+        """List the storage, size new or changed files only, bucket, write the cache; the index
+        returned is the mapped one every other rank loads, so the lists built here are freed."""
         listing = self.storage.list_files()
         cache = self._read_cache()
         known = FileTable()
         if cache is not None and cache.get("files_key") == self._file_entries_key():
             known = self._cached_files(cache) or known
             if self.source.unchanged(listing, known) and cache.get("settings") == self.settings():
-                return self._reuse_cached_index(cache, len(known.ids))
+                return self._reuse_cached_index(cache, known)
         found = self.source.read(listing, known, show_progress)
         index, rows = self.bucketing.build(found, listing)
         self.captions = self._index_captions(found, rows, listing, cache, known)
@@ -179,13 +185,14 @@ class MetadataBackend:
                       INDEX_DIGEST_KEY: index.digest()},
             "captions": self.captions.to_json() if self.captions is not None else None,
         }
-        changed = self.history.write_if_changed(new_cache, cache)
+        changed = self.history.write_if_changed(new_cache, cache, derived=self.index_path)
+        self._write_index_file(new_cache, found.files)
         self.data_digest = new_cache[DIGEST_KEY]
         listed = len(found.files.ids)
         self.last_refresh = RefreshReport(
             listed=listed, reused=listed - found.read, read=found.read,
             forgotten=found.forgotten, cache_written=changed)
-        return index
+        return self.load_index()
 
     def index_if_cached(self) -> DatasetIndex | None:
         """The index refresh_index would build, when the cache already holds the header of
@@ -200,19 +207,47 @@ class MetadataBackend:
         return self.bucketing.build(self.source.read(listing, known, False), listing)[0]
 
     def load_index(self) -> DatasetIndex:
-        """The index the main process wrote; reads no image and lists no folder."""
-        return self._index_from(self._read_cache())
+        """The index the main process wrote, memory-mapped (index_columns.py); reads no image,
+        lists no folder and parses no id."""
+        try:
+            loaded = load_columns(self.index_path)
+        except IndexFileError as exc:
+            raise MetadataCacheError(
+                f"dataset '{self.dataset.id}': no usable metadata cache at {self.index_path} "
+                f"({exc}); the main process writes it with refresh_index() (or run "
+                "`python -m simpletuner plan`)") from exc
+        problem = None
+        if loaded.meta.get("settings") != self.settings():
+            problem = "was written with other bucket settings"
+        elif self._captions_in_index() and loaded.captions is None:
+            problem = "lacks its captions"
+        if problem:
+            raise MetadataCacheError(f"dataset '{self.dataset.id}': the metadata cache at "
+                                     f"{self.index_path} {problem}; refresh it on the main "
+                                     "process first")
+        self.captions = loaded.captions
+        self.data_digest = loaded.meta[DIGEST_KEY]
+        return loaded.index()
 
-    def _reuse_cached_index(self, cache: dict[str, Any], listed: int) -> DatasetIndex:
+    def _write_index_file(self, cache: dict[str, Any], files: FileTable) -> bool:
+        """The mapped index of ``cache``, unless the one there is already (index_columns.py)."""
+        return write_if_stale(self.index_path, index_meta(cache, files.clips), files,
+                              cache["index"]["buckets"],
+                              self.captions.texts if self.captions is not None else None)
+
+    def _reuse_cached_index(self, cache: dict[str, Any], files: FileTable) -> DatasetIndex:
         """The source says the cache was built from exactly this data: take it as it is."""
         index = self._index_from(cache)
         written = False
         if DIGEST_KEY not in cache or INDEX_DIGEST_KEY not in cache["index"]:  # older caches
             updated = {**cache, "index": {**cache["index"], INDEX_DIGEST_KEY: index.digest()}}
-            written = self.history.write_if_changed(updated, cache)
+            written = self.history.write_if_changed(updated, cache, derived=self.index_path)
+            cache = updated
+        written |= self._write_index_file(cache, files)
+        listed = len(files.ids)
         self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
                                           cache_written=written)
-        return index
+        return self.load_index()
 
     def _index_from(self, cache: dict[str, Any] | None) -> DatasetIndex:
         files = self._cached_files(cache) if cache is not None else None

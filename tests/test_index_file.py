@@ -1,0 +1,132 @@
+"""The mapped index every rank loads (index_columns.py, index_file.py): the same index as the
+main rank built, ids decoded exactly (names that are not UTF-8 too), the same split, and a
+truncated, damaged or missing file refused and rewritten by the main rank without reading an
+image."""
+
+from __future__ import annotations
+
+import tempfile
+import unittest
+from pathlib import Path
+
+import numpy as np
+
+from discovery_fixtures import dataset_config, encode, image, training_config, write
+from simpletuner.helpers.metadata.backends.base import MetadataBackend, MetadataCacheError
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.index_columns import MappedIds, StringColumn
+from simpletuner.helpers.metadata.split import split_dataset
+
+SIZES = [(96, 64), (64, 96), (64, 64), (64, 64), (128, 64), (96, 64), (64, 64)]
+ODD_NAMES = ["", "a", "caf\udce9.png", "lone\ud800.png", "ünï/ß.webp", "z" * 300]
+
+
+def plain(index: DatasetIndex) -> DatasetIndex:
+    copy = DatasetIndex(index.dataset_id, {key: list(ids) for key, ids in index.buckets.items()},
+                        dict(index.original_sizes), list(index.skipped), dict(index.clips))
+    copy.set_digest(index.digest())
+    return copy
+
+
+class StringColumnTest(unittest.TestCase):
+    def test_every_string_comes_back_as_it_was(self):
+        column = StringColumn.encode(ODD_NAMES)
+        self.assertEqual([column.at(row) for row in range(len(column))], ODD_NAMES)
+        rows = np.array([5, 0, 3, 3, 2], np.int64)
+        self.assertEqual(column.many(rows), [ODD_NAMES[r] for r in rows.tolist()])
+        self.assertEqual(column.many(np.array([], np.int64)), [])
+        ids = MappedIds(column, np.array([1, 3, 4], np.int64))
+        self.assertEqual(list(ids), ["a", "lone\ud800.png", "ünï/ß.webp"])
+        self.assertEqual(ids[-1], "ünï/ß.webp")
+        self.assertEqual(ids[1:], ["lone\ud800.png", "ünï/ß.webp"])
+        with self.assertRaises(IndexError):
+            ids[3]
+
+    def test_a_name_holding_a_nul_is_refused_and_a_caption_kept(self):
+        with self.assertRaisesRegex(ValueError, "NUL"):
+            StringColumn.encode(["a\0b"])
+        captions = ["first", "a\0b\0", "", "ünï"]
+        column = StringColumn.encode(captions, may_hold_nul=True)
+        self.assertEqual([column.at(row) for row in range(len(column))], captions)
+
+
+class MappedIndexTest(unittest.TestCase):
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.data, self.output = Path(tmp.name) / "data", Path(tmp.name) / "out"
+        for i, (w, h) in enumerate(SIZES):
+            write(self.data, f"dir{i % 2}/img{i:02d}.png", encode(image(w, h, seed=i), "PNG"))
+        write(self.data, "broken.png", b"not an image")
+        # A plain copy: what refresh_index returns maps the file, which these tests damage.
+        self.built = plain(self.backend().refresh_index(show_progress=False))
+
+    def backend(self) -> MetadataBackend:
+        return MetadataBackend.from_config(dataset_config(self.data),
+                                           training_config(self.output))
+
+    def test_a_rank_loads_what_the_main_rank_built(self):
+        loaded = self.backend().load_index()
+        self.assertEqual(loaded, self.built)
+        self.assertEqual(loaded.known_digest, self.built.digest())
+        for key, bucket in loaded.buckets.items():
+            self.assertIsInstance(bucket, MappedIds)
+            self.assertEqual(list(bucket), sorted(self.built.buckets[key]))
+        self.assertEqual(loaded.original_sizes["dir0/img04.png"], (128, 64))
+        self.assertNotIn("broken.png", loaded.original_sizes)
+        self.assertEqual(len(loaded.original_sizes), len(SIZES))
+        self.assertEqual([s.path for s in loaded.skipped], ["broken.png"])
+        self.assertIn("dir0/img02.png", loaded.buckets["64x64"])
+        self.assertNotIn("dir0/img03.png", loaded.buckets["64x64"])  # the other folder's
+
+    def test_the_split_of_the_loaded_index_is_the_built_one(self):
+        main, other = self.backend(), self.backend()
+        loaded = other.load_index()
+        for epoch in range(3):
+            for rank in range(2):
+                args = dict(seed=7, epoch=epoch, processes=2, rank=rank, accumulation=1)
+                want = main.split_buckets_between_processes(self.built, **args)
+                got = other.split_buckets_between_processes(loaded, **args)
+                self.assertEqual({k: (s.samples, s.carried) for k, s in got.items()},
+                                 {k: (s.samples, s.carried) for k, s in want.items()})
+
+    def test_without_removes_only_those_samples(self):
+        loaded = self.backend().load_index()
+        smaller = loaded.without({"dir0/img02.png": "undecodable"})
+        self.assertEqual(smaller, self.built.without({"dir0/img02.png": "undecodable"}))
+        self.assertEqual(list(smaller.buckets["64x64"]), ["dir0/img06.png", "dir1/img03.png"])
+        self.assertNotIn("dir0/img02.png", smaller.original_sizes)
+
+    def assert_refused_then_rewritten(self, damage: str):
+        with self.assertRaisesRegex(MetadataCacheError, damage):
+            self.backend().load_index()
+        main = self.backend()
+        self.assertEqual(main.refresh_index(show_progress=False), self.built)
+        self.assertEqual(main.last_refresh.read, 0)  # no image read to rewrite it
+        self.assertEqual(self.backend().load_index(), self.built)
+
+    def test_a_truncated_file_is_refused_and_rewritten(self):
+        path = self.backend().index_path
+        path.write_bytes(path.read_bytes()[:-100])
+        self.assert_refused_then_rewritten("truncated")
+
+    def test_a_damaged_byte_is_refused_and_rewritten(self):
+        path = self.backend().index_path
+        for at, damage in ((-5, "CRC-32"), (40, "damaged")):  # a column's byte, the header's
+            with self.subTest(damage):
+                data = bytearray(path.read_bytes())
+                data[at] ^= 0x40
+                path.write_bytes(bytes(data))
+                self.assert_refused_then_rewritten(damage)
+
+    def test_a_cache_from_before_the_index_file_gains_it_once(self):
+        path = self.backend().index_path
+        path.unlink()
+        self.assert_refused_then_rewritten("no usable metadata cache")
+        written = path.stat().st_mtime_ns
+        self.backend().refresh_index(show_progress=False)
+        self.assertEqual(path.stat().st_mtime_ns, written)  # whole and current: kept
+
+
+if __name__ == "__main__":
+    unittest.main()
