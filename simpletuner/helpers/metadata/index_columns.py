@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from simpletuner.helpers.metadata.clip_timing import needs_retiming
 from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex, SizesView, SkippedFile
 from simpletuner.helpers.metadata.index_history import DIGEST_KEY
 from simpletuner.helpers.metadata.index_file import IndexFileError, read_columns, write_columns
@@ -169,10 +170,14 @@ def index_columns(ids: Sequence[str], widths: Sequence[int], heights: Sequence[i
     return columns
 
 
-def index_meta(cache: Mapping[str, Any], clips: dict[str, list] | None) -> dict[str, Any]:
+def index_meta(cache: Mapping[str, Any], clips: dict[str, list] | None,
+               target_fps: int | None = None) -> dict[str, Any]:
     """The header of the index file made from the JSON cache ``cache`` (its digests recorded:
-    backends/base.py), with a video table's clip columns (clip sets are small)."""
+    backends/base.py), with a video table's clip columns (clip sets are small) and video.fps,
+    which re-times the clips recorded at another rate."""
     index = cache["index"]
+    if clips is not None:
+        clips = {**clips, "target_fps": target_fps}
     return {"version": VERSION, "dataset_id": cache["dataset_id"], "settings": cache["settings"],
             DIGEST_KEY: cache[DIGEST_KEY], "index_digest": index["digest"],
             "buckets": sorted(index["buckets"]), "skipped": index["skipped"], "clips": clips}
@@ -252,10 +257,12 @@ def _clip_plans(buckets: dict[str, MappedIds], clips: dict[str, list] | None) ->
     """A video index's ClipPlans, from the clip columns in the header (clip sets are small)."""
     if clips is None:
         return {}
-    plans = {}
+    target, plans = clips.get("target_fps"), {}
     for key, ids in buckets.items():
         frames = bucket_frames(key)
         for row, sample_id in zip(ids.rows_of(np.arange(len(ids))).tolist(), ids):
-            plans[sample_id] = ClipPlan(frames, clips["fps"][row], clips["frames"][row],
-                                        clips["counted_by"][row])
+            rate = clips["fps"][row]
+            plans[sample_id] = ClipPlan(frames, rate, clips["frames"][row],
+                                        clips["counted_by"][row],
+                                        target if needs_retiming(rate, target) else None)
     return plans

@@ -231,7 +231,8 @@ class MetadataBackend:
 
     def _write_index_file(self, cache: dict[str, Any], files: FileTable) -> bool:
         """The mapped index of ``cache``, unless the one there is already (index_columns.py)."""
-        return write_if_stale(self.index_path, index_meta(cache, files.clips), files,
+        target_fps = self.video.fps if self.video is not None else None
+        return write_if_stale(self.index_path, index_meta(cache, files.clips, target_fps), files,
                               cache["index"]["buckets"],
                               self.captions.texts if self.captions is not None else None)
 
