@@ -20,15 +20,17 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.group_offload import offload_groups, saved_weights_in_place
 from simpletuner.models.pipelines import export_pipeline
 from simpletuner.training.memory.group_offload import offload_frozen_components, rank_folder
+from simpletuner.training.memory.model import memory_plan
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.reporting.validation import run_validation
 from simpletuner.training.settings import GroupOffloadSettings, OffloadSettings
 
 from model_fixtures import CPU, TinyModelCase
-from settings_fixtures import settings
+from settings_fixtures import settings, training_config
 from test_frozen_offload import validation_settings
 from training_fixtures import check_recording_torch, write_config
 
@@ -116,6 +118,25 @@ class GroupOffloadFluxTest(TinyModelCase):
         self.assertTrue(all(torch.equal(expected[k], v) for k, v in exported.items()))
         with torch.no_grad():  # placeholders again, and still brought back for each forward
             self.assertTrue(same(self.embeds, adapter.encode_prompts(PROMPTS)))
+
+    def test_plan_counts_one_component_while_caching_and_none_while_training(self):
+        """float32 here, so each component's bytes are its loaded tensors' bytes."""
+        loaded = [sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
+                  for m in (self.reference.vae, *self.reference.text_encoders)]
+
+        def held(**options):
+            training = training_config(model_family="flux", model_type="lora",
+                                       pretrained_model_name_or_path="builtin:tiny-flux",
+                                       frozen_components_after_caching="keep", **options)
+            return memory_plan(training, ensure_builtin_model("tiny-flux"), world=1).ddp
+
+        plain, block = held(), held(enable_group_offload=True)
+        leaf = held(enable_group_offload=True, group_offload_type="leaf_level")
+        self.assertEqual(sum(plain.frozen_components.values()), sum(loaded))
+        self.assertEqual(sum(block.frozen_components.values()), max(loaded))  # T5, whole
+        self.assertEqual(leaf.frozen_components, {})
+        self.assertEqual(plain.while_training - block.while_training, sum(loaded))
+        self.assertEqual(block.while_caching, plain.while_caching - sum(loaded) + max(loaded))
 
 
 class GroupOffloadQwenImageTest(TinyModelCase):
