@@ -1,7 +1,7 @@
 """The SimpleTuner-style single-GPU Flux LoRA config through the real trainer, on the CPU: an
 int8-torchao base, adamw_bf16, frozen components freed after caching. It trains, resumes
 exactly, validates, and exports an adapter that diffusers loads onto the unquantized base; and
-./train.sh runs the same config."""
+./train.sh runs the same config with group offload instead."""
 
 from __future__ import annotations
 
@@ -64,11 +64,22 @@ class LeanFluxLoraTest(ResumedRunPair, unittest.TestCase):
         pipeline.load_lora_weights(self.full_out / "lora")
         self.assertGreater(np.abs(image() - before).mean(), 0.05)
 
-    def test_train_sh_runs_the_config(self):
+    def test_train_sh_runs_the_config_with_group_offload(self):
+        """The frozen components under group offload (text encoders on disk) instead of freed:
+        it trains, validates and exports."""
         root = Path(self.tmp)
-        config = write_config(root, root / "data", "shell", **LEAN_FLUX)
+        config = write_config(root, root / "data", "shell", **{
+            **LEAN_FLUX, "frozen_components_after_caching": "offload",
+            "enable_group_offload": True, "group_offload_to_disk_path": str(root / "offload")})
         result = run_train_sh(config, self.tmp)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn("group offload (block_level): vae, text_encoder, text_encoder_2 held on "
+                      "the host, the text encoders' weights in", result.stderr)
+        self.assertEqual(len(list((root / "offload").glob("*-rank0/text_encoder*/*.safetensors"))),
+                         2)
+        for step in (2, 4):
+            self.assertTrue((root / "shell-out" / "validation" / f"step-{step}" / "grid.png")
+                            .is_file())
         self.assertTrue((root / "shell-out" / "lora" / "pytorch_lora_weights.safetensors")
                         .is_file())
 

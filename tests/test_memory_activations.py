@@ -3,15 +3,19 @@ family's loss) against a measurement: the same micro-batch through the real tiny
 CPU, every tensor autograd saves for the backward caught by a saved-tensor hook and counted
 once per storage (data pointer), the trained parameters left out. Within 25 % for every
 transformer family (Wan with images and 5-frame clips), full and LoRA; with gradient
-checkpointing (Flux, Wan) within 25 % of what a checkpointed run holds."""
+checkpointing (Flux, Wan) within 25 % of what a checkpointed run holds. And against torch's
+profiler (benchmarks/bench_activation_profiler.py): the bytes its allocation events show live
+when the backward starts, LoRA, every transformer family."""
 
 from __future__ import annotations
 
+import importlib.util
 import unittest
 
 import torch
 
 from model_fixtures import TinyModelCase
+from training_fixtures import REPO
 from simpletuner.configuration.families import FLOW_FAMILIES
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.models.base import PLANNED_CAPTION, TrainingBatch
@@ -124,6 +128,33 @@ class ActivationEstimateTest(TinyModelCase):
         for hook in hooks:
             hook.remove()
         return sum(storages.values())
+
+
+def profiler_benchmark():
+    spec = importlib.util.spec_from_file_location(
+        "bench_activation_profiler", REPO / "benchmarks" / "bench_activation_profiler.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ProfiledActivationTest(TinyModelCase):
+    def test_the_profiler_sees_what_the_plan_counts(self):
+        """The profiler sees only what the step allocates: Qwen-Image's RoPE tables, made
+        when the model loads and saved for the backward, are added to its figure."""
+        bench = profiler_benchmark()
+        for family in FLOW_FAMILIES:
+            with self.subTest(family=family):
+                row = bench.compare(family, "lora")
+                measured = row["at_backward"]
+                if family == "qwen_image":
+                    rope = self.load(family).transformer.pos_embed
+                    measured += sum(t.untyped_storage().nbytes()
+                                    for t in (rope.pos_freqs, rope.neg_freqs))
+                self.assertLessEqual(abs(row["estimate"] - measured) / measured, TOLERANCE,
+                                     f"estimated {row['estimate']}, profiled {measured}")
+                self.assertGreaterEqual(row["peak"], row["at_backward"])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -26,7 +26,8 @@ from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.huggingface_block import (
     check_huggingface_keys, parse_huggingface_block, with_absolute_paths,
 )
-from simpletuner.configuration.memory_checks import check_block_swap_options
+from simpletuner.configuration.memory_checks import (check_block_swap_options,
+                                                     check_group_offload_options)
 from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.schedule_checks import check_dataset_schedule
@@ -110,6 +111,7 @@ def parse_training(raw: Any, where: str, problems: list[str],
     check_loss_options_fit_the_family(values, where, problems)
     check_fsdp_options(values, where, problems)
     check_block_swap_options(values, where, problems)
+    check_group_offload_options(values, where, base, problems)
     check_chroma_lora_target(raw, values, where, problems)
     if len(problems) > before:
         return None
@@ -361,5 +363,8 @@ def load_configuration(config_path: str | os.PathLike, *, cwd: Path | None = Non
         raise ConfigError(problems)
     assert training is not None
     training.output_dir = str(_resolve(training.output_dir, base).resolve())
+    if training.group_offload_to_disk_path is not None:  # every rank: the same folder
+        training.group_offload_to_disk_path = str(
+            _resolve(training.group_offload_to_disk_path, base).resolve())
     training.log_level = log_level
     return Configuration(config_path=path, training=training, datasets=datasets)

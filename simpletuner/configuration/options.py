@@ -185,6 +185,27 @@ class TrainingConfig:
     musubi_block_swap_device: Literal["cpu"] = option(
         "cpu", help="where block swap's blocks live between their uses")
 
+    # Group offload (models/group_offload.py): SimpleTuner's option names
+    enable_group_offload: bool = option(
+        False, help="the VAE and text encoders stay on the host and diffusers' "
+        "group-offloading hooks bring each group of their layers to the device for its "
+        "forward, while caching and validating; the trained network stays on the device "
+        "(musubi_blocks_to_swap puts its blocks on the host)")
+    group_offload_type: Literal["block_level", "leaf_level"] = option(
+        "block_level", help="block_level: the VAE in groups of group_offload_blocks_per_group "
+        "blocks, each text encoder as one group; leaf_level: every layer on its own (least "
+        "device memory, most copies)")
+    group_offload_blocks_per_group: int = option(
+        1, minimum=1, help="block_level: the VAE's blocks per group (more: fewer copies, more "
+        "device memory)")
+    group_offload_use_stream: bool = option(
+        False, help="copy the next group on a CUDA side stream while the current one runs; "
+        "ignored on other devices")
+    group_offload_to_disk_path: str | None = option(
+        None, help="a folder for the text encoders' offloaded weights instead of host memory "
+        "(a fast local disk; unquantized encoders); each rank writes its own subfolder, "
+        "rewritten at each start; none = host memory")
+
     # Logging, checkpoints, validation
     report_to: Literal["none", "tensorboard", "wandb", "all"] = option(
         "none", help="all = tensorboard and wandb; wandb runs offline into output_dir/wandb "

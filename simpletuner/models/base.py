@@ -11,6 +11,8 @@ from typing import Callable, ContextManager
 import torch
 from diffusers import AutoencoderKL
 
+from simpletuner.models.group_offload import is_group_offloaded
+
 
 @dataclass
 class TrainingBatch:
@@ -105,13 +107,14 @@ class ModelAdapter(ABC):
                 except_modules: list[torch.nn.Module] | tuple = ()) -> None:
         """Move the network, the VAE and the text encoders to ``device`` (the trainer loads and
         quantizes on the CPU first, so no full-precision copy ever reaches the accelerator);
-        ``except_modules`` of the network stay where they are (block swap's host blocks)."""
+        ``except_modules`` of the network stay where they are (block swap's host blocks), and
+        so do group-offloaded parts: their hooks bring them for each forward."""
         from simpletuner.models.transfer import to_device_except  # transfer imports this module
 
         to_device_except(self.trainable, device, list(except_modules))
-        self.vae.to(device)
-        for encoder in self.text_encoders:
-            encoder.to(device)
+        for module in (self.vae, *self.text_encoders):
+            if not is_group_offloaded(module):
+                module.to(device)
         self.device = device
 
     def frozen_components_on_device(self):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_text
 from simpletuner.common.together import failing_together
+from simpletuner.models.group_offload import saved_weights_in_place
 from simpletuner.models.pipelines import export_pipeline
 from simpletuner.training.adapters.by_type import export_adapter
 from simpletuner.training.reporting.model_card import write_model_card
@@ -33,8 +34,10 @@ def export_run(configuration, accelerator, adapter, network, prepared_network, e
             if lora:
                 exported = export_adapter(type(adapter), unwrapped, output_dir, training)
             else:
-                exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
-                                                          output_dir)
+                frozen = [adapter.vae, *adapter.text_encoders]
+                with saved_weights_in_place(frozen):  # group offload to disk: placeholders
+                    exported = pipeline_dir = export_pipeline(adapter.build_pipeline(unwrapped),
+                                                              output_dir)
             # allow_nan=False: NaN is not JSON; final_loss is finite or None by construction.
             summary = {"steps": step, "seed": seed, "final_loss": final_loss,
                        "processes": accelerator.num_processes,

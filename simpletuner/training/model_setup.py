@@ -1,5 +1,6 @@
-"""The model as a run trains it: loaded, cast and quantized on the CPU, placed on the device
-(block swap's host blocks left behind), the adapter added with the run's seed, init_lora."""
+"""The model as a run trains it: loaded, cast and quantized on the CPU, the frozen parts under
+group offload's hooks when asked, placed on the device (block swap's host blocks and
+group-offloaded parts left behind), the adapter added with the run's seed, init_lora."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.adapters.lora_init import init_adapter
 from simpletuner.training.memory.block_swap import place_network
+from simpletuner.training.memory.group_offload import offload_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
 
 
 def load_trained_model(training, settings, *, model_folder, resume_from, seed: int, device,
-                       weight_dtype):
+                       weight_dtype, rank: int):
     """(adapter, block swap) on every rank; ``settings`` is the run's RunSettings. The device
     never holds an fp32 copy, and a rank that cannot load the model stops every rank before
     the caches' collectives."""
@@ -25,6 +27,7 @@ def load_trained_model(training, settings, *, model_folder, resume_from, seed: i
             model_folder, device=torch.device("cpu"), weight_dtype=weight_dtype,
             loss_settings=LossSettings.from_config(training))
         quantize_frozen_weights(adapter, settings.precision, weight_dtype)
+        offload_frozen_components(adapter, settings.group_offload, device, rank)
         block_swap = place_network(adapter, settings.block_swap, device)
         if training.model_type == "lora":  # checkpoints hold the adapter only
             # A's random start comes from the run's seed: the same adapter under DDP and FSDP2.

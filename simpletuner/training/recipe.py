@@ -122,7 +122,8 @@ class Trainer:
         self.adapter, self.block_swap = load_trained_model(
             self.training, self.settings, model_folder=self.preflight.model_folder,
             resume_from=self.preflight.resume_from, seed=self.seed,
-            device=self.accelerator.device, weight_dtype=self.weight_dtype)
+            device=self.accelerator.device, weight_dtype=self.weight_dtype,
+            rank=self.accelerator.process_index)
         self.caches = self._prepare_caches()
         self.edit_pairs = EditPairs.select(self.configuration, self.data, self.caches.indexes)
         release_frozen_components(self.adapter, self.settings.offload, self.weight_dtype)

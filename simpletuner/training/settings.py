@@ -78,6 +78,18 @@ class BlockSwapSettings(_FromConfig):
 
 
 @dataclass(frozen=True)
+class GroupOffloadSettings(_FromConfig):
+    """The VAE and text encoders under diffusers' group-offloading hooks (SimpleTuner's keys)."""
+
+    enable_group_offload: bool
+    group_offload_type: str             # block_level or leaf_level
+    group_offload_blocks_per_group: int
+    group_offload_use_stream: bool      # CUDA only
+    group_offload_to_disk_path: str | None
+    output_dir: str                     # names the run's folder under the disk path
+
+
+@dataclass(frozen=True)
 class ShardingSettings(_FromConfig):
     fsdp_enable: bool
     fsdp_reshard_after_forward: bool
@@ -170,6 +182,7 @@ class RunSettings:
     precision: PrecisionSettings
     offload: OffloadSettings
     block_swap: BlockSwapSettings
+    group_offload: GroupOffloadSettings
     sharding: ShardingSettings
     validation: ValidationSettings
     evaluation: EvaluationSettings
@@ -181,6 +194,7 @@ class RunSettings:
                    precision=PrecisionSettings.from_config(training),
                    offload=OffloadSettings.from_config(training),
                    block_swap=BlockSwapSettings.from_config(training),
+                   group_offload=GroupOffloadSettings.from_config(training),
                    sharding=ShardingSettings.from_config(training),
                    validation=ValidationSettings.from_config(training),
                    evaluation=EvaluationSettings.from_config(training))

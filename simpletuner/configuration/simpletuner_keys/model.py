@@ -64,9 +64,7 @@ MODEL_KEYS = {
               "optimizer_offload_gradients fuse_optimizer optimizer_release_gradients "
               "enable_chunked_feed_forward feed_forward_chunk_size set_grads_to_none "
               "fsdp_cpu_ram_efficient_loading fsdp_limit_all_gathers find_unused_parameters "
-              "accelerator_cache_clear_interval enable_group_offload enable_model_cpu_offload "
-              "group_offload_blocks_per_group group_offload_to_disk_path group_offload_type "
-              "group_offload_use_stream", MEMORY_ONLY),
+              "accelerator_cache_clear_interval enable_model_cpu_offload", MEMORY_ONLY),
     **refused("ramtorch", "remove it; weights are not streamed from RAM here (see "
               "frozen_components_after_caching and fsdp_enable)"),
     **ignored("ramtorch_target_modules ramtorch_text_encoder ramtorch_vae ramtorch_controlnet "

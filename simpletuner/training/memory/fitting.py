@@ -63,7 +63,8 @@ def device_peak(held: RankBytes, activations: ActivationBytes, costs: BlockCosts
     host_weights = sum(costs.weights[len(costs.weights) - count:]) if count else 0
     host_training = sum(costs.training[len(costs.training) - count:]) if count else 0
     staged = sum(sorted(costs.weights[len(costs.weights) - count:])[-2:]) if count else 0
-    held = replace(held, components_stay=setting.frozen_components_after_caching == "keep")
+    held = replace(held, components_stay=held.components_stay  # never under group offload
+                   and setting.frozen_components_after_caching == "keep")
     held_activations = activations.held(setting.gradient_checkpointing)
     return DevicePeak(
         while_caching=held.while_caching - host_weights,

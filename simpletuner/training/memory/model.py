@@ -8,7 +8,8 @@ full training; for a LoRA the base cast to the mixed_precision dtype and quantiz
 ``text_encoder_<n>_precision``). FSDP2 shards only after that, so every rank holds it all.
 While training: the trainable parameters in the dtype build_optimizer gives them, their
 gradients, the optimizer's state (optimizer_bytes.py), the float32 EMA, the frozen network,
-and the VAE and text encoders only if ``frozen_components_after_caching`` is "keep". FSDP2
+and the VAE and text encoders only if ``frozen_components_after_caching`` is "keep" and
+group offload is off (under it they are on the host, a group at a time on the device). FSDP2
 shards every parameter of the network on dim 0, and with it gradients, state and EMA; buffers,
 the VAE and the text encoders are replicated. At both moments: a frozen network beside the
 trained one (Wan 2.2 A14B's other expert), in the mixed_precision dtype, replicated.
@@ -95,22 +96,32 @@ def meta_network(adapter_class, folder: Path, training) -> torch.nn.Module:
 
 
 def frozen_component_bytes(adapter_class, folder: Path, training) -> dict[str, int]:
-    """The VAE's and the text encoders' bytes as the trainer loads them (mixed_precision's
-    dtype; SDXL's VAE stays float32 under fp16) and quantizes the encoders."""
+    """The VAE's and the text encoders' bytes on the device as the trainer loads them
+    (mixed_precision's dtype; SDXL's VAE stays float32 under fp16) and quantizes the encoders.
+    Under group offload they live on the host: block_level brings a text encoder whole for its
+    forward (the VAE by parts), so the largest component counts; leaf_level brings one layer
+    at a time, not counted."""
     dtype = weight_dtype(training.mixed_precision)
     vae_dtype = (FLOAT32 if getattr(adapter_class, "vae_float32_under_fp16", False)
                  and dtype == torch.float16 else dtype)
     with torch.device("meta"):
         vae_class = adapter_class.vae_class
         vae = vae_class.from_config(vae_class.load_config(folder / "vae"))
-        held = frozen_bytes(vae.requires_grad_(False), "no_change", vae_dtype)
+        parts = [frozen_bytes(vae.requires_grad_(False), "no_change", vae_dtype)]
         for number, (encoder_folder, _, encoder_class, _) in enumerate(
                 adapter_class.text_encoder_specs, start=1):
             encoder = encoder_class(encoder_class.config_class.from_pretrained(
                 folder / encoder_folder)).requires_grad_(False)
             precision = getattr(training, f"text_encoder_{number}_precision")
-            held = _add(held, frozen_bytes(encoder, precision, dtype))
-    return held
+            parts.append(frozen_bytes(encoder, precision, dtype))
+    if not training.enable_group_offload:
+        held = {}
+        for part in parts:
+            held = _add(held, part)
+        return held
+    if training.group_offload_type == "leaf_level":
+        return {}
+    return max(parts, key=lambda part: sum(part.values()))
 
 
 def other_network_bytes(adapter_class, folder: Path, training) -> dict[str, int]:
@@ -170,7 +181,8 @@ def rank_bytes(network: torch.nn.Module, training, part: RankPart,
         optimizer=optimizer_state_bytes(training.optimizer, trained, state_arguments(training)),
         ema=sum(p.numel for p in trained) * FLOAT32.itemsize if training.use_ema else 0,
         frozen_components=frozen_components,
-        components_stay=training.frozen_components_after_caching == "keep")
+        components_stay=(training.frozen_components_after_caching == "keep"
+                         and not training.enable_group_offload))
 
 
 def fsdp_refusal(training) -> str | None:

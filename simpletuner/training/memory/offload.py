@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from simpletuner.models.components import load_frozen_components
+from simpletuner.models.group_offload import is_group_offloaded
 from simpletuner.training.memory.quantization import quantize_text_encoder
 from simpletuner.training.settings import OffloadSettings
 
@@ -37,7 +38,10 @@ class FrozenComponentsAway:
         self.vae_dtype = adapter.vae.dtype
 
     def modules(self) -> list[torch.nn.Module]:
-        return [self.adapter.vae, *self.adapter.text_encoders]
+        """The parts that move: group-offloaded ones are on the host already, and between
+        their forwards their hooks keep them there."""
+        return [module for module in (self.adapter.vae, *self.adapter.text_encoders)
+                if not is_group_offloaded(module)]
 
     def leave_device(self) -> None:
         away = META if self.mode == "free" else CPU
@@ -70,9 +74,10 @@ class FrozenComponentsAway:
 def release_frozen_components(adapter, settings: OffloadSettings,
                               text_encoder_dtype: torch.dtype) -> None:
     """Called once the caches are complete: move (or free) the VAE and text encoders as
-    ``frozen_components_after_caching`` says; "keep" leaves them where they are."""
+    ``frozen_components_after_caching`` says; "keep" leaves them where they are, and so does
+    group offload."""
     mode = settings.frozen_components_after_caching
-    if mode == "keep":
+    if mode == "keep" or all(map(is_group_offloaded, (adapter.vae, *adapter.text_encoders))):
         return
     precisions = [settings.text_encoder_precision(n)
                   for n in range(1, len(adapter.text_encoders) + 1)]

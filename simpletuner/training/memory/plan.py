@@ -31,16 +31,19 @@ def _count(parameters: int) -> str:
 
 def _rows(held: RankBytes, training) -> list[tuple[str, str]]:
     """(label, cell) for one column; labels are the same for every column."""
-    away = training.frozen_components_after_caching
+    away = ("group offload" if training.enable_group_offload
+            else training.frozen_components_after_caching)
     components = (_by_storage(held.frozen_components) if held.components_stay
                   else "off the device")
+    caching = (f"  VAE + text encoders (group offload: {training.group_offload_type})"
+               if training.enable_group_offload else "  VAE + text encoders")
     # Wan 2.2 A14B's other expert; a row only where there is one (the same in every column).
     others = ([("  other networks (frozen)", _by_storage(held.other_networks))]
               if held.other_networks else [])
     return [
         ("while the caches are built", ""),
         ("  network (not yet sharded)", _by_storage(held.network_while_caching)),
-        ("  VAE + text encoders", _by_storage(held.frozen_components)),
+        (caching, _by_storage(held.frozen_components)),
         *others,
         ("  total", byte_size(held.while_caching)),
         ("while training", ""),
