@@ -7,8 +7,6 @@ parameters."""
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -17,16 +15,14 @@ import numpy as np
 import torch
 from diffusers import ChromaPipeline, DiffusionPipeline
 
-from launching import run_bounded
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.base import LossSettings, ModelFolderError
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
-from test_memory_plan_command import GIB, row
-from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import (copy_checkpoint, environment, make_shapes, run_train_sh,
-                               write_config)
+from test_memory_plan_command import GIB, plan_in_process, row
+from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import TrainingRuns, make_shapes, write_config
 
 # "Chroma is a 8.9 billion parameter rectified flow transformer" (the model card,
 # huggingface.co/lodestones/Chroma; Chroma1-HD and Chroma1-Base share its architecture).
@@ -145,36 +141,20 @@ class ChromaConfigTest(unittest.TestCase):
                       self.problems(validation_guidance_real=4.0))
 
 
-class ChromaTrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Four launches of ./train.sh: a full run of 4 steps checkpointed at 2, the same run
-    resumed from a copy of its checkpoint-2, a LoRA run checkpointed at 2, and the LoRA run
-    resumed from a copy of its checkpoint-2."""
+class ChromaTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
+    """Through ./train.sh, Chroma's full run (4 steps, checkpoint-2, a validation grid) and a LoRA
+    (no validation: no test looks at it), each resumed from a copy of its checkpoint-2 through
+    the trainer's entry point."""
+
+    tmp_prefix = "st-chroma-"
+    options = dict(model_family="chroma", pretrained_model_name_or_path="builtin:tiny-chroma",
+                   max_train_steps=4, checkpointing_steps=2, validation_prompt="a red circle",
+                   validation_num_inference_steps=2, validation_resolution="96x64")
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-chroma-")
-        cls.root = root = Path(cls.tmp)
-        make_shapes(root / "data", per_size=2)
-        common = dict(model_family="chroma", pretrained_model_name_or_path="builtin:tiny-chroma",
-                      max_train_steps=4, validation_prompt="a red circle",
-                      validation_num_inference_steps=2, validation_resolution="96x64")
-        cls.full = cls.train("full", checkpointing_steps=2, **common)
-        if copy_checkpoint(root, "full", "resumed"):
-            cls.resumed = cls.train("resumed", checkpointing_steps=2,
-                                    resume_from_checkpoint="latest", **common)
-        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2,
-                    checkpointing_steps=2)
-        cls.lora = cls.train("lora", **lora)
-        if copy_checkpoint(root, "lora", "lora-resumed"):
-            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
-
-    @classmethod
-    def train(cls, name: str, **options):
-        return run_train_sh(write_config(cls.root, cls.root / "data", name, **options), cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+    def start_runs(cls):
+        make_shapes(cls.root / "data", per_size=2)
+        cls.train_full_and_lora(lora_rank=4, learning_rate=1e-2, validation_prompt=None)
 
     def test_the_full_run_exports_a_chroma_pipeline_that_generates(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
@@ -202,14 +182,8 @@ class ChromaTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         self.assertGreater(np.abs(self.sample_image(pipeline) - before).mean(), 0.1)
 
     def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
-        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
-        self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
-        self.assertIn("resumed from", self.lora_resumed.stderr)
-        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
-                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
-        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
-                      for step in (2, 4))
-        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
+        self.assert_resumed_lora_matches(self.root, ("lora", self.lora),
+                                         ("lora-resumed", self.lora_resumed))
 
 
 class ChromaMemoryPlanTest(unittest.TestCase):
@@ -223,12 +197,9 @@ class ChromaMemoryPlanTest(unittest.TestCase):
             config = write_config(root, root / "data", model_family="chroma",
                                   pretrained_model_name_or_path=str(root / "chroma1-hd"),
                                   mixed_precision="bf16")
-            result = run_bounded([sys.executable, "-m", "simpletuner", "plan", "--memory",
-                                  "--config", str(config), "--num-processes", "8"],
-                                 tmpdir=tmp, timeout=300, env=environment(tmp))
-        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        self.assertIn("8.90 B parameters", result.stdout)
-        ddp, fsdp = row(result.stdout, "gradients")  # float32, one per parameter
+            output = plan_in_process(config)
+        self.assertIn("8.90 B parameters", output)
+        ddp, fsdp = row(output, "gradients")  # float32, one per parameter
         self.assertAlmostEqual(ddp / (CHROMA_PARAMETERS * 4 / GIB), 1, delta=0.005)
         self.assertAlmostEqual(fsdp / ddp, 1 / 8, delta=0.001)
 

@@ -9,7 +9,6 @@ import importlib.util
 import io
 import json
 import re
-import shutil
 import tempfile
 import unittest
 from contextlib import redirect_stdout
@@ -32,8 +31,7 @@ from simpletuner.models.tiny.tokenizers import write_tiny_qwen2_tokenizer
 from simpletuner.training.memory.sharding import repeated_blocks
 from test_memory_plan_command import GIB, row
 from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import (copy_checkpoint, environment, make_shapes, run_train_sh,
-                               write_config)
+from training_fixtures import TrainingRuns, environment, make_shapes, write_config
 
 PROMPTS = ["a red circle", "a blue square"]
 MISTRAL_TEMPLATE = (  # Mistral's layout of a system and a user message
@@ -240,40 +238,25 @@ class Flux2DevLayoutTest(Flux2Case):
         self.assertIn("says it is flux:", str(caught.exception))
 
 
-class Flux2TrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Four ./train.sh runs of builtin:tiny-flux2: full with EMA for 4 steps (checkpoints at 2
-    and 4, validation images, the pipeline exported), a LoRA run on an int8-quantized base, and
-    each of the two resumed from a copy of its checkpoint-2."""
+class Flux2TrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
+    """./train.sh runs of builtin:tiny-flux2: full with EMA for 4 steps (checkpoints at 2 and 4,
+    validation images, the pipeline exported) and a LoRA run on an int8-quantized base; each of
+    the two resumed from a copy of its checkpoint-2 (the trainer's entry point)."""
+
+    tmp_prefix = "st-flux2-"
+    options = dict(model_family="flux2", pretrained_model_name_or_path="builtin:tiny-flux2",
+                   max_train_steps=4, checkpointing_steps=2, train_batch_size=2)
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-flux2-")
-        cls.root = root = Path(cls.tmp)
-        make_shapes(root / "data", per_size=2, sizes=((64, 48), (48, 64)))
-        common = dict(model_family="flux2", pretrained_model_name_or_path="builtin:tiny-flux2",
-                      max_train_steps=4, checkpointing_steps=2, train_batch_size=2)
+    def start_runs(cls):
+        make_shapes(cls.root / "data", per_size=2, sizes=((64, 48), (48, 64)))
         cls.full = cls.train("full", validation_prompt="a red circle", validation_steps=4,
                              validation_num_inference_steps=2, validation_guidance_scale=2.0,
-                             use_ema=True, **common)
-        cls.resumed = cls.resume("full", "resumed", use_ema=True, **common)
-        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=5e-3,
+                             use_ema=True)
+        cls.resumed = cls.train_resumed("full", "resumed", use_ema=True)
+        lora = dict(model_type="lora", lora_rank=4, learning_rate=5e-3,
                     base_model_precision="int8-torchao", mixed_precision="bf16")
-        cls.lora = cls.train("lora", **lora)
-        cls.lora_resumed = cls.resume("lora", "lora-resumed", **lora)
-
-    @classmethod
-    def train(cls, name: str, **options):
-        return run_train_sh(write_config(cls.root, cls.root / "data", name, **options), cls.tmp)
-
-    @classmethod
-    def resume(cls, run: str, name: str, **options):
-        """Run ``name``, resumed ("latest") from a copy of run ``run``'s checkpoint-2."""
-        copy_checkpoint(cls.root, run, name)
-        return cls.train(name, resume_from_checkpoint="latest", **options)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        cls.lora, cls.lora_resumed = cls.train_and_resume("lora", **lora)
 
     def sample(self, pipeline) -> np.ndarray:
         return self.sample_image(pipeline, width=48, height=32, guidance_scale=1.0)

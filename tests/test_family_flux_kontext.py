@@ -8,11 +8,8 @@ with a reference image."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import unittest
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,8 +23,7 @@ from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import (copy_checkpoint, read_jsonl, run_train_sh, run_training,
-                               write_config)
+from training_fixtures import TrainingRuns, read_jsonl, run_training, write_config
 
 KONTEXT = dict(model_family="flux", model_flavour="kontext",
                pretrained_model_name_or_path="builtin:tiny-flux-kontext")
@@ -93,25 +89,26 @@ class KontextAdapterTest(unittest.TestCase):
         self.assertIsNone(flux.flavour_problem(ensure_builtin_model("tiny-flux"), None))
 
 
-class KontextTrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Four launches of ./train.sh on 4 edit pairs plus an orphan on each side: full (4 steps,
-    checkpointed at 2), full resumed from a copy of checkpoint-2, LoRA, LoRA resumed; and a
-    2-step run with reference_loose references of another size."""
+class KontextTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
+    """On 4 edit pairs plus an orphan on each side, through ./train.sh: full (4 steps,
+    checkpointed at 2, validated) and LoRA, each resumed from a copy of its checkpoint-2 (the
+    trainer's entry point, as is a 2-step run with reference_loose references of another
+    size). Only the full run validates: no test looks at the others' validation."""
+
+    tmp_prefix = "st-kontext-"
+    options = dict(KONTEXT, max_train_steps=4, checkpointing_steps=2, train_batch_size=2,
+                   trace_samples=True, validation_prompt="make the circle red",
+                   validation_num_inference_steps=2, validation_resolution=64)
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-kontext-")
-        cls.root = root = Path(cls.tmp)
+    def start_runs(cls):
+        root = cls.root
         cls.targets, cls.references, _ = make_edit_pairs(root, count=4)
         circle("red", "blue", (64, 64)).save(cls.targets / "lonely-target.png")
         (cls.targets / "lonely-target.txt").write_text("make the circle red")
         circle("red", "blue", (64, 64)).save(cls.references / "lonely-reference.jpg")
-        common = dict(KONTEXT, max_train_steps=4, checkpointing_steps=2, train_batch_size=2,
-                      trace_samples=True, validation_prompt="make the circle red",
-                      validation_num_inference_steps=2, validation_resolution=64)
-        cls.full = cls.train("full", **common)
-        if copy_checkpoint(root, "full", "resumed"):
-            cls.resumed = cls.train("resumed", resume_from_checkpoint="latest", **common)
+        cls.datasets = edit_datasets(cls.targets, cls.references)
+        cls.train_full_and_lora(lora_rank=4, learning_rate=1e-2, validation_prompt=None)
         cls.loose_references = root / "loose-references"  # wider than their targets
         cls.loose_references.mkdir()
         for target in cls.targets.glob("??x??-*.png"):
@@ -123,22 +120,9 @@ class KontextTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         cls.loose = run_training(write_config(
             root, cls.targets, "loose",
             datasets=[edits, {**loose, "conditioning_type": "reference_loose"}, *held_out],
-            **dict(common, max_train_steps=2, train_batch_size=1, eval_steps_interval=1)),
+            **dict(cls.options, max_train_steps=2, train_batch_size=1, eval_steps_interval=1,
+                   validation_prompt=None)),
             cls.tmp)
-        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2)
-        cls.lora = cls.train("lora", **lora)
-        if copy_checkpoint(root, "lora", "lora-resumed"):
-            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
-
-    @classmethod
-    def train(cls, name: str, **options):
-        config = write_config(cls.root, cls.targets, name,
-                              datasets=edit_datasets(cls.targets, cls.references), **options)
-        return run_train_sh(config, cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_each_target_trains_with_its_own_reference_and_orphans_are_reported(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])

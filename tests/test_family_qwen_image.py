@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import tempfile
 import unittest
 from contextlib import redirect_stdout
@@ -28,9 +27,8 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
-from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import (copy_checkpoint, make_shapes, read_jsonl, run_train_sh,
-                               write_config)
+from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import TrainingRuns, make_shapes, read_jsonl, write_config
 
 # Qwen/Qwen-Image's published configs (transformer/, vae/, text_encoder/config.json on the Hub),
 # the values that size the tensors.
@@ -181,15 +179,21 @@ class QwenAdapterTest(QwenCase):
         self.assertIn("says it is qwen_image", str(caught.exception))
 
 
-class QwenTrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Four ./train.sh launches: full (4 steps, checkpoints every 2, EMA, gradient
-    checkpointing, eval loss, validation), a lean LoRA (int8 base, bf16, adamw_bf16), and each
-    of the two resumed from a copy of its checkpoint-2."""
+class QwenTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
+    """./train.sh: full (4 steps, checkpoints every 2, EMA, gradient checkpointing, eval loss,
+    validation) and a lean LoRA (int8 base, bf16, adamw_bf16, no validation: no test looks at
+    it); each of the two resumed from a copy of its checkpoint-2 (the trainer's entry point)."""
+
+    tmp_prefix = "st-qwen-"
+    options = dict(model_family="qwen_image",
+                   pretrained_model_name_or_path="builtin:tiny-qwen_image", max_train_steps=4,
+                   checkpointing_steps=2, gradient_checkpointing=True,
+                   validation_prompt="a red circle", validation_num_inference_steps=1,
+                   validation_guidance_scale=4.0)
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-qwen-")
-        cls.root = root = Path(cls.tmp)
+    def start_runs(cls):
+        root = cls.root
         make_shapes(root / "data", per_size=2)
         make_shapes(root / "held-out", per_size=1, sizes=((64, 64),))
         cls.datasets = [
@@ -197,30 +201,10 @@ class QwenTrainingTest(TrainedOutputAssertions, unittest.TestCase):
              "caption_strategy": "textfile"},
             {"id": "held-out", "dataset_type": "eval", "instance_data_dir": str(root / "held-out"),
              "caption_strategy": "textfile"}]
-        common = dict(model_family="qwen_image",
-                      pretrained_model_name_or_path="builtin:tiny-qwen_image",
-                      max_train_steps=4, checkpointing_steps=2, gradient_checkpointing=True,
-                      validation_prompt="a red circle", validation_num_inference_steps=1,
-                      validation_guidance_scale=4.0)
-        full = dict(common, use_ema=True, eval_steps_interval=2)
-        cls.full = cls.train("full", **full)
-        lora = dict(common, model_type="lora", lora_rank=4, learning_rate=1e-2,
-                    base_model_precision="int8-torchao", mixed_precision="bf16",
-                    optimizer="adamw_bf16")
-        cls.lora = cls.train("lora", **lora)
-        if copy_checkpoint(root, "lora", "lora-resumed"):
-            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
-        if copy_checkpoint(root, "full", "resumed"):
-            cls.resumed = cls.train("resumed", resume_from_checkpoint="latest", **full)
-
-    @classmethod
-    def train(cls, name: str, **options):
-        return run_train_sh(write_config(cls.root, cls.root / "data", name,
-                                         datasets=cls.datasets, **options), cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        cls.train_full_and_lora(dict(use_ema=True, eval_steps_interval=2), lora_rank=4,
+                                learning_rate=1e-2, base_model_precision="int8-torchao",
+                                mixed_precision="bf16", optimizer="adamw_bf16",
+                                validation_prompt=None)
 
     def test_full_run_exports_a_qwen_image_pipeline_and_validates(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
@@ -250,14 +234,8 @@ class QwenTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         self.assertGreater(np.abs(self.sample_image(pipeline) - before).mean(), 0.1)
 
     def test_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
-        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
-        self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
-        self.assertIn("resumed from", self.lora_resumed.stderr)
-        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
-                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
-        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
-                      for step in (2, 4))
-        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
+        self.assert_resumed_lora_matches(self.root, ("lora", self.lora),
+                                         ("lora-resumed", self.lora_resumed))
 
 
 class QwenMemoryPlanTest(unittest.TestCase):

@@ -10,8 +10,6 @@ normalised latents, and a full run exports a pipeline that generates a clip."""
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -21,7 +19,6 @@ import torch
 from diffusers import DiffusionPipeline, WanPipeline
 from safetensors.torch import load_file
 
-from launching import run_bounded
 from model_fixtures import CPU, TinyModelCase, random_batch
 from simpletuner.models.base import LossSettings, TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
@@ -29,10 +26,9 @@ from simpletuner.models.flow_objective import sample_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.models.sigma_range import sample_sigmas_in_range
 from test_family_wan import SHARED_CONFIGS, WAN_PARAMETERS, transformer_config
-from test_memory_plan_command import GIB, row
+from test_memory_plan_command import GIB, plan_in_process, row
 from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import (copy_checkpoint, environment, make_shapes, run_train_sh,
-                               write_config)
+from training_fixtures import TrainingRuns, make_shapes, write_config
 
 BOUNDARY = 0.875  # tiny-wan22's model_index.json, as Wan2.2-T2V-A14B-Diffusers'
 EXPERT_WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -42,16 +38,15 @@ class SigmaRangeTest(unittest.TestCase):
     def test_levels_stay_in_range_and_follow_the_unrestricted_draws_there(self):
         for sampling in ("uniform", "logit_normal"):
             for shift in (1.0, 3.0, 12.0):
+                # The reference: plain draws, the ones outside each range thrown away.
+                plain = sample_sigmas(2000000, sampling=sampling, logit_mean=0.3, shift=shift,
+                                      device=CPU, generator=torch.Generator().manual_seed(2))
                 for low, high in ((BOUNDARY, 1.0), (0.0, BOUNDARY), (0.2, 0.5)):
                     with self.subTest(sampling=sampling, shift=shift, range=(low, high)):
                         drawn = sample_sigmas_in_range(
                             20000, low=low, high=high, sampling=sampling, logit_mean=0.3,
                             shift=shift, device=CPU, generator=torch.Generator().manual_seed(1))
                         self.assertTrue(bool(((drawn >= low) & (drawn <= high)).all()))
-                        # The reference: plain draws, the ones outside the range thrown away.
-                        plain = sample_sigmas(2000000, sampling=sampling, logit_mean=0.3,
-                                              shift=shift, device=CPU,
-                                              generator=torch.Generator().manual_seed(2))
                         kept = plain[(plain >= low) & (plain <= high)]
                         self.assertGreater(len(kept), 2000)
                         quantiles = torch.tensor([0.1, 0.5, 0.9])
@@ -200,51 +195,38 @@ class WanExpertMemoryPlanTest(unittest.TestCase):
             config = write_config(root, root / "data", "a14b", model_family="wan",
                                   pretrained_model_name_or_path=str(folder),
                                   model_flavour="t2v-14b-2.2-low", mixed_precision="bf16")
-            result = run_bounded([sys.executable, "-m", "simpletuner", "plan", "--memory",
-                                  "--config", str(config), "--num-processes", "8"],
-                                 tmpdir=tmp, timeout=300, env=environment(tmp))
-        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            output = plan_in_process(config)
         bf16_expert = WAN_PARAMETERS["14b"] * 2 / GIB
         for moment in ("while the caches are built", "while training"):
-            ddp, fsdp = row(result.stdout, "other networks (frozen)", after=moment)
+            ddp, fsdp = row(output, "other networks (frozen)", after=moment)
             self.assertAlmostEqual(ddp / bf16_expert, 1, delta=0.01)
             self.assertEqual(fsdp, ddp)  # not sharded: every rank holds it whole
-        ddp_gradients, _ = row(result.stdout, "gradients")  # one trained expert, float32
+        ddp_gradients, _ = row(output, "gradients")  # one trained expert, float32
         self.assertAlmostEqual(ddp_gradients / (WAN_PARAMETERS["14b"] * 4 / GIB), 1, delta=0.01)
 
 
-class Wan22TrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Four launches of ./train.sh: a LoRA run of the low-noise expert checkpointed at 2 of 4
-    steps, the same run resumed from a copy of its checkpoint-2, a full run of the high-noise
-    expert for 2 steps with a validation clip, and a full TI2V-5B run of 2 steps."""
+class Wan22TrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
+    """Three launches of ./train.sh: a LoRA run of the low-noise expert checkpointed at 2 of 4
+    steps (then resumed from a copy of its checkpoint-2 through the trainer's entry point), a
+    full run of the high-noise expert for 2 steps with a validation clip, and a full TI2V-5B
+    run of 2 steps. Only the high-noise run validates: no test looks at the others'."""
+
+    tmp_prefix = "st-wan22-"
+    options = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan22",
+                   validation_prompt="a red circle", validation_num_inference_steps=4,
+                   validation_resolution="64x64", validation_num_video_frames=5)
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-wan22-")
-        cls.root = root = Path(cls.tmp)
-        make_shapes(root / "data", per_size=2, sizes=((64, 64),))
-        common = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan22",
-                      validation_prompt="a red circle", validation_num_inference_steps=4,
-                      validation_resolution="64x64", validation_num_video_frames=5)
-        lora = dict(common, model_flavour="t2v-14b-2.2-low", model_type="lora", lora_rank=4,
+    def start_runs(cls):
+        make_shapes(cls.root / "data", per_size=2, sizes=((64, 64),))
+        lora = dict(model_flavour="t2v-14b-2.2-low", model_type="lora", lora_rank=4,
                     learning_rate=3e-2, max_train_steps=4, checkpointing_steps=2,
-                    validation_steps=100)
-        cls.lora = cls.train("lora", **lora)
-        if copy_checkpoint(root, "lora", "lora-resumed"):
-            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest", **lora)
-        cls.full = cls.train("full", model_flavour="t2v-14b-2.2-high", max_train_steps=2,
-                             **common)
-        cls.ti2v = cls.train("ti2v", **dict(
-            common, pretrained_model_name_or_path="builtin:tiny-wan22-ti2v",
-            model_flavour="ti2v-5b-2.2", max_train_steps=2, aspect_bucket_alignment=32))
-
-    @classmethod
-    def train(cls, name: str, **options):
-        return run_train_sh(write_config(cls.root, cls.root / "data", name, **options), cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+                    validation_prompt=None)
+        cls.lora, cls.lora_resumed = cls.train_and_resume("lora", **lora)
+        cls.full = cls.train("full", model_flavour="t2v-14b-2.2-high", max_train_steps=2)
+        cls.ti2v = cls.train("ti2v", pretrained_model_name_or_path="builtin:tiny-wan22-ti2v",
+                             model_flavour="ti2v-5b-2.2", max_train_steps=2,
+                             aspect_bucket_alignment=32, validation_prompt=None)
 
     def sample(self, pipeline) -> np.ndarray:
         pipeline.set_progress_bar_config(disable=True)

@@ -29,8 +29,8 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.reporting.validation_inputs import (validation_input_images,
                                                               validation_input_problems)
 from simpletuner.training.settings import ValidationSettings
-from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import copy_checkpoint, run_train_sh, write_config
+from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import TrainingRuns
 from video_fixtures import shapes_frame, write_clip
 
 PROMPTS = ["a red circle", "  a blue   square on a long &amp; green background "]
@@ -172,34 +172,23 @@ WAN_I2V = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-w
                validation_resolution="64x48", validation_num_video_frames=5)
 
 
-class WanI2VTrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """Three launches of ./train.sh on four clips: a LoRA run checkpointed at 2, the same run
-    resumed from a copy of its checkpoint-2, and a full run of 2 steps."""
+class WanI2VTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
+    """On four clips: a LoRA run checkpointed at 2 through ./train.sh, the same run resumed from
+    a copy of its checkpoint-2 through the trainer's entry point, and a full run of 2 steps."""
+
+    tmp_prefix, options = "st-wan-i2v-", WAN_I2V
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-wan-i2v-")
-        cls.root = root = Path(cls.tmp)
+    def start_runs(cls):
         for i in range(4):
-            write_clip(root / "clips" / f"walk{i}.mp4", 64, 48, 9, seed=i,
+            write_clip(cls.root / "clips" / f"walk{i}.mp4", 64, 48, 9, seed=i,
                        caption=f"a square walking, take {i}")
         cls.datasets = [{"id": "clips", "dataset_type": "video",
-                         "instance_data_dir": str(root / "clips"),
+                         "instance_data_dir": str(cls.root / "clips"),
                          "video": {"bucket_strategy": "resolution_frames"}}]
-        cls.lora = cls.train("lora")
-        if copy_checkpoint(root, "lora", "lora-resumed"):
-            cls.lora_resumed = cls.train("lora-resumed", resume_from_checkpoint="latest")
+        cls.lora, cls.lora_resumed = cls.train_and_resume("lora")
         cls.full = cls.train("full", model_type="full", learning_rate=1e-3, max_train_steps=2,
                              validation_prompt=None)
-
-    @classmethod
-    def train(cls, name: str, **options):
-        config = write_config(cls.root, cls.root, name, cls.datasets, **{**WAN_I2V, **options})
-        return run_train_sh(config, cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def assert_succeeded(self, *results):
         for result in results:
@@ -240,13 +229,8 @@ class WanI2VTrainingTest(TrainedOutputAssertions, unittest.TestCase):
                                   - np.asarray(images[1], np.float64)).mean(), 8)
 
     def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
-        self.assert_succeeded(self.lora, self.lora_resumed)
-        self.assertIn("resumed from", self.lora_resumed.stderr)
-        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
-                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
-        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
-                      for step in (2, 4))
-        self.assert_some_tensor_changed(start, end)
+        self.assert_resumed_lora_matches(self.root, ("lora", self.lora),
+                                         ("lora-resumed", self.lora_resumed))
 
     def test_the_lora_loads_onto_the_image_to_video_pipeline_and_changes_its_clip(self):
         self.assert_succeeded(self.lora)

@@ -30,9 +30,8 @@ from simpletuner.training.adapters.lora import add_lora
 from simpletuner.training.memory.sharding import repeated_blocks
 from simpletuner.training.settings import ValidationSettings
 from test_memory_plan_command import GIB, row
-from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import (copy_checkpoint, environment, make_shapes, run_train_sh,
-                               write_config)
+from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
+from training_fixtures import TrainingRuns, environment, make_shapes, write_config
 
 # Z-Image's 6.15 B-parameter S3-DiT, as the Z-Image technical report (arXiv 2511.22699) and
 # Tongyi-MAI's model cards give it.
@@ -186,35 +185,24 @@ class ZImageShardingTest(unittest.TestCase):
         self.assertLess(rest, 1e-3 * sum(p.numel() for p in network.parameters()))
 
 
-class ZImageTrainingTest(TrainedOutputAssertions, unittest.TestCase):
+class ZImageTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
     """./train.sh: a full run of 4 steps (checkpoints at 2 and 4, validation at the end) and a
-    LoRA run on a quantized base; each resumed from a copy of its checkpoint-2."""
+    LoRA run on a quantized base; each resumed from a copy of its checkpoint-2 (the trainer's
+    entry point)."""
+
+    tmp_prefix = "st-z-image-"
+    options = dict(model_family="z_image", pretrained_model_name_or_path="builtin:tiny-z_image",
+                   max_train_steps=4, checkpointing_steps=2)
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-z-image-")
-        root = cls.root = Path(cls.tmp)
-        make_shapes(root / "data", per_size=2)
+    def start_runs(cls):
+        make_shapes(cls.root / "data", per_size=2)
         cls.enterClassContext(mock.patch.dict(os.environ, environment(cls.tmp)))
-        base = dict(model_family="z_image", pretrained_model_name_or_path="builtin:tiny-z_image",
-                    max_train_steps=4, checkpointing_steps=2)
-        full = dict(base, validation_prompt="a red circle", validation_num_inference_steps=2)
-        cls.full = run_train_sh(write_config(root, root / "data", "full", **full), cls.tmp)
-        if copy_checkpoint(root, "full", "resumed"):
-            cls.resumed = run_train_sh(write_config(
-                root, root / "data", "resumed", resume_from_checkpoint="latest", **full), cls.tmp)
         # The LoRA trains on an int8 base under bf16 autocast, as on one small GPU.
-        lora = dict(base, model_type="lora", lora_rank=4, learning_rate=1e-2,
-                    base_model_precision="int8-torchao", mixed_precision="bf16")
-        cls.lora = run_train_sh(write_config(root, root / "data", "lora", **lora), cls.tmp)
-        if copy_checkpoint(root, "lora", "lora-resumed"):
-            cls.lora_resumed = run_train_sh(write_config(
-                root, root / "data", "lora-resumed", resume_from_checkpoint="latest", **lora),
-                cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        cls.train_full_and_lora(
+            dict(validation_prompt="a red circle", validation_num_inference_steps=2),
+            lora_rank=4, learning_rate=1e-2, base_model_precision="int8-torchao",
+            mixed_precision="bf16")
 
     def test_full_run_validates_and_exports_a_pipeline_that_generates(self):
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
@@ -245,14 +233,8 @@ class ZImageTrainingTest(TrainedOutputAssertions, unittest.TestCase):
         self.assertGreater(np.abs(after - before).mean(), 0.1)
 
     def test_resumed_lora_run_ends_with_the_uninterrupted_adapter(self):
-        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
-        self.assertEqual(self.lora_resumed.returncode, 0, self.lora_resumed.stderr[-3000:])
-        self.assertIn("resumed from", self.lora_resumed.stderr)
-        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
-                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
-        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
-                      for step in (2, 4))
-        self.assert_some_tensor_changed(start, end)  # it trained on after the checkpoint
+        self.assert_resumed_lora_matches(self.root, ("lora", self.lora),
+                                         ("lora-resumed", self.lora_resumed))
 
 
 class ZImageConfigTest(unittest.TestCase):

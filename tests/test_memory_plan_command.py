@@ -3,15 +3,18 @@ published ones): the table a user reads, with the sizes the published parameter 
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import sys
 import tempfile
 import unittest
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import torch
 
+from simpletuner.cli import main
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.training.memory.model import rank_bytes
 from simpletuner.training.memory.shards import WHOLE, RankPart
@@ -65,6 +68,17 @@ def plan_command(tmp: str, num_processes: int, **options) -> str:
          "--num-processes", str(num_processes)], tmpdir=tmp, timeout=300, env=environment(tmp))
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def plan_in_process(config: Path, num_processes: int = 8) -> str:
+    """plan --memory's output for ``config``, through the CLI's main in this process: the
+    command line itself is plan_command's to test, the others need no interpreter start-up."""
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        status = main(["plan", "--memory", "--config", str(config),
+                       "--num-processes", str(num_processes)])
+    assert status == 0, f"plan --memory exited {status}: {printed.getvalue()[-3000:]}"
+    return printed.getvalue()
 
 
 def row(output: str, label: str, after: str | None = None) -> list[float]:

@@ -1,21 +1,18 @@
 """Wan trained on clips through ./train.sh: a clip dataset (full), and clips mixed with images
 in two real gloo processes (LoRA), each run once uninterrupted and once resumed from a copy of
-its checkpoint-2. The resumed runs end with the uninterrupted runs' weights and train the same
+its checkpoint-2 (the one-process run through the trainer's entry point). The resumed runs end with the uninterrupted runs' weights and train the same
 samples at the same steps (the trace); the two-process run trains every clip and image exactly
 once in its epoch, each optimizer step from one bucket on both ranks."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import unittest
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import (copy_checkpoint, make_shapes, read_jsonl, run_train_sh,
-                               write_config)
+from training_fixtures import TrainingRuns, make_shapes, read_jsonl, run_train_sh
 from video_fixtures import write_clip
 
 WAN = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan", resolution=48,
@@ -30,37 +27,26 @@ def clip_datasets(root: Path, with_images: bool) -> list[dict]:
     return datasets
 
 
-class VideoTrainingTest(TrainedOutputAssertions, unittest.TestCase):
+class VideoTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
+    tmp_prefix, options = "st-video-", WAN
+
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-video-")
-        cls.root = root = Path(cls.tmp)
+    def start_runs(cls):
+        root = cls.root
         for i in range(4):  # two frame buckets of one size (64x48@9, @13), one of another
             write_clip(root / "clips" / f"walk{i}.mp4", 64, 48, 9 + 4 * (i % 2), seed=i,
                        caption=f"a square walking, take {i}")
         for i in range(2):
             write_clip(root / "clips" / f"tall{i}.mp4", 48, 64, 9, seed=10 + i)
         cls.stills = make_shapes(root / "stills", per_size=2, sizes=((64, 48),))
-        cls.clips_run = cls.train("clips", clip_datasets(root, False), max_train_steps=4)
-        if copy_checkpoint(root, "clips", "clips-resumed"):
-            cls.clips_resumed = cls.train("clips-resumed", clip_datasets(root, False),
-                                          max_train_steps=4, resume_from_checkpoint="latest")
+        clips = dict(datasets=clip_datasets(root, False), max_train_steps=4)
+        cls.clips_run, cls.clips_resumed = cls.train_and_resume("clips", **clips)
         # 6 clips + 2 images, 2 ranks of 1: one epoch is 4 steps
-        mixed = dict(model_type="lora", lora_rank=4, learning_rate=3e-2, num_processes=2,
-                     num_train_epochs=1, max_train_steps=None)
-        cls.mixed = cls.train("mixed", clip_datasets(root, True), **mixed)
-        if copy_checkpoint(root, "mixed", "mixed-resumed"):
-            cls.mixed_resumed = cls.train("mixed-resumed", clip_datasets(root, True),
-                                          resume_from_checkpoint="latest", **mixed)
-
-    @classmethod
-    def train(cls, name: str, datasets: list[dict], **options):
-        config = write_config(cls.root, cls.root, name, datasets, **{**WAN, **options})
-        return run_train_sh(config, cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        mixed = dict(datasets=clip_datasets(root, True), model_type="lora", lora_rank=4,
+                     learning_rate=3e-2, num_processes=2, num_train_epochs=1,
+                     max_train_steps=None)
+        cls.mixed, cls.mixed_resumed = cls.train_and_resume("mixed", launch=run_train_sh,
+                                                            **mixed)  # two processes
 
     def trace(self, run: str, rank: int = 0) -> list[dict]:
         return read_jsonl(self.root / f"{run}-out" / "trace" / f"rank-{rank}.jsonl")

@@ -107,32 +107,82 @@ def copy_checkpoint(root: Path, run: str, name: str, step: int = 2) -> bool:
     return True
 
 
-class ResumedRunPair:
-    """Mixed into a TestCase: once per class, a run with ``options`` on ``per_size`` shapes per
-    size (``full``, output in ``full_out``), then, if it succeeded, a run resumed ("latest")
-    from a copy of its checkpoint-``resume_step`` (``resumed``, output in ``resumed_out``)."""
+class TrainingRuns:
+    """Mixed into a TestCase: the class's training runs, started once by its ``start_runs``,
+    each writing <name>.json and <name>-out under one temporary folder ``root`` (``tmp``), which
+    is removed after the class, also when ``start_runs`` fails. Every run's config is
+    ``options`` under its own, with ``datasets`` (root/data's images when None) unless it
+    names its own, and ``launch`` runs it (./train.sh unless the class says otherwise)."""
 
     tmp_prefix: str
-    per_size: int
-    resume_step: int
-    options: dict
-    launch = staticmethod(run_training)  # or run_train_sh
+    options: dict = {}
+    datasets: list | None = None
+    launch = staticmethod(run_train_sh)
 
     @classmethod
     def setUpClass(cls):
+        super().setUpClass()
         cls.tmp = tempfile.mkdtemp(prefix=cls.tmp_prefix)
-        root = Path(cls.tmp)
-        make_shapes(root / "data", per_size=cls.per_size)
-        cls.full = cls.launch(write_config(root, root / "data", "full", **cls.options), cls.tmp)
-        cls.full_out, cls.resumed_out = root / "full-out", root / "resumed-out"
-        if copy_checkpoint(root, "full", "resumed", cls.resume_step):
-            cls.resumed = cls.launch(write_config(
-                root, root / "data", "resumed", resume_from_checkpoint="latest", **cls.options),
-                cls.tmp)
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
+        cls.root = Path(cls.tmp)
+        cls.start_runs()
 
     @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+    def start_runs(cls):
+        raise NotImplementedError(f"{cls.__name__} starts no runs")
+
+    @classmethod
+    def train(cls, name: str, launch=None, **options) -> subprocess.CompletedProcess:
+        """Run ``name`` with ``launch`` (the class's unless given)."""
+        options = {"datasets": cls.datasets, **cls.options, **options}
+        config = write_config(cls.root, cls.root / "data", name, **options)
+        return (launch or cls.launch)(config, cls.tmp)
+
+    @classmethod
+    def train_resumed(cls, run: str, name: str, step: int = 2, launch=run_training,
+                      **options) -> subprocess.CompletedProcess | None:
+        """Run ``name`` resumed ("latest") from a copy of run ``run``'s checkpoint-<step>; None
+        when ``run`` left no such checkpoint (it failed, which its own tests report). It runs
+        the trainer's entry point unless ``launch`` says otherwise: the first run tested the
+        class's launcher, which a resumed run would only start again."""
+        if not copy_checkpoint(cls.root, run, name, step):
+            return None
+        return cls.train(name, launch, resume_from_checkpoint="latest", **options)
+
+    @classmethod
+    def train_and_resume(cls, name: str, resumed_name: str = "", launch=run_training,
+                         **options) -> tuple[subprocess.CompletedProcess, ...]:
+        """Run ``name``, then the same run resumed from a copy of its checkpoint-2
+        (``resumed_name``, <name>-resumed unless given; ``launch`` as for train_resumed): the
+        two results, the second None when the first left no checkpoint."""
+        first = cls.train(name, **options)
+        return first, cls.train_resumed(name, resumed_name or f"{name}-resumed", launch=launch,
+                                        **options)
+
+    @classmethod
+    def train_full_and_lora(cls, full: dict | None = None, **lora) -> None:
+        """The four runs most family tests read: ``full`` (a full run, options ``full``) and
+        ``lora`` (model_type lora, options ``lora``), each with its twin resumed from a copy of
+        its checkpoint-2 (``resumed``, ``lora_resumed``)."""
+        cls.full, cls.resumed = cls.train_and_resume("full", "resumed", **(full or {}))
+        cls.lora, cls.lora_resumed = cls.train_and_resume("lora", model_type="lora", **lora)
+
+
+class ResumedRunPair(TrainingRuns):
+    """Mixed into a TestCase: a run with ``options`` on ``per_size`` shapes per size (``full``,
+    output in ``full_out``), then, if it succeeded, a run resumed ("latest") from a copy of its
+    checkpoint-``resume_step`` (``resumed``, output in ``resumed_out``)."""
+
+    per_size: int
+    resume_step: int
+    launch = staticmethod(run_training)  # or run_train_sh
+
+    @classmethod
+    def start_runs(cls):
+        make_shapes(cls.root / "data", per_size=cls.per_size)
+        cls.full_out, cls.resumed_out = cls.root / "full-out", cls.root / "resumed-out"
+        cls.full = cls.train("full")
+        cls.resumed = cls.train_resumed("full", "resumed", cls.resume_step, cls.launch)
 
 
 class ReportView(HTMLParser):

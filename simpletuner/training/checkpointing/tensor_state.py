@@ -21,8 +21,6 @@ import numpy as np
 import torch
 
 from simpletuner.common.atomic import atomic_write_json
-from simpletuner.training.adapters.lora import (CHECKPOINT_WEIGHTS, load_adapter_weights,
-                                                save_adapter_weights)
 from simpletuner.training.checkpointing.manifest import naming_file
 from simpletuner.training.checkpointing.optimizer_state import optimizer_from_files, optimizer_to_files
 from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
@@ -32,22 +30,33 @@ OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_VALUES = "optimizer.json"
 
 
+def _adapter_files():
+    """The LoRA adapter's checkpoint file, imported where a LoRA is saved or loaded: the adapter
+    module brings peft and transformers, which took more than half the start-up of a process
+    that only checkpoints a full network."""
+    from simpletuner.training.adapters import lora
+
+    return lora
+
+
 def weights_file(lora: bool) -> str:
-    return CHECKPOINT_WEIGHTS if lora else FULL_WEIGHTS
+    return _adapter_files().CHECKPOINT_WEIGHTS if lora else FULL_WEIGHTS
 
 
 def save_weights(network: torch.nn.Module, folder: Path, lora: bool) -> None:
     if lora:
-        save_adapter_weights(network, folder / CHECKPOINT_WEIGHTS)
+        adapter = _adapter_files()
+        adapter.save_adapter_weights(network, folder / adapter.CHECKPOINT_WEIGHTS)
     else:
         save_tensors(network.state_dict(), folder / FULL_WEIGHTS)
 
 
 def load_weights(network: torch.nn.Module, folder: Path, lora: bool) -> None:
     if lora:
-        path = folder / CHECKPOINT_WEIGHTS
+        adapter = _adapter_files()
+        path = folder / adapter.CHECKPOINT_WEIGHTS
         with naming_file(path, "read"):
-            load_adapter_weights(network, path)
+            adapter.load_adapter_weights(network, path)
     else:
         path = folder / FULL_WEIGHTS
         tensors = load_tensors(path)
