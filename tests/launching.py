@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -95,6 +96,10 @@ class Launch:
         tmp = private_tmpdir(tmpdir)
         full_env = {**(os.environ if env is None else env), "TMPDIR": tmp,
                     MARKER: self.launch_id}
+        # ./train.sh runs `python`: this interpreter's, also when its venv is not activated
+        # (`venv/bin/python -m unittest discover -s tests`).
+        full_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent),
+                                            full_env.get("PATH", os.defpath)])
         self.process = subprocess.Popen(
             self.command, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

@@ -54,7 +54,8 @@ def audit_in_processes(case: type, datasets: dict[str, tuple[int, dict]], sizes,
 def lockstep_traces(case: unittest.TestCase) -> list[list[dict]]:
     """Every rank's audit trace, checked to be in lockstep: as many micro-batches on each, the
     same epoch, step, dataset and bucket at each."""
-    traces = [[json.loads(line) for line in (case.output / f"rank-{r}.jsonl").open()]
+    traces = [[json.loads(line)
+               for line in (case.output / f"rank-{r}.jsonl").read_text().splitlines()]
               for r in range(WORLD)]
     case.assertEqual(len({len(t) for t in traces}), 1)
     for records in zip(*traces):
