@@ -351,7 +351,8 @@ class MultiProcessPrepareCachesTest(unittest.TestCase):
             (tmp / "model" / component / "config.json").write_text("{}")
         index = make_index(SIZES, BUCKETS)
         (tmp / "index.json").write_text(json.dumps(
-            {"dataset_id": index.dataset_id, "buckets": index.buckets,
+            {"dataset_id": index.dataset_id,
+             "buckets": {key: list(ids) for key, ids in index.buckets.items()},
              "original_sizes": index.original_sizes}))
         (tmp / "worker.py").write_text(WORKER)
         (tmp / "out").mkdir()

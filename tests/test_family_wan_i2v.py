@@ -30,7 +30,7 @@ from simpletuner.training.reporting.validation_inputs import (validation_input_i
                                                               validation_input_problems)
 from simpletuner.training.settings import ValidationSettings
 from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import TrainingRuns
+from training_fixtures import TrainingRuns, write_config
 from video_fixtures import shapes_frame, write_clip
 
 PROMPTS = ["a red circle", "  a blue   square on a long &amp; green background "]

@@ -164,11 +164,10 @@ class LatentCacheResult:
     encoded: int               # entries this rank wrote
 
 
-def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: EncodeImages,
-                  *, rank: int = 0, world_size: int = 1, batch_size: int = 8,
-                  decode_workers: int = 2, progress: bool = True) -> LatentCacheResult:
-    """Plan every sample's entry, encode the missing ones of this rank's share in batches of
-    one bucket, and return the cache plus the samples that could not be read."""
+def _planned_entries(index: DatasetIndex, settings: LatentSettings
+                     ) -> tuple[LatentCache, dict[str, Target], dict[str, str]]:
+    """Every sample's entry path and what to decode of it; the samples whose file cannot be
+    read, with the reason."""
     cache = LatentCache(settings.folder)
     failures: dict[str, str] = {}
     targets: dict[str, Target] = {}
@@ -188,7 +187,15 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
                                target.fps)
             cache.paths[sample_id] = entry_path(settings.folder, key)
             targets[sample_id] = target
+    return cache, targets, failures
 
+
+def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: EncodeImages,
+                  *, rank: int = 0, world_size: int = 1, batch_size: int = 8,
+                  decode_workers: int = 2, progress: bool = True) -> LatentCacheResult:
+    """Plan every sample's entry, encode the missing ones of this rank's share in batches of
+    one bucket, and return the cache plus the samples that could not be read."""
+    cache, targets, failures = _planned_entries(index, settings)
     todo = [s for s in rank_share(list(cache.paths), rank, world_size)
             if not cache.paths[s].exists()]
     by_target: dict[tuple[tuple[int, int], int], list[str]] = {}
