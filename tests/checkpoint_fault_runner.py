@@ -49,6 +49,8 @@ def main() -> int:
         print(f"[rank {rank}] failed: {exc}", flush=True)
         return 1
     finally:
+        # Every rank's line is out before any exits: torchrun ends the others when one exits 1.
+        accelerator.wait_for_everyone()
         accelerator.end_training()
 
 
