@@ -100,6 +100,9 @@ class Launch:
         # (`venv/bin/python -m unittest discover -s tests`).
         full_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent),
                                             full_env.get("PATH", os.defpath)])
+        # One torch thread, as conftest.py sets under pytest: a run and its resumed twin launched
+        # differently (./train.sh, python -m) then agree bit for bit under unittest too.
+        full_env.setdefault("OMP_NUM_THREADS", "1")
         self.process = subprocess.Popen(
             self.command, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
