@@ -1,25 +1,29 @@
-"""The index cache on every rank: today's JSON against columnar, memory-mapped alternatives.
+"""The index cache on every rank: the JSON cache it replaced against the mapped one, and two
+other columnar layouts.
 
     python benchmarks/bench_index_cache.py [--rows 1000000] [--buckets 40] [--repeats 3] [--json]
 
 A synthetic file table of N rows (ids such as 'part0012/img_0012345.jpg', sizes, mtimes,
-widths and heights of K buckets), stored three ways; each read runs in a fresh process, best of
+widths and heights of K buckets), stored four ways; each read runs in a fresh process, best of
 --repeats:
 
-* json: the JSON index cache as ``MetadataBackend.refresh_index`` writes it, read as
-  ``load_index`` read it before issue 29 (parse, then the buckets' id lists; the main rank's
-  warm start still reads it this way);
-* binary: the mapped index file the main rank writes beside it, read by ``load_index`` (what
-  every other rank does now: size and CRC-32 checked, columns mapped, no id decoded);
+* json: the JSON index cache of the versions before issue 29 (written here as they wrote it),
+  read as they read it on every rank, then on the main rank only: parse, then the buckets' id
+  lists;
+* binary: the index cache (index_cache.py) as the main rank writes it, read by ``load_index``
+  (size and CRC-32 checked, columns mapped, no id decoded): what every other rank does;
+* binary, main warm: the main rank's warm start of a table source: the cache mapped, compared
+  with the storage's listing as columns (``same_files``), the index taken as it is. The listing
+  is built before the clock starts (listing the storage is its own cost, bench_discovery.py);
 * numpy: one .npy file per column, the ids as one NUL-separated UTF-8 blob (NUL is the one
   byte no file name holds) with int64 offsets, bucket rows as one int32 array with offsets;
 * arrow: one Arrow IPC file of the same columns (pyarrow), bucket rows as a second table.
 
 "+ split" also splits every bucket for epoch 0 as rank 0 of 8 does (batch 4) and decodes the
 ids of its first micro-batch of each: a rank's start-up up to its first batch. For the two
-columnar layouts: "map" opens the columns memory-mapped (nothing parsed: what a rank pays to
-see the table), "ids" also makes every bucket's list of Python str ids, which the split as it is
-today needs. Bytes are the files' sizes on disk.
+other layouts: "map" opens the columns memory-mapped (nothing parsed), "ids" also makes every
+bucket's list of Python str ids. Bytes are the files' sizes on disk; the time each cache took to
+write is printed first.
 """
 
 from __future__ import annotations
@@ -64,20 +68,26 @@ def backend(folder: Path):
 
 
 def write_all(folder: Path, rows: int, buckets: int) -> None:
-    from simpletuner.helpers.metadata.backends.base import CACHE_VERSION, INDEX_DIGEST_KEY
     from simpletuner.helpers.metadata.file_table import FileTable
+    from simpletuner.helpers.metadata.index_cache import DIGEST_KEY, cache_columns, cache_meta
+    from simpletuner.helpers.metadata.index_history import data_digest
 
     c = synthetic_columns(rows, buckets)
     b = backend(folder)
     table = FileTable(c["ids"], c["bytes"], c["change_key"], c["width"], c["height"])
-    cache = {"version": CACHE_VERSION, "dataset_id": "bench", "files_key": b._file_entries_key(),
-             "files": table.to_json(), "settings": b.settings(), "captions": None,
-             "index": {"buckets": c["rows"], "skipped": [], INDEX_DIGEST_KEY: "not hashed"}}
     start = time.perf_counter()
-    b.history.write_if_changed(cache, None, derived=b.index_path)
+    legacy = {"version": 5, "dataset_id": "bench", "files": {
+        "ids": c["ids"], "bytes": c["bytes"], "change_key": c["change_key"], "width": c["width"],
+        "height": c["height"], "errors": {}}, "index": {"buckets": c["rows"], "skipped": []}}
+    b.cache_path.parent.mkdir(parents=True, exist_ok=True)
+    (folder / "bench.json").write_text(json.dumps(legacy))
     json_written = time.perf_counter()
-    b._write_index_file(cache, table)  # what refresh_index does after the JSON
-    print(f"written: JSON {json_written - start:.2f} s, index file "
+    columns = cache_columns(table, c["rows"], None)  # what refresh_index writes
+    digests = {DIGEST_KEY: data_digest(columns, table, c["rows"], []),
+               "index_digest": "not hashed"}
+    meta = cache_meta("bench", b._file_entries_key(), b.settings(), table, c["rows"], [], digests)
+    b.history.write_if_changed(meta, columns, None)
+    print(f"written: JSON {json_written - start:.2f} s, index cache "
           f"{time.perf_counter() - json_written:.2f} s", file=sys.stderr)
     keys = sorted(c["rows"])
     bucket_rows = np.concatenate([np.asarray(c["rows"][k], dtype=np.int32) for k in keys])
@@ -144,13 +154,46 @@ def first_batches(cache_reader, index) -> int:
     return index.sample_count if decoded == 4 * len(slices) else -1
 
 
-def run_one(way: str, folder: Path) -> dict:
-    """Imports and the backend's construction happen before the clock starts."""
+def read_legacy_json(folder: Path):
+    """The JSON cache read as the versions before issue 29 read it: parsed, then each bucket's
+    rows turned into its list of ids."""
+    from simpletuner.helpers.metadata.index import DatasetIndex
+    from simpletuner.helpers.metadata.split import SortedIds
+
+    cache = json.loads((folder / "bench.json").read_text())
+    ids = cache["files"]["ids"]
+    buckets = {key: SortedIds(map(ids.__getitem__, rows))
+               for key, rows in cache["index"]["buckets"].items()}
+    return DatasetIndex("bench", buckets, {})
+
+
+def main_rank_warm(cache_reader, listing):
+    """refresh_index's warm start for a table source, less the listing (given): the cache
+    mapped, its key, settings and files compared, the index taken as it is."""
+    from simpletuner.helpers.metadata.index_cache import load_cache
+
+    cached = load_cache(cache_reader.cache_path)
+    if not (cached.meta["files_key"] == cache_reader._file_entries_key()
+            and cache_reader._cache_problem(cached) is None and cached.same_files(listing)):
+        raise RuntimeError("the warm start did not take the cache")
+    return cache_reader._take_cached(cached)
+
+
+def run_one(way: str, folder: Path, rows: int, buckets: int) -> dict:
+    """Imports, the backend's construction and a listing happen before the clock starts."""
     if way.startswith(("json", "binary")):
         cache_reader = backend(folder)
         cache_reader.dataset = replace(cache_reader.dataset, train_batch_size=4)
-        load = ((lambda: cache_reader._index_from(cache_reader._read_cache()))
-                if way.startswith("json") else cache_reader.load_index)
+        load = cache_reader.load_index
+        if way.startswith("json"):
+            load = lambda: read_legacy_json(folder)  # noqa: E731
+        elif "main warm" in way:
+            from simpletuner.helpers.data_backend.storage import Listing
+
+            c = synthetic_columns(rows, buckets)
+            listing = Listing(c["ids"], c["bytes"], c["change_key"], {})
+            del c
+            load = lambda: main_rank_warm(cache_reader, listing)  # noqa: E731
         if way.endswith("split"):
             reader = lambda: first_batches(cache_reader, load())  # noqa: E731
         else:
@@ -168,13 +211,13 @@ def run_one(way: str, folder: Path) -> dict:
             "peak_mb": peak_rss_mb() - before}
 
 
-WAYS = ("json", "json + split", "binary", "binary + split", "numpy map", "numpy ids",
-        "arrow map", "arrow ids")
+WAYS = ("json", "json + split", "binary", "binary + split", "binary main warm",
+        "binary main warm + split", "numpy map", "numpy ids", "arrow map", "arrow ids")
 
 
 def on_disk(folder: Path, way: str) -> int:
     if way.startswith("json"):
-        return (folder / "out/cache/metadata/bench.json").stat().st_size
+        return (folder / "bench.json").stat().st_size
     if way.startswith("binary"):
         return (folder / "out/cache/metadata/bench.index").stat().st_size
     if way.startswith("numpy"):
@@ -195,16 +238,17 @@ def main() -> None:
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, Path(args.folder))))
+        print(json.dumps(run_one(args.one, Path(args.folder), args.rows, args.buckets)))
         return
     result = {"machine": machine(), "rows": args.rows, "buckets": args.buckets, "ways": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        print(f"writing {args.rows:,} rows three ways...", file=sys.stderr)
+        print(f"writing {args.rows:,} rows four ways...", file=sys.stderr)
         write_all(folder, args.rows, args.buckets)
         for way in args.ways.split(","):
             runs = [json.loads(subprocess.run(
-                [sys.executable, __file__, "--one", way, "--folder", tmp], check=True,
+                [sys.executable, __file__, "--one", way, "--folder", tmp, "--rows",
+                 str(args.rows), "--buckets", str(args.buckets)], check=True,
                 capture_output=True, text=True).stdout) for _ in range(args.repeats)]
             if {r["count"] for r in runs} != {args.rows}:
                 raise RuntimeError(f"{way} read {runs[0]['count']} rows, not {args.rows}")

@@ -3,7 +3,6 @@ incremental updates), listing rules and captions, on images generated in a tempo
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import tempfile
@@ -19,6 +18,7 @@ from discovery_fixtures import (
 )
 from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.metadata.backends import discovery, probe_pool
+from simpletuner.helpers.metadata.index_columns import StringColumn
 from simpletuner.helpers.metadata.index_file import read_columns, write_columns
 from simpletuner.helpers.metadata.split import SortedIds
 from simpletuner.helpers.metadata.backends.base import MetadataBackend, MetadataCacheError
@@ -313,25 +313,27 @@ class CacheTest(TempDirTest):
         with self.assertRaises(MetadataCacheError):
             backend.load_index()
         index = self.refresh(backend)
-        backend.cache_path.write_text("{ not json")
+        backend.cache_path.unlink()  # a new file: the index above keeps its mapping
+        backend.cache_path.write_bytes(b"{ not an index file")
         self.reads.clear()
-        with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING"):
+        with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING") as logs:
             self.assertEqual(self.refresh(self.backend()), index)
+        self.assertIn("not an index file", logs.output[0])
         self.assertEqual(len(self.reads), 4)
-        self.assertEqual(json.loads(backend.cache_path.read_text())["dataset_id"], "photos")
+        self.assertEqual(read_columns(backend.cache_path)[0]["dataset_id"], "photos")
 
     def test_malformed_bucket_rows_are_refused_by_load_index(self):
         self.populate()
         backend = self.backend()
         self.refresh(backend)
-        meta, columns = read_columns(backend.index_path)
+        meta, columns = read_columns(backend.cache_path)
         good = {name: np.array(values) for name, values in columns.items()}
         for damage in (lambda rows: rows.__setitem__(slice(None), rows[::-1].copy()),
                        lambda rows: rows.__setitem__(-1, 10 ** 6),
                        lambda rows: rows.__setitem__(0, -1)):
             damaged = {name: values.copy() for name, values in good.items()}
             damage(damaged["bucket_rows"])  # written whole: only the rows are wrong
-            write_columns(backend.index_path, meta, damaged)
+            write_columns(backend.cache_path, meta, damaged)
             with self.assertRaisesRegex(MetadataCacheError, "malformed index"):
                 self.backend().load_index()
 
@@ -339,17 +341,20 @@ class CacheTest(TempDirTest):
         self.populate()
         backend = self.backend()
         index = self.refresh(backend)
-        cache = json.loads(backend.cache_path.read_text())
-        ids = cache["files"]["ids"]
+        meta, columns = read_columns(backend.cache_path)
+        column = StringColumn(columns["id_bytes"], columns["id_starts"])
+        ids = column.many(np.arange(len(column)))
         first, second = ids.index(index.buckets["64x64"][0]), ids.index(index.buckets["64x64"][1])
         ids[first], ids[second] = ids[second], ids[first]  # rows still ascend, ids do not
-        backend.cache_path.write_text(json.dumps(cache))
+        swapped = StringColumn.encode(ids)
+        write_columns(backend.cache_path, meta, {**columns, "id_bytes": swapped.blob,
+                                                 "id_starts": swapped.starts})
         # It keeps the digest recorded for the main rank's content: the main rank must not
-        # take its rows, nor write them into the index the other ranks load.
+        # take its rows, nor keep them in the index the other ranks load.
         self.reads.clear()
         with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING") as logs:
             self.assertEqual(self.refresh(self.backend()).digest(), index.digest())
-        self.assertIn("the ids of 'files' are not ascending strings", logs.output[0])
+        self.assertIn("the ids of the file table are not ascending strings", logs.output[0])
         self.assertEqual(len(self.reads), 13)  # the main rank rebuilt it from the images
         self.assertEqual(self.backend().load_index(), index)
 
@@ -357,10 +362,8 @@ class CacheTest(TempDirTest):
         self.populate(3)
         backend = self.backend()
         index = self.refresh(backend)
-        cache = json.loads(backend.cache_path.read_text())
-        cache["files"]["width"].pop()
-        backend.cache_path.write_text(json.dumps(cache))
-        backend.index_path.unlink()  # as a cache written before the mapped index was
+        meta, columns = read_columns(backend.cache_path)
+        write_columns(backend.cache_path, meta, {**columns, "width": columns["width"][:-1]})
         with self.assertLogs("simpletuner.helpers.metadata.backends.base", "WARNING") as logs:
             with self.assertRaises(MetadataCacheError):
                 self.backend().load_index()

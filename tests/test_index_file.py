@@ -1,7 +1,6 @@
-"""The mapped index every rank loads (index_columns.py, index_file.py): the same index as the
+"""The mapped index every rank loads (index_cache.py, index_file.py): the same index as the
 main rank built, ids decoded exactly (names that are not UTF-8 too), the same split, and a
-truncated, damaged or missing file refused and rewritten by the main rank without reading an
-image."""
+truncated, damaged or missing file refused, then rebuilt by the main rank."""
 
 from __future__ import annotations
 
@@ -13,9 +12,16 @@ import numpy as np
 
 from discovery_fixtures import dataset_config, encode, image, training_config, write
 from simpletuner.helpers.metadata.backends.base import MetadataBackend, MetadataCacheError
+from simpletuner.helpers.metadata.backends.table_columns import ArrowTexts
+from simpletuner.helpers.data_backend.storage import Listing
+from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import DatasetIndex
-from simpletuner.helpers.metadata.index_columns import MappedIds, StringColumn
-from simpletuner.helpers.metadata.split import split_dataset
+from simpletuner.helpers.metadata.index_cache import (
+    DIGEST_KEY, LoadedIndex, cache_columns, cache_meta, load_cache,
+)
+from simpletuner.helpers.metadata.index_file import write_columns
+from simpletuner.helpers.metadata.index_history import data_digest
+from simpletuner.helpers.metadata.index_columns import MappedIds, StringColumn, TextColumn
 
 SIZES = [(96, 64), (64, 96), (64, 64), (64, 64), (128, 64), (96, 64), (64, 64)]
 ODD_NAMES = ["", "a", "caf\udce9.png", "lone\ud800.png", "ünï/ß.webp", "z" * 300]
@@ -45,9 +51,26 @@ class StringColumnTest(unittest.TestCase):
     def test_a_name_holding_a_nul_is_refused_and_a_caption_kept(self):
         with self.assertRaisesRegex(ValueError, "NUL"):
             StringColumn.encode(["a\0b"])
-        captions = ["first", "a\0b\0", "", "ünï"]
-        column = StringColumn.encode(captions, may_hold_nul=True)
+        captions = ["first", "a\0b\0", "", "ünï", "caf\udce9"]
+        column = TextColumn.encode(captions)
         self.assertEqual([column.at(row) for row in range(len(column))], captions)
+
+
+    def test_a_tables_captions_are_laid_out_alike_from_their_arrow_buffers(self):
+        import pyarrow
+
+        texts = ["a", None, "", "ünï\0x", "caf\u00e9 last", None]
+        whole = pyarrow.array(texts, pyarrow.string())
+        for array in (whole, whole.slice(1), whole.slice(2, 3), pyarrow.array([], "string"),
+                      pyarrow.array([None, None], pyarrow.string())):
+            with self.subTest(array=array.to_pylist()):
+                blob, starts, known = ArrowTexts(array).text_column()
+                column = TextColumn(blob, starts)
+                cells = array.to_pylist()
+                self.assertEqual([column.at(row) for row in range(len(column))],
+                                 [text or "" for text in cells])
+                self.assertEqual(known.tolist(), [text is not None for text in cells])
+                self.assertEqual(bytes(blob), "".join(text or "" for text in cells).encode())
 
 
 class MappedIndexTest(unittest.TestCase):
@@ -102,16 +125,17 @@ class MappedIndexTest(unittest.TestCase):
             self.backend().load_index()
         main = self.backend()
         self.assertEqual(main.refresh_index(show_progress=False), self.built)
-        self.assertEqual(main.last_refresh.read, 0)  # no image read to rewrite it
+        self.assertEqual(main.last_refresh.read, len(SIZES) + 1)  # the one record: read again
+        self.assertTrue(main.last_refresh.cache_written)
         self.assertEqual(self.backend().load_index(), self.built)
 
     def test_a_truncated_file_is_refused_and_rewritten(self):
-        path = self.backend().index_path
+        path = self.backend().cache_path
         path.write_bytes(path.read_bytes()[:-100])
         self.assert_refused_then_rewritten("truncated")
 
     def test_a_damaged_byte_is_refused_and_rewritten(self):
-        path = self.backend().index_path
+        path = self.backend().cache_path
         for at, damage in ((-5, "CRC-32"), (40, "damaged")):  # a column's byte, the header's
             with self.subTest(damage):
                 data = bytearray(path.read_bytes())
@@ -119,13 +143,45 @@ class MappedIndexTest(unittest.TestCase):
                 path.write_bytes(bytes(data))
                 self.assert_refused_then_rewritten(damage)
 
-    def test_a_cache_from_before_the_index_file_gains_it_once(self):
-        path = self.backend().index_path
+    def test_a_missing_cache_is_written_once_then_kept(self):
+        path = self.backend().cache_path
         path.unlink()
         self.assert_refused_then_rewritten("no usable metadata cache")
         written = path.stat().st_mtime_ns
         self.backend().refresh_index(show_progress=False)
         self.assertEqual(path.stat().st_mtime_ns, written)  # whole and current: kept
+
+
+class SameFilesTest(unittest.TestCase):
+    """A table source's warm start takes the cache only for the very files it was built from."""
+
+    def cache_for(self, folder: Path, change_keys: list) -> LoadedIndex:
+        ids = ["a.png", "b/c.png", "caf\udce9.png"]
+        files = FileTable(ids, [10, 20, 30], change_keys, [64] * 3, [64] * 3)
+        rows = {"64x64": [0, 1, 2]}
+        columns = cache_columns(files, rows, None)
+        meta = cache_meta("d", {}, {}, files, rows, [],
+                          {DIGEST_KEY: data_digest(columns, files, rows, []), "index_digest": ""})
+        write_columns(folder / "d.index", meta, columns)
+        return load_cache(folder / "d.index")
+
+    def test_any_difference_in_ids_sizes_or_change_keys_is_seen(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        for keys, other_key in (([1, 2, 3], 4), (['"e1"', '"e2"', "e3"], "e4"),
+                                (["1", "2", "3"], "4")):  # ETags of digits stay text
+            cached = self.cache_for(Path(tmp.name), keys)
+            ids, sizes = list(cached.ids), [10, 20, 30]
+            with self.subTest(keys=keys):
+                self.assertTrue(cached.same_files(Listing(ids, sizes, keys, {})))
+                self.assertEqual(cached.file_table().change_keys, keys)
+                for changed in (Listing(ids[:2], sizes[:2], keys[:2], {}),
+                                Listing(["a.png", "b/d.png", ids[2]], sizes, keys, {}),
+                                Listing(ids, [10, 21, 30], keys, {}),
+                                Listing(ids, sizes, keys[:2] + [other_key], {}),
+                                Listing(ids, sizes, [str(k) if isinstance(k, int) else int(
+                                    k.strip('"')[-1]) for k in keys], {})):
+                    self.assertFalse(cached.same_files(changed), changed)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from simpletuner.common.atomic import LONG_LIST, atomic_write_json
-from simpletuner.helpers.metadata.file_table import shared_ints
 
 
 class Column(Sequence):
@@ -53,16 +52,6 @@ class StreamedJsonTest(unittest.TestCase):
             with self.subTest(length=length):
                 self.assertEqual(json.loads(self.written({"texts": Column(texts)})),
                                  {"texts": texts})
-
-
-class SharedIntsTest(unittest.TestCase):
-    def test_equal_values_share_one_object(self):
-        import numpy as np
-
-        values = np.array([512 + 64 * (i % 5) for i in range(10_000)], dtype=np.int64)
-        shared = shared_ints(values)
-        self.assertEqual(shared, values.tolist())
-        self.assertEqual(len({id(v) for v in shared}), 5)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ class PlanCommandTest(unittest.TestCase):
         with Image.open(histogram) as png:
             self.assertEqual(png.format, "PNG")
 
-        cache = self.output / "cache" / "metadata" / "mixed.json"
+        cache = self.output / "cache" / "metadata" / "mixed.index"
         cache_mtime = cache.stat().st_mtime_ns
         second = run_plan(self.config, "--json")
         self.assertEqual(second.returncode, 0, second.stderr)

@@ -4,6 +4,7 @@ names the files added, removed, rewritten or moved since the checkpoint."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -12,12 +13,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
+import numpy as np
+
 from discovery_fixtures import dataset_config, encode, image, touch_later, training_config, write
 from training_fixtures import make_shapes, run_training, write_config
 from simpletuner.helpers.metadata.backends import probe_pool
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.data_changes import describe_file_changes
-from simpletuner.helpers.metadata.index_history import DIGEST_KEY, KEPT_VERSIONS, cache_digest
+from simpletuner.helpers.metadata.file_table import FileTable
+from simpletuner.helpers.metadata.index_cache import DIGEST_KEY, cache_columns, load_cache
+from simpletuner.helpers.metadata.index_history import KEPT_VERSIONS, data_digest
 from simpletuner.helpers.metadata.startup import DataStartup, build_sampler
 
 SAMPLER_LOG = "simpletuner.helpers.multiaspect.sampler"
@@ -25,6 +30,22 @@ SAMPLER_LOG = "simpletuner.helpers.multiaspect.sampler"
 
 def png(width: int, height: int, seed: int = 0) -> bytes:
     return encode(image(width, height, seed=seed), "PNG")
+
+
+def digest_of(cache: dict) -> str:
+    """data_digest of a cache given as plain lists (cache_of's shape, with its skips)."""
+    files, index = cache["files"], cache["index"]
+    table = FileTable(files["ids"], files["bytes"], files["change_key"],
+                      [64] * len(files["ids"]), [64] * len(files["ids"]))
+    return data_digest(cache_columns(table, index["buckets"], None), table, index["buckets"],
+                       index.get("skipped", []))
+
+
+def digest_of_file(path: Path) -> str:
+    """The digest of a kept cache file's own content, recomputed from its columns."""
+    loaded = load_cache(path)
+    return digest_of({**loaded.change_view(), "index": {
+        **loaded.change_view()["index"], "skipped": loaded.meta["skipped"]}})
 
 
 class ChangedDataTest(unittest.TestCase):
@@ -83,8 +104,9 @@ class ChangedDataTest(unittest.TestCase):
     def test_the_checkpoint_holds_a_digest_not_the_samples(self):
         state = self.saved_state()
         self.assertEqual(set(state), {"epoch", "step", "fingerprint", "data"})
-        cache = json.loads((self.root / "out/cache/metadata/photos.json").read_text())
-        self.assertEqual(state["data"], {"photos": cache[DIGEST_KEY]})
+        cache = load_cache(self.root / "out/cache/metadata/photos.index")
+        self.assertEqual(state["data"], {"photos": cache.meta[DIGEST_KEY]})
+        self.assertEqual(state["data"], {"photos": digest_of_file(cache_path(self.root))})
         self.assertNotIn("sq/", json.dumps(state))
 
     def test_the_replaced_cache_is_kept_under_previous_by_its_digest(self):
@@ -93,9 +115,10 @@ class ChangedDataTest(unittest.TestCase):
         self.assertFalse(previous.exists(), "nothing changed, nothing kept")
         write(self.data, "sq/new.png", png(64, 64))
         self.sampler(self.backend())
-        kept = json.loads((previous / f"{state['data']['photos']}.json").read_text())
-        self.assertEqual(cache_digest(kept), state["data"]["photos"])
-        self.assertNotIn("sq/new.png", kept["files"]["ids"])
+        kept = previous / f"{state['data']['photos']}.index"
+        self.assertEqual(digest_of_file(kept), state["data"]["photos"])
+        self.assertNotIn("sq/new.png", list(load_cache(kept).ids))
+        self.assertIn("sq/new.png", list(load_cache(cache_path(self.root)).ids))
 
     def test_without_hard_links_the_replaced_cache_is_copied(self):
         state = self.saved_state()
@@ -104,8 +127,9 @@ class ChangedDataTest(unittest.TestCase):
         with mock.patch("simpletuner.helpers.metadata.index_history.os.link",
                         side_effect=refused):
             self.sampler(self.backend())
-        kept = self.root / f"out/cache/metadata/previous/photos/{state['data']['photos']}.json"
-        self.assertEqual(cache_digest(json.loads(kept.read_text())), state["data"]["photos"])
+        kept = self.root / f"out/cache/metadata/previous/photos/{state['data']['photos']}.index"
+        self.assertEqual(digest_of_file(kept), state["data"]["photos"])
+        self.assertEqual(kept.stat().st_nlink, 1)  # a copy, not a link
         self.assertIn("1 added (sq/new.png)", self.resume_warning(state))
 
     def test_only_the_newest_versions_are_kept_and_an_older_one_is_said_to_be_gone(self):
@@ -114,7 +138,7 @@ class ChangedDataTest(unittest.TestCase):
             write(self.data, f"sq/new{i}.png", png(64, 64))
             self.sampler(self.backend())
         previous = self.root / "out/cache/metadata/previous/photos"
-        self.assertEqual(len(list(previous.glob("*.json"))), KEPT_VERSIONS)
+        self.assertEqual(len(list(previous.glob("*.index"))), KEPT_VERSIONS)
         message = self.resume_warning(state)
         self.assertIn("the index cache the checkpoint was saved with is no longer kept", message)
         self.assertNotIn("added", message)
@@ -123,14 +147,12 @@ class ChangedDataTest(unittest.TestCase):
         state = self.saved_state()
         write(self.data, "sq/new.png", png(64, 64))
         self.sampler(self.backend())
-        kept = self.root / f"out/cache/metadata/previous/photos/{state['data']['photos']}.json"
-        damaged = json.loads(kept.read_text())
-        del damaged["files"]["change_key"]
-        kept.write_text(json.dumps(damaged))
+        kept = self.root / f"out/cache/metadata/previous/photos/{state['data']['photos']}.index"
+        kept.write_bytes(kept.read_bytes()[:-10])
         resumed = self.sampler(self.backend())
         with self.assertLogs(SAMPLER_LOG, "WARNING") as logs:
             resumed.load_state_dict(state)
-        self.assertIn(f"the kept index cache {kept} is damaged (KeyError",
+        self.assertIn(f"the kept index cache {kept} is damaged (IndexFileError",
                       logs.records[0].getMessage())
         self.assertEqual((resumed.epoch, resumed.step), (state["epoch"], state["step"]))
 
@@ -157,17 +179,17 @@ class ChangedDataTest(unittest.TestCase):
         self.assertIn("datasets.photos.index:", logs.records[0].getMessage())
         self.assertNotIn("files:", logs.records[0].getMessage())
 
-    def test_a_cache_from_before_digests_gains_one_without_reading_a_header(self):
-        self.saved_state()
-        path = self.root / "out/cache/metadata/photos.json"
-        cache = json.loads(path.read_text())
-        digest = cache.pop(DIGEST_KEY)
-        path.write_text(json.dumps(cache))
-        self.reads.clear()
-        state = self.sampler(self.backend()).state_dict()
-        self.assertEqual(self.reads, [])
-        self.assertEqual(json.loads(path.read_text())[DIGEST_KEY], digest)
-        self.assertEqual(state["data"]["photos"], digest)
+    def test_the_json_cache_of_an_earlier_version_is_removed_once_replaced(self):
+        legacy = self.root / "out/cache/metadata/photos.json"
+        legacy.parent.mkdir(parents=True)
+        legacy.write_text('{"version": 5, "files": {}}')
+        state = self.saved_state()
+        self.assertFalse(legacy.exists())
+        self.assertEqual(state["data"]["photos"], digest_of_file(cache_path(self.root)))
+
+
+def cache_path(root: Path) -> Path:
+    return root / "out/cache/metadata/photos.index"
 
 
 class ResumedTrainingTest(unittest.TestCase):
@@ -239,13 +261,15 @@ class DescribeTest(unittest.TestCase):
 
 
 class DigestTest(unittest.TestCase):
-    def test_every_part_of_the_sample_table_changes_the_digest(self):
-        base = {**cache_of({"64x64": ["a.png", "b.png"], "64x128": ["t.png"]}),
-                "settings": {"resolution": 64}}
+    def base(self) -> dict:
+        base = cache_of({"64x64": ["a.png", "b.png"], "64x128": ["t.png"]})
         base["index"]["skipped"] = []
-        digest = cache_digest(base)
-        self.assertEqual(cache_digest(json.loads(json.dumps(base))), digest)
-        self.assertEqual(cache_digest({**base, "settings": {"resolution": 32}}), digest)
+        return base
+
+    def test_every_part_of_the_sample_table_changes_the_digest(self):
+        base = self.base()
+        digest = digest_of(base)
+        self.assertEqual(digest_of(json.loads(json.dumps(base))), digest)
         changes = {
             "an id": lambda c: c["files"]["ids"].__setitem__(0, "caf\udce9.png"),
             "a size": lambda c: c["files"]["bytes"].__setitem__(1, 11),
@@ -260,11 +284,26 @@ class DigestTest(unittest.TestCase):
             with self.subTest(what):
                 changed = json.loads(json.dumps(base))
                 change(changed)
-                self.assertNotEqual(cache_digest(changed), digest)
+                self.assertNotEqual(digest_of(changed), digest)
 
-    def test_a_recorded_digest_is_taken_as_it_is(self):
-        cache = cache_of({"64x64": ["a.png"]})
-        self.assertEqual(cache_digest({**cache, DIGEST_KEY: "recorded"}), "recorded")
+    def test_the_definition_is_the_one_older_checkpoints_recorded(self):
+        """SHA-256 of the row count, the ids joined by NUL, sizes and change keys as int64
+        (ETags as JSON), each bucket's key (JSON) and rows (int64), and the skips (JSON): the
+        JSON cache's definition, so a checkpoint saved before the binary cache still matches."""
+        for keys in ([1, 1, 1], ["e1", "e2", "e3"]):
+            cache = self.base()
+            cache["files"]["change_key"] = keys
+            cache["index"]["skipped"] = [["z.png", "too small"]]
+            files, index = cache["files"], cache["index"]
+            want = hashlib.sha256((3).to_bytes(8, "little"))
+            want.update("\0".join(files["ids"]).encode("utf-8"))
+            want.update(np.asarray(files["bytes"], np.int64).tobytes())
+            want.update(np.asarray(keys, np.int64).tobytes() if isinstance(keys[0], int)
+                        else json.dumps(keys, ensure_ascii=False).encode("utf-8"))
+            for key, rows in sorted(index["buckets"].items()):
+                want.update(json.dumps(key).encode("utf-8") + np.asarray(rows, np.int64).tobytes())
+            want.update(json.dumps(index["skipped"]).encode("utf-8"))
+            self.assertEqual(digest_of(cache), want.hexdigest())
 
 
 if __name__ == "__main__":

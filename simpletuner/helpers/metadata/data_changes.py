@@ -2,8 +2,9 @@
 
 A resume on changed data warns once (sampler.py); this says which files were added, removed,
 rewritten, moved to another bucket, or newly skipped or taken in. Both sides are index caches
-(backends/base.py's JSON): the one the checkpoint's run started from, kept by index_history.py,
-and the current one. Pure: plain dicts in, lines of text out.
+(index_cache.py, as ``LoadedIndex.change_view`` gives them): the one the checkpoint's run
+started from, kept by index_history.py, and the current one. Pure: plain dicts in, lines of
+text out.
 """
 
 from __future__ import annotations

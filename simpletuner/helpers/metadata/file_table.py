@@ -1,10 +1,8 @@
-"""What each file's header said, as parallel columns: the ``files`` part of the metadata cache.
+"""What each file's header said, as parallel columns: the file table of the index cache.
 
 A row is valid while the file's byte size and change key (local: mtime_ns; S3: ETag) are
-unchanged. Columns instead of a record
-per file keep a warm start of a large dataset cheap: the JSON holds a few long lists of strings
-and ints, which parse faster than a list per file and leave nothing for the garbage collector
-to walk (benchmarks/PERFORMANCE.md, bench_discovery.py).
+unchanged. Columns instead of a record per file are what the cache stores (index_cache.py) and
+leave nothing for the garbage collector to walk (benchmarks/PERFORMANCE.md, bench_discovery.py).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -26,22 +24,14 @@ if TYPE_CHECKING:  # clip_probe imports PyAV, which image datasets never need
 from simpletuner.helpers.metadata.index import SizesView
 from simpletuner.helpers.metadata.split import SortedIds
 
-_COLUMNS = ("ids", "bytes", "change_key", "width", "height")
-# a clip table's columns besides those (ClipProbe's fields); an image table has none of them
+# a clip table's columns besides the image ones (ClipProbe's fields); an image table has none
 CLIP_COLUMNS = ("frames", "fps", "counted_by")
 _UNKNOWN = {"frames": 0, "fps": "", "counted_by": ""}
 
 
-def shared_ints(values) -> list[int]:
-    """An integer array as a list in which equal values are one int object: sizes repeat (a
-    few dozen distinct widths in a million rows), and an int object per row is 28 bytes."""
-    distinct, which = np.unique(np.asarray(values), return_inverse=True)
-    return list(map(distinct.tolist().__getitem__, which.tolist()))
-
-
-def _ascending_strings(ids: list) -> bool:
+def ascending_strings(ids: list) -> bool:
     """A C loop (~0.06 s per 1 M ids): the table's order is the canonical order the split
-    relies on, and a rank trusts the digest recorded with it (backends/base.py)."""
+    relies on, and a rank trusts the digest recorded with it (index_cache.py)."""
     if ids and not isinstance(ids[0], str):
         return False
     try:  # a str compared with anything else raises
@@ -51,7 +41,7 @@ def _ascending_strings(ids: list) -> bool:
 
 
 class FileTableFormatError(ValueError):
-    """The cached columns are not a table this code wrote."""
+    """The cached columns are not a table this code would write."""
 
 
 @dataclass
@@ -62,38 +52,15 @@ class FileTable:
     ids: list[str] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)      # bytes
     change_keys: list[ChangeKey] = field(default_factory=list)
-    widths: list[int] = field(default_factory=list)     # EXIF-oriented
-    heights: list[int] = field(default_factory=list)
+    # EXIF-oriented; a list, or a table's numpy column (no int object per row)
+    widths: list[int] | np.ndarray = field(default_factory=list)
+    heights: list[int] | np.ndarray = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # sample id -> why it is skipped
     clips: dict[str, list] | None = None  # a clip table's CLIP_COLUMNS; None for images
 
     @classmethod
     def for_clips(cls) -> "FileTable":
         return cls(clips={name: [] for name in CLIP_COLUMNS})
-
-    def to_json(self) -> dict[str, Any]:
-        columns = {"ids": self.ids, "bytes": self.sizes, "change_key": self.change_keys,
-                   "width": self.widths, "height": self.heights, "errors": self.errors}
-        return columns if self.clips is None else {**columns, "clips": self.clips}
-
-    @classmethod
-    def from_json(cls, data: Any) -> "FileTable":
-        if not isinstance(data, dict) or not isinstance(data.get("errors"), dict):
-            raise FileTableFormatError("'files' is not a table of columns")
-        columns = [data.get(name) for name in _COLUMNS]
-        if not all(isinstance(column, list) for column in columns):
-            raise FileTableFormatError(f"'files' lacks one of the columns {', '.join(_COLUMNS)}")
-        if len({len(column) for column in columns}) != 1:
-            raise FileTableFormatError("the columns of 'files' differ in length")
-        if not _ascending_strings(columns[0]):
-            raise FileTableFormatError("the ids of 'files' are not ascending strings")
-        clips = data.get("clips")
-        if clips is not None and not (isinstance(clips, dict) and set(clips) == set(CLIP_COLUMNS)
-                                      and all(isinstance(clips[n], list)
-                                              and len(clips[n]) == len(columns[0])
-                                              for n in CLIP_COLUMNS)):
-            raise FileTableFormatError(f"'files.clips' is not the columns {CLIP_COLUMNS}")
-        return cls(*columns, data["errors"], clips)
 
     def reconcile(self, listing: Listing) -> tuple["FileTable", list[int], int]:
         """(rows for the listed files, positions whose header must be read, rows forgotten).
@@ -172,7 +139,7 @@ class ImageSizes(SizesView):
         if (row == len(ids) or ids[row] != sample_id or not self._table.widths[row]
                 or sample_id in self._excluded):
             raise KeyError(sample_id)
-        return self._table.widths[row], self._table.heights[row]
+        return int(self._table.widths[row]), int(self._table.heights[row])
 
     def __iter__(self) -> Iterator[str]:
         return (sample_id for sample_id, width in zip(self._table.ids, self._table.widths)

@@ -1,12 +1,7 @@
-"""The bucket index as memory-mapped columns: what every rank loads at start-up.
+"""Views of the index cache's memory-mapped columns (index_cache.py): ids, sizes, captions.
 
-The main process writes ``<cache>/metadata/<dataset id>.index`` (index_file.py) beside the JSON
-cache: the sorted ids as one UTF-8 blob (each id followed by a NUL, which no file name holds)
-with offsets, the widths and heights, each bucket as ascending rows of that table, the captions
-the index keeps, and in the header the settings, skips and digests. A rank maps it instead of
-parsing millions of strings: an id becomes a Python str only when it is asked for (the samples
-of a micro-batch, the trace, a lookup by bisection), so loading costs the same at any size
-(benchmarks/bench_index_cache.py).
+An id becomes a Python str only when it is asked for (the samples of a micro-batch, the trace,
+a lookup by bisection), so a bucket of millions costs its row numbers, not millions of strings.
 """
 
 from __future__ import annotations
@@ -14,18 +9,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from simpletuner.helpers.metadata.clip_timing import needs_retiming
-from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex, SizesView, SkippedFile
-from simpletuner.helpers.metadata.index_history import DIGEST_KEY
-from simpletuner.helpers.metadata.index_file import IndexFileError, read_columns, write_columns
+from simpletuner.helpers.metadata.index import SizesView
 from simpletuner.helpers.metadata.split import SortedIds
-from simpletuner.helpers.metadata.video_buckets import bucket_frames
 
-VERSION = 1  # of the index file's columns and header; another is rewritten by the main rank
 _ENCODING = ("utf-8", "surrogatepass")  # any str, lone surrogates too, round-trips exactly
 _DECODED_AT_ONCE = 1 << 16  # ids decoded per step when iterating
 
@@ -37,16 +26,12 @@ class StringColumn:
         self.blob, self.starts = blob, starts  # starts: one per string, then the blob's end
 
     @classmethod
-    def encode(cls, texts: Sequence[str], *, may_hold_nul: bool = False) -> "StringColumn":
-        """``may_hold_nul``: found by each string's length where one holds a NUL (a caption
-        may; ``many`` cannot split those, ``at`` reads them whole)."""
+    def encode(cls, texts: Sequence[str]) -> "StringColumn":
         blob = ("\0".join(texts) + "\0").encode(*_ENCODING) if texts else b""
         data = np.frombuffer(blob, dtype=np.uint8)
         ends = np.flatnonzero(data == 0)
         if len(ends) != len(texts):
-            if not may_hold_nul:
-                raise ValueError("a string holds a NUL character, which this column cannot store")
-            ends = np.cumsum([len(text.encode(*_ENCODING)) + 1 for text in texts]) - 1
+            raise ValueError("a string holds a NUL character, which this column cannot store")
         return cls(data, np.concatenate(([0], ends + 1)).astype(np.int64))
 
     def __len__(self) -> int:
@@ -64,6 +49,27 @@ class StringColumn:
         shift = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
         gathered = self.blob[np.arange(int(lengths.sum()), dtype=np.int64) + shift]
         return gathered.tobytes().decode(*_ENCODING).split("\0")[:-1]
+
+
+class TextColumn:
+    """Texts one after the other in one blob, any character allowed (Arrow's layout: a table's
+    captions are taken as they are), and the offsets of their starts and of the blob's end."""
+
+    def __init__(self, blob: np.ndarray, starts: np.ndarray):
+        self.blob, self.starts = blob, starts
+
+    @classmethod
+    def encode(cls, texts: Sequence[str]) -> "TextColumn":
+        encoded = [text.encode(*_ENCODING) for text in texts]
+        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        return cls(np.frombuffer(b"".join(encoded), np.uint8),
+                   np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def at(self, row: int) -> str:
+        return self.blob[self.starts[row]:self.starts[row + 1]].tobytes().decode(*_ENCODING)
 
 
 class MappedIds(SortedIds):
@@ -141,7 +147,7 @@ class MappedCaptions:
     """The captions the index keeps (CaptionTable's ``text_of``), decoded per lookup."""
 
     ids: MappedIds
-    texts: StringColumn
+    texts: TextColumn
     known: np.ndarray  # bool per row: False where no caption is kept
 
     def text_of(self, sample_id: str) -> str | None:
@@ -149,120 +155,3 @@ class MappedCaptions:
         if row == len(self.ids) or self.ids[row] != sample_id or not self.known[row]:
             return None
         return self.texts.at(row)
-
-
-def index_columns(ids: Sequence[str], widths: Sequence[int], heights: Sequence[int],
-                  rows: Mapping[str, Sequence[int]],
-                  captions: Sequence[str | None] | None) -> dict[str, np.ndarray]:
-    """The columns of an index: the file table's ``ids``/sizes, the buckets' ``rows`` (in the
-    sorted key order the header lists) and the captions aligned with the ids, if kept."""
-    id_column = StringColumn.encode(ids)
-    keys = sorted(rows)
-    columns = {"id_bytes": id_column.blob, "id_starts": id_column.starts,
-               "width": np.asarray(widths, np.int32), "height": np.asarray(heights, np.int32),
-               "bucket_rows": np.concatenate([np.asarray(rows[key], np.int64) for key in keys]
-                                             or [np.zeros(0, np.int64)]),
-               "bucket_starts": np.cumsum([0] + [len(rows[key]) for key in keys], dtype=np.int64)}
-    if captions is not None:
-        texts = StringColumn.encode([text or "" for text in captions], may_hold_nul=True)
-        columns.update(caption_bytes=texts.blob, caption_starts=texts.starts,
-                       caption_known=np.array([text is not None for text in captions], bool))
-    return columns
-
-
-def index_meta(cache: Mapping[str, Any], clips: dict[str, list] | None,
-               target_fps: int | None = None) -> dict[str, Any]:
-    """The header of the index file made from the JSON cache ``cache`` (its digests recorded:
-    backends/base.py), with a video table's clip columns (clip sets are small) and video.fps,
-    which re-times the clips recorded at another rate."""
-    index = cache["index"]
-    if clips is not None:
-        clips = {**clips, "target_fps": target_fps}
-    return {"version": VERSION, "dataset_id": cache["dataset_id"], "settings": cache["settings"],
-            DIGEST_KEY: cache[DIGEST_KEY], "index_digest": index["digest"],
-            "buckets": sorted(index["buckets"]), "skipped": index["skipped"], "clips": clips}
-
-
-def write_if_stale(path, meta: dict[str, Any], files, rows: Mapping[str, Sequence[int]],
-                   captions: Sequence[str | None] | None) -> bool:
-    """Write the index of ``files`` (a FileTable) with ``meta`` at ``path`` unless the file
-    there is whole and holds this very ``meta`` (which names the JSON cache by its digests): so
-    a cache written before there was one gains it once, and a damaged or truncated one is
-    replaced, never trusted. True if written."""
-    try:
-        if load_columns(path).meta == meta:
-            return False
-    except IndexFileError:
-        pass  # missing, from before, damaged: written now
-    write_columns(path, meta, index_columns(files.ids, files.widths, files.heights, rows,
-                                            captions))
-    return True
-
-
-@dataclass(frozen=True)
-class LoadedIndex:
-    meta: dict[str, Any]
-    buckets: dict[str, MappedIds]
-    sizes: MappedSizes
-    captions: MappedCaptions | None
-    clips: dict[str, ClipPlan]
-
-    def index(self) -> DatasetIndex:
-        """The DatasetIndex, with the digest the main rank recorded (no id is hashed)."""
-        skipped = [SkippedFile(path, reason) for path, reason in self.meta["skipped"]]
-        index = DatasetIndex(self.meta["dataset_id"], self.buckets, self.sizes, skipped,
-                             self.clips)
-        index.set_digest(self.meta["index_digest"])
-        return index
-
-
-def load_columns(path) -> LoadedIndex:
-    """The index file at ``path`` mapped; IndexFileError if it is not a whole, undamaged one."""
-    meta, c = read_columns(path)
-    if meta.get("version") != VERSION:
-        raise IndexFileError(f"{path}: written by another version ({meta.get('version')})")
-    try:
-        ids = MappedIds(StringColumn(c["id_bytes"], c["id_starts"]))
-        keys, starts, rows = meta["buckets"], c["bucket_starts"], c["bucket_rows"]
-        _check_rows(rows, starts, len(keys), len(ids))
-        buckets = {key: MappedIds(ids.column, rows[starts[n]:starts[n + 1]])
-                   for n, key in enumerate(keys)}
-        excluded = frozenset(sample_id for sample_id, _ in meta["skipped"])
-        captions = None
-        if "caption_bytes" in c:
-            captions = MappedCaptions(ids, StringColumn(c["caption_bytes"], c["caption_starts"]),
-                                      c["caption_known"])
-        clips = _clip_plans(buckets, meta.get("clips"))
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise IndexFileError(f"{path}: a malformed index ({exc})") from exc
-    return LoadedIndex(meta, buckets, MappedSizes(ids, c["width"], c["height"], excluded),
-                       captions, clips)
-
-
-def _check_rows(rows: np.ndarray, starts: np.ndarray, buckets: int, table_rows: int) -> None:
-    """Each bucket ascending rows of the table (a few numpy passes: 0.05 s at 10 M rows), so
-    its ids come out in canonical order without comparing one."""
-    if len(starts) != buckets + 1 or starts[0] != 0 or starts[-1] != len(rows) or np.any(
-            np.diff(starts) < 0):
-        raise ValueError("the buckets' starts do not partition their rows")
-    if len(rows) and (rows.min() < 0 or rows.max() >= table_rows):
-        raise ValueError("a bucket's row lies outside the table")
-    steps = np.diff(rows) > 0
-    steps[starts[1:-1] - 1] = True  # where one bucket ends and the next begins
-    if not steps.all():
-        raise ValueError("a bucket's rows do not ascend")
-
-
-def _clip_plans(buckets: dict[str, MappedIds], clips: dict[str, list] | None) -> dict:
-    """A video index's ClipPlans, from the clip columns in the header (clip sets are small)."""
-    if clips is None:
-        return {}
-    target, plans = clips.get("target_fps"), {}
-    for key, ids in buckets.items():
-        frames = bucket_frames(key)
-        for row, sample_id in zip(ids.rows_of(np.arange(len(ids))).tolist(), ids):
-            rate = clips["fps"][row]
-            plans[sample_id] = ClipPlan(frames, rate, clips["frames"][row],
-                                        clips["counted_by"][row],
-                                        target if needs_retiming(rate, target) else None)
-    return plans

@@ -1,58 +1,50 @@
 """Earlier versions of a dataset's index cache, so a resume on changed data can name the files.
 
 A checkpoint does not carry the dataset: its sampler state holds, per dataset, the digest of
-the index cache its run started from (``cache_digest``: the listed files with their sizes and
+the index cache its run started from (``data_digest``: the listed files with their sizes and
 change keys, and the buckets), a few dozen bytes at any dataset size. When the main process
-replaces an index cache with a different one, the old file is kept as
-``<cache>/metadata/previous/<dataset id>/<digest>.json`` (the newest ``KEPT_VERSIONS``), so a
+replaces an index cache with one of another digest, the old file is kept as
+``<cache>/metadata/previous/<dataset id>/<digest>.index`` (the newest ``KEPT_VERSIONS``), so a
 resume that finds another digest compares that file with the current one (data_changes.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from simpletuner.common.atomic import atomic_write_json, atomic_write_with, json_text
+from simpletuner.common.atomic import atomic_write_with, json_text
 from simpletuner.helpers.metadata.data_changes import describe_file_changes
+from simpletuner.helpers.metadata.file_table import FileTable
+from simpletuner.helpers.metadata.index_cache import (
+    DIGEST_KEY, LoadedIndex, load_cache, same_content,
+)
+from simpletuner.helpers.metadata.index_file import IndexFileError, write_columns
 
 PREVIOUS_FOLDER = "previous"
 KEPT_VERSIONS = 3  # per dataset; each is as large as the index cache
-DIGEST_KEY = "data_digest"
+LEGACY_SUFFIX = ".json"  # the JSON index cache of versions before the mapped one
 
 
-def cache_digest(cache: Mapping[str, Any]) -> str:
+def data_digest(columns: Mapping[str, np.ndarray], files: FileTable,
+                rows: Mapping[str, Sequence[int]], skipped: list) -> str:
     """What decides the sample table: the listed files (ids, sizes, change keys), the buckets and
-    the skips. The one an index cache records, else computed (caches written before it)."""
-    stored = cache.get(DIGEST_KEY)
-    if isinstance(stored, str):
-        return stored
-    files, index = cache["files"], cache["index"]
-    digest = hashlib.sha256(len(files["ids"]).to_bytes(8, "little"))
-    # ids joined by NUL (no file name holds one), integer columns as int64 bytes: a few times
-    # faster than JSON-encoding them, at a million rows
-    digest.update("\0".join(files["ids"]).encode("utf-8", "surrogatepass"))
-    for column in (files["bytes"], files["change_key"]):
-        digest.update(_column_bytes(column))
-    for key, rows in sorted(index["buckets"].items()):
-        digest.update(json_text(key).encode("utf-8") + _column_bytes(rows))
-    digest.update(json_text(index["skipped"]).encode("utf-8"))
+    the skips (``[path, reason]`` pairs), hashed from the cache's columns (cache_columns)."""
+    digest = hashlib.sha256(len(files.ids).to_bytes(8, "little"))
+    digest.update(columns["id_bytes"][:-1].tobytes())  # the ids joined by NUL
+    digest.update(columns["bytes"].tobytes())
+    digest.update(columns["change_key"].tobytes() if "change_key" in columns
+                  else json_text(files.change_keys).encode("utf-8"))  # ETags
+    for key in sorted(rows):
+        digest.update(json_text(key).encode("utf-8") + np.asarray(rows[key], np.int64).tobytes())
+    digest.update(json_text(skipped).encode("utf-8"))
     return digest.hexdigest()
-
-
-def _column_bytes(values: list) -> bytes:
-    """Integers as int64 bytes; anything else (S3 ETags) as its JSON."""
-    try:
-        return np.asarray(values, dtype=np.int64).tobytes()
-    except (TypeError, ValueError, OverflowError):
-        return json_text(values).encode("utf-8")
 
 
 class IndexHistory:
@@ -63,48 +55,41 @@ class IndexHistory:
         self.dataset_id = dataset_id
         self.folder = cache_path.parent / PREVIOUS_FOLDER / dataset_id
 
-    def write_if_changed(self, new: dict[str, Any], old: Mapping[str, Any] | None,
-                         derived: Path | None = None) -> bool:
-        """Write ``new`` over the cache ``old`` was read from unless they are the same; keep the
-        old file first when the sample table differs. ``new`` gains its digest (DIGEST_KEY).
-        ``derived``: a file made from the cache, removed before it is replaced, so a crash
-        between the two writes leaves none that is stale. True if written."""
-        new.pop(DIGEST_KEY, None)
-        digest = new[DIGEST_KEY] = cache_digest(new)
-        if old is not None:
-            if old == new:  # a cache from before digests differs: it gains one
-                return False
-            previous = cache_digest(old)
-            if previous != digest and self.cache_path.is_file():
-                self._keep(previous)
-        if derived is not None:
-            derived.unlink(missing_ok=True)
-        atomic_write_json(self.cache_path, new)
+    def write_if_changed(self, meta: dict, columns: dict, old: LoadedIndex | None) -> bool:
+        """Write the cache unless ``old`` (the one there) holds the same; keep the old file
+        first when the sample table differs. True if written."""
+        if old is not None and same_content(old, meta, columns):
+            return False
+        if old is not None and old.meta[DIGEST_KEY] != meta[DIGEST_KEY]:
+            self._keep(old.meta[DIGEST_KEY])
+        write_columns(self.cache_path, meta, columns)  # by rename: mapped old files stay whole
+        self.cache_path.with_suffix(LEGACY_SUFFIX).unlink(missing_ok=True)
         return True
 
     def _keep(self, digest: str) -> None:
         """The current cache file as version ``digest``: a hard link (no copy) where the
         filesystem allows one; the oldest versions past KEPT_VERSIONS are removed."""
-        target = self.folder / f"{digest}.json"
+        target = self.folder / f"{digest}{self.cache_path.suffix}"
         atomic_write_with(target, lambda tmp_name: _link_or_copy(self.cache_path, tmp_name))
-        kept = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns,
-                      reverse=True)
+        kept = sorted(self.folder.glob(f"*{self.cache_path.suffix}"),
+                      key=lambda p: p.stat().st_mtime_ns, reverse=True)
         for stale in kept[KEPT_VERSIONS:]:
             stale.unlink(missing_ok=True)
 
     def changes_since(self, digest: str) -> list[str]:
         """Lines naming the files changed between version ``digest`` and the current cache."""
-        kept = self.folder / f"{digest}.json"
-        before, now = _read(kept), _read(self.cache_path)
-        if before is None or now is None:
+        kept = self.folder / f"{digest}{self.cache_path.suffix}"
+        if not kept.is_file():
             return [f"dataset '{self.dataset_id}': the index cache the checkpoint was saved with "
                     f"is no longer kept in {self.folder} (the last {KEPT_VERSIONS} are), so the "
                     "changed files cannot be named"]
         try:  # naming the files is a courtesy: a damaged old cache must not stop the resume
-            if cache_digest(before) != digest:
+            before, now = load_cache(kept), load_cache(self.cache_path)
+            if before.meta[DIGEST_KEY] != digest:
                 raise ValueError("its content does not match its name")
-            return describe_file_changes(self.dataset_id, before, now)
-        except (LookupError, TypeError, ValueError) as exc:
+            return describe_file_changes(self.dataset_id, before.change_view(),
+                                         now.change_view())
+        except (IndexFileError, LookupError, TypeError, ValueError) as exc:
             return [f"dataset '{self.dataset_id}': the changed files cannot be named: the kept "
                     f"index cache {kept} is damaged ({type(exc).__name__}: {exc})"]
 
@@ -116,14 +101,6 @@ def _link_or_copy(source: Path, tmp_name: str) -> None:
     except OSError:  # a filesystem without hard links
         shutil.copyfile(source, tmp_name)
     os.utime(tmp_name)  # the link shares the source's mtime: make it the newest kept
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        cache = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return cache if isinstance(cache, dict) and "files" in cache and "index" in cache else None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.index import DatasetIndex
 
 
 PAIR = "edit pair"  # how every reason given here starts

@@ -1,36 +1,27 @@
 """MetadataBackend: one dataset's discovery -> sizes -> buckets -> filters -> cached index.
 
-The cache (``<output_dir>/cache/metadata/<dataset id>.json``) holds:
+The cache is one file, ``<output_dir>/cache/metadata/<dataset id>.index`` (index_cache.py):
+the file table (what each file's header said, valid while its byte size and change key are
+unchanged; it depends only on the file's bytes and Pillow's bomb limit, so a change of bucket
+settings re-buckets without reading an image), the buckets and skips for ``settings``
+(everything that affects bucketing), the captions known at indexing time (a table's, or caption
+files fetched from remote storage; captions.py), and two digests the main rank computes as it
+writes: ``data_digest``, which a checkpoint records (the file it replaces is kept under
+``metadata/previous/`` to name changed files on resume, index_history.py), and the index's
+own, which ranks agree on and the sampler's fingerprint holds. Ranks that read different caches
+(storage not shared alike) see different digests. A JSON cache of an earlier version is removed
+when the new one is written.
 
-* ``files``: what each file's header said (columns, see file_table.py), valid while the file's
-  byte size and mtime_ns are unchanged. It depends only on the file's bytes (and Pillow's bomb
-  limit), so a change of bucket settings re-buckets from it without reading a single image.
-* ``index``: the buckets and skips for ``settings``, everything that affects bucketing.
-  A bucket is a list of ascending rows of ``files``, which is sorted by sample id, so loading
-  it yields the canonical order without comparing a single id (and each id string is held
-  once); the ids are checked to ascend as they are read (file_table.py), so a cache edited
-  out of order is refused rather than trusted.
-
-* ``captions``: captions known at indexing time (a metadata table's, or caption files fetched
-  from remote storage; see captions.py), so other ranks never fetch them one by one.
-* ``data_digest``: the digest of its sample table, which a checkpoint records; the file it
-  replaces is kept under ``metadata/previous/`` to name changed files on resume
-  (index_history.py). ``index.digest``: the index's own digest (what ranks agree on and the
-  sampler's fingerprint holds), computed once by the main process as it writes the cache, so
-  no rank hashes every id at start-up; a cache without one gains it on the next warm start.
-  Ranks that read different caches (storage not shared alike) see different digests.
-
-Other ranks never parse this file: they map ``<dataset id>.index`` (index_columns.py), which the
-main process writes after it, and whenever the one there is missing, damaged or of another cache.
-
+Every rank maps that file; only the main rank writes it, and only when its content changes.
 Where the sizes come from is the metadata source: header probes (headers.py, 'discovery'), a
 table (table.py, 'parquet') or a datasets-library split's rows (huggingface_rows.py); where the
 bytes live is the storage (data_backend/storage.py). All make the same FileTable, so the index,
 its cache and everything after it are one code.
 
 A warm start (nothing changed) reads no image: it lists the storage (one stat per file, or one
-request per 1000 objects) and parses this file; image sizes are looked up in the table, not
-copied (ImageSizes). benchmarks/bench_discovery.py times it.
+request per 1000 objects) and maps the cache; a table's or a datasets split's listing is
+compared with the cache's columns and the index taken as it is. benchmarks/bench_discovery.py
+and bench_index_cache.py time it.
 """
 
 from __future__ import annotations
@@ -59,18 +50,15 @@ from simpletuner.helpers.metadata.buckets import (
     MAX_BUCKET_AREA_FACTOR, BucketSettings, SizeFilters,
 )
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
-from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
-from simpletuner.helpers.metadata.index_columns import index_meta, load_columns, write_if_stale
+from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.index_cache import (
+    DIGEST_KEY, LoadedIndex, cache_columns, cache_meta, load_cache,
+)
 from simpletuner.helpers.metadata.index_file import IndexFileError
-from simpletuner.helpers.metadata.index_history import (DIGEST_KEY, IndexHistory, IndexVersion,
-                                                        cache_digest)
+from simpletuner.helpers.metadata.index_history import IndexHistory, IndexVersion, data_digest
 from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
 
 logger = logging.getLogger(__name__)
-
-# 3: ``files`` is a table of columns; 4: buckets are rows of that table; 5: any storage
-CACHE_VERSION = 5
-INDEX_DIGEST_KEY = "digest"  # in ``index``: DatasetIndex.digest(), computed as it is written
 
 
 class MetadataCacheError(RuntimeError):
@@ -103,8 +91,7 @@ class MetadataBackend:
         self.storage = storage
         self.source = source or HeaderSource(storage, dataset.id)
         self.captions: CaptionTable | None = None  # set when the index holds the captions
-        self.cache_path = Path(cache_dir) / "metadata" / f"{dataset.id}.json"
-        self.index_path = self.cache_path.with_suffix(".index")  # what load_index maps
+        self.cache_path = Path(cache_dir) / "metadata" / f"{dataset.id}.index"
         self.history = IndexHistory(self.cache_path, dataset.id)
         self.data_digest: str | None = None  # the index cache's (index_history.py), once read
         self.bucket_settings = BucketSettings.for_dataset(dataset, training)
@@ -168,120 +155,76 @@ class MetadataBackend:
         """List the storage, size new or changed files only, bucket, write the cache; the index
         returned is the mapped one every other rank loads, so the lists built here are freed."""
         listing = self.storage.list_files()
-        cache = self._read_cache()
-        known = FileTable()
-        if cache is not None and cache.get("files_key") == self._file_entries_key():
-            known = self._cached_files(cache) or known
-            if self.source.unchanged(listing, known) and cache.get("settings") == self.settings():
-                return self._reuse_cached_index(cache, known)
-        found = self.source.read(listing, known, show_progress)
+        cached = self._read_cache()
+        usable = cached is not None and cached.meta["files_key"] == self._file_entries_key()
+        if (usable and self._cache_problem(cached) is None
+                and self.source.unchanged(listing, cached)):
+            return self._take_cached(cached)
+        known = self._cached_files(cached) if usable else None
+        found = self.source.read(listing, known or FileTable(), show_progress)
         index, rows = self.bucketing.build(found, listing)
-        self.captions = self._index_captions(found, rows, listing, cache, known)
-        new_cache = {
-            "version": CACHE_VERSION, "dataset_id": self.dataset.id,
-            "files_key": self._file_entries_key(), "files": found.files.to_json(),
-            "settings": self.settings(),
-            "index": {"buckets": rows, "skipped": [[s.path, s.reason] for s in index.skipped],
-                      INDEX_DIGEST_KEY: index.digest()},
-            "captions": self.captions.to_json() if self.captions is not None else None,
-        }
-        changed = self.history.write_if_changed(new_cache, cache, derived=self.index_path)
-        self._write_index_file(new_cache, found.files)
-        self.data_digest = new_cache[DIGEST_KEY]
+        captions = self._index_captions(found, rows, listing, cached if known else None, known)
+        columns = cache_columns(found.files, rows, captions)
+        skipped = [[s.path, s.reason] for s in index.skipped]
+        digests = {DIGEST_KEY: data_digest(columns, found.files, rows, skipped),
+                   "index_digest": index.digest()}
+        meta = cache_meta(self.dataset.id, self._file_entries_key(), self.settings(),
+                          found.files, rows, skipped, digests,
+                          self.video.fps if self.video is not None else None)
+        written = self.history.write_if_changed(meta, columns, cached)
         listed = len(found.files.ids)
         self.last_refresh = RefreshReport(
             listed=listed, reused=listed - found.read, read=found.read,
-            forgotten=found.forgotten, cache_written=changed)
+            forgotten=found.forgotten, cache_written=written)
         return self.load_index()
 
     def index_if_cached(self) -> DatasetIndex | None:
         """The index refresh_index would build, when the cache already holds the header of
         every listed file (nothing to read); else None. Writes nothing: ``check`` asks it."""
-        cache = self._read_cache()
-        if cache is None or cache.get("files_key") != self._file_entries_key():
+        cached = self._read_cache()
+        if cached is None or cached.meta["files_key"] != self._file_entries_key():
             return None
-        known = self._cached_files(cache)
+        known = self._cached_files(cached)
         listing = self.storage.list_files()
         if known is None or known.reconcile(listing)[1]:
             return None
         return self.bucketing.build(self.source.read(listing, known, False), listing)[0]
 
     def load_index(self) -> DatasetIndex:
-        """The index the main process wrote, memory-mapped (index_columns.py); reads no image,
+        """The index the main process wrote, memory-mapped (index_cache.py); reads no image,
         lists no folder and parses no id."""
         try:
-            loaded = load_columns(self.index_path)
+            loaded = load_cache(self.cache_path)
         except IndexFileError as exc:
             raise MetadataCacheError(
-                f"dataset '{self.dataset.id}': no usable metadata cache at {self.index_path} "
+                f"dataset '{self.dataset.id}': no usable metadata cache at {self.cache_path} "
                 f"({exc}); the main process writes it with refresh_index() (or run "
                 "`python -m simpletuner plan`)") from exc
-        problem = None
-        if loaded.meta.get("settings") != self.settings():
-            problem = "was written with other bucket settings"
-        elif self._captions_in_index() and loaded.captions is None:
-            problem = "lacks its captions"
+        problem = self._cache_problem(loaded)
         if problem:
             raise MetadataCacheError(f"dataset '{self.dataset.id}': the metadata cache at "
-                                     f"{self.index_path} {problem}; refresh it on the main "
+                                     f"{self.cache_path} {problem}; refresh it on the main "
                                      "process first")
+        return self._take(loaded)
+
+    def _cache_problem(self, loaded: LoadedIndex) -> str | None:
+        if loaded.meta.get("settings") != self.settings():
+            return "was written with other bucket settings"
+        if self._captions_in_index() and loaded.captions is None:
+            return "lacks its captions"
+        return None
+
+    def _take(self, loaded: LoadedIndex) -> DatasetIndex:
         self.captions = loaded.captions
         self.data_digest = loaded.meta[DIGEST_KEY]
         return loaded.index()
 
-    def _write_index_file(self, cache: dict[str, Any], files: FileTable) -> bool:
-        """The mapped index of ``cache``, unless the one there is already (index_columns.py)."""
-        target_fps = self.video.fps if self.video is not None else None
-        return write_if_stale(self.index_path, index_meta(cache, files.clips, target_fps), files,
-                              cache["index"]["buckets"],
-                              self.captions.texts if self.captions is not None else None)
-
-    def _reuse_cached_index(self, cache: dict[str, Any], files: FileTable) -> DatasetIndex:
+    def _take_cached(self, cached: LoadedIndex) -> DatasetIndex:
         """The source says the cache was built from exactly this data: take it as it is."""
-        index = self._index_from(cache)
-        written = False
-        if DIGEST_KEY not in cache or INDEX_DIGEST_KEY not in cache["index"]:  # older caches
-            updated = {**cache, "index": {**cache["index"], INDEX_DIGEST_KEY: index.digest()}}
-            written = self.history.write_if_changed(updated, cache, derived=self.index_path)
-            cache = updated
-        written |= self._write_index_file(cache, files)
-        listed = len(files.ids)
+        listed = len(cached.ids)
         self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
-                                          cache_written=written)
-        return self.load_index()
-
-    def _index_from(self, cache: dict[str, Any] | None) -> DatasetIndex:
-        files = self._cached_files(cache) if cache is not None else None
-        if files is None:
-            raise MetadataCacheError(
-                f"dataset '{self.dataset.id}': no usable metadata cache at {self.cache_path}; "
-                "the main process writes it with refresh_index() (or run "
-                "`python -m simpletuner plan`)")
-        if cache.get("settings") != self.settings():
-            raise MetadataCacheError(
-                f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} was "
-                "written with other bucket settings; refresh it on the main process first")
-        try:
-            buckets = {key: files.ids_at(rows) for key, rows in cache["index"]["buckets"].items()}
-            skipped = [SkippedFile(path, reason) for path, reason in cache["index"]["skipped"]]
-            recorded = cache["index"].get(INDEX_DIGEST_KEY)
-        except (FileTableFormatError, LookupError, TypeError, ValueError, AttributeError) as exc:
-            raise MetadataCacheError(
-                f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} has a "
-                f"malformed index ({exc}); refresh it on the main process first") from exc
-        if self._captions_in_index():
-            self.captions = CaptionTable.from_json(cache.get("captions"), files.ids)
-            if self.captions is None:
-                raise MetadataCacheError(
-                    f"dataset '{self.dataset.id}': the metadata cache at {self.cache_path} lacks "
-                    "its captions; refresh it on the main process first")
-        sizes = files.image_sizes({s.path for s in skipped})
-        self.data_digest = cache_digest(cache)
-        index = DatasetIndex(self.dataset.id, buckets, sizes, skipped,
-                             self.bucketing.clip_plans(buckets, files))
-        if isinstance(recorded, str):
-            index.set_digest(recorded)
-        return index
+                                          cache_written=False)
+        return self._take(cached)
 
     def index_version(self) -> IndexVersion | None:
         """The index cache the last refresh or load read (None before either)."""
@@ -378,7 +321,7 @@ class MetadataBackend:
             self.dataset.caption_strategy == "textfile" and self.storage.remote)
 
     def _index_captions(self, found: FoundFiles, rows: dict[str, list[int]], listing: Listing,
-                        cache: dict[str, Any] | None, known: FileTable) -> CaptionTable | None:
+                        cached: LoadedIndex | None, known: FileTable | None) -> CaptionTable | None:
         """The captions the cache keeps: the table's, or the remote caption files of the
         indexed samples (``rows``; changed ones fetched); None when read on demand."""
         if not self._captions_in_index():
@@ -386,27 +329,23 @@ class MetadataBackend:
         ids = found.files.ids
         if found.captions is not None:  # every usable row's, also of the few filtered out
             return CaptionTable(ids, found.captions)
-        before = CaptionTable.from_json((cache or {}).get("captions"), known.ids)
+        before = cached.caption_table(known.ids) if cached is not None else None
         indexed = sorted(row for bucket in rows.values() for row in bucket)
         return fetch_caption_files(self.storage, ids, indexed, listing, before)
 
-    def _cached_files(self, cache: dict[str, Any]) -> FileTable | None:
+    def _cached_files(self, cached: LoadedIndex) -> FileTable | None:
         try:
-            return FileTable.from_json(cache.get("files"))
+            return cached.file_table()
         except FileTableFormatError as exc:
             logger.warning("dataset '%s': ignoring the malformed metadata cache %s (%s); "
                            "rebuilding", self.dataset.id, self.cache_path, exc)
             return None
 
-    def _read_cache(self) -> dict[str, Any] | None:
+    def _read_cache(self) -> LoadedIndex | None:
         try:
-            cache = json.loads(self.cache_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+            return load_cache(self.cache_path)
+        except IndexFileError as exc:
+            if self.cache_path.exists():
+                logger.warning("dataset '%s': ignoring unusable metadata cache %s (%s); "
+                               "rebuilding", self.dataset.id, self.cache_path, exc)
             return None
-        except (OSError, ValueError) as exc:
-            logger.warning("dataset '%s': ignoring unreadable metadata cache %s (%s); rebuilding",
-                           self.dataset.id, self.cache_path, exc)
-            return None
-        if not isinstance(cache, dict) or cache.get("version") != CACHE_VERSION:
-            return None
-        return cache

@@ -53,7 +53,9 @@ class Bucketing:
         if self.caption_files:
             bucket = self._without_caption_files(files.ids, sized, bucket, listing, skipped)
         kept = bucket >= 0
-        order = sized[kept][np.argsort(bucket[kept], kind="stable")]
+        # bucket numbers as int16 where they fit: numpy's stable sort of those is a radix sort
+        numbers = bucket[kept].astype(np.int16 if len(keys) < 1 << 15 else np.int64)
+        order = sized[kept][np.argsort(numbers, kind="stable")]
         counts = np.bincount(bucket[kept], minlength=len(keys)).tolist()
         ordered = {key: part.tolist() for key, part in
                    zip(keys, np.split(order, np.cumsum(counts)[:-1])) if len(part)}

@@ -12,7 +12,6 @@ import posixpath
 from bisect import bisect_left
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from simpletuner.helpers.data_backend.storage import ChangeKey, Listing, Storage, StorageError
 
@@ -39,20 +38,6 @@ class CaptionTable:
     ids: list[str]                    # the file table's sorted id column (shared, not saved)
     texts: list[str | None]
     keys: list[ChangeKey | None] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"texts": self.texts, "keys": self.keys}
-
-    @classmethod
-    def from_json(cls, data: Any, ids: list[str]) -> "CaptionTable | None":
-        """None when ``data`` is not a column this code wrote for these rows."""
-        if not isinstance(data, dict) or not isinstance(data.get("texts"), list):
-            return None
-        texts, keys = data["texts"], data.get("keys")
-        if len(texts) != len(ids) or not (keys is None or (
-                isinstance(keys, list) and len(keys) == len(ids))):
-            return None
-        return cls(ids, texts, keys)
 
     def _row(self, sample_id: str) -> int | None:
         row = bisect_left(self.ids, sample_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -23,6 +24,9 @@ from simpletuner.helpers.metadata.backends.clip_probe import ClipProbe, probe_st
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table import TableSource
 from simpletuner.helpers.metadata.file_table import FileTable
+
+if TYPE_CHECKING:
+    from simpletuner.helpers.metadata.index_cache import LoadedIndex
 
 MAX_LOCAL_THREADS = 8
 MAX_REMOTE_THREADS = 32
@@ -39,8 +43,8 @@ class ClipSource:
         return {"samples": "clips", "probe": PROBE_VERSION,
                 **(self.table.key() if self.table else {"metadata_backend": "discovery"})}
 
-    def unchanged(self, listing: Listing, known: FileTable) -> bool:
-        """Never: whether a caption file exists decides skips too, and it is not in ``known``."""
+    def unchanged(self, listing: Listing, cached: "LoadedIndex") -> bool:
+        """Never: whether a caption file exists decides skips too, and it is not in ``cached``."""
         return False
 
     def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:

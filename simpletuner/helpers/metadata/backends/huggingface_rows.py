@@ -11,6 +11,8 @@ every other source gives, so the index, its cache and everything after it are on
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from PIL import Image
 from tqdm import tqdm
@@ -24,6 +26,9 @@ from simpletuner.helpers.metadata.backends.discovery import Probe, probe_head
 from simpletuner.helpers.metadata.backends.headers import VANISHED, FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import pixels
 from simpletuner.helpers.metadata.file_table import FileTable
+
+if TYPE_CHECKING:
+    from simpletuner.helpers.metadata.index_cache import LoadedIndex
 
 
 class HuggingFaceSource:
@@ -42,10 +47,9 @@ class HuggingFaceSource:
                             c.caption_column if self.wants_captions else None,
                             c.fallback_caption_column if self.wants_captions else None]}
 
-    def unchanged(self, listing: Listing, known: FileTable) -> bool:
+    def unchanged(self, listing: Listing, cached: "LoadedIndex") -> bool:
         """The same rows with the same bytes as when the cached index was built."""
-        return (not listing.unreadable and listing.sample_ids == known.ids
-                and listing.sizes == known.sizes and listing.change_keys == known.change_keys)
+        return not listing.unreadable and cached.same_files(listing)
 
     def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
         rows = self.storage.rows

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import posixpath
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,8 +25,11 @@ from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import (
     ArrowTexts, TableColumns, TableFormatError, positive_whole, read_table,
 )
-from simpletuner.helpers.metadata.file_table import FileTable, shared_ints
+from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import SkippedFile
+
+if TYPE_CHECKING:
+    from simpletuner.helpers.metadata.index_cache import LoadedIndex
 
 __all__ = ["TableFormatError", "TableSource"]
 
@@ -55,11 +59,10 @@ class TableSource:
                             c.caption_column, c.fallback_caption_column,
                             c.identifier_includes_extension, c.trust_table]}
 
-    def unchanged(self, listing: Listing, known: FileTable) -> bool:
+    def unchanged(self, listing: Listing, cached: "LoadedIndex") -> bool:
         """The cached index holds for ``listing``: same files as when it was built (the table's
-        identity is in ``key``, so ``known`` comes from this very table)."""
-        return (not listing.unreadable and listing.sample_ids == known.ids
-                and listing.sizes == known.sizes and listing.change_keys == known.change_keys)
+        identity is in ``key``, so ``cached`` comes from this very table)."""
+        return not listing.unreadable and cached.same_files(listing)
 
     def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
         c = self.config
@@ -80,8 +83,8 @@ class TableSource:
         row_of_file = np.full(count, -1, dtype=np.int64)  # the usable row of each listed file
         row_of_file[position[usable]] = np.flatnonzero(usable)
         files = FileTable(listing.sample_ids, listing.sizes, listing.change_keys,
-                          shared_ints(self._by_file(table.widths, row_of_file)),
-                          shared_ints(self._by_file(table.heights, row_of_file)))
+                          self._by_file(table.widths, row_of_file),
+                          self._by_file(table.heights, row_of_file))
         skipped = self._report_rows(np.flatnonzero(~usable), position, first_row, table, files)
         for at in np.flatnonzero(first_row < 0).tolist():
             files.errors[listing.sample_ids[at]] = f"no row in the metadata table {self.path}"
@@ -89,8 +92,10 @@ class TableSource:
         if self.wants_captions:  # a column beside the listing's rows
             import pyarrow
 
-            captions = ArrowTexts(table.captions.take(
-                pyarrow.array(row_of_file, mask=row_of_file < 0)).combine_chunks())
+            column = table.captions
+            if not np.array_equal(row_of_file, np.arange(count)):  # else: in the listing's order
+                column = column.take(pyarrow.array(row_of_file, mask=row_of_file < 0))
+            captions = ArrowTexts(column.combine_chunks())
         return FoundFiles(files, 0, 0, skipped, captions)
 
     @staticmethod

@@ -50,6 +50,20 @@ class ArrowTexts(Sequence):
             return self.array.slice(start, max(0, stop - start)).to_pylist()[::step]
         return self.array[item].as_py()
 
+    def text_column(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(blob, starts, known) in index_columns.TextColumn's layout, a null as an empty text:
+        the Arrow buffers as they are, no Python str per cell."""
+        import pyarrow
+
+        array = self.array.cast(pyarrow.large_string())  # int64 offsets
+        known = array.is_valid().to_numpy(zero_copy_only=False)
+        count = len(array)
+        offsets = np.frombuffer(array.buffers()[1], np.int64)[
+            array.offset:array.offset + count + 1]
+        data = array.buffers()[2]
+        data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        return data[offsets[0]:offsets[-1]], offsets - offsets[0], known
+
 
 def read_table(path: Path, filename: str, width: str, height: str,
                captions: list[str]) -> TableColumns:
