@@ -12,6 +12,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
+from simpletuner.helpers.metadata.index_cache import load_cache
 
 from training_fixtures import (
     ResumedRunPair, make_shapes, read_jsonl, run_train_sh, run_training, write_config,
@@ -54,8 +55,7 @@ class DataOptionsThroughTrainShTest(unittest.TestCase):
             skipped = json.loads((out / "skipped_files.json").read_text())["shapes"]
             self.assertEqual(len(skipped), 4)
             self.assertEqual({s["reason"] for s in skipped}, {"beyond max_num_samples 12"})
-            buckets = set(json.loads((out / "cache" / "metadata" / "shapes.json").read_text())
-                          ["index"]["buckets"])
+            buckets = set(load_cache(out / "cache" / "metadata" / "shapes.index").buckets)
             self.assertEqual(buckets, {"64x64", "80x48"})
             # Every line of every kept sample, with 'shapes ' prepended, plus the empty caption
             kept = set(ids) - {s["path"] for s in skipped}
@@ -78,10 +78,8 @@ class RandomCropAspectTrainingTest(unittest.TestCase):
             result = run_training(config, tmp)
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
             out = root / "config-out"
-            buckets = json.loads((out / "cache" / "metadata" / "shapes.json").read_text())
-            files = buckets["files"]["ids"]
-            members = {key: {files[row] for row in rows}
-                       for key, rows in buckets["index"]["buckets"].items()}
+            cache = load_cache(out / "cache" / "metadata" / "shapes.index")
+            members = {key: set(ids) for key, ids in cache.buckets.items()}
             # Closest would put every 64x64 image into 64x80 and every 96x64 one into 96x64.
             self.assertEqual(set(members), {"64x80", "96x64"})
             self.assertTrue(any(s.startswith("64x64") for s in members["96x64"]), members)

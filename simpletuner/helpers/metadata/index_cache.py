@@ -130,12 +130,15 @@ class LoadedIndex:
         index.set_digest(self.meta["index_digest"])
         return index
 
+    def _json_texts(self, name: str, rows: np.ndarray | None = None) -> list[str]:
+        """The texts of a column of JSON texts (``rows``: all)."""
+        column = StringColumn(self.columns[name], self.columns[f"{name}_starts"])
+        return column.many(np.arange(len(column)) if rows is None else rows)
+
     def change_keys(self) -> list:
         if "change_key" in self.columns:
             return self.columns["change_key"].tolist()
-        texts = StringColumn(self.columns["change_key_json"],
-                             self.columns["change_key_json_starts"])
-        return [json.loads(text) for text in texts.many(np.arange(len(texts)))]
+        return list(map(json.loads, self._json_texts("change_key_json")))
 
     def same_files(self, listing: Listing) -> bool:
         """The listing names exactly this table's files, with the same sizes and change keys:
@@ -156,10 +159,8 @@ class LoadedIndex:
 
     def _same_change_keys(self, keys: list, first: int) -> bool:
         if "change_key" not in self.columns:  # ETags, as JSON texts
-            column = StringColumn(self.columns["change_key_json"],
-                                  self.columns["change_key_json_starts"])
-            return column.many(np.arange(first, first + len(keys))) == list(
-                map(json_text, keys))
+            return self._json_texts("change_key_json", np.arange(first, first + len(keys))) \
+                == list(map(json_text, keys))
         listed = np.asarray(keys)
         return listed.dtype.kind in "iu" and np.array_equal(
             listed, self.columns["change_key"][first:first + len(keys)])
@@ -184,9 +185,7 @@ class LoadedIndex:
                  for row, known in enumerate(self.captions.known.tolist())]
         keys = None
         if "caption_key_json" in self.columns:
-            column = StringColumn(self.columns["caption_key_json"],
-                                  self.columns["caption_key_json_starts"])
-            keys = [json.loads(text) for text in column.many(np.arange(len(column)))]
+            keys = list(map(json.loads, self._json_texts("caption_key_json")))
         return CaptionTable(ids, texts, keys)
 
     def change_view(self) -> dict[str, Any]:
