@@ -45,10 +45,10 @@ def build_index(samples: int, buckets: int) -> DatasetIndex:
     weights = np.array([1 / (k + 1) for k in range(buckets)])
     keys = [f"{512 + 64 * (k % 16)}x{512 + 64 * (k // 16)}" for k in range(buckets)]
     assignment = np.random.default_rng(0).choice(buckets, size=samples, p=weights / weights.sum())
-    index: dict[str, SortedIds] = {key: SortedIds() for key in keys}
+    lists: dict[str, list[str]] = {key: [] for key in keys}
     for i, k in enumerate(assignment.tolist()):
-        index[keys[k]].append(f"part{i // 1000:05d}/img_{i:08d}.jpg")
-    return DatasetIndex("bench", index, {})
+        lists[keys[k]].append(f"part{i // 1000:05d}/img_{i:08d}.jpg")
+    return DatasetIndex("bench", {key: SortedIds(ids) for key, ids in lists.items()}, {})
 
 
 def previous_state(sampler: MultiAspectSampler) -> dict:
