@@ -244,7 +244,7 @@ class IssueCaseOnEightProcessesTest(unittest.TestCase):
                              [4, 8, 12])
             self.assertIn("0 missing, 0 duplicated", results[0][1])
             evaluation = [[json.loads(line) for line in (output / "eval" / f"rank-{r}.jsonl")
-                           .open()] for r in range(self.RANKS)]
+                           .read_text().splitlines()] for r in range(self.RANKS)]
             evaluated = Counter(s for t in evaluation for m in t if not m.get("stand_in")
                                 for s in m["samples"])
             self.assertEqual(evaluated, Counter(f"held_{i:03d}.png" for i in range(self.HELD)))
