@@ -50,7 +50,7 @@ DIGEST_KEY = "data_digest"
 _COMPARED_AT_ONCE = 1 << 20  # listed files compared with the cache per slice
 
 
-def _json_texts(values: Sequence[Any]) -> StringColumn:
+def _encode_json_texts(values: Sequence[Any]) -> StringColumn:
     return StringColumn.encode([json_text(value) for value in values])
 
 
@@ -59,7 +59,7 @@ def _change_key_columns(keys: Sequence[Any]) -> dict[str, np.ndarray]:
     integers = np.asarray(keys) if len(keys) else np.zeros(0, np.int64)
     if integers.dtype.kind in "iu":
         return {"change_key": integers.astype(np.int64)}
-    texts = _json_texts(keys)
+    texts = _encode_json_texts(keys)
     return {"change_key_json": texts.blob, "change_key_json_starts": texts.starts}
 
 
@@ -72,7 +72,7 @@ def _caption_columns(captions: CaptionTable) -> dict[str, np.ndarray]:
         known = np.array([text is not None for text in captions.texts], bool)
     columns = {"caption_bytes": blob, "caption_starts": starts, "caption_known": known}
     if captions.keys is not None:  # remote caption files: fetched again only when changed
-        keys = _json_texts(captions.keys)
+        keys = _encode_json_texts(captions.keys)
         columns.update(caption_key_json=keys.blob, caption_key_json_starts=keys.starts)
     return columns
 
@@ -130,7 +130,7 @@ class LoadedIndex:
         index.set_digest(self.meta["index_digest"])
         return index
 
-    def _json_texts(self, name: str, rows: np.ndarray | None = None) -> list[str]:
+    def _decoded_json_texts(self, name: str, rows: np.ndarray | None = None) -> list[str]:
         """The texts of a column of JSON texts (``rows``: all)."""
         column = StringColumn(self.columns[name], self.columns[f"{name}_starts"])
         return column.many(np.arange(len(column)) if rows is None else rows)
@@ -138,7 +138,7 @@ class LoadedIndex:
     def change_keys(self) -> list:
         if "change_key" in self.columns:
             return self.columns["change_key"].tolist()
-        return list(map(json.loads, self._json_texts("change_key_json")))
+        return list(map(json.loads, self._decoded_json_texts("change_key_json")))
 
     def same_files(self, listing: Listing) -> bool:
         """The listing names exactly this table's files, with the same sizes and change keys:
@@ -159,8 +159,9 @@ class LoadedIndex:
 
     def _same_change_keys(self, keys: list, first: int) -> bool:
         if "change_key" not in self.columns:  # ETags, as JSON texts
-            return self._json_texts("change_key_json", np.arange(first, first + len(keys))) \
-                == list(map(json_text, keys))
+            stored = self._decoded_json_texts("change_key_json",
+                                              np.arange(first, first + len(keys)))
+            return stored == list(map(json_text, keys))
         listed = np.asarray(keys)
         return listed.dtype.kind in "iu" and np.array_equal(
             listed, self.columns["change_key"][first:first + len(keys)])
@@ -185,7 +186,7 @@ class LoadedIndex:
                  for row, known in enumerate(self.captions.known.tolist())]
         keys = None
         if "caption_key_json" in self.columns:
-            keys = list(map(json.loads, self._json_texts("caption_key_json")))
+            keys = list(map(json.loads, self._decoded_json_texts("caption_key_json")))
         return CaptionTable(ids, texts, keys)
 
     def change_view(self) -> dict[str, Any]:

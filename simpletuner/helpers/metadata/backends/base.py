@@ -176,7 +176,8 @@ class MetadataBackend:
         self.last_refresh = RefreshReport(
             listed=listed, reused=listed - found.read, read=found.read,
             forgotten=found.forgotten, cache_written=written)
-        return self.load_index()
+        # Unwritten, the file is the one already mapped and checked above: not read again.
+        return self.load_index() if written else self._take(cached)
 
     def index_if_cached(self) -> DatasetIndex | None:
         """The index refresh_index would build, when the cache already holds the header of
