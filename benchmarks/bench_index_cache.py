@@ -71,6 +71,7 @@ def write_all(folder: Path, rows: int, buckets: int) -> None:
     from simpletuner.helpers.metadata.file_table import FileTable
     from simpletuner.helpers.metadata.index_cache import DIGEST_KEY, cache_columns, cache_meta
     from simpletuner.helpers.metadata.index_history import data_digest
+    from simpletuner.helpers.metadata.index_columns import StringColumn
 
     c = synthetic_columns(rows, buckets)
     b = backend(folder)
@@ -82,7 +83,8 @@ def write_all(folder: Path, rows: int, buckets: int) -> None:
     b.cache_path.parent.mkdir(parents=True, exist_ok=True)
     (folder / "bench.json").write_text(json.dumps(legacy))
     json_written = time.perf_counter()
-    columns = cache_columns(table, c["rows"], None)  # what refresh_index writes
+    # what refresh_index writes
+    columns = cache_columns(table, StringColumn.encode(table.ids), c["rows"], None)
     digests = {DIGEST_KEY: data_digest(columns, table, c["rows"], []),
                "index_digest": "not hashed"}
     meta = cache_meta("bench", b._file_entries_key(), b.settings(), table, c["rows"], [], digests)

@@ -20,6 +20,7 @@ from launching import run_bounded
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.file_table import ascending_strings
 from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
+from simpletuner.helpers.metadata.index_columns import ListColumn, MappedIds, StringColumn
 from simpletuner.helpers.metadata.index_file import read_columns, write_columns
 
 SIZES = [(96, 64), (64, 96), (64, 64), (64, 64), (128, 64), (96, 64)]
@@ -122,6 +123,25 @@ class DigestDefinitionTest(unittest.TestCase):
         payload = json.dumps(["d", {"64x64": plain}, {plain[0]: ["24/1", 9]},
                               {plain[0]: ["ref/a.png"]}], separators=(",", ":"))
         self.assertEqual(index.digest(), hashlib.sha256(payload.encode()).hexdigest())
+
+
+    def test_buckets_as_rows_of_an_encoded_or_listed_table_hash_the_same(self):
+        odd = ["a\"b.png", "back\\slash.png", "caf\udce9.png", "del\x7f.png", "ünï.png", "é"]
+        plain = [f"dir{i % 9}/img_{i:06d}.png" for i in range(250_000)]  # several scans
+        for ids in (plain, odd, plain[:50] + odd, ["tab\there.png"] + plain[:5]):
+            table = sorted(ids)
+            rows = {"64x64": np.arange(0, len(table), 2), "32x32": np.arange(1, len(table), 3),
+                    "16x16": np.arange(len(table))[-1:]}
+            expected = content_digest("d", {key: [table[r] for r in part.tolist()]
+                                            for key, part in rows.items()})
+            for column in (StringColumn.encode(table), ListColumn(table)):
+                with self.subTest(ids=table[:2], column=type(column).__name__):
+                    buckets = {key: MappedIds(column, part) for key, part in rows.items()}
+                    self.assertEqual(DatasetIndex("d", buckets, {}).digest(), expected)
+        joined = MappedIds(StringColumn.encode(["a.png", "b.png", "c.png"]), np.array([0, 2]))
+        self.assertEqual(joined.plain_joined(b'","'), b'a.png","c.png')
+        quoted = MappedIds(StringColumn.encode(['a".png', "b.png"]), np.array([1]))
+        self.assertIsNone(quoted.plain_joined(b'","'))  # b.png alone needs none, the column does
 
 
 class FileTableOrderTest(unittest.TestCase):

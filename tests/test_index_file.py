@@ -49,8 +49,18 @@ class StringColumnTest(unittest.TestCase):
             ids[3]
 
     def test_a_name_holding_a_nul_is_refused_and_a_caption_kept(self):
-        with self.assertRaisesRegex(ValueError, "NUL"):
-            StringColumn.encode(["a\0b"])
+        many = [f"dir{i % 7}/file_{i:07d}.png" for i in range(250_000)]  # 6 MB: several scans
+        for names in (["a\0b"], ["a", "b\0"], ["\0"], ["\0", ""], many + ["late\0.png"],
+                      ["\0early.png"] + many):
+            with self.subTest(names=names[:2], count=len(names)):
+                with self.assertRaisesRegex(ValueError, "NUL"):
+                    StringColumn.encode(names)
+        column = StringColumn.encode(many)
+        self.assertEqual(len(column), len(many))
+        self.assertEqual(column.many(np.array([0, 199_999, 249_999])),
+                         [many[0], many[199_999], many[249_999]])
+        self.assertEqual(list(MappedIds(column)), many)
+        self.assertEqual(len(StringColumn.encode(["", ""])), 2)
         captions = ["first", "a\0b\0", "", "ünï", "caf\udce9"]
         column = TextColumn.encode(captions)
         self.assertEqual([column.at(row) for row in range(len(column))], captions)
@@ -159,7 +169,7 @@ class SameFilesTest(unittest.TestCase):
         ids = ["a.png", "b/c.png", "caf\udce9.png"]
         files = FileTable(ids, [10, 20, 30], change_keys, [64] * 3, [64] * 3)
         rows = {"64x64": [0, 1, 2]}
-        columns = cache_columns(files, rows, None)
+        columns = cache_columns(files, StringColumn.encode(ids), rows, None)
         meta = cache_meta("d", {}, {}, files, rows, [],
                           {DIGEST_KEY: data_digest(columns, files, rows, []), "index_digest": ""})
         write_columns(folder / "d.index", meta, columns)

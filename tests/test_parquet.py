@@ -22,6 +22,8 @@ from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.storage import Listing
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.backends.table import TableFormatError, TableSource
+from simpletuner.helpers.metadata.backends.table_columns import caption_text, same_strings
+from simpletuner.helpers.metadata.index_columns import StringColumn
 
 IMAGES = {"a.png": (64, 64, "PNG"), "sub/b c.jpg": (96, 64, "JPEG"),
           "sub/ünï.webp": (64, 96, "WEBP"), "d.png": (80, 48, "PNG")}
@@ -262,6 +264,39 @@ class TableIndexTest(unittest.TestCase):
         self.assertEqual(index.skipped, [])
         self.assertGreater(len(index.buckets), 10)
         self.assertLess(elapsed, 60, "a table index should not take minutes")
+
+
+class ColumnChecksTest(unittest.TestCase):
+    """The whole-column checks a table's rows go through before a cell becomes a Python str."""
+
+    def test_names_equal_the_listing_only_with_every_byte_and_length_alike(self):
+        ids = [f"d{i % 5}/img_{i:06d}.png" for i in range(300_000)]  # crosses compared slices
+        column = StringColumn.encode(ids)
+        self.assertTrue(same_strings(pyarrow.chunked_array([ids]), column))
+        self.assertTrue(same_strings(pyarrow.chunked_array(
+            [ids[:1000], ids[1000:200_000], ids[200_000:]]), column))
+        sliced = pyarrow.array(["x"] + ids)[1:]  # an array with an offset
+        self.assertTrue(same_strings(pyarrow.chunked_array([sliced]), column))
+        for changed in ([*ids[:250_000], "d0/img_25000X.png", *ids[250_001:]],
+                        [*ids[:7], None, *ids[8:]], ids[:-1], ids + ["z.png"]):
+            with self.subTest(length=len(changed)):
+                self.assertFalse(same_strings(pyarrow.chunked_array([changed]), column))
+        self.assertFalse(same_strings(pyarrow.chunked_array([["ab", "c"]]),
+                                      StringColumn.encode(["a", "bc"])))
+        self.assertTrue(same_strings(pyarrow.chunked_array([["", "ü"]]),
+                                     StringColumn.encode(["", "ü"])))
+
+    def test_captions_are_trimmed_and_blank_ones_null_and_trimmed_ones_not_copied(self):
+        cells = ["plain", " lead", "trail\n", "\u3000wide\u00a0", "ünï", "", "  ", None, "x"]
+        chosen = caption_text([pyarrow.array(cells)])
+        self.assertEqual(chosen.to_pylist(),
+                         [c.strip() or None if c is not None else None for c in cells])
+        with_fallback = caption_text([pyarrow.array(cells), pyarrow.array(["alt"] * len(cells))])
+        self.assertEqual(with_fallback.to_pylist()[5:8], ["alt", "alt", "alt"])
+        trimmed = pyarrow.array(["a photo", None, "of a thing."] * 1000)[1:]
+        same = caption_text([trimmed])
+        self.assertEqual(same.to_pylist(), trimmed.to_pylist())
+        self.assertEqual(same.buffers()[2].address, trimmed.buffers()[2].address)
 
 
 if __name__ == "__main__":

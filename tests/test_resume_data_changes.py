@@ -23,6 +23,7 @@ from simpletuner.helpers.metadata.data_changes import describe_file_changes
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index_cache import DIGEST_KEY, cache_columns, load_cache
 from simpletuner.helpers.metadata.index_history import KEPT_VERSIONS, data_digest
+from simpletuner.helpers.metadata.index_columns import StringColumn
 from simpletuner.helpers.metadata.startup import DataStartup, build_sampler
 
 SAMPLER_LOG = "simpletuner.helpers.multiaspect.sampler"
@@ -37,7 +38,8 @@ def digest_of(cache: dict) -> str:
     files, index = cache["files"], cache["index"]
     table = FileTable(files["ids"], files["bytes"], files["change_key"],
                       [64] * len(files["ids"]), [64] * len(files["ids"]))
-    return data_digest(cache_columns(table, index["buckets"], None), table, index["buckets"],
+    columns = cache_columns(table, StringColumn.encode(table.ids), index["buckets"], None)
+    return data_digest(columns, table, index["buckets"],
                        index.get("skipped", []))
 
 

@@ -22,7 +22,6 @@ from simpletuner.helpers.metadata.backends.discovery import Probe
 if TYPE_CHECKING:  # clip_probe imports PyAV, which image datasets never need
     from simpletuner.helpers.metadata.backends.clip_probe import ClipProbe
 from simpletuner.helpers.metadata.index import SizesView
-from simpletuner.helpers.metadata.split import SortedIds
 
 # a clip table's columns besides the image ones (ClipProbe's fields); an image table has none
 CLIP_COLUMNS = ("frames", "fps", "counted_by")
@@ -112,14 +111,6 @@ class FileTable:
         if row == len(self.ids) or self.ids[row] != sample_id:
             raise KeyError(sample_id)
         return row
-
-    def ids_at(self, rows: list[int]) -> SortedIds:
-        """The sample ids of ``rows``, which must ascend: the table is sorted by sample id, so
-        they come out in canonical order without comparing a single id."""
-        if rows and not (0 <= rows[0] and rows[-1] < len(self.ids)
-                         and all(map(operator.lt, rows, islice(rows, 1, None)))):
-            raise FileTableFormatError("a bucket's rows are not ascending rows of 'files'")
-        return SortedIds(map(self.ids.__getitem__, rows))
 
     def image_sizes(self, excluded: set[str]) -> "ImageSizes":
         """(width, height) by sample id of the usable rows not in ``excluded``."""

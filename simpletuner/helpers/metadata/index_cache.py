@@ -77,11 +77,11 @@ def _caption_columns(captions: CaptionTable) -> dict[str, np.ndarray]:
     return columns
 
 
-def cache_columns(files: FileTable, rows: Mapping[str, Sequence[int]],
+def cache_columns(files: FileTable, id_column: StringColumn, rows: Mapping[str, np.ndarray],
                   captions: CaptionTable | None) -> dict[str, np.ndarray]:
-    """The columns of a cache: the file table, the buckets' ``rows`` (in the sorted key order
-    the header lists) and the captions aligned with the ids, if kept."""
-    id_column = StringColumn.encode(files.ids)
+    """The columns of a cache: the file table (``id_column``: its ids encoded), the buckets'
+    ``rows`` (in the sorted key order the header lists) and the captions aligned with the ids,
+    if kept."""
     keys = sorted(rows)
     columns = {"id_bytes": id_column.blob, "id_starts": id_column.starts,
                "bytes": np.asarray(files.sizes, np.int64).reshape(-1),
@@ -199,9 +199,10 @@ class LoadedIndex:
                                       for n, key in enumerate(self.meta["buckets"])}}}
 
 
-def load_cache(path) -> LoadedIndex:
-    """The cache at ``path`` mapped; IndexFileError if it is not a whole, undamaged one."""
-    meta, c = read_columns(path)
+def load_cache(path, *, check_crc: bool = True) -> LoadedIndex:
+    """The cache at ``path`` mapped; IndexFileError if it is not a whole, undamaged one
+    (``check_crc`` False: this process has just written it, see read_columns)."""
+    meta, c = read_columns(path, check_crc=check_crc)
     if meta.get("version") != VERSION:
         raise IndexFileError(f"{path}: written by another version ({meta.get('version')})")
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from simpletuner.helpers.metadata.split import SortedIds
 
 _ENCODING = ("utf-8", "surrogatepass")  # any str, lone surrogates too, round-trips exactly
 _DECODED_AT_ONCE = 1 << 16  # ids decoded per step when iterating
+_SCANNED_AT_ONCE = 1 << 22  # bytes scanned per step: temporaries that stay small
 
 
 class StringColumn:
@@ -24,21 +26,70 @@ class StringColumn:
 
     def __init__(self, blob: np.ndarray, starts: np.ndarray):
         self.blob, self.starts = blob, starts  # starts: one per string, then the blob's end
+        self._json_plain: bool | None = None  # known once asked
 
     @classmethod
     def encode(cls, texts: Sequence[str]) -> "StringColumn":
-        blob = ("\0".join(texts) + "\0").encode(*_ENCODING) if texts else b""
+        # joined with an empty last string, so each is followed by a NUL (no second copy)
+        blob = "\0".join([*texts, ""]).encode(*_ENCODING) if len(texts) else b""
         data = np.frombuffer(blob, dtype=np.uint8)
-        ends = np.flatnonzero(data == 0)
-        if len(ends) != len(texts):
+        starts = np.zeros(len(texts) + 1, np.int64)
+        found = 0
+        for first in range(0, len(data), _SCANNED_AT_ONCE):  # small temporaries, reused
+            ends = np.flatnonzero(data[first:first + _SCANNED_AT_ONCE] == 0) + (first + 1)
+            if found + len(ends) > len(texts):
+                break
+            starts[found + 1:found + 1 + len(ends)] = ends
+            found += len(ends)
+        if found != len(texts) or (len(texts) and starts[-1] != len(data)):
             raise ValueError("a string holds a NUL character, which this column cannot store")
-        return cls(data, np.concatenate(([0], ends + 1)).astype(np.int64))
+        return cls(data, starts)
 
     def __len__(self) -> int:
         return len(self.starts) - 1
 
     def at(self, row: int) -> str:
         return self.blob[self.starts[row]:self.starts[row + 1] - 1].tobytes().decode(*_ENCODING)
+
+    def plain_joined(self, rows: np.ndarray | None, separator: bytes) -> bytes | None:
+        """The strings of ``rows`` (None: all) joined by ``separator``, gathered by pyarrow's
+        take (a numpy gather of bytes is no faster than joining the strs); None without
+        pyarrow, or when some string of the column is not printable ASCII without a quote or
+        a backslash (it needs escaping in JSON)."""
+        try:
+            import pyarrow
+        except ImportError:
+            return None
+        if not self._plain_for_json():
+            return None
+        strings = pyarrow.LargeBinaryArray.from_buffers(  # each string with its NUL
+            pyarrow.large_binary(), len(self),
+            [None, pyarrow.py_buffer(self.starts), pyarrow.py_buffer(self.blob)])
+        taken = strings if rows is None else strings.take(pyarrow.array(rows, pyarrow.int64()))
+        offsets = np.frombuffer(taken.buffers()[1], np.int64)[:len(taken) + 1]
+        data = np.frombuffer(taken.buffers()[2], np.uint8) if len(taken) else self.blob[:0]
+        return data[offsets[0]:offsets[-1] - 1].tobytes().replace(b"\0", separator)
+
+    def _plain_for_json(self) -> bool:
+        if self._json_plain is None:
+            controls, plain = 0, True
+            for first in range(0, len(self.blob), _SCANNED_AT_ONCE):
+                part = self.blob[first:first + _SCANNED_AT_ONCE]
+                controls += int(np.count_nonzero(part < 0x20))
+                plain = part.max() < 0x7F and not np.any((part == ord('"')) | (part == ord("\\")))
+                if not plain:
+                    break
+            self._json_plain = bool(plain and controls == len(self))  # the NULs after strings
+        return self._json_plain
+
+    def iterate(self, rows: np.ndarray | None) -> Iterator[str]:
+        """The strings of ``rows`` (None: all) in order, decoded a slice at a time (chained in
+        C: a generator resumed per string was most of the cost of hashing a bucket)."""
+        count = len(self) if rows is None else len(rows)
+        return chain.from_iterable(
+            self.many(np.arange(start, min(start + _DECODED_AT_ONCE, count)) if rows is None
+                      else rows[start:start + _DECODED_AT_ONCE])
+            for start in range(0, count, _DECODED_AT_ONCE))
 
     def many(self, rows: np.ndarray) -> list[str]:
         """The strings of ``rows``, decoded together: one gather of their bytes, one decode."""
@@ -72,6 +123,28 @@ class TextColumn:
         return self.blob[self.starts[row]:self.starts[row + 1]].tobytes().decode(*_ENCODING)
 
 
+class ListColumn:
+    """A list of str read as a column (the ids of a file table just built)."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def at(self, row: int) -> str:
+        return self.texts[row]
+
+    def many(self, rows: np.ndarray) -> list[str]:
+        return list(self.iterate(rows))
+
+    def iterate(self, rows: np.ndarray | None) -> Iterator[str]:
+        return iter(self.texts) if rows is None else map(self.texts.__getitem__, rows.tolist())
+
+    def plain_joined(self, rows: np.ndarray | None, separator: bytes) -> None:
+        return None  # joining the strs is the fastest way here
+
+
 class MappedIds(SortedIds):
     """A bucket's ids as rows of the mapped id column: the same Sequence of str, decoded on
     access. ``rows`` None: every row of the column."""
@@ -98,9 +171,11 @@ class MappedIds(SortedIds):
         return positions if self._rows is None else np.asarray(self._rows[positions], np.int64)
 
     def __iter__(self) -> Iterator[str]:
-        for start in range(0, len(self), _DECODED_AT_ONCE):
-            positions = np.arange(start, min(start + _DECODED_AT_ONCE, len(self)))
-            yield from self.column.many(self.rows_of(positions))
+        return self.column.iterate(self.rows_of(np.arange(len(self))) if self._rows is not None
+                                   else None)
+
+    def plain_joined(self, separator: bytes) -> bytes | None:
+        return self.column.plain_joined(self._rows, separator)
 
     def without(self, removed: Mapping[str, object]) -> SortedIds:
         gone = [at for at in (bisect_left(self, s) for s in removed)

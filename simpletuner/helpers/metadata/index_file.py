@@ -79,13 +79,16 @@ def _write(out, data, crc: int) -> int:
     return zlib.crc32(data, crc)
 
 
-def read_columns(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(meta, columns memory-mapped read-only), once size and CRC are checked."""
+def read_columns(path: str | os.PathLike, *, check_crc: bool = True
+                 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(meta, columns memory-mapped read-only), once size and CRC are checked (``check_crc``
+    False: the caller has just written and flushed this very file)."""
     path = Path(path)
     try:
         with open(path, "rb") as source:
             header = _read_header(source, os.fstat(source.fileno()).st_size)
-            _check_crc(source, header["size"])
+            if check_crc:
+                _check_crc(source, header["size"])
     except OSError as exc:
         raise IndexFileError(f"cannot read {path}: {exc}") from exc
     whole = np.memmap(path, dtype=np.uint8, mode="r")

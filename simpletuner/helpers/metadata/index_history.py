@@ -37,7 +37,7 @@ def data_digest(columns: Mapping[str, np.ndarray], files: FileTable,
     """What decides the sample table: the listed files (ids, sizes, change keys), the buckets and
     the skips (``[path, reason]`` pairs), hashed from the cache's columns (cache_columns)."""
     digest = hashlib.sha256(len(files.ids).to_bytes(8, "little"))
-    digest.update(columns["id_bytes"][:-1].tobytes())  # the ids joined by NUL
+    digest.update(memoryview(columns["id_bytes"][:-1]))  # the ids joined by NUL
     digest.update(columns["bytes"].tobytes())
     digest.update(columns["change_key"].tobytes() if "change_key" in columns
                   else json_text(files.change_keys).encode("utf-8"))  # ETags

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from simpletuner.configuration import DatasetConfig, TrainingConfig
@@ -54,6 +55,7 @@ from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.index_cache import (
     DIGEST_KEY, LoadedIndex, cache_columns, cache_meta, load_cache,
 )
+from simpletuner.helpers.metadata.index_columns import ListColumn, StringColumn
 from simpletuner.helpers.metadata.index_file import IndexFileError
 from simpletuner.helpers.metadata.index_history import IndexHistory, IndexVersion, data_digest
 from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
@@ -162,9 +164,10 @@ class MetadataBackend:
             return self._take_cached(cached)
         known = self._cached_files(cached) if usable else None
         found = self.source.read(listing, known or FileTable(), show_progress)
-        index, rows = self.bucketing.build(found, listing)
+        id_column = StringColumn.encode(found.files.ids)  # the cache's, also for the digest
+        index, rows = self.bucketing.build(found, listing, id_column)
         captions = self._index_captions(found, rows, listing, cached if known else None, known)
-        columns = cache_columns(found.files, rows, captions)
+        columns = cache_columns(found.files, id_column, rows, captions)
         skipped = [[s.path, s.reason] for s in index.skipped]
         digests = {DIGEST_KEY: data_digest(columns, found.files, rows, skipped),
                    "index_digest": index.digest()}
@@ -177,7 +180,8 @@ class MetadataBackend:
             listed=listed, reused=listed - found.read, read=found.read,
             forgotten=found.forgotten, cache_written=written)
         # Unwritten, the file is the one already mapped and checked above: not read again.
-        return self.load_index() if written else self._take(cached)
+        # Written, it was flushed just now: mapped without reading it back for its CRC.
+        return self._map_index(check_crc=False) if written else self._take(cached)
 
     def index_if_cached(self) -> DatasetIndex | None:
         """The index refresh_index would build, when the cache already holds the header of
@@ -189,13 +193,17 @@ class MetadataBackend:
         listing = self.storage.list_files()
         if known is None or known.reconcile(listing)[1]:
             return None
-        return self.bucketing.build(self.source.read(listing, known, False), listing)[0]
+        found = self.source.read(listing, known, False)
+        return self.bucketing.build(found, listing, ListColumn(found.files.ids))[0]
 
     def load_index(self) -> DatasetIndex:
         """The index the main process wrote, memory-mapped (index_cache.py); reads no image,
         lists no folder and parses no id."""
+        return self._map_index(check_crc=True)
+
+    def _map_index(self, check_crc: bool) -> DatasetIndex:
         try:
-            loaded = load_cache(self.cache_path)
+            loaded = load_cache(self.cache_path, check_crc=check_crc)
         except IndexFileError as exc:
             raise MetadataCacheError(
                 f"dataset '{self.dataset.id}': no usable metadata cache at {self.cache_path} "
@@ -321,7 +329,7 @@ class MetadataBackend:
         return self.dataset.caption_strategy in ("parquet", "huggingface") or (
             self.dataset.caption_strategy == "textfile" and self.storage.remote)
 
-    def _index_captions(self, found: FoundFiles, rows: dict[str, list[int]], listing: Listing,
+    def _index_captions(self, found: FoundFiles, rows: dict[str, np.ndarray], listing: Listing,
                         cached: LoadedIndex | None, known: FileTable | None) -> CaptionTable | None:
         """The captions the cache keeps: the table's, or the remote caption files of the
         indexed samples (``rows``; changed ones fetched); None when read on demand."""
@@ -331,7 +339,7 @@ class MetadataBackend:
         if found.captions is not None:  # every usable row's, also of the few filtered out
             return CaptionTable(ids, found.captions)
         before = cached.caption_table(known.ids) if cached is not None else None
-        indexed = sorted(row for bucket in rows.values() for row in bucket)
+        indexed = sorted(row for bucket in rows.values() for row in bucket.tolist())
         return fetch_caption_files(self.storage, ids, indexed, listing, before)
 
     def _cached_files(self, cached: LoadedIndex) -> FileTable | None:

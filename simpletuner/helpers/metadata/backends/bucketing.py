@@ -17,6 +17,7 @@ from simpletuner.helpers.metadata.buckets import (
 )
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.index_columns import ListColumn, MappedIds, StringColumn
 from simpletuner.helpers.metadata.split import SortedIds
 from simpletuner.helpers.metadata.video_buckets import clip_plans, with_frames
 
@@ -31,12 +32,15 @@ class Bucketing:
     video: VideoSettings | None  # a video dataset's frame settings
     caption_files: bool          # caption_strategy 'textfile': a sample needs its .txt
 
-    def build(self, found: FoundFiles, listing: Listing) -> tuple[DatasetIndex, dict[str, list[int]]]:
-        """The index, and each bucket as rows of ``files`` (what the cache stores).
+    def build(self, found: FoundFiles, listing: Listing, id_column: ListColumn | StringColumn
+              ) -> tuple[DatasetIndex, dict[str, np.ndarray]]:
+        """The index, and each bucket as ascending rows of ``files`` (what the cache stores).
 
-        ``files`` is in sample id order (the listing's), so every bucket is built sorted: a
-        SortedIds the split takes without checking it again. Sizes repeat (one camera, one
-        export setting), so each distinct size is decided once and the rows follow in numpy."""
+        ``files`` is in sample id order (the listing's), so a bucket's rows give its ids in
+        canonical order: a view of them in ``id_column`` (the file table's ids, as a list or
+        encoded for the cache) the split takes without checking it again. Sizes repeat (one
+        camera, one export setting), so each distinct size is decided once and the rows follow
+        in numpy."""
         files = found.files
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
         skipped += found.skipped
@@ -57,10 +61,10 @@ class Bucketing:
         numbers = bucket[kept].astype(np.int16 if len(keys) < 1 << 15 else np.int64)
         order = sized[kept][np.argsort(numbers, kind="stable")]
         counts = np.bincount(bucket[kept], minlength=len(keys)).tolist()
-        ordered = {key: part.tolist() for key, part in
+        ordered = {key: part for key, part in
                    zip(keys, np.split(order, np.cumsum(counts)[:-1])) if len(part)}
         skipped.sort(key=lambda s: (s.path, s.reason))
-        buckets = {key: SortedIds(map(files.ids.__getitem__, r)) for key, r in ordered.items()}
+        buckets = {key: MappedIds(id_column, rows) for key, rows in ordered.items()}
         sizes = files.image_sizes({s.path for s in skipped})
         index = DatasetIndex(self.dataset_id, buckets, sizes, skipped,
                              self.clip_plans(buckets, files))

@@ -19,6 +19,7 @@ from simpletuner.helpers.metadata.backends import probe_pool
 from simpletuner.helpers.metadata.backends.discovery import BAD_HEADER, Probe, probe_head
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import SkippedFile
+from simpletuner.helpers.metadata.index_columns import StringColumn
 
 if TYPE_CHECKING:
     from simpletuner.helpers.metadata.index_cache import LoadedIndex
@@ -37,6 +38,7 @@ class FoundFiles:
     forgotten: int                   # rows of the old table whose file is gone
     skipped: list[SkippedFile] = field(default_factory=list)   # beyond the rows' own errors
     captions: list[str | None] | None = None   # a caption per row of ``files``, if known
+    id_column: StringColumn | None = None  # ``files.ids`` encoded, where the source needed that
 
 
 class HeaderSource:

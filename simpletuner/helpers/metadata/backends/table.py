@@ -23,10 +23,11 @@ import numpy as np
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import (
-    ArrowTexts, TableColumns, TableFormatError, positive_whole, read_table,
+    ArrowTexts, TableColumns, TableFormatError, positive_whole, read_table, same_strings,
 )
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import SkippedFile
+from simpletuner.helpers.metadata.index_columns import StringColumn
 
 if TYPE_CHECKING:
     from simpletuner.helpers.metadata.index_cache import LoadedIndex
@@ -70,14 +71,11 @@ class TableSource:
                            if self.wants_captions else [])
         table = read_table(self.path, c.filename_column, c.width_column, c.height_column,
                            caption_columns)
-        rows, count = len(table.widths), len(listing.sample_ids)
-        position = self._positions(listing, table.names)
-        listed = position >= 0
-        first_row = np.full(count, -1, dtype=np.int64)  # the first row naming each listed file
-        named = np.flatnonzero(listed)[::-1]
-        first_row[position[named]] = named
-        duplicate = listed & (first_row[np.maximum(position, 0)] != np.arange(rows))
-        usable = listed & ~duplicate & (table.widths > 0) & (table.heights > 0)
+        id_column = StringColumn.encode(listing.sample_ids)
+        position = self._positions(listing, table.names, id_column)
+        count = len(listing.sample_ids)
+        first_row, duplicate = self._first_rows(position, count)
+        usable = (position >= 0) & ~duplicate & (table.widths > 0) & (table.heights > 0)
         if self.wants_captions:
             usable &= table.captions.is_valid().to_numpy(zero_copy_only=False)
         row_of_file = np.full(count, -1, dtype=np.int64)  # the usable row of each listed file
@@ -95,25 +93,37 @@ class TableSource:
             column = table.captions
             if not np.array_equal(row_of_file, np.arange(count)):  # else: in the listing's order
                 column = column.take(pyarrow.array(row_of_file, mask=row_of_file < 0))
-            captions = ArrowTexts(column.combine_chunks())
-        return FoundFiles(files, 0, 0, skipped, captions)
+            captions = ArrowTexts(column.chunk(0) if column.num_chunks == 1
+                                  else column.combine_chunks())
+        return FoundFiles(files, 0, 0, skipped, captions, id_column)
 
     @staticmethod
     def _by_file(values: np.ndarray, row_of_file: np.ndarray) -> np.ndarray:
         """A row-order column in listing order, 0 for files without a usable row."""
         return np.where(row_of_file >= 0, values[np.maximum(row_of_file, 0)], 0)
 
-    def _positions(self, listing: Listing, names) -> np.ndarray:
+    @staticmethod
+    def _first_rows(position: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(the first row naming each of ``count`` listed files, -1 if none; whether a row names
+        a file an earlier row named). A table in the listing's order needs neither worked out."""
+        rows = np.arange(len(position))
+        if len(position) == count and np.array_equal(position, rows):
+            return rows, np.zeros(len(position), bool)
+        first_row = np.full(count, -1, dtype=np.int64)
+        named = np.flatnonzero(position >= 0)[::-1]
+        first_row[position[named]] = named  # the last write, of the first row, wins
+        return first_row, (position >= 0) & (first_row[np.maximum(position, 0)] != rows)
+
+    def _positions(self, listing: Listing, names, id_column: StringColumn) -> np.ndarray:
         """Each row's position in the listing: NOT_LISTED, or NO_NAME without a file name."""
         import pyarrow
         import pyarrow.compute as pc
 
         ids = listing.sample_ids
         if self.config.identifier_includes_extension:
-            known = pyarrow.array(ids, pyarrow.string())
-            if len(names) == len(ids) and pc.all(pc.equal(names, known),
-                                                 skip_nulls=False).as_py() is True:
+            if same_strings(names, id_column):
                 return np.arange(len(ids), dtype=np.int64)  # a table in the listing's order
+            known = pyarrow.array(ids, pyarrow.string())
         else:  # 'a/img' names 'a/img.png'; with two such files the first in id order wins
             known = pyarrow.array([posixpath.splitext(i)[0] for i in ids], pyarrow.string())
         found = self._lookup(names, known)

@@ -18,7 +18,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-BATCH_ROWS = 1 << 17
+from simpletuner.helpers.metadata.index_columns import StringColumn
+
+BATCH_ROWS = 1 << 22  # a table of up to this many rows in one row group is one chunk: no copy
+COMPARED_ROWS = 1 << 17  # names compared with the listing per slice
 MAX_PIXELS_SIDE = 1 << 31  # a side beyond this is no image size (and would not fit int64 math)
 
 
@@ -104,7 +107,7 @@ def _read_parquet(path, names, filename, width, height, captions) -> TableColumn
         parts["widths"].append(batch.column(width))
         parts["heights"].append(batch.column(height))
         if captions:
-            parts["captions"].append(_caption_text([batch.column(n) for n in captions]))
+            parts["captions"].append(caption_text([batch.column(n) for n in captions]))
     kinds = {"names": pyarrow.string(), "widths": pyarrow.int64(),
              "heights": pyarrow.int64(), "captions": pyarrow.string()}
     column = {key: pyarrow.chunked_array(chunks, type=chunks[0].type if chunks else kinds[key])
@@ -146,7 +149,7 @@ def _python_text(values: list):
 def _from_python(columns: dict[str, list], filename, width, height, captions) -> TableColumns:
     import pyarrow
 
-    captioned = _caption_text([_python_text(columns[n]) for n in captions]) if captions else None
+    captioned = caption_text([_python_text(columns[n]) for n in captions]) if captions else None
     return TableColumns(  # one-chunk columns, as a parquet table of one batch gives
         pyarrow.chunked_array([_python_text(columns[filename])]), _python_pixels(columns[width]),
         _python_pixels(columns[height]),
@@ -195,18 +198,74 @@ def _text(column):
     return pyarrow.nulls(len(column), pyarrow.string())
 
 
-def _caption_text(columns: list):
+def caption_text(columns: list):
     """The first column's caption, trimmed, else the next one's where it is empty."""
-    import pyarrow
     import pyarrow.compute as pc
 
     chosen = None
     for column in columns:
-        trimmed = pc.utf8_trim_whitespace(_text(column))
-        trimmed = pc.if_else(pc.greater(pc.utf8_length(trimmed), 0), trimmed,
-                             pyarrow.scalar(None, pyarrow.string()))
+        trimmed = _trimmed_or_null(_text(column))
         chosen = trimmed if chosen is None else pc.coalesce(chosen, trimmed)
     return chosen
+
+
+def _trimmed_or_null(texts):
+    """``texts`` trimmed of white space, null where nothing is left; the column as it is when
+    no cell is empty or could start or end with white space (no copy of the captions)."""
+    import pyarrow
+    import pyarrow.compute as pc
+
+    if _already_trimmed(texts):
+        return texts
+    trimmed = pc.utf8_trim_whitespace(texts)
+    return pc.if_else(pc.greater(pc.utf8_length(trimmed), 0), trimmed,
+                      pyarrow.scalar(None, pyarrow.string()))
+
+
+def _already_trimmed(texts) -> bool:
+    """Every cell (of a string array) null, or not empty with a printable ASCII character
+    other than space first and last: a byte outside that may be (part of) white space."""
+    count = len(texts)
+    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset:texts.offset + count + 1]
+    starts, ends = offsets[:-1], offsets[1:]
+    if texts.null_count:
+        valid = texts.is_valid().to_numpy(zero_copy_only=False)
+        starts, ends = starts[valid], ends[valid]
+    if not len(starts):
+        return True
+    if np.any(ends <= starts):
+        return False
+    codes = np.frombuffer(texts.buffers()[2], np.uint8)
+    first, last = codes[starts], codes[ends - 1]
+    return bool(np.all((first > 0x20) & (first < 0x7F) & (last > 0x20) & (last < 0x7F)))
+
+
+def same_strings(texts, column: StringColumn) -> bool:
+    """A string column (Arrow, chunked) holds exactly the strings of ``column``, in its order:
+    compared as lengths and bytes a slice at a time, without a Python str per cell."""
+    if len(texts) != len(column) or texts.null_count:
+        return False
+    first = 0
+    for chunk in texts.chunks:
+        for at in range(0, len(chunk), COMPARED_ROWS):
+            part = chunk.slice(at, COMPARED_ROWS)
+            if not _same_part(part, column, first):
+                return False
+            first += len(part)
+    return True
+
+
+def _same_part(texts, column: StringColumn, first: int) -> bool:
+    count = len(texts)
+    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset:texts.offset + count + 1]
+    starts = column.starts[first:first + count + 1]
+    if not np.array_equal(np.diff(starts) - 1, np.diff(offsets)):  # a NUL ends each string
+        return False
+    data = texts.buffers()[2]
+    cells = (np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]] if data is not None
+             else np.zeros(0, np.uint8))
+    ours = column.blob[starts[0]:starts[-1]].tobytes().replace(b"\0", b"")
+    return np.array_equal(np.frombuffer(ours, np.uint8), cells)
 
 
 def read_file_names(path: str | Path, column: str) -> list[str]:
