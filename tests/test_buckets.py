@@ -2,6 +2,9 @@ import itertools
 import math
 import unittest
 
+import numpy as np
+
+from simpletuner.helpers.metadata.backends.bucketing import distinct_sizes
 from simpletuner.helpers.metadata.buckets import (
     BucketSettings, SizeFilters, bucket_for, bucket_key, parse_bucket_key, target_size,
 )
@@ -138,6 +141,33 @@ class FilterTest(unittest.TestCase):
         filters = SizeFilters("pixel")
         for width, height in size_grid():
             self.assertIsNone(filters.reason_to_skip(width, height))
+
+
+
+class DistinctSizesTest(unittest.TestCase):
+    """A file table's sizes told apart by counting where that is possible, else by sorting:
+    the same answer as numpy's unique of the packed sizes either way."""
+
+    def test_counted_or_sorted_the_sizes_and_each_rows_place_are_uniques(self):
+        rng = np.random.default_rng(0)
+        cases = {
+            "camera sizes": (rng.choice([512, 640, 768, 4032], 20_000),
+                             rng.choice([512, 768, 3024], 20_000)),
+            "one size": (np.full(5, 64), np.full(5, 96)),
+            "a side past the counted range": (np.array([70_000, 64, 64]), np.array([1, 2, 1])),
+            "too many combinations to count": (rng.integers(1, 3000, 50_000),
+                                               rng.integers(1, 3000, 50_000)),
+            "largest counted side": (np.array([65_535, 1]), np.array([1, 65_535])),
+            "none": (np.zeros(0, np.int64), np.zeros(0, np.int64)),
+        }
+        for name, (widths, heights) in cases.items():
+            with self.subTest(name):
+                widths, heights = widths.astype(np.int64), heights.astype(np.int64)
+                sizes, place = distinct_sizes(widths, heights)
+                expected, expected_place = np.unique(widths << 32 | heights, return_inverse=True)
+                self.assertEqual(sizes.tolist(), expected.tolist())
+                self.assertEqual(place.ravel().tolist(), expected_place.ravel().tolist())
+                self.assertEqual((sizes[place] >> 32).tolist(), widths.tolist())
 
 
 if __name__ == "__main__":

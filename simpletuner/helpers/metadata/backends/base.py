@@ -164,7 +164,8 @@ class MetadataBackend:
             return self._take_cached(cached)
         known = self._cached_files(cached) if usable else None
         found = self.source.read(listing, known or FileTable(), show_progress)
-        id_column = StringColumn.encode(found.files.ids)  # the cache's, also for the digest
+        # the ids as the cache stores them, also what the digests hash
+        id_column = found.id_column or StringColumn.encode(found.files.ids)
         index, rows = self.bucketing.build(found, listing, id_column)
         captions = self._index_captions(found, rows, listing, cached if known else None, known)
         columns = cache_columns(found.files, id_column, rows, captions)

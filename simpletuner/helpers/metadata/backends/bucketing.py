@@ -21,7 +21,33 @@ from simpletuner.helpers.metadata.index_columns import ListColumn, MappedIds, St
 from simpletuner.helpers.metadata.split import SortedIds
 from simpletuner.helpers.metadata.video_buckets import clip_plans, with_frames
 
+_COUNTED_SIDES = 1 << 16  # sizes with sides below this are told apart by counting
+
 MISSING_CAPTION = "missing caption: no <name>.txt beside the file (caption_strategy 'textfile')"
+
+
+def distinct_sizes(widths: np.ndarray, heights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(widths << 32 | heights, return_inverse=True)``; counted instead of sorted
+    where the sides and their combinations are few (what tables of images hold)."""
+    small = len(widths) and (min(widths.min(), heights.min()) >= 0
+                             and max(widths.max(), heights.max()) < _COUNTED_SIDES)
+    if small:
+        width_values, width_of = _counted(widths, _COUNTED_SIDES)
+        height_values, height_of = _counted(heights, _COUNTED_SIDES)
+        pairs = len(width_values) * len(height_values)
+        if pairs <= _COUNTED_SIDES:
+            pair_values, which = _counted(width_of * len(height_values) + height_of, pairs)
+            return (width_values[pair_values // len(height_values)] << 32
+                    | height_values[pair_values % len(height_values)]), which
+    return np.unique(widths << 32 | heights, return_inverse=True)
+
+
+def _counted(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct values, ascending; each value's place among them), for 0 <= values <
+    bound: one count of each value instead of a sort."""
+    present = np.bincount(values, minlength=bound) > 0
+    place = np.cumsum(present) - 1
+    return np.flatnonzero(present).astype(np.int64), place[values]
 
 
 @dataclass(frozen=True)
@@ -48,7 +74,7 @@ class Bucketing:
         sized = np.flatnonzero(widths > 0)  # the others' headers could not be used
         skipped += [SkippedFile(files.ids[row], files.errors[files.ids[row]])
                     for row in np.flatnonzero(widths <= 0).tolist()]
-        distinct, which = np.unique(widths[sized] << 32 | heights[sized], return_inverse=True)
+        distinct, which = distinct_sizes(widths[sized], heights[sized])
         decisions = [self._decide(size >> 32, size & 0xFFFFFFFF) for size in distinct.tolist()]
         refused = np.array([reason is not None for reason, _ in decisions], bool)[which]
         skipped += [SkippedFile(files.ids[sized[at]], decisions[which[at]][0])

@@ -23,7 +23,8 @@ import numpy as np
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import (
-    ArrowTexts, TableColumns, TableFormatError, positive_whole, read_table, same_strings,
+    ArrowTexts, TableColumns, TableFormatError, arrow_strings, positive_whole, read_table,
+    same_strings,
 )
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import SkippedFile
@@ -123,7 +124,7 @@ class TableSource:
         if self.config.identifier_includes_extension:
             if same_strings(names, id_column):
                 return np.arange(len(ids), dtype=np.int64)  # a table in the listing's order
-            known = pyarrow.array(ids, pyarrow.string())
+            known = arrow_strings(id_column)
         else:  # 'a/img' names 'a/img.png'; with two such files the first in id order wins
             known = pyarrow.array([posixpath.splitext(i)[0] for i in ids], pyarrow.string())
         found = self._lookup(names, known)

@@ -177,8 +177,9 @@ def pixels(column) -> np.ndarray:
 
     kind = column.type
     if pyarrow.types.is_integer(kind):
-        values = pyarrow.compute.fill_null(column, 0).to_numpy().astype(np.int64)
-        return np.where((values > 0) & (values < MAX_PIXELS_SIDE), values, 0)
+        values = pyarrow.compute.fill_null(column, 0).to_numpy().astype(np.int64, copy=False)
+        usable = (values > 0) & (values < MAX_PIXELS_SIDE)
+        return values if usable.all() else np.where(usable, values, 0)
     if pyarrow.types.is_floating(kind):
         values = pyarrow.compute.fill_null(column, 0.0).to_numpy().astype(np.float64)
         whole = (values > 0) & (values < MAX_PIXELS_SIDE) & (values == np.floor(values))
@@ -266,6 +267,18 @@ def _same_part(texts, column: StringColumn, first: int) -> bool:
              else np.zeros(0, np.uint8))
     ours = column.blob[starts[0]:starts[-1]].tobytes().replace(b"\0", b"")
     return np.array_equal(np.frombuffer(ours, np.uint8), cells)
+
+
+def arrow_strings(column: StringColumn):
+    """``column`` as an Arrow string array (its bytes without the NULs, no str per cell)."""
+    import pyarrow
+
+    data = column.blob.tobytes().replace(b"\0", b"")
+    offsets = column.starts - np.arange(len(column.starts), dtype=np.int64)
+    kind = pyarrow.string() if len(data) < 1 << 31 else pyarrow.large_string()
+    offsets = offsets.astype(np.int32 if kind == pyarrow.string() else np.int64)
+    return pyarrow.Array.from_buffers(kind, len(column), [None, pyarrow.py_buffer(offsets),
+                                                          pyarrow.py_buffer(data)])
 
 
 def read_file_names(path: str | Path, column: str) -> list[str]:
