@@ -1,4 +1,5 @@
-"""Views of the index cache's memory-mapped columns (index_cache.py): ids, sizes, captions.
+"""Views of the index cache's memory-mapped columns (index_cache.py): ids, sizes, captions;
+the same views serve the file table a refresh has just built.
 
 An id becomes a Python str only when it is asked for (the samples of a micro-batch, the trace,
 a lookup by bisection), so a bucket of millions costs its row numbers, not millions of strings.
@@ -146,10 +147,10 @@ class ListColumn:
 
 
 class MappedIds(SortedIds):
-    """A bucket's ids as rows of the mapped id column: the same Sequence of str, decoded on
-    access. ``rows`` None: every row of the column."""
+    """A bucket's ids as rows of an id column (the mapped cache's, or the file table's just
+    built): the same Sequence of str, decoded on access. ``rows`` None: every row."""
 
-    def __init__(self, column: StringColumn, rows: np.ndarray | None = None):
+    def __init__(self, column: StringColumn | ListColumn, rows: np.ndarray | None = None):
         self.column, self._rows = column, rows
 
     def __len__(self) -> int:
