@@ -130,7 +130,8 @@ class DistributedAuditTest(unittest.TestCase):
         self.assertIn(" 0 missing, 0 duplicated", results[0][1])
         self.assertIn("only the last epoch's", results[0][1])  # carried: nothing was trimmed
 
-        traces = [[json.loads(line) for line in (output / f"rank-{r}.jsonl").open()]
+        traces = [[json.loads(line) for line in
+                   (output / f"rank-{r}.jsonl").read_text(encoding="utf-8").splitlines()]
                   for r in range(WORLD)]
         self.assertEqual(len({len(t) for t in traces}), 1, "unequal micro-batch counts")
         for epoch in range(epochs):
@@ -161,7 +162,8 @@ class DistributedAuditTest(unittest.TestCase):
     def check_evaluation(self, folder: Path, stdout: str):
         """Each evaluation image once over the ranks; every rank one step."""
         self.assertIn("evaluation epoch 0: 3 assigned, 3 unique, 0 missing, 0 duplicated", stdout)
-        traces = [[json.loads(line) for line in (folder / f"rank-{r}.jsonl").open()]
+        traces = [[json.loads(line) for line in
+                   (folder / f"rank-{r}.jsonl").read_text(encoding="utf-8").splitlines()]
                   for r in range(WORLD)]
         self.assertEqual([len(t) for t in traces], [1] * WORLD)
         evaluated = Counter(s for t in traces for m in t if not m.get("stand_in")
@@ -229,7 +231,8 @@ class IssueCaseOnEightProcessesTest(unittest.TestCase):
             for rank, (code, out, err) in enumerate(results):
                 self.assertEqual(code, 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}")
             plan = json.loads((output / "plan.json").read_text())
-            traces = [[json.loads(line) for line in (output / f"rank-{r}.jsonl").open()]
+            traces = [[json.loads(line) for line in
+                       (output / f"rank-{r}.jsonl").read_text(encoding="utf-8").splitlines()]
                       for r in range(self.RANKS)]
             one_pass = Counter({("photos", f"photos_{i:03d}.png"): 1 for i in range(self.IMAGES)})
             carried = DistributedAuditTest.carried

@@ -349,7 +349,8 @@ class VideoAuditTest(unittest.TestCase):
         plan = json.loads((output / "plan.json").read_text())
         self.assertEqual(sorted(plan["datasets"]["clips"]["buckets"]),
                          ["64x80@13", "80x64@17", "80x64@21"])
-        traces = [[json.loads(line) for line in (output / f"rank-{r}.jsonl").open()]
+        traces = [[json.loads(line) for line in
+                   (output / f"rank-{r}.jsonl").read_text(encoding="utf-8").splitlines()]
                   for r in range(self.WORLD)]
         self.assertEqual(len({len(t) for t in traces}), 1)
         for at in range(0, len(traces[0]), 2):  # one optimizer step: 2 micro-batches x 3 ranks
