@@ -172,8 +172,7 @@ class MappedIds(SortedIds):
         return positions if self._rows is None else np.asarray(self._rows[positions], np.int64)
 
     def __iter__(self) -> Iterator[str]:
-        return self.column.iterate(self.rows_of(np.arange(len(self))) if self._rows is not None
-                                   else None)
+        return self.column.iterate(self._rows)
 
     def plain_joined(self, separator: bytes) -> bytes | None:
         return self.column.plain_joined(self._rows, separator)

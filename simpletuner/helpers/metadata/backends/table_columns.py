@@ -60,12 +60,19 @@ class ArrowTexts(Sequence):
 
         array = self.array.cast(pyarrow.large_string())  # int64 offsets
         known = array.is_valid().to_numpy(zero_copy_only=False)
-        count = len(array)
-        offsets = np.frombuffer(array.buffers()[1], np.int64)[
-            array.offset:array.offset + count + 1]
-        data = array.buffers()[2]
-        data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        offsets, data = string_buffers(array)
         return data[offsets[0]:offsets[-1]], offsets - offsets[0], known
+
+
+def string_buffers(texts) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, bytes) of an Arrow string or large_string array, as numpy views of its
+    buffers (no copy): cell i is bytes[offsets[i]:offsets[i + 1]]."""
+    import pyarrow
+
+    width = np.int64 if pyarrow.types.is_large_string(texts.type) else np.int32
+    offsets = np.frombuffer(texts.buffers()[1], width)[texts.offset:texts.offset + len(texts) + 1]
+    data = texts.buffers()[2]
+    return offsets, np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
 
 
 def read_table(path: Path, filename: str, width: str, height: str,
@@ -226,8 +233,7 @@ def _trimmed_or_null(texts):
 def _already_trimmed(texts) -> bool:
     """Every cell (of a string array) null, or not empty with a printable ASCII character
     other than space first and last: a byte outside that may be (part of) white space."""
-    count = len(texts)
-    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset:texts.offset + count + 1]
+    offsets, codes = string_buffers(texts)
     starts, ends = offsets[:-1], offsets[1:]
     if texts.null_count:
         valid = texts.is_valid().to_numpy(zero_copy_only=False)
@@ -236,7 +242,6 @@ def _already_trimmed(texts) -> bool:
         return True
     if np.any(ends <= starts):
         return False
-    codes = np.frombuffer(texts.buffers()[2], np.uint8)
     first, last = codes[starts], codes[ends - 1]
     return bool(np.all((first > 0x20) & (first < 0x7F) & (last > 0x20) & (last < 0x7F)))
 
@@ -257,16 +262,12 @@ def same_strings(texts, column: StringColumn) -> bool:
 
 
 def _same_part(texts, column: StringColumn, first: int) -> bool:
-    count = len(texts)
-    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset:texts.offset + count + 1]
-    starts = column.starts[first:first + count + 1]
+    offsets, data = string_buffers(texts)
+    starts = column.starts[first:first + len(texts) + 1]
     if not np.array_equal(np.diff(starts) - 1, np.diff(offsets)):  # a NUL ends each string
         return False
-    data = texts.buffers()[2]
-    cells = (np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]] if data is not None
-             else np.zeros(0, np.uint8))
     ours = column.blob[starts[0]:starts[-1]].tobytes().replace(b"\0", b"")
-    return np.array_equal(np.frombuffer(ours, np.uint8), cells)
+    return np.array_equal(np.frombuffer(ours, np.uint8), data[offsets[0]:offsets[-1]])
 
 
 def arrow_strings(column: StringColumn):
