@@ -21,7 +21,7 @@ from simpletuner.configuration import DatasetConfig
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.storage import Listing
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
-from simpletuner.helpers.metadata.backends.table import TableFormatError, TableSource
+from simpletuner.helpers.metadata.backends.table import NOT_LISTED, TableFormatError, TableSource
 from simpletuner.helpers.metadata.backends.table_columns import caption_text, same_strings
 from simpletuner.helpers.metadata.index_columns import StringColumn
 
@@ -264,6 +264,52 @@ class TableIndexTest(unittest.TestCase):
         self.assertEqual(index.skipped, [])
         self.assertGreater(len(index.buckets), 10)
         self.assertLess(elapsed, 60, "a table index should not take minutes")
+
+
+    def test_a_shuffled_table_of_many_rows_gives_the_index_of_the_ordered_one(self):
+        count = 150_000  # a listing looked up in parts, one per core
+        names = [f"shard{i % 7}/img{i:06d}.jpg" for i in range(count)]
+        ordered = {"filename": names, "width": [512 + 64 * (i % 9) for i in range(count)],
+                   "height": [768] * count}
+        shuffled = {key: [values[(i * 7919) % count] for i in range(count)]  # 7919 is prime
+                    for key, values in ordered.items()}
+        without_row = shuffled["filename"][1]
+        shuffled["filename"][:2] = ["/" + shuffled["filename"][0], "not/listed.jpg"]
+        indexes = {}
+        for name, columns in (("ordered", ordered), ("shuffled", shuffled)):
+            table = self.tmp / f"{name}.parquet"
+            pyarrow.parquet.write_table(pyarrow.table(columns), table)
+            dataset = DatasetConfig(id="many", instance_data_dir=str(self.data),
+                                    metadata_backend="parquet", parquet={"path": str(table)},
+                                    caption_strategy="filename")
+            storage = ListedOnly(names)
+            training = training_config(self.tmp / name, resolution=1024,
+                                       aspect_bucket_alignment=64)
+            backend = MetadataBackend(dataset, training, storage, self.tmp / name / "cache",
+                                      TableSource(storage, dataset))
+            indexes[name] = backend.refresh_index(show_progress=False)
+        self.assertEqual(indexes["ordered"].sample_count, count)
+        self.assertEqual({key: [i for i in ids if i != without_row]
+                          for key, ids in indexes["ordered"].buckets.items()},
+                         {key: list(ids) for key, ids in indexes["shuffled"].buckets.items()})
+        self.assertEqual({s.path: s.reason.split(": ", 1)[-1]
+                          for s in indexes["shuffled"].skipped},
+                         {"not/listed.jpg": "no such image in memory://listed-only",
+                          without_row: f"no row in the metadata table {self.tmp}/shuffled.parquet"})
+
+
+class LookupTest(unittest.TestCase):
+    def test_each_name_gets_its_first_position_whichever_part_holds_it(self):
+        known = ["a", "b", "c", "b", "d", "a", "e", "ü"]  # stems: the same one may recur
+        names = ["a", "b", "d", "e", "x", None, "c", "ü", "a"]
+        expected = [known.index(n) if n in known else NOT_LISTED for n in names]
+        for parts in (1, 2, 3, len(known), len(known) + 5):
+            with self.subTest(parts=parts):
+                found = TableSource._lookup(pyarrow.array(names, pyarrow.string()),
+                                            pyarrow.array(known, pyarrow.string()), parts)
+                self.assertEqual(found.tolist(), expected)
+        self.assertEqual(TableSource._lookup(pyarrow.array(["a"]), pyarrow.array([], "string"),
+                                             2).tolist(), [NOT_LISTED])
 
 
 class ColumnChecksTest(unittest.TestCase):

@@ -13,12 +13,12 @@ benchmarks/PERFORMANCE.md, bench_video_discovery.py).
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from simpletuner.common.cores import usable_cores
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.clip_probe import ClipProbe, probe_stored_clip
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
@@ -72,9 +72,8 @@ def probe_clips(storage: Storage, names: list[str], sizes: list[int], *,
                 threads: int | None = None) -> list[ClipProbe]:
     """Probe every clip in parallel; results in the order of ``names``."""
     if threads is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
         threads = (min(MAX_REMOTE_THREADS, storage.max_connections) if storage.remote
-                   else min(MAX_LOCAL_THREADS, cores))
+                   else min(MAX_LOCAL_THREADS, usable_cores()))
     threads = max(1, min(threads, len(names)))
     with ThreadPoolExecutor(threads) as pool, tqdm(total=len(names), desc=description,
                                                    unit="clip", disable=not show_progress) as bar:

@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Sequence
 from PIL import Image
 from tqdm import tqdm
 
+from simpletuner.common.cores import usable_cores
 from simpletuner.helpers.metadata.backends.discovery import Probe, probe_image
 
 logger = logging.getLogger(__name__)
@@ -43,8 +44,7 @@ REPORT_EVERY = 64  # probes per line a worker writes: the progress bar's granula
 
 def default_workers(count: int) -> int:
     """Worker processes for ``count`` headers: one per usable core, none for small jobs."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cores or 1, MAX_WORKERS, count // MIN_FILES_PER_WORKER))
+    return max(1, min(usable_cores(), MAX_WORKERS, count // MIN_FILES_PER_WORKER))
 
 
 def probe_images(paths: Sequence[str], *, max_pixels: int | None, workers: int | None = None,

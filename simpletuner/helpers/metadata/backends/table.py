@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simpletuner.common.cores import usable_cores
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import (
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["TableFormatError", "TableSource"]
 
 NOT_LISTED, NO_NAME = -1, -2  # a row's position when it names no listed file
+NAMES_PER_LOOKUP_PART = 1 << 16  # a smaller listing is looked up in one part, by one thread
 
 
 class TableSource:
@@ -127,22 +130,35 @@ class TableSource:
             known = arrow_strings(id_column)
         else:  # 'a/img' names 'a/img.png'; with two such files the first in id order wins
             known = pyarrow.array([posixpath.splitext(i)[0] for i in ids], pyarrow.string())
-        found = self._lookup(names, known)
+        parts = max(1, min(usable_cores(), len(known) // NAMES_PER_LOOKUP_PART))
+        found = self._lookup(names, known, parts)
         missed = np.flatnonzero(found < 0)
         if len(missed):  # '/a.png' names 'a.png'; '', '/' and non-text name nothing
             stripped = pc.utf8_ltrim(names.take(pyarrow.array(missed)), characters="/")
             empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True)
             found[missed] = np.where(empty.to_numpy(zero_copy_only=False), NO_NAME,
-                                     self._lookup(stripped, known))
+                                     self._lookup(stripped, known, parts))
         return found
 
     @staticmethod
-    def _lookup(names, known) -> np.ndarray:
-        """The first position of each name in ``known`` (a hash of ``known``), else NOT_LISTED."""
+    def _lookup(names, known, parts: int) -> np.ndarray:
+        """The first position of each name in ``known``, else NOT_LISTED. ``known`` is cut into
+        ``parts``, each hashed and probed by its own thread (pyarrow's index_in releases the
+        GIL): the hash of a million names takes as long as reading the table."""
         import pyarrow.compute as pc
 
-        found = pc.index_in(names, value_set=known)
-        return pc.fill_null(found, NOT_LISTED).to_numpy(zero_copy_only=False).astype(np.int64)
+        step = max(1, -(-len(known) // parts))
+
+        def look_up(first: int) -> np.ndarray:
+            found = pc.index_in(names, value_set=known.slice(first, step)).cast("int64")
+            return pc.fill_null(pc.add(found, first), NOT_LISTED).to_numpy(zero_copy_only=False)
+
+        found = np.full(len(names), NOT_LISTED, np.int64)
+        firsts = range(0, max(len(known), 1), step)
+        with ThreadPoolExecutor(len(firsts)) as pool:
+            for in_part in pool.map(look_up, firsts):  # in order: the first position wins
+                found = np.where(found < 0, in_part, found)
+        return found
 
     def _report_rows(self, bad_rows, position, first_row, table: TableColumns,
                      files: FileTable) -> list[SkippedFile]:
