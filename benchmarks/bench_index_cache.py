@@ -88,7 +88,9 @@ def write_all(folder: Path, rows: int, buckets: int) -> None:
     digests = {DIGEST_KEY: data_digest(columns, table, c["rows"], []),
                "index_digest": "not hashed"}
     meta = cache_meta("bench", b._file_entries_key(), b.settings(), table, c["rows"], [], digests)
-    b.history.write_if_changed(meta, columns, None)
+    with b.history.new_version() as version:
+        version.add(columns)
+        b.history.commit_if_changed(version, meta, None)
     print(f"written: JSON {json_written - start:.2f} s, index cache "
           f"{time.perf_counter() - json_written:.2f} s", file=sys.stderr)
     keys = sorted(c["rows"])

@@ -4,13 +4,14 @@
 
 A generated table (kept in $SIMPLETUNER_CACHE/benchmarks) of N rows: file name, width, height
 (40 aspect buckets) and caption. Each side runs in a fresh process, --repeats times, the sides
-taking turns (pyarrow, cold, shuffled, warm, load, pyarrow, ...) so that each meets the machine
-in the same states; the table gives each side's median and its fastest run, and the ratios and
-targets compare medians. On a VM most of pyarrow's own read is the kernel handing the process
+taking turns (pyarrow, cold, pyarrow shuffled, shuffled, warm, load, pyarrow, ...) so that each
+meets the machine in the same states; the table gives each side's median and its fastest run,
+and the ratios and targets compare medians, each build with pyarrow's read of its own table. On a VM most of pyarrow's own read is the kernel handing the process
 new memory, which varies from run to run by more than 2x: a best-of-N of pyarrow alone would
 compare with its luckiest run.
 
-* pyarrow: ``pyarrow.parquet.read_table`` of the same four columns (nothing else);
+* pyarrow: ``pyarrow.parquet.read_table`` of the same four columns (nothing else), of the table
+  in file-name order and of the shuffled one (which compresses less and reads a little slower);
 * cold: ``MetadataBackend.refresh_index`` with an empty cache (read the table, check every row,
   bucket, write the index cache with its captions), caption_strategy 'parquet';
 * cold, shuffled: the same over the same rows in random order (the names are then matched to
@@ -39,6 +40,12 @@ from benchlib import data_folder, emit, format_table, machine, peak_rss_mb, rati
     reset_peak_rss, current_rss_mb, verdict
 
 COLUMNS = ["filename", "width", "height", "caption"]
+SIDES = ["pyarrow", "cold", "pyarrow-shuffled", "shuffled", "warm", "load"]
+
+
+def _baseline(side: str) -> str:
+    """The pyarrow side a side's ratio is taken to: the read of the same table."""
+    return "pyarrow-shuffled" if side.endswith("shuffled") else "pyarrow"
 
 
 def table_path(rows: int, buckets: int, shuffled: bool = False) -> Path:
@@ -101,15 +108,16 @@ def backend_for(table: Path, cache: Path):
 def run_one(side: str, table: Path, cache: Path) -> dict:
     import pyarrow.parquet
 
-    if side == "shuffled":
+    if side.endswith("shuffled"):
         table = table.with_name(table.stem + "-shuffled.parquet")
-    backend = backend_for(table, cache) if side != "pyarrow" else None
+    reading = side.startswith("pyarrow")
+    backend = backend_for(table, cache) if not reading else None
     if side in ("warm", "load"):
         backend.refresh_index(show_progress=False)  # the cache a cold run left
     baseline = current_rss_mb()
     exact = reset_peak_rss()
     start = time.perf_counter()
-    if side == "pyarrow":
+    if reading:
         table_bytes = pyarrow.parquet.read_table(table, columns=COLUMNS).nbytes
     elif side == "load":
         index = backend.load_index()
@@ -117,7 +125,7 @@ def run_one(side: str, table: Path, cache: Path) -> dict:
         index = backend.refresh_index(show_progress=False)
     seconds = time.perf_counter() - start
     result = {"seconds": seconds, "peak_mb": peak_rss_mb() - baseline, "exact_peak": exact}
-    if side == "pyarrow":
+    if reading:
         result["columns_mb"] = table_bytes / 2**20
     else:
         result.update(samples=index.sample_count, buckets=len(index.buckets))
@@ -154,13 +162,15 @@ def measure(sides: list[str], table: Path, repeats: int) -> dict[str, dict]:
 
 def render(result: dict) -> str:
     sides = result["sides"]
-    base = sides["pyarrow"]["seconds"]
     labels = {"pyarrow": "pyarrow read_table (4 columns)", "cold": "project, cold (empty cache)",
+              "pyarrow-shuffled": "pyarrow read_table, rows shuffled",
               "shuffled": "project, cold, rows shuffled",
               "warm": "project, warm, main rank", "load": "project, load_index, other ranks"}
-    fastest = sides["pyarrow"]["fastest"]
-    rows = [[labels[s], m["seconds"], m["fastest"], m["peak_mb"], ratio(m["seconds"], base),
-             ratio(m["fastest"], fastest)] for s, m in sides.items()]
+    rows = []
+    for side, m in sides.items():
+        base = sides[_baseline(side)]
+        rows.append([labels[side], m["seconds"], m["fastest"], m["peak_mb"],
+                     ratio(m["seconds"], base["seconds"]), ratio(m["fastest"], base["fastest"])])
     m = result["machine"]
     lines = [f"Parquet metadata: {result['rows']:,} rows, {result['buckets']} buckets; "
              f"columns {sides['pyarrow']['columns_mb']} MiB; {m['cpus']} CPUs, load "
@@ -178,7 +188,7 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--one", choices=["pyarrow", "cold", "shuffled", "warm", "load"],
+    parser.add_argument("--one", choices=SIDES,
                         help=argparse.SUPPRESS)
     parser.add_argument("--table", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
@@ -190,15 +200,14 @@ def main() -> None:
     table_path(args.rows, args.buckets, shuffled=True)
     result = {"machine": machine(), "rows": args.rows, "buckets": args.buckets,
               "repeats": args.repeats,
-              "sides": measure(["pyarrow", "cold", "shuffled", "warm", "load"], table,
-                               args.repeats)}
+              "sides": measure(SIDES, table, args.repeats)}
     sides = result["sides"]
     pyarrow_s, columns_mb = sides["pyarrow"]["seconds"], sides["pyarrow"]["columns_mb"]
     result["targets"] = {
         "cold index build within 3x of pyarrow's read (medians; rows in file-name order)":
             sides["cold"]["seconds"] <= 3 * pyarrow_s,
         "cold index build within 3x of pyarrow's read (medians; rows shuffled)":
-            sides["shuffled"]["seconds"] <= 3 * pyarrow_s,
+            sides["shuffled"]["seconds"] <= 3 * sides["pyarrow-shuffled"]["seconds"],
         "warm start under 1 s (main rank and other ranks)":
             max(sides["warm"]["seconds"], sides["load"]["seconds"]) < 1,
         "peak memory of the cold build within 2x of the columns":

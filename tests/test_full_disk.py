@@ -9,11 +9,13 @@ import tempfile
 import unittest
 from pathlib import Path
 
+import numpy as np
 import torch
 from diffusers import DiffusionPipeline
 from safetensors.torch import save_file
 
 from simpletuner.common.atomic import atomic_write_bytes, atomic_write_json, atomic_write_with
+from simpletuner.helpers.metadata.index_file import write_columns
 from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.pipelines import export_pipeline
@@ -55,6 +57,8 @@ class AtomicWriteTest(FullDiskCase):
             "streamed.json": lambda path: atomic_write_json(path, ["x" * 100] * (BIG // 100)),
             "tensors.safetensors": lambda path: atomic_write_with(
                 path, lambda temporary: save_file(tensors, temporary)),
+            "columns.index": lambda path: write_columns(  # written by a thread of its own
+                path, {}, {"ids": np.zeros(BIG, np.uint8)}),
         }
         for name, write in writes.items():
             with self.subTest(name):

@@ -4,8 +4,11 @@ truncated, damaged or missing file refused, then rebuilt by the main rank."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import tempfile
 import unittest
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +22,9 @@ from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.index_cache import (
     DIGEST_KEY, LoadedIndex, cache_columns, cache_meta, load_cache,
 )
-from simpletuner.helpers.metadata.index_file import write_columns
+from simpletuner.helpers.metadata.index_file import (
+    ColumnFileWriter, IndexFileError, read_columns, write_columns,
+)
 from simpletuner.helpers.metadata.index_history import data_digest
 from simpletuner.helpers.metadata.index_columns import MappedIds, StringColumn, TextColumn
 
@@ -146,7 +151,10 @@ class MappedIndexTest(unittest.TestCase):
 
     def test_a_damaged_byte_is_refused_and_rewritten(self):
         path = self.backend().cache_path
-        for at, damage in ((-5, "CRC-32"), (40, "damaged")):  # a column's byte, the header's
+        header_length = int.from_bytes(path.read_bytes()[-20:-12], "little")
+        for at, damage in ((100, "CRC-32"),  # a column's byte
+                           (-20 - header_length // 2, "damaged"),  # the header's
+                           (-10, "truncated or extended")):  # the size in the footer
             with self.subTest(damage):
                 data = bytearray(path.read_bytes())
                 data[at] ^= 0x40
@@ -196,3 +204,53 @@ class SameFilesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ColumnFileTest(unittest.TestCase):
+    """The file layout itself: columns written while the caller works, the header last."""
+
+    def setUp(self):
+        self.folder = Path(tempfile.mkdtemp())
+
+    def tearDown(self):
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def test_columns_added_in_steps_come_back_with_the_header(self):
+        path = self.folder / "c.index"
+        with ColumnFileWriter(path) as writer:
+            writer.add({"a": np.arange(5, dtype=np.int64)})
+            writer.add({"b": np.array([True, False]), "c": np.frombuffer(b"xyz", np.uint8)})
+            self.assertFalse(path.exists())  # in place only when committed
+            writer.commit({"note": "ü"})
+        meta, columns = read_columns(path)
+        self.assertEqual(meta, {"note": "ü"})
+        self.assertEqual({name: values.tolist() for name, values in columns.items()},
+                         {"a": [0, 1, 2, 3, 4], "b": [True, False], "c": [120, 121, 122]})
+        self.assertEqual(path.read_bytes()[:8], b"STIDX02\n")
+        self.assertEqual(int.from_bytes(path.read_bytes()[-12:-4], "little"),
+                         path.stat().st_size)
+
+    def test_a_writer_left_without_a_commit_leaves_the_old_file_and_no_other(self):
+        path = self.folder / "c.index"
+        write_columns(path, {"version": "old"}, {"a": np.zeros(3, np.int64)})
+        with self.assertRaises(KeyError):
+            with ColumnFileWriter(path) as writer:
+                writer.add({"a": np.ones(1 << 20, np.int64)})
+                raise KeyError("the index could not be built")
+        self.assertEqual(read_columns(path)[0], {"version": "old"})
+        self.assertEqual([p.name for p in self.folder.iterdir()], ["c.index"])
+
+    def test_a_file_of_the_earlier_layout_is_read(self):
+        """Header first, its size in it: kept versions written before the footer still name
+        a resume's changed files."""
+        header = json.dumps({"meta": {"dataset_id": "d"}, "columns": {"x": ["|u1", 128, 3]},
+                             "size": 135}).encode()
+        head = b"STIDX01\n" + len(header).to_bytes(8, "little") + header
+        data = head + bytes(128 - len(head)) + b"abc"
+        path = self.folder / "old.index"
+        path.write_bytes(data + zlib.crc32(data).to_bytes(4, "little"))
+        meta, columns = read_columns(path)
+        self.assertEqual((meta, columns["x"].tobytes()), ({"dataset_id": "d"}, b"abc"))
+        path.write_bytes(data + bytes(4))
+        with self.assertRaisesRegex(IndexFileError, "CRC-32"):
+            read_columns(path)

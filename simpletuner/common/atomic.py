@@ -90,30 +90,44 @@ def naming_path(path: str | os.PathLike) -> Iterator[None]:
         raise OSError(f"cannot write {path}: {exc}") from exc
 
 
-def atomic_write_with(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(temporary_path)``, flush that file to disk, then rename it over ``path``.
+class Replacement:
+    """A new temporary file beside ``path`` (in the same folder, so the rename is a
+    same-filesystem one; with the permissions the umask gives new files), made to replace it:
+    ``commit()`` flushes it to disk and renames it over ``path``; leaving the ``with`` block
+    without a commit removes it. Parent folders are created."""
 
-    For writers that only take a path (safetensors' ``save_file``). The temporary file lives in
-    the same folder so ``os.replace`` is a same-filesystem rename, and ends with the permissions
-    the umask gives new files. Parent folders are created. On any failure the temporary file is
-    removed.
-    """
-    target = Path(path)
-    with naming_path(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp_name = str(_unique_name(target.parent, f".{target.name}.", ".tmp", _new_file))
-        try:
-            mode = stat.S_IMODE(os.stat(tmp_name).st_mode)  # the umask's
-            write(tmp_name)
-            os.chmod(tmp_name, mode)  # the writer may have replaced it (safetensors: a 0600 file)
-            fsync_file(tmp_name)
-            os.replace(tmp_name, target)
-        except BaseException:
+    def __init__(self, path: str | os.PathLike):
+        self.target = Path(path)
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.name = str(_unique_name(self.target.parent, f".{self.target.name}.", ".tmp",
+                                     _new_file))
+        self._mode = stat.S_IMODE(os.stat(self.name).st_mode)  # the umask's
+        self._committed = False
+
+    def commit(self) -> None:
+        os.chmod(self.name, self._mode)  # a writer may have replaced it (safetensors: 0600)
+        fsync_file(self.name)
+        os.replace(self.name, self.target)
+        self._committed = True
+
+    def __enter__(self) -> "Replacement":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if not self._committed:
             try:
-                os.unlink(tmp_name)
+                os.unlink(self.name)
             except FileNotFoundError:
                 pass
-            raise
+
+
+def atomic_write_with(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(temporary_path)``, flush that file to disk, then rename it over ``path``
+    (a Replacement). For writers that only take a path (safetensors' ``save_file``). On any
+    failure the temporary file is removed."""
+    with naming_path(path), Replacement(path) as temporary:
+        write(temporary.name)
+        temporary.commit()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

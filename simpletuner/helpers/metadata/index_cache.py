@@ -1,6 +1,6 @@
 """A dataset's index cache: one memory-mapped file the main rank writes and every rank maps.
 
-``<cache>/metadata/<dataset id>.index`` (index_file.py: a JSON header, numpy columns, a CRC)
+``<cache>/metadata/<dataset id>.index`` (index_file.py: numpy columns, a JSON header, a CRC)
 holds what discovery learnt and what it decided:
 
 * the file table (file_table.py), as columns: the sorted ids as one UTF-8 blob (each id
@@ -63,7 +63,8 @@ def _change_key_columns(keys: Sequence[Any]) -> dict[str, np.ndarray]:
     return {"change_key_json": texts.blob, "change_key_json_starts": texts.starts}
 
 
-def _caption_columns(captions: CaptionTable) -> dict[str, np.ndarray]:
+def caption_columns(captions: CaptionTable) -> dict[str, np.ndarray]:
+    """The captions, aligned with the file table's rows."""
     if isinstance(captions.texts, ArrowTexts):  # a table's: its Arrow buffers as they are
         blob, starts, known = captions.texts.text_column()
     else:
@@ -77,21 +78,28 @@ def _caption_columns(captions: CaptionTable) -> dict[str, np.ndarray]:
     return columns
 
 
+def file_columns(files: FileTable, id_column: StringColumn) -> dict[str, np.ndarray]:
+    """The file table (``id_column``: its ids encoded)."""
+    return {"id_bytes": id_column.blob, "id_starts": id_column.starts,
+            "bytes": np.asarray(files.sizes, np.int64).reshape(-1),
+            **_change_key_columns(files.change_keys),
+            "width": np.asarray(files.widths, np.int32).reshape(-1),
+            "height": np.asarray(files.heights, np.int32).reshape(-1)}
+
+
+def bucket_columns(rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The buckets' ``rows``, in the sorted key order the header lists."""
+    keys = sorted(rows)
+    return {"bucket_rows": np.concatenate([np.asarray(rows[key], np.int64) for key in keys]
+                                          or [np.zeros(0, np.int64)]),
+            "bucket_starts": np.cumsum([0] + [len(rows[key]) for key in keys], dtype=np.int64)}
+
+
 def cache_columns(files: FileTable, id_column: StringColumn, rows: Mapping[str, np.ndarray],
                   captions: CaptionTable | None) -> dict[str, np.ndarray]:
-    """The columns of a cache: the file table (``id_column``: its ids encoded), the buckets'
-    ``rows`` (in the sorted key order the header lists) and the captions aligned with the ids,
-    if kept."""
-    keys = sorted(rows)
-    columns = {"id_bytes": id_column.blob, "id_starts": id_column.starts,
-               "bytes": np.asarray(files.sizes, np.int64).reshape(-1),
-               **_change_key_columns(files.change_keys),
-               "width": np.asarray(files.widths, np.int32).reshape(-1),
-               "height": np.asarray(files.heights, np.int32).reshape(-1),
-               "bucket_rows": np.concatenate([np.asarray(rows[key], np.int64) for key in keys]
-                                             or [np.zeros(0, np.int64)]),
-               "bucket_starts": np.cumsum([0] + [len(rows[key]) for key in keys], dtype=np.int64)}
-    return columns if captions is None else {**columns, **_caption_columns(captions)}
+    """The columns of a cache: the file table, the buckets and the captions, if kept."""
+    columns = {**file_columns(files, id_column), **bucket_columns(rows)}
+    return columns if captions is None else {**columns, **caption_columns(captions)}
 
 
 def cache_meta(dataset_id: str, files_key: dict, settings: dict, files: FileTable,

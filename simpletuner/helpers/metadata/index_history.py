@@ -25,7 +25,7 @@ from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index_cache import (
     DIGEST_KEY, LoadedIndex, load_cache, same_content,
 )
-from simpletuner.helpers.metadata.index_file import IndexFileError, write_columns
+from simpletuner.helpers.metadata.index_file import ColumnFileWriter, IndexFileError
 
 PREVIOUS_FOLDER = "previous"
 KEPT_VERSIONS = 3  # per dataset; each is as large as the index cache
@@ -55,14 +55,21 @@ class IndexHistory:
         self.dataset_id = dataset_id
         self.folder = cache_path.parent / PREVIOUS_FOLDER / dataset_id
 
-    def write_if_changed(self, meta: dict, columns: dict, old: LoadedIndex | None) -> bool:
-        """Write the cache unless ``old`` (the one there) holds the same; keep the old file
-        first when the sample table differs. True if written."""
-        if old is not None and same_content(old, meta, columns):
+    def new_version(self) -> ColumnFileWriter:
+        """A new cache file, on its way to disk as its columns are added, so the writing
+        overlaps the index's last steps; ``commit_if_changed`` ends it."""
+        return ColumnFileWriter(self.cache_path)
+
+    def commit_if_changed(self, version: ColumnFileWriter, meta: dict,
+                          old: LoadedIndex | None) -> bool:
+        """Put ``version`` in place unless ``old`` (the cache there) holds the same (then the
+        with block removes the file written for nothing); keep the old file first when the
+        sample table differs. True if committed."""
+        if old is not None and same_content(old, meta, version.columns):
             return False
         if old is not None and old.meta[DIGEST_KEY] != meta[DIGEST_KEY]:
             self._keep(old.meta[DIGEST_KEY])
-        write_columns(self.cache_path, meta, columns)  # by rename: mapped old files stay whole
+        version.commit(meta)  # by rename: mapped old files stay whole
         self.cache_path.with_suffix(LEGACY_SUFFIX).unlink(missing_ok=True)
         return True
 

@@ -53,10 +53,11 @@ from simpletuner.helpers.metadata.buckets import (
 from simpletuner.helpers.metadata.file_table import FileTable, FileTableFormatError
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.index_cache import (
-    DIGEST_KEY, LoadedIndex, cache_columns, cache_meta, load_cache,
+    DIGEST_KEY, LoadedIndex, bucket_columns, cache_meta, caption_columns, file_columns,
+    load_cache,
 )
 from simpletuner.helpers.metadata.index_columns import ListColumn, StringColumn
-from simpletuner.helpers.metadata.index_file import IndexFileError
+from simpletuner.helpers.metadata.index_file import ColumnFileWriter, IndexFileError
 from simpletuner.helpers.metadata.index_history import IndexHistory, IndexVersion, data_digest
 from simpletuner.helpers.metadata.split import BucketSlice, DatasetSpec, split_dataset
 
@@ -166,16 +167,16 @@ class MetadataBackend:
         found = self.source.read(listing, known or FileTable(), show_progress)
         # the ids as the cache stores them, also what the digests hash
         id_column = found.id_column or StringColumn.encode(found.files.ids)
-        index, rows = self.bucketing.build(found, listing, id_column)
-        captions = self._index_captions(found, rows, listing, cached if known else None, known)
-        columns = cache_columns(found.files, id_column, rows, captions)
-        skipped = [[s.path, s.reason] for s in index.skipped]
-        digests = {DIGEST_KEY: data_digest(columns, found.files, rows, skipped),
-                   "index_digest": index.digest()}
-        meta = cache_meta(self.dataset.id, self._file_entries_key(), self.settings(),
-                          found.files, rows, skipped, digests,
-                          self.video.fps if self.video is not None else None)
-        written = self.history.write_if_changed(meta, columns, cached)
+        with self.history.new_version() as version:  # on its way to disk while it is built
+            index, rows = self._bucket_into(version, found, listing, id_column,
+                                            cached if known else None, known)
+            skipped = [[s.path, s.reason] for s in index.skipped]
+            digests = {DIGEST_KEY: data_digest(version.columns, found.files, rows, skipped),
+                       "index_digest": index.digest()}
+            meta = cache_meta(self.dataset.id, self._file_entries_key(), self.settings(),
+                              found.files, rows, skipped, digests,
+                              self.video.fps if self.video is not None else None)
+            written = self.history.commit_if_changed(version, meta, cached)
         listed = len(found.files.ids)
         self.last_refresh = RefreshReport(
             listed=listed, reused=listed - found.read, read=found.read,
@@ -330,15 +331,25 @@ class MetadataBackend:
         return self.dataset.caption_strategy in ("parquet", "huggingface") or (
             self.dataset.caption_strategy == "textfile" and self.storage.remote)
 
-    def _index_captions(self, found: FoundFiles, rows: dict[str, np.ndarray], listing: Listing,
-                        cached: LoadedIndex | None, known: FileTable | None) -> CaptionTable | None:
-        """The captions the cache keeps: the table's, or the remote caption files of the
-        indexed samples (``rows``; changed ones fetched); None when read on demand."""
-        if not self._captions_in_index():
-            return None
-        ids = found.files.ids
-        if found.captions is not None:  # every usable row's, also of the few filtered out
-            return CaptionTable(ids, found.captions)
+    def _bucket_into(self, version: ColumnFileWriter, found: FoundFiles, listing: Listing,
+                     id_column: StringColumn, cached: LoadedIndex | None,
+                     known: FileTable | None) -> tuple[DatasetIndex, dict[str, np.ndarray]]:
+        """Bucket the files, adding each of the cache's columns to ``version`` once known: the
+        file table and a table's captions go to disk while the buckets are made."""
+        version.add(file_columns(found.files, id_column))
+        keeps_captions = self._captions_in_index()
+        if keeps_captions and found.captions is not None:  # every usable row's
+            version.add(caption_columns(CaptionTable(found.files.ids, found.captions)))
+        index, rows = self.bucketing.build(found, listing, id_column)
+        version.add(bucket_columns(rows))
+        if keeps_captions and found.captions is None:
+            version.add(caption_columns(self._caption_files(found.files.ids, rows, listing,
+                                                            cached, known)))
+        return index, rows
+
+    def _caption_files(self, ids: list[str], rows: dict[str, np.ndarray], listing: Listing,
+                       cached: LoadedIndex | None, known: FileTable | None) -> CaptionTable:
+        """The remote caption files of the indexed samples (``rows``): changed ones fetched."""
         before = cached.caption_table(known.ids) if cached is not None else None
         indexed = sorted(row for bucket in rows.values() for row in bucket.tolist())
         return fetch_caption_files(self.storage, ids, indexed, listing, before)
