@@ -202,9 +202,6 @@ class SameFilesTest(unittest.TestCase):
                     self.assertFalse(cached.same_files(changed), changed)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class ColumnFileTest(unittest.TestCase):
     """The file layout itself: columns written while the caller works, the header last."""
@@ -254,3 +251,7 @@ class ColumnFileTest(unittest.TestCase):
         path.write_bytes(data + bytes(4))
         with self.assertRaisesRegex(IndexFileError, "CRC-32"):
             read_columns(path)
+
+
+if __name__ == "__main__":
+    unittest.main()
