@@ -202,7 +202,6 @@ class SameFilesTest(unittest.TestCase):
                     self.assertFalse(cached.same_files(changed), changed)
 
 
-
 class ColumnFileTest(unittest.TestCase):
     """The file layout itself: columns written while the caller works, the header last."""
 
