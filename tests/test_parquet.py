@@ -22,7 +22,9 @@ from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.storage import Listing
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.backends.table import NOT_LISTED, TableFormatError, TableSource
-from simpletuner.helpers.metadata.backends.table_columns import caption_text, same_strings
+from simpletuner.helpers.metadata.backends.table_columns import (
+    arrow_strings, caption_text, same_strings,
+)
 from simpletuner.helpers.metadata.index_columns import StringColumn
 
 IMAGES = {"a.png": (64, 64, "PNG"), "sub/b c.jpg": (96, 64, "JPEG"),
@@ -306,10 +308,24 @@ class LookupTest(unittest.TestCase):
         for parts in (1, 2, 3, len(known), len(known) + 5):
             with self.subTest(parts=parts):
                 found = TableSource._lookup(pyarrow.array(names, pyarrow.string()),
-                                            pyarrow.array(known, pyarrow.string()), parts)
+                                            pyarrow.array(known, pyarrow.string()), parts,
+                                            known_sorted=False)
                 self.assertEqual(found.tolist(), expected)
         self.assertEqual(TableSource._lookup(pyarrow.array(["a"]), pyarrow.array([], "string"),
-                                             2).tolist(), [NOT_LISTED])
+                                             2, known_sorted=True).tolist(), [NOT_LISTED])
+
+    def test_a_sorted_listing_is_probed_part_by_part_with_the_names_in_each_range(self):
+        known = sorted(["a.png", "a/b.png", "b.png", "c d.png", "z.png", "ä.png", "é/x.png",
+                        "\U0001f600.png", "\ud800.png"])  # by code point, as a listing is
+        names = pyarrow.chunked_array([[known[5], None, "0.png", known[0], "zz.png"],
+                                       [known[-1], "b.png", known[3], "é/x.pn", known[8]]],
+                                      pyarrow.string())
+        expected = [known.index(n) if n in known else NOT_LISTED for n in names.to_pylist()]
+        for parts in (1, 2, 3, 4, len(known), len(known) + 3):
+            with self.subTest(parts=parts):
+                known_arrow = arrow_strings(StringColumn.encode(known))
+                self.assertEqual(TableSource._lookup(names, known_arrow, parts,
+                                                     known_sorted=True).tolist(), expected)
 
 
 class ColumnChecksTest(unittest.TestCase):

@@ -73,9 +73,11 @@ class TableSource:
         c = self.config
         caption_columns = ([n for n in (c.caption_column, c.fallback_caption_column) if n]
                            if self.wants_captions else [])
-        table = read_table(self.path, c.filename_column, c.width_column, c.height_column,
-                           caption_columns)
-        id_column = StringColumn.encode(listing.sample_ids)
+        with ThreadPoolExecutor(1) as encoder:  # the ids encoded while pyarrow reads
+            encoding = encoder.submit(StringColumn.encode, listing.sample_ids)
+            table = read_table(self.path, c.filename_column, c.width_column, c.height_column,
+                               caption_columns)
+            id_column = encoding.result()
         position = self._positions(listing, table.names, id_column)
         count = len(listing.sample_ids)
         first_row, duplicate = self._first_rows(position, count)
@@ -124,40 +126,53 @@ class TableSource:
         import pyarrow.compute as pc
 
         ids = listing.sample_ids
-        if self.config.identifier_includes_extension:
+        whole = self.config.identifier_includes_extension
+        if whole:
             if same_strings(names, id_column):
                 return np.arange(len(ids), dtype=np.int64)  # a table in the listing's order
-            known = arrow_strings(id_column)
+            known = arrow_strings(id_column)  # sorted, as a listing is
         else:  # 'a/img' names 'a/img.png'; with two such files the first in id order wins
             known = pyarrow.array([posixpath.splitext(i)[0] for i in ids], pyarrow.string())
         parts = max(1, min(usable_cores(), len(known) // NAMES_PER_LOOKUP_PART))
-        found = self._lookup(names, known, parts)
+        found = self._lookup(names, known, parts, known_sorted=whole)
         missed = np.flatnonzero(found < 0)
         if len(missed):  # '/a.png' names 'a.png'; '', '/' and non-text name nothing
             stripped = pc.utf8_ltrim(names.take(pyarrow.array(missed)), characters="/")
             empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True)
             found[missed] = np.where(empty.to_numpy(zero_copy_only=False), NO_NAME,
-                                     self._lookup(stripped, known, parts))
+                                     self._lookup(stripped, known, parts, whole))
         return found
 
     @staticmethod
-    def _lookup(names, known, parts: int) -> np.ndarray:
+    def _lookup(names, known, parts: int, known_sorted: bool) -> np.ndarray:
         """The first position of each name in ``known``, else NOT_LISTED. ``known`` is cut into
         ``parts``, each hashed and probed by its own thread (pyarrow's index_in releases the
-        GIL): the hash of a million names takes as long as reading the table."""
+        GIL); when ``known`` is sorted, each part is probed only with the names in its range."""
+        import pyarrow
         import pyarrow.compute as pc
 
         step = max(1, -(-len(known) // parts))
+        firsts = range(0, max(len(known), 1), step)
+        routed = known_sorted and len(firsts) > 1
+        if routed:  # Arrow orders strings by their bytes, the listing's (code point) order
+            part_of = sum(pc.fill_null(pc.greater_equal(names, known[first]), False)
+                          .to_numpy(zero_copy_only=False).astype(np.int64)
+                          for first in firsts[1:])
 
-        def look_up(first: int) -> np.ndarray:
-            found = pc.index_in(names, value_set=known.slice(first, step)).cast("int64")
-            return pc.fill_null(pc.add(found, first), NOT_LISTED).to_numpy(zero_copy_only=False)
+        def look_up(part: int, first: int) -> tuple[np.ndarray | None, np.ndarray]:
+            rows = np.flatnonzero(part_of == part) if routed else None
+            probed = names if rows is None else names.take(pyarrow.array(rows))
+            found = pc.index_in(probed, value_set=known.slice(first, step)).cast("int64")
+            return rows, pc.fill_null(pc.add(found, first), NOT_LISTED).to_numpy(
+                zero_copy_only=False)
 
         found = np.full(len(names), NOT_LISTED, np.int64)
-        firsts = range(0, max(len(known), 1), step)
         with ThreadPoolExecutor(len(firsts)) as pool:
-            for in_part in pool.map(look_up, firsts):  # in order: the first position wins
-                found = np.where(found < 0, in_part, found)
+            for rows, in_part in pool.map(look_up, range(len(firsts)), firsts):
+                if rows is not None:
+                    found[rows] = in_part
+                else:  # in order: the first position wins
+                    found = np.where(found < 0, in_part, found)
         return found
 
     def _report_rows(self, bad_rows, position, first_row, table: TableColumns,
