@@ -88,7 +88,7 @@ def write_all(folder: Path, rows: int, buckets: int) -> None:
     digests = {DIGEST_KEY: data_digest(columns, table, c["rows"], []),
                "index_digest": "not hashed"}
     meta = cache_meta("bench", b._file_entries_key(), b.settings(), table, c["rows"], [], digests)
-    with b.history.new_version() as version:
+    with b.history.new_version(None) as version:
         version.add(columns)
         b.history.commit_if_changed(version, meta, None)
     print(f"written: JSON {json_written - start:.2f} s, index cache "

@@ -48,10 +48,12 @@ class ColumnFileWriter:
     cache and the CRC overlap the caller's work), the header last. ``commit(meta)`` finishes
     the file and renames it over ``path``; leaving the ``with`` block without a commit removes
     it. Added arrays must not change until then. A failed write (a full disk) raises from
-    ``commit``, naming ``path``."""
+    ``commit``, naming ``path``. ``write_early`` False holds every write until ``commit``, for
+    a file that may well be dropped."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, write_early: bool = True):
         self.path = Path(path)
+        self._held: list | None = None if write_early else []  # writes waiting for commit
         self.columns: dict[str, np.ndarray] = {}  # as added, for the caller's digests
         self._placed: dict[str, list] = {}
         self._end = len(MAGIC)  # queued in __enter__
@@ -89,6 +91,9 @@ class ColumnFileWriter:
                             sort_keys=True).encode("utf-8")
         size = self._end + len(header) + _FOOTER
         self._queue(header + len(header).to_bytes(8, "little") + size.to_bytes(8, "little"))
+        held, self._held = self._held or [], None
+        for data in held:
+            self._queue(data)
         with naming_path(self.path):
             for write in self._writes:
                 write.result()  # the first failed write's error
@@ -97,7 +102,10 @@ class ColumnFileWriter:
             self._replacement.commit()
 
     def _queue(self, data) -> None:
-        self._writes.append(self._thread.submit(self._write, data))
+        if self._held is not None:
+            self._held.append(data)
+        else:
+            self._writes.append(self._thread.submit(self._write, data))
 
     def _write(self, data) -> None:
         self._crc = zlib.crc32(data, self._crc)
@@ -152,7 +160,7 @@ def _read_header(source, size: int) -> dict[str, Any]:
     if size < len(MAGIC) + _FOOTER:
         raise IndexFileError("truncated: no footer")
     source.seek(size - _FOOTER)
-    footer = source.read(16)
+    footer = source.read(_FOOTER - 4)  # the CRC is checked with the rest
     length, written_size = (int.from_bytes(footer[at:at + 8], "little") for at in (0, 8))
     if written_size != size:
         raise IndexFileError(f"truncated or extended: {size} bytes, written as {written_size}")

@@ -55,10 +55,11 @@ class IndexHistory:
         self.dataset_id = dataset_id
         self.folder = cache_path.parent / PREVIOUS_FOLDER / dataset_id
 
-    def new_version(self) -> ColumnFileWriter:
+    def new_version(self, old: LoadedIndex | None) -> ColumnFileWriter:
         """A new cache file, on its way to disk as its columns are added, so the writing
-        overlaps the index's last steps; ``commit_if_changed`` ends it."""
-        return ColumnFileWriter(self.cache_path)
+        overlaps the index's last steps; ``commit_if_changed`` ends it. With ``old`` (the cache
+        there) the rebuild may come out the same: nothing is written before that is known."""
+        return ColumnFileWriter(self.cache_path, write_early=old is None)
 
     def commit_if_changed(self, version: ColumnFileWriter, meta: dict,
                           old: LoadedIndex | None) -> bool:

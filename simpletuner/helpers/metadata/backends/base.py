@@ -167,7 +167,7 @@ class MetadataBackend:
         found = self.source.read(listing, known or FileTable(), show_progress)
         # the ids as the cache stores them, also what the digests hash
         id_column = found.id_column or StringColumn.encode(found.files.ids)
-        with self.history.new_version() as version:  # on its way to disk while it is built
+        with self.history.new_version(cached) as version:  # to disk while it is built
             index, rows = self._bucket_into(version, found, listing, id_column,
                                             cached if known else None, known)
             skipped = [[s.path, s.reason] for s in index.skipped]
