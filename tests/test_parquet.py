@@ -10,8 +10,10 @@ import shutil
 import tempfile
 import time
 import unittest
+from itertools import product
 from pathlib import Path
 
+import numpy as np
 import pyarrow
 import pyarrow.parquet
 import torch.nn.functional as F
@@ -20,12 +22,17 @@ from discovery_fixtures import encode, image, rotated_jpeg, training_config, wri
 from simpletuner.configuration import DatasetConfig
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.storage import Listing
-from simpletuner.helpers.metadata.backends.base import MetadataBackend
-from simpletuner.helpers.metadata.backends.table import NOT_LISTED, TableFormatError, TableSource
+from simpletuner.helpers.metadata.backends.base import MetadataBackend, MetadataCacheError
+from simpletuner.helpers.metadata.backends.table import TableFormatError, TableSource
 from simpletuner.helpers.metadata.backends.table_columns import (
-    arrow_strings, caption_text, same_strings,
+    arrow_strings, caption_text,
 )
+from simpletuner.helpers.metadata.backends.table_lookup import (
+    NOT_LISTED, positions_in, positions_in_sorted,
+)
+from simpletuner.helpers.metadata.index_cache import load_cache
 from simpletuner.helpers.metadata.index_columns import StringColumn
+from simpletuner.helpers.metadata.index_file import read_columns, write_columns
 
 IMAGES = {"a.png": (64, 64, "PNG"), "sub/b c.jpg": (96, 64, "JPEG"),
           "sub/ünï.webp": (64, 96, "WEBP"), "d.png": (80, 48, "PNG")}
@@ -109,8 +116,50 @@ class TableIndexTest(unittest.TestCase):
         other = self.backend(table, caption_strategy="parquet",
                              parquet={"fallback_caption_column": "short"})
         other.load_index()
-        self.assertEqual(other.caption_for("a.png"), "cap 0")
-        self.assertEqual(other.caption_for("sub/b c.jpg"), "fallback caption")
+        expected = {row["filename"]: row["caption"] or row["short"] for row in rows}
+        self.assertEqual({name: other.caption_for(name) for name in expected}, expected)
+        self.assertEqual(expected["sub/b c.jpg"], "fallback caption")
+        # rows out of the listing's order: the captions stay in the table's, each file's row
+        # beside them
+        columns = load_cache(main.cache_path).columns
+        self.assertEqual([r["filename"] for r in rows], [*IMAGES, "rot.jpg"])
+        self.assertEqual(columns["caption_rows"].tolist(), [0, 3, 4, 1, 2])  # sorted ids' rows
+
+    def test_caption_rows_outside_the_captions_are_refused_by_load_index(self):
+        table = write_table(self.tmp / "meta.parquet", self.rows)
+        main = self.backend(table, caption_strategy="parquet")
+        main.refresh_index(False)
+        meta, columns = read_columns(main.cache_path)
+        for bad_row, bad_length in ((5, 0), (-2, 0), (0, 1)):
+            damaged = {name: np.array(values) for name, values in columns.items()}
+            damaged["caption_rows"][1] = bad_row
+            damaged["caption_rows"] = np.append(damaged["caption_rows"],
+                                                np.zeros(bad_length, np.int64))
+            write_columns(main.cache_path, meta, damaged)
+            with self.subTest(row=bad_row, extra=bad_length):
+                with self.assertRaisesRegex(MetadataCacheError, "malformed index.*caption"):
+                    self.backend(table, caption_strategy="parquet").load_index()
+
+    def test_a_table_in_the_listings_order_keeps_no_caption_rows_and_older_caches_hold(self):
+        rows = sorted(self.rows, key=lambda row: row["filename"])
+        table = write_table(self.tmp / "meta.parquet", rows)
+        main = self.backend(table, caption_strategy="parquet")
+        main.refresh_index(False)
+        meta, columns = read_columns(main.cache_path)
+        self.assertNotIn("caption_rows", columns)
+        # a version 2 cache (before caption_rows existed) is taken as it is, not rebuilt
+        write_columns(main.cache_path, {**meta, "version": 2},
+                      {name: np.array(values) for name, values in columns.items()})
+        again = self.backend(table, caption_strategy="parquet")
+        again.refresh_index(False)
+        self.assertFalse(again.last_refresh.cache_written)
+        self.assertEqual({r["filename"]: again.caption_for(r["filename"]) for r in rows},
+                         {r["filename"]: r["caption"] for r in rows})
+        write_columns(main.cache_path, {**meta, "version": 1}, dict(columns))
+        rebuilt = self.backend(table, caption_strategy="parquet")
+        rebuilt.refresh_index(False)
+        self.assertTrue(rebuilt.last_refresh.cache_written)
+        self.assertEqual(load_cache(main.cache_path).meta["version"], 3)
 
     def test_identifiers_without_extension(self):
         rows = [{**r, "filename": r["filename"].rsplit(".", 1)[0]} for r in self.rows]
@@ -305,48 +354,40 @@ class LookupTest(unittest.TestCase):
         known = ["a", "b", "c", "b", "d", "a", "e", "ü"]  # stems: the same one may recur
         names = ["a", "b", "d", "e", "x", None, "c", "ü", "a"]
         expected = [known.index(n) if n in known else NOT_LISTED for n in names]
-        for parts in (1, 2, 3, len(known), len(known) + 5):
-            with self.subTest(parts=parts):
-                found = TableSource._lookup(pyarrow.array(names, pyarrow.string()),
-                                            pyarrow.array(known, pyarrow.string()), parts,
-                                            known_sorted=False)
+        for part_size, threads in product((1, 2, 3, len(known), len(known) + 5), (1, 2, 3)):
+            with self.subTest(part_size=part_size, threads=threads):
+                found = positions_in(pyarrow.array(names, pyarrow.string()),
+                                     pyarrow.array(known, pyarrow.string()), threads, part_size)
                 self.assertEqual(found.tolist(), expected)
-        self.assertEqual(TableSource._lookup(pyarrow.array(["a"]), pyarrow.array([], "string"),
-                                             2, known_sorted=True).tolist(), [NOT_LISTED])
+        for look_up in (positions_in, positions_in_sorted):
+            self.assertEqual(look_up(pyarrow.array(["a", None]), pyarrow.array([], "string"),
+                                     2).tolist(), [NOT_LISTED] * 2)
 
     def test_a_sorted_listing_is_probed_part_by_part_with_the_names_in_each_range(self):
         known = sorted(["a.png", "a/b.png", "b.png", "c d.png", "z.png", "ä.png", "é/x.png",
                         "\U0001f600.png", "\ud800.png"])  # by code point, as a listing is
         names = pyarrow.chunked_array([[known[5], None, "0.png", known[0], "zz.png"],
-                                       [known[-1], "b.png", known[3], "é/x.pn", known[8]]],
-                                      pyarrow.string())
+                                       [known[-1], "b.png", known[3], "é/x.pn", known[8]],
+                                       [], [known[5], known[1]]], pyarrow.string())
         expected = [known.index(n) if n in known else NOT_LISTED for n in names.to_pylist()]
-        for parts in (1, 2, 3, 4, len(known), len(known) + 3):
-            with self.subTest(parts=parts):
-                known_arrow = arrow_strings(StringColumn.encode(known))
-                self.assertEqual(TableSource._lookup(names, known_arrow, parts,
-                                                     known_sorted=True).tolist(), expected)
+        known_arrow = arrow_strings(StringColumn.encode(known))
+        for part_size, threads in product((1, 2, 3, 4, len(known), len(known) + 3), (1, 2, 5)):
+            with self.subTest(part_size=part_size, threads=threads):
+                self.assertEqual(positions_in_sorted(names, known_arrow, threads,
+                                                     part_size).tolist(), expected)
+        self.assertEqual(positions_in_sorted(names.slice(0, 0), known_arrow, 2, 2).tolist(), [])
 
 
 class ColumnChecksTest(unittest.TestCase):
     """The whole-column checks a table's rows go through before a cell becomes a Python str."""
 
-    def test_names_equal_the_listing_only_with_every_byte_and_length_alike(self):
-        ids = [f"d{i % 5}/img_{i:06d}.png" for i in range(300_000)]  # crosses compared slices
-        column = StringColumn.encode(ids)
-        self.assertTrue(same_strings(pyarrow.chunked_array([ids]), column))
-        self.assertTrue(same_strings(pyarrow.chunked_array(
-            [ids[:1000], ids[1000:200_000], ids[200_000:]]), column))
-        sliced = pyarrow.array(["x"] + ids)[1:]  # an array with an offset
-        self.assertTrue(same_strings(pyarrow.chunked_array([sliced]), column))
-        for changed in ([*ids[:250_000], "d0/img_25000X.png", *ids[250_001:]],
-                        [*ids[:7], None, *ids[8:]], ids[:-1], ids + ["z.png"]):
-            with self.subTest(length=len(changed)):
-                self.assertFalse(same_strings(pyarrow.chunked_array([changed]), column))
-        self.assertFalse(same_strings(pyarrow.chunked_array([["ab", "c"]]),
-                                      StringColumn.encode(["a", "bc"])))
-        self.assertTrue(same_strings(pyarrow.chunked_array([["", "ü"]]),
-                                     StringColumn.encode(["", "ü"])))
+    def test_the_listing_becomes_arrow_strings_with_every_boundary_kept(self):
+        for ids in (["ab", "c"], ["a", "bc"], ["", "ü", "", "\U0001f600"], [],
+                    [f"d{i % 5}/img_{i:06d}.png" for i in range(300_000)]):
+            with self.subTest(count=len(ids)):
+                strings = arrow_strings(StringColumn.encode(ids))
+                self.assertEqual(strings.type, pyarrow.string())
+                self.assertEqual(strings.to_pylist(), ids)
 
     def test_captions_are_trimmed_and_blank_ones_null_and_trimmed_ones_not_copied(self):
         cells = ["plain", " lead", "trail\n", "\u3000wide\u00a0", "ünï", "", "  ", None, "x"]

@@ -44,8 +44,10 @@ from simpletuner.helpers.metadata.index_columns import (
 from simpletuner.helpers.metadata.index_file import IndexFileError, read_columns
 from simpletuner.helpers.metadata.video_buckets import bucket_frames
 
-# 1: the index only, beside a JSON cache; 2: the whole cache, file table included
-VERSION = 2
+# 1: the index only, beside a JSON cache; 2: the whole cache, file table included; 3: a
+# table's captions may be in the table's order, with the row of each file's (caption_rows)
+VERSION = 3
+READ_VERSIONS = (2, 3)  # a version 2 cache is a version 3 one without caption_rows
 DIGEST_KEY = "data_digest"
 _COMPARED_AT_ONCE = 1 << 20  # listed files compared with the cache per slice
 
@@ -64,27 +66,47 @@ def _change_key_columns(keys: Sequence[Any]) -> dict[str, np.ndarray]:
 
 
 def caption_columns(captions: CaptionTable) -> dict[str, np.ndarray]:
-    """The captions, aligned with the file table's rows."""
+    """The captions of the file table's rows."""
     if isinstance(captions.texts, ArrowTexts):  # a table's: its Arrow buffers as they are
-        blob, starts, known = captions.texts.text_column()
+        columns = {**table_caption_texts(captions.texts), **table_caption_rows(captions.texts)}
     else:
         texts = TextColumn.encode([text or "" for text in captions.texts])
-        blob, starts = texts.blob, texts.starts
-        known = np.array([text is not None for text in captions.texts], bool)
-    columns = {"caption_bytes": blob, "caption_starts": starts, "caption_known": known}
+        columns = {"caption_bytes": texts.blob, "caption_starts": texts.starts,
+                   "caption_known": np.array([text is not None for text in captions.texts])}
     if captions.keys is not None:  # remote caption files: fetched again only when changed
         keys = _encode_json_texts(captions.keys)
         columns.update(caption_key_json=keys.blob, caption_key_json_starts=keys.starts)
     return columns
 
 
+def table_caption_texts(texts: ArrowTexts) -> dict[str, np.ndarray]:
+    """A table's captions in its own order (known as soon as it is read)."""
+    blob, starts = texts.text_column()
+    return {"caption_bytes": blob, "caption_starts": starts}
+
+
+def table_caption_rows(texts: ArrowTexts) -> dict[str, np.ndarray]:
+    """Which file has a caption, and (rows not in the files' order) the row of each's."""
+    return {"caption_known": texts.known(),
+            **({"caption_rows": texts.rows} if texts.rows is not None else {})}
+
+
+def listing_columns(id_column: StringColumn, sizes: Sequence[int],
+                    change_keys: Sequence[Any]) -> dict[str, np.ndarray]:
+    """The listed files of the file table: ids (encoded), sizes in bytes, change keys."""
+    return {"id_bytes": id_column.blob, "id_starts": id_column.starts,
+            "bytes": np.asarray(sizes, np.int64).reshape(-1), **_change_key_columns(change_keys)}
+
+
+def size_columns(files: FileTable) -> dict[str, np.ndarray]:
+    """The file table's image sizes."""
+    return {"width": np.asarray(files.widths, np.int32).reshape(-1),
+            "height": np.asarray(files.heights, np.int32).reshape(-1)}
+
+
 def file_columns(files: FileTable, id_column: StringColumn) -> dict[str, np.ndarray]:
     """The file table (``id_column``: its ids encoded)."""
-    return {"id_bytes": id_column.blob, "id_starts": id_column.starts,
-            "bytes": np.asarray(files.sizes, np.int64).reshape(-1),
-            **_change_key_columns(files.change_keys),
-            "width": np.asarray(files.widths, np.int32).reshape(-1),
-            "height": np.asarray(files.heights, np.int32).reshape(-1)}
+    return {**listing_columns(id_column, files.sizes, files.change_keys), **size_columns(files)}
 
 
 def bucket_columns(rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -190,7 +212,7 @@ class LoadedIndex:
         """The kept captions as lists (``ids``: file_table()'s), to fetch only changed ones."""
         if self.captions is None:
             return None
-        texts = [self.captions.texts.at(row) if known else None
+        texts = [self.captions.text_at(row) if known else None
                  for row, known in enumerate(self.captions.known.tolist())]
         keys = None
         if "caption_key_json" in self.columns:
@@ -211,7 +233,7 @@ def load_cache(path, *, check_crc: bool = True) -> LoadedIndex:
     """The cache at ``path`` mapped; IndexFileError if it is not a whole, undamaged one
     (``check_crc`` False: this process has just written it, see read_columns)."""
     meta, c = read_columns(path, check_crc=check_crc)
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READ_VERSIONS:
         raise IndexFileError(f"{path}: written by another version ({meta.get('version')})")
     try:
         ids = MappedIds(StringColumn(c["id_bytes"], c["id_starts"]))
@@ -225,8 +247,7 @@ def load_cache(path, *, check_crc: bool = True) -> LoadedIndex:
         excluded = frozenset(sample_id for sample_id, _ in meta["skipped"])
         captions = None
         if "caption_bytes" in c:
-            captions = MappedCaptions(ids, TextColumn(c["caption_bytes"], c["caption_starts"]),
-                                      c["caption_known"])
+            captions = _mapped_captions(ids, c)
         clips = _clip_plans(buckets, meta.get("clips"))
         if not isinstance(meta["errors"], dict) or not isinstance(meta["files_key"], dict):
             raise TypeError("errors or files_key is not a mapping")
@@ -234,6 +255,15 @@ def load_cache(path, *, check_crc: bool = True) -> LoadedIndex:
         raise IndexFileError(f"{path}: a malformed index ({exc})") from exc
     return LoadedIndex(meta, c, ids, buckets, MappedSizes(ids, c["width"], c["height"], excluded),
                        captions, clips)
+
+
+def _mapped_captions(ids: MappedIds, c: dict[str, np.ndarray]) -> MappedCaptions:
+    texts, rows = TextColumn(c["caption_bytes"], c["caption_starts"]), c.get("caption_rows")
+    if len(c["caption_known"]) != len(ids) or (rows is not None and len(rows) != len(ids)):
+        raise ValueError("the caption columns and the ids differ in length")
+    if rows is not None and len(rows) and (rows.min() < -1 or rows.max() >= len(texts)):
+        raise ValueError("a caption row lies outside the captions")
+    return MappedCaptions(ids, texts, c["caption_known"], rows)
 
 
 def _check_rows(rows: np.ndarray, starts: np.ndarray, buckets: int, table_rows: int) -> None:

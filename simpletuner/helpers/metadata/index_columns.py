@@ -19,6 +19,7 @@ from simpletuner.helpers.metadata.split import SortedIds
 
 _ENCODING = ("utf-8", "surrogatepass")  # any str, lone surrogates too, round-trips exactly
 _DECODED_AT_ONCE = 1 << 16  # ids decoded per step when iterating
+_JOINED_AT_ONCE = 1 << 16  # ids encoded per step
 _SCANNED_AT_ONCE = 1 << 22  # bytes scanned per step: temporaries that stay small
 
 
@@ -31,8 +32,10 @@ class StringColumn:
 
     @classmethod
     def encode(cls, texts: Sequence[str]) -> "StringColumn":
-        # joined with an empty last string, so each is followed by a NUL (no second copy)
-        blob = "\0".join([*texts, ""]).encode(*_ENCODING) if len(texts) else b""
+        # a slice at a time, so a thread beside this one gets the GIL between slices; each
+        # slice joined with an empty last string, so each string is followed by a NUL
+        blob = b"".join("\0".join([*texts[first:first + _JOINED_AT_ONCE], ""]).encode(*_ENCODING)
+                        for first in range(0, len(texts), _JOINED_AT_ONCE))
         data = np.frombuffer(blob, dtype=np.uint8)
         starts = np.zeros(len(texts) + 1, np.int64)
         found = 0
@@ -224,9 +227,13 @@ class MappedCaptions:
     ids: MappedIds
     texts: TextColumn
     known: np.ndarray  # bool per row: False where no caption is kept
+    rows: np.ndarray | None = None  # the text of each row (None: the row's own)
 
     def text_of(self, sample_id: str) -> str | None:
         row = bisect_left(self.ids, sample_id)
         if row == len(self.ids) or self.ids[row] != sample_id or not self.known[row]:
             return None
-        return self.texts.at(row)
+        return self.text_at(row)
+
+    def text_at(self, row: int) -> str:
+        return self.texts.at(row if self.rows is None else int(self.rows[row]))

@@ -164,10 +164,10 @@ class MetadataBackend:
                 and self.source.unchanged(listing, cached)):
             return self._take_cached(cached)
         known = self._cached_files(cached) if usable else None
-        found = self.source.read(listing, known or FileTable(), show_progress)
-        # the ids as the cache stores them, also what the digests hash
-        id_column = found.id_column or StringColumn.encode(found.files.ids)
         with self.history.new_version(cached) as version:  # to disk while it is built
+            found = self.source.read(listing, known or FileTable(), show_progress, version)
+            # the ids as the cache stores them, also what the digests hash
+            id_column = found.id_column or StringColumn.encode(found.files.ids)
             index, rows = self._bucket_into(version, found, listing, id_column,
                                             cached if known else None, known)
             skipped = [[s.path, s.reason] for s in index.skipped]
@@ -336,10 +336,11 @@ class MetadataBackend:
                      known: FileTable | None) -> tuple[DatasetIndex, dict[str, np.ndarray]]:
         """Bucket the files, adding each of the cache's columns to ``version`` once known: the
         file table and a table's captions go to disk while the buckets are made."""
-        version.add(file_columns(found.files, id_column))
         keeps_captions = self._captions_in_index()
-        if keeps_captions and found.captions is not None:  # every usable row's
-            version.add(caption_columns(CaptionTable(found.files.ids, found.captions)))
+        if not found.stored:
+            version.add(file_columns(found.files, id_column))
+            if keeps_captions and found.captions is not None:  # every usable row's
+                version.add(caption_columns(CaptionTable(found.files.ids, found.captions)))
         index, rows = self.bucketing.build(found, listing, id_column)
         version.add(bucket_columns(rows))
         if keeps_captions and found.captions is None:

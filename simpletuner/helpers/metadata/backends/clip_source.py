@@ -47,7 +47,9 @@ class ClipSource:
         """Never: whether a caption file exists decides skips too, and it is not in ``cached``."""
         return False
 
-    def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
+    def read(self, listing: Listing, known: FileTable, show_progress: bool,
+             store=None) -> FoundFiles:
+        # store: unused; base adds the columns of what this returns (FoundFiles.stored)
         if known.clips is None:  # an image table: nothing in it describes a clip
             known = FileTable.for_clips()
         files, stale, forgotten = known.reconcile(listing)

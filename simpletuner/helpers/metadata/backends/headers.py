@@ -39,6 +39,9 @@ class FoundFiles:
     skipped: list[SkippedFile] = field(default_factory=list)   # beyond the rows' own errors
     captions: list[str | None] | None = None   # a caption per row of ``files``, if known
     id_column: StringColumn | None = None  # ``files.ids`` encoded, where the source needed that
+    # The source added the file table's columns (and its captions') to the index cache version
+    # it was given itself, each as soon as it was known, so they went to disk while it read.
+    stored: bool = False
 
 
 class HeaderSource:
@@ -55,7 +58,9 @@ class HeaderSource:
         """Never: whether a caption file exists decides skips too, and it is not in ``cached``."""
         return False
 
-    def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
+    def read(self, listing: Listing, known: FileTable, show_progress: bool,
+             store=None) -> FoundFiles:
+        # store: unused; base adds the columns of what this returns (FoundFiles.stored)
         files, stale, forgotten = known.reconcile(listing)
         names = [files.ids[row] for row in stale]
         description = f"{self.dataset_id}: reading image headers"

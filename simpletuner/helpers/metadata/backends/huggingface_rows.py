@@ -51,7 +51,9 @@ class HuggingFaceSource:
         """The same rows with the same bytes as when the cached index was built."""
         return not listing.unreadable and cached.same_files(listing)
 
-    def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
+    def read(self, listing: Listing, known: FileTable, show_progress: bool,
+             store=None) -> FoundFiles:
+        # store: unused; base adds the columns of what this returns (FoundFiles.stored)
         rows = self.storage.rows
         problems = column_problems(rows, self.config, self.wants_captions)
         if problems:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -26,19 +27,30 @@ from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import (
     ArrowTexts, TableColumns, TableFormatError, arrow_strings, positive_whole, read_table,
-    same_strings,
+)
+from simpletuner.helpers.metadata.backends.table_lookup import (
+    NOT_LISTED, positions_in, positions_in_sorted,
 )
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import SkippedFile
+from simpletuner.helpers.metadata.index_cache import (
+    LoadedIndex, listing_columns, size_columns, table_caption_rows, table_caption_texts,
+)
 from simpletuner.helpers.metadata.index_columns import StringColumn
-
-if TYPE_CHECKING:
-    from simpletuner.helpers.metadata.index_cache import LoadedIndex
+from simpletuner.helpers.metadata.index_file import ColumnFileWriter
 
 __all__ = ["TableFormatError", "TableSource"]
 
-NOT_LISTED, NO_NAME = -1, -2  # a row's position when it names no listed file
-NAMES_PER_LOOKUP_PART = 1 << 16  # a smaller listing is looked up in one part, by one thread
+NO_NAME = -2  # a row's position when it names no file (NOT_LISTED: not a listed one)
+
+
+@dataclass(frozen=True)
+class ListedColumns:
+    """The listing's ids as the index cache stores them, and the names a table's rows are
+    looked up in (the ids, or their stems), made while pyarrow reads the table."""
+
+    id_column: StringColumn
+    names: Any  # Arrow strings
 
 
 class TableSource:
@@ -64,27 +76,57 @@ class TableSource:
                             c.caption_column, c.fallback_caption_column,
                             c.identifier_includes_extension, c.trust_table]}
 
-    def unchanged(self, listing: Listing, cached: "LoadedIndex") -> bool:
+    def unchanged(self, listing: Listing, cached: LoadedIndex) -> bool:
         """The cached index holds for ``listing``: same files as when it was built (the table's
         identity is in ``key``, so ``cached`` comes from this very table)."""
         return not listing.unreadable and cached.same_files(listing)
 
-    def read(self, listing: Listing, known: FileTable, show_progress: bool) -> FoundFiles:
+    def read(self, listing: Listing, known: FileTable, show_progress: bool,
+             store: ColumnFileWriter | None = None) -> FoundFiles:
+        """``store``: the index cache version being written, given the file table's columns
+        and the captions' as each is known: the listing's while pyarrow reads, the captions'
+        texts while the names are looked up."""
+        with ThreadPoolExecutor(1) as reader:  # pyarrow reads without the GIL meanwhile
+            reading = reader.submit(self._read_table)
+            listed = self._listed(listing)
+            if store is not None:
+                store.add(listing_columns(listed.id_column, listing.sizes, listing.change_keys))
+            table = reading.result()
+        captions = None
+        if self.wants_captions:  # in the table's order
+            column = table.captions
+            captions = ArrowTexts(column.chunk(0) if column.num_chunks == 1
+                                  else column.combine_chunks())
+            if store is not None:
+                store.add(table_caption_texts(captions))
+        files, row_of_file, skipped = self._files(listing, table, self._positions(table.names,
+                                                                                  listed))
+        count = len(files.ids)
+        if captions is not None and not (len(captions) == count
+                                         and np.array_equal(row_of_file, np.arange(count))):
+            captions = ArrowTexts(captions.array, row_of_file)  # each file's row of the table
+        if store is not None:
+            store.add(size_columns(files))
+            if captions is not None:
+                store.add(table_caption_rows(captions))
+        return FoundFiles(files, 0, 0, skipped, captions, listed.id_column, store is not None)
+
+    def _read_table(self) -> TableColumns:
         c = self.config
-        caption_columns = ([n for n in (c.caption_column, c.fallback_caption_column) if n]
-                           if self.wants_captions else [])
-        with ThreadPoolExecutor(1) as encoder:  # the ids encoded while pyarrow reads
-            encoding = encoder.submit(StringColumn.encode, listing.sample_ids)
-            table = read_table(self.path, c.filename_column, c.width_column, c.height_column,
-                               caption_columns)
-            id_column = encoding.result()
-        position = self._positions(listing, table.names, id_column)
+        return read_table(self.path, c.filename_column, c.width_column, c.height_column,
+                          [n for n in (c.caption_column, c.fallback_caption_column) if n]
+                          if self.wants_captions else [])
+
+    def _files(self, listing: Listing, table: TableColumns, position: np.ndarray
+               ) -> tuple[FileTable, np.ndarray, list[SkippedFile]]:
+        """(the listed files with the sizes of their rows, the usable row of each file (-1:
+        none), the skips of rows that name no listed file)."""
         count = len(listing.sample_ids)
         first_row, duplicate = self._first_rows(position, count)
         usable = (position >= 0) & ~duplicate & (table.widths > 0) & (table.heights > 0)
         if self.wants_captions:
             usable &= table.captions.is_valid().to_numpy(zero_copy_only=False)
-        row_of_file = np.full(count, -1, dtype=np.int64)  # the usable row of each listed file
+        row_of_file = np.full(count, -1, dtype=np.int64)
         row_of_file[position[usable]] = np.flatnonzero(usable)
         files = FileTable(listing.sample_ids, listing.sizes, listing.change_keys,
                           self._by_file(table.widths, row_of_file),
@@ -92,16 +134,7 @@ class TableSource:
         skipped = self._report_rows(np.flatnonzero(~usable), position, first_row, table, files)
         for at in np.flatnonzero(first_row < 0).tolist():
             files.errors[listing.sample_ids[at]] = f"no row in the metadata table {self.path}"
-        captions = None
-        if self.wants_captions:  # a column beside the listing's rows
-            import pyarrow
-
-            column = table.captions
-            if not np.array_equal(row_of_file, np.arange(count)):  # else: in the listing's order
-                column = column.take(pyarrow.array(row_of_file, mask=row_of_file < 0))
-            captions = ArrowTexts(column.chunk(0) if column.num_chunks == 1
-                                  else column.combine_chunks())
-        return FoundFiles(files, 0, 0, skipped, captions, id_column)
+        return files, row_of_file, skipped
 
     @staticmethod
     def _by_file(values: np.ndarray, row_of_file: np.ndarray) -> np.ndarray:
@@ -120,59 +153,35 @@ class TableSource:
         first_row[position[named]] = named  # the last write, of the first row, wins
         return first_row, (position >= 0) & (first_row[np.maximum(position, 0)] != rows)
 
-    def _positions(self, listing: Listing, names, id_column: StringColumn) -> np.ndarray:
+    def _listed(self, listing: Listing) -> ListedColumns:
+        import pyarrow
+
+        id_column = StringColumn.encode(listing.sample_ids)
+        if self.config.identifier_includes_extension:
+            names = arrow_strings(id_column)
+        else:  # 'a/img' names 'a/img.png'
+            names = pyarrow.array([posixpath.splitext(i)[0] for i in listing.sample_ids],
+                                  pyarrow.string())
+        return ListedColumns(id_column, names)
+
+    def _positions(self, names, listed: ListedColumns) -> np.ndarray:
         """Each row's position in the listing: NOT_LISTED, or NO_NAME without a file name."""
         import pyarrow
         import pyarrow.compute as pc
 
-        ids = listing.sample_ids
-        whole = self.config.identifier_includes_extension
-        if whole:
-            if same_strings(names, id_column):
-                return np.arange(len(ids), dtype=np.int64)  # a table in the listing's order
-            known = arrow_strings(id_column)  # sorted, as a listing is
-        else:  # 'a/img' names 'a/img.png'; with two such files the first in id order wins
-            known = pyarrow.array([posixpath.splitext(i)[0] for i in ids], pyarrow.string())
-        parts = max(1, min(usable_cores(), len(known) // NAMES_PER_LOOKUP_PART))
-        found = self._lookup(names, known, parts, known_sorted=whole)
+        if self.config.identifier_includes_extension:
+            if names.equals(pyarrow.chunked_array([listed.names])):
+                return np.arange(len(names), dtype=np.int64)  # a table in the listing's order
+            look_up = positions_in_sorted  # the ids, sorted as a listing is
+        else:  # stems: with two files of one stem, the first in id order wins
+            look_up = positions_in
+        found = look_up(names, listed.names, usable_cores())
         missed = np.flatnonzero(found < 0)
         if len(missed):  # '/a.png' names 'a.png'; '', '/' and non-text name nothing
             stripped = pc.utf8_ltrim(names.take(pyarrow.array(missed)), characters="/")
             empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True)
             found[missed] = np.where(empty.to_numpy(zero_copy_only=False), NO_NAME,
-                                     self._lookup(stripped, known, parts, whole))
-        return found
-
-    @staticmethod
-    def _lookup(names, known, parts: int, known_sorted: bool) -> np.ndarray:
-        """The first position of each name in ``known``, else NOT_LISTED. ``known`` is cut into
-        ``parts``, each hashed and probed by its own thread (pyarrow's index_in releases the
-        GIL); when ``known`` is sorted, each part is probed only with the names in its range."""
-        import pyarrow
-        import pyarrow.compute as pc
-
-        step = max(1, -(-len(known) // parts))
-        firsts = range(0, max(len(known), 1), step)
-        routed = known_sorted and len(firsts) > 1
-        if routed:  # Arrow orders strings by their bytes, the listing's (code point) order
-            part_of = sum(pc.fill_null(pc.greater_equal(names, known[first]), False)
-                          .to_numpy(zero_copy_only=False).astype(np.int64)
-                          for first in firsts[1:])
-
-        def look_up(part: int, first: int) -> tuple[np.ndarray | None, np.ndarray]:
-            rows = np.flatnonzero(part_of == part) if routed else None
-            probed = names if rows is None else names.take(pyarrow.array(rows))
-            found = pc.index_in(probed, value_set=known.slice(first, step)).cast("int64")
-            return rows, pc.fill_null(pc.add(found, first), NOT_LISTED).to_numpy(
-                zero_copy_only=False)
-
-        found = np.full(len(names), NOT_LISTED, np.int64)
-        with ThreadPoolExecutor(len(firsts)) as pool:
-            for rows, in_part in pool.map(look_up, range(len(firsts)), firsts):
-                if rows is not None:
-                    found[rows] = in_part
-                else:  # in order: the first position wins
-                    found = np.where(found < 0, in_part, found)
+                                     look_up(stripped, listed.names, usable_cores()))
         return found
 
     def _report_rows(self, bad_rows, position, first_row, table: TableColumns,

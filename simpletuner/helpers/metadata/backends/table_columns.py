@@ -21,7 +21,6 @@ import numpy as np
 from simpletuner.helpers.metadata.index_columns import StringColumn
 
 BATCH_ROWS = 1 << 22  # a table of up to this many rows in one row group is one chunk: no copy
-COMPARED_ROWS = 1 << 17  # names compared with the listing per slice
 MAX_PIXELS_SIDE = 1 << 31  # a side beyond this is no image size (and would not fit int64 math)
 
 
@@ -39,29 +38,40 @@ class TableColumns:
 
 
 class ArrowTexts(Sequence):
-    """A string column read as Python one cell (or one slice) at a time."""
+    """A string column read as Python one cell (or one slice) at a time; with ``rows``, the
+    cell of each row (a file's table row, -1: none) instead of the column's own order, so a
+    table's captions go to the index cache as they are, not gathered into the files' order."""
 
-    def __init__(self, array):
-        self.array = array
+    def __init__(self, array, rows: np.ndarray | None = None):
+        self.array, self.rows = array, rows
 
     def __len__(self) -> int:
-        return len(self.array)
+        return len(self.array) if self.rows is None else len(self.rows)
 
     def __getitem__(self, item):
         if isinstance(item, slice):
+            if self.rows is not None:
+                return [self[at] for at in range(*item.indices(len(self)))]
             start, stop, step = item.indices(len(self.array))
             return self.array.slice(start, max(0, stop - start)).to_pylist()[::step]
+        if self.rows is not None:
+            item = int(self.rows[item])
+            if item < 0:
+                return None
         return self.array[item].as_py()
 
-    def text_column(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(blob, starts, known) in index_columns.TextColumn's layout, a null as an empty text:
-        the Arrow buffers as they are, no Python str per cell."""
+    def text_column(self) -> tuple[np.ndarray, np.ndarray]:
+        """(blob, starts) of the column's own cells in index_columns.TextColumn's layout, a
+        null as an empty text: the Arrow buffers as they are, no Python str per cell."""
         import pyarrow
 
-        array = self.array.cast(pyarrow.large_string())  # int64 offsets
-        known = array.is_valid().to_numpy(zero_copy_only=False)
-        offsets, data = string_buffers(array)
-        return data[offsets[0]:offsets[-1]], offsets - offsets[0], known
+        offsets, data = string_buffers(self.array.cast(pyarrow.large_string()))  # int64 offsets
+        return data[offsets[0]:offsets[-1]], offsets - offsets[0]
+
+    def known(self) -> np.ndarray:
+        """Whether each row has a text."""
+        valid = self.array.is_valid().to_numpy(zero_copy_only=False)
+        return valid if self.rows is None else (self.rows >= 0) & valid[np.maximum(self.rows, 0)]
 
 
 def string_buffers(texts) -> tuple[np.ndarray, np.ndarray]:
@@ -244,30 +254,6 @@ def _already_trimmed(texts) -> bool:
         return False
     first, last = codes[starts], codes[ends - 1]
     return bool(np.all((first > 0x20) & (first < 0x7F) & (last > 0x20) & (last < 0x7F)))
-
-
-def same_strings(texts, column: StringColumn) -> bool:
-    """A string column (Arrow, chunked) holds exactly the strings of ``column``, in its order:
-    compared as lengths and bytes a slice at a time, without a Python str per cell."""
-    if len(texts) != len(column) or texts.null_count:
-        return False
-    first = 0
-    for chunk in texts.chunks:
-        for at in range(0, len(chunk), COMPARED_ROWS):
-            part = chunk.slice(at, COMPARED_ROWS)
-            if not _same_part(part, column, first):
-                return False
-            first += len(part)
-    return True
-
-
-def _same_part(texts, column: StringColumn, first: int) -> bool:
-    offsets, data = string_buffers(texts)
-    starts = column.starts[first:first + len(texts) + 1]
-    if not np.array_equal(np.diff(starts) - 1, np.diff(offsets)):  # a NUL ends each string
-        return False
-    ours = column.blob[starts[0]:starts[-1]].tobytes().replace(b"\0", b"")
-    return np.array_equal(np.frombuffer(ours, np.uint8), data[offsets[0]:offsets[-1]])
 
 
 def arrow_strings(column: StringColumn):
