@@ -283,7 +283,9 @@ class FailedSaveTest(unittest.TestCase):
                 result = run_fault(out, fault_rank, limit, processes=2)
                 self.assertNotEqual(result.returncode, 0)
                 lines = rank_lines(result)
-                self.assertEqual(sorted(lines), ["[rank 0", "[rank 1"], result.stderr[-3000:])
+                self.assertEqual(sorted(lines), ["[rank 0", "[rank 1"],
+                                 f"stdout:\n{result.stdout[-3000:]}\nstderr:\n"
+                                 f"{result.stderr[-6000:]}")
                 self.assert_failed_cleanly(out, lines, expected_file)
 
 
