@@ -22,7 +22,6 @@ def positions_in_sorted(names, known, threads: int, part_size: int = SORTED_PART
     """The position of each of ``names`` (Arrow strings, nulls allowed) in ``known`` (Arrow
     strings in byte order, each once, as a listing is), else NOT_LISTED."""
     import pyarrow
-    import pyarrow.compute as pc
 
     firsts = np.arange(0, max(len(known), 1), part_size)
     part_of = _routed(names, known.take(pyarrow.array(firsts[1:])), threads)
@@ -32,15 +31,22 @@ def positions_in_sorted(names, known, threads: int, part_size: int = SORTED_PART
 
     def look_up(part: int) -> np.ndarray:
         probed = grouped.slice(cuts[part], cuts[part + 1] - cuts[part])
-        found = pc.index_in(probed, value_set=known.slice(firsts[part], part_size))
-        return pc.fill_null(pc.add(found.cast("int64"), int(firsts[part])),
-                            NOT_LISTED).to_numpy(zero_copy_only=False)
+        return _positions_in_part(probed, known, int(firsts[part]), part_size)
 
     with ThreadPoolExecutor(threads) as pool:
         in_parts = list(pool.map(look_up, range(len(firsts))))
     found = np.empty(len(names), np.int64)
     found[order] = np.concatenate(in_parts)
     return found
+
+
+def _positions_in_part(names, known, first: int, length: int) -> np.ndarray:
+    """The position of each of ``names`` in ``known[first:first + length]``, counted from the
+    start of ``known``; NOT_LISTED where it is not there."""
+    import pyarrow.compute as pc
+
+    found = pc.index_in(names, value_set=known.slice(first, length)).cast("int64")
+    return pc.fill_null(pc.add(found, first), NOT_LISTED).to_numpy(zero_copy_only=False)
 
 
 def _routed(names, bounds, threads: int) -> np.ndarray:
@@ -66,16 +72,10 @@ def positions_in(names, known, threads: int, part_size: int = UNSORTED_PART) -> 
     """The first position of each of ``names`` in ``known`` (Arrow strings in any order, a
     name possibly more than once), else NOT_LISTED. ``known`` is cut into parts, one per
     thread, each hashed and probed with every name; the earliest part's match wins."""
-    import pyarrow.compute as pc
-
     step = max(1, -(-len(known) // max(1, min(threads, len(known) // part_size))))
-
-    def look_up(first: int) -> np.ndarray:
-        found = pc.index_in(names, value_set=known.slice(first, step)).cast("int64")
-        return pc.fill_null(pc.add(found, first), NOT_LISTED).to_numpy(zero_copy_only=False)
-
     found = np.full(len(names), NOT_LISTED, np.int64)
     with ThreadPoolExecutor(threads) as pool:
-        for in_part in pool.map(look_up, range(0, max(len(known), 1), step)):
+        for in_part in pool.map(lambda first: _positions_in_part(names, known, first, step),
+                                range(0, max(len(known), 1), step)):
             found = np.where(found < 0, in_part, found)  # in order: the first position wins
     return found
