@@ -35,8 +35,8 @@ from simpletuner.training.run.output_dir_claim import output_dir_claimed
 from simpletuner.training.adapters.lora import LoraTargetError
 from simpletuner.training.adapters.lycoris_adapter import LycorisTargetError
 from simpletuner.training.memory.sharding import ShardingError
-from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,
-                                           EXIT_PREEMPTED, EXIT_TRAINED, Diverged, Preempted,
+from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED,
+                                           EXIT_TRAINED, Diverged, Preempted, exit_status_for,
                                            record_exit_status)
 from simpletuner.training.recipe import run_training
 from simpletuner.training.run.preemption import PreemptionWatcher, StopRequested
@@ -85,18 +85,6 @@ def configure_logging(level_name: str) -> None:
     logging.basicConfig(level=max(level, logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("simpletuner").setLevel(level)
-
-
-def exit_status_for(exc: Exception) -> int:
-    # A bucket too small for the effective batch cannot start as configured, like a config
-    # problem: it is known before any step, and the report lists the settings that fix it.
-    if isinstance(exc, (ConfigError, UndersizedBucketsError)):
-        return EXIT_CONFIG
-    if isinstance(exc, Preempted):
-        return EXIT_PREEMPTED
-    if isinstance(exc, Diverged):
-        return EXIT_DIVERGED
-    return EXIT_FAILED
 
 
 def train(configuration, accelerator, watcher: PreemptionWatcher) -> None:

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_text
+from simpletuner.configuration.errors import ConfigError
+from simpletuner.helpers.metadata.split import UndersizedBucketsError
 
 EXIT_TRAINED = 0
 EXIT_FAILED = 1      # anything else; the message says what and where
@@ -24,6 +26,18 @@ def record_exit_status(status: int) -> int:
     if folder:
         atomic_write_text(Path(folder) / f"{os.getpid()}.status", f"{status}\n")
     return status
+
+
+def exit_status_for(exc: Exception) -> int:
+    # A bucket too small for the effective batch cannot start as configured, like a config
+    # problem: it is known before any step, and the report lists the settings that fix it.
+    if isinstance(exc, (ConfigError, UndersizedBucketsError)):
+        return EXIT_CONFIG
+    if isinstance(exc, Preempted):
+        return EXIT_PREEMPTED
+    if isinstance(exc, Diverged):
+        return EXIT_DIVERGED
+    return EXIT_FAILED
 
 
 class Preempted(Exception):
