@@ -48,7 +48,7 @@ def rank_totals(losses: dict[str, float], buckets: dict[str, list[str]], world: 
         model = SampleLoss(losses)
         evaluator = Evaluator(sampler, lambda micro_batch: micro_batch, model,
                               torch.nn.Linear(1, 1), seed=2,
-                              settings=EvaluationSettings(eval_steps_interval=1, output_dir="."),
+                              settings=EvaluationSettings(eval_steps_interval=1),
                               accelerator=OneRank(rank))
         total = evaluator.local_totals()
         found.append((float(total[0]), int(total[1]), model.calls))

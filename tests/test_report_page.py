@@ -1,6 +1,6 @@
 """The run report's page from files written by hand: how a failed run reads, what a torn or
-damaged file becomes (a note, never a traceback), long curves thinned to a bounded page, and
-axes whose ticks cover every point."""
+damaged file becomes (a note, never a traceback), long curves thinned to a bounded page, axes
+whose ticks cover every point, and a run folder of the version before events.jsonl."""
 
 from __future__ import annotations
 
@@ -20,10 +20,13 @@ from training_fixtures import ReportView
 
 
 def write_steps(folder: Path, count: int, torn: bool = False) -> None:
-    lines = [json.dumps({"step": s, "loss": 1.0 / s, "lr": 1e-4, "skipped": False,
-                         "time": 1000.0 + s}) + "\n" for s in range(1, count + 1)]
-    text = "".join(lines) + ('{"step": ' if torn else "")
-    (folder / "training_steps.jsonl").write_text(text)
+    """events.jsonl with a start line and ``count`` step lines, then an eval line at step 2."""
+    events = [{"type": "start", "step": 0, "time": 1000.0, "resumed_from": None}]
+    events += [{"type": "step", "step": s, "time": 1000.0 + s, "loss": 1.0 / s, "lr": 1e-4,
+                "skipped": False, "elapsed": float(s)} for s in range(1, count + 1)]
+    events.insert(3, {"type": "eval", "step": 2, "time": 1002.5, "eval_loss": 0.25})
+    text = "".join(json.dumps(event) + "\n" for event in events)
+    (folder / "events.jsonl").write_text(text + ('{"type": "step", "step": ' if torn else ""))
 
 
 class ReportPageTest(unittest.TestCase):
@@ -41,8 +44,8 @@ class ReportPageTest(unittest.TestCase):
     def test_a_failed_run_says_failed_with_its_message(self):
         log = RunLog(self.out, main=True, render=render_report)
         log.output_dir_accepted()
-        log.start(resume_step=0, total_steps=10, settings={"learning_rate": 1e-4},
-                  buckets={"photos": {"64x64": 3}}, effective_batch=2)
+        log.start(total_steps=10, settings={"learning_rate": 1e-4},
+                  buckets={"photos": {"64x64": 3}}, effective_batch=2, world_size=1)
         log.log_step(1, 0.5, 1e-4, skipped=False)
         log.end_with(RuntimeError("the disk at /data went away"))
         page = (self.out / "training_report.html").read_text()
@@ -53,7 +56,7 @@ class ReportPageTest(unittest.TestCase):
     def test_a_run_on_another_rank_writes_nothing(self):
         log = RunLog(self.out, main=False, render=render_report)
         log.output_dir_accepted()
-        log.start(resume_step=0, total_steps=10, settings={}, buckets={}, effective_batch=2)
+        log.start(total_steps=10, settings={}, buckets={}, effective_batch=2, world_size=1)
         log.log_step(1, 0.5, 1e-4, skipped=False)
         log.finish()
         self.assertEqual(list(self.out.iterdir()), [])
@@ -77,20 +80,38 @@ class ReportPageTest(unittest.TestCase):
         self.assertNotIn("Checked when the run ends", after)
         self.assertIn("trace of rank 0 not found", after)  # the check was made, and says why not
 
-    def test_a_start_keeps_the_steps_up_to_the_resume_step_only(self):
+    def test_a_resumed_run_keeps_the_steps_up_to_the_resume_step_only(self):
         write_steps(self.out, 6)
         log = RunLog(self.out, main=True, render=render_report)
-        log.output_dir_accepted()
-        log.start(resume_step=4, total_steps=10, settings={}, buckets={}, effective_batch=2)
-        steps = [s for s, _ in ReportView(self.page()).series["loss"]]
-        self.assertEqual(steps, [1, 2, 3, 4])
+        log.output_dir_accepted(resumed_from=4)
+        log.start(total_steps=10, settings={}, buckets={}, effective_batch=2, world_size=1)
+        view = ReportView(self.page())
+        self.assertEqual([s for s, _ in view.series["loss"]], [1, 2, 3, 4])
+        self.assertEqual(view.series["eval loss"], [(2, 0.25)])
+
+    def test_a_folder_of_the_version_before_events_jsonl_still_renders(self):
+        """training_steps.jsonl and eval_loss.jsonl as that version wrote them."""
+        (self.out / "training_status.json").write_text(json.dumps(
+            {"status": "finished", "exit_status": 0, "step": 3, "total_steps": 3}))
+        (self.out / "training_steps.jsonl").write_text(
+            '{"step": 1, "loss": 0.5, "lr": 0.001, "skipped": false, "time": 1001.0}\n'
+            '{"step": 2, "loss": null, "lr": 0.001, "skipped": true, "time": 1002.0}\n'
+            '{"step": 3, "loss": 0.25, "lr": 0.0005, "skipped": false, "time": 1003.0}\n')
+        (self.out / "eval_loss.jsonl").write_text('{"step": 2, "eval_loss": 0.75}\n')
+        self.assertEqual(cli_main(["report", str(self.out)]), 0)
+        view = ReportView((self.out / "training_report.html").read_text(encoding="utf-8"))
+        self.assertEqual(view.status, "finished")
+        self.assertEqual(view.series["loss"], [(1, 0.5), (3, 0.25)])
+        self.assertEqual(view.series["lr"], [(1, 0.001), (2, 0.001), (3, 0.0005)])
+        self.assertEqual(view.nonfinite, [2])
+        self.assertEqual(view.series["eval loss"], [(2, 0.75)])
 
     def test_a_torn_line_and_a_damaged_file_are_notes(self):
         write_steps(self.out, 3, torn=True)
         (self.out / "skipped_files.json").write_text("{not json")
         page = self.page()
         self.assertEqual([s for s, _ in ReportView(page).series["loss"]], [1, 2, 3])
-        self.assertIn("training_steps.jsonl: line 4 is not a complete record", page)
+        self.assertIn("events.jsonl: line 6 is not a complete record", page)
         self.assertIn("skipped_files.json: not readable", page)
         self.assertIn("unknown", ReportView(page).status)
 

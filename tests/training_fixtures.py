@@ -96,6 +96,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def read_events(output_dir: Path, event_type: str) -> list[dict]:
+    """The lines of one ``type`` in output_dir/events.jsonl, in the file's order."""
+    return [event for event in read_jsonl(output_dir / "events.jsonl")
+            if event["type"] == event_type]
+
+
 def copy_checkpoint(root: Path, run: str, name: str, step: int = 2) -> bool:
     """Put a copy of run ``run``'s checkpoint-<step> into run ``name``'s output folder (both
     under ``root`` as <run>-out), so that ``name`` started with resume_from_checkpoint "latest"

@@ -24,13 +24,14 @@ from simpletuner.common.together import failing_together
 from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
 from simpletuner.helpers.metadata.startup import (build_sampler, report_skipped_files_together,
-                                                  start_data)
+                                                  skipped_files, start_data)
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.base import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
-from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
+from simpletuner.training.checkpointing.checkpointer import (Checkpointer, TrainedParts,
+                                                             read_run_state)
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
 from simpletuner.training.memory.block_swap import network_to_device
@@ -110,7 +111,7 @@ class Trainer:
     def set_up(self) -> None:
         # Everything that can be checked cheaply, on every rank, before any heavy work.
         self.preflight = run_preflight_on_all_ranks(self.configuration, self.accelerator)
-        self.run_log.output_dir_accepted()
+        self.run_log.output_dir_accepted(resumed_from=self._resume_step())
         with failing_together("removing what an earlier run left"):  # this run holds the lock
             if self.accelerator.is_main_process:
                 remove_leftovers(self.output_dir)
@@ -142,10 +143,11 @@ class Trainer:
         self.evaluator = self._build_evaluator()
         self.trace = self._open_trace()
         self._report_start()
-        start_run_log(self.run_log, training=self.training, data=self.data,
-                      sampler=self.sampler, indexes=self.caches.indexes,
-                      resume_step=self.state.step, total_steps=self.total_steps,
-                      processes=self.accelerator.num_processes)
+
+    def _resume_step(self) -> int | None:
+        """The step of the checkpoint the run resumes from (the preflight verified it)."""
+        resume_from = self.preflight.resume_from
+        return None if resume_from is None else read_run_state(resume_from).step
 
     def _prepare_caches(self):
         """VAE latents and text embeddings; undecodable images are dropped on every rank alike."""
@@ -195,15 +197,13 @@ class Trainer:
                        final_loss=state.final_loss, nonfinite_steps=state.nonfinite_steps)
 
     def _build_evaluator(self) -> Evaluator | None:
-        """Every rank builds it; a resumed run first cuts eval_loss.jsonl back to its step."""
         settings = self.settings.evaluation
         if not settings.eval_steps_interval:
             return None
         sampler = build_sampler(self.data, self.training, self.accelerator,
                                 indexes=self.caches.indexes, evaluation=True)
         return Evaluator(sampler, self.caches.assembler, self.adapter, self.parts.network,
-                         seed=self.seed, settings=settings, accelerator=self.accelerator,
-                         resume_step=self.state.step)
+                         seed=self.seed, settings=settings, accelerator=self.accelerator)
 
     def _open_trace(self) -> TraceWriter | None:
         if not self.training.trace_samples:
@@ -215,8 +215,11 @@ class Trainer:
     def _report_start(self) -> None:
         training, main = self.training, self.accelerator.is_main_process
         world = self.accelerator.num_processes
-        report_skipped_files_together(self.caches.reported(self.data.references),
-                                      self.output_dir, self.accelerator)
+        reported = self.caches.reported(self.data.references)
+        report_skipped_files_together(reported, self.output_dir, self.accelerator)
+        start_run_log(self.run_log, training=training, data=self.data, sampler=self.sampler,
+                      indexes=self.caches.indexes, skipped=skipped_files(reported),
+                      total_steps=self.total_steps, processes=world)
         if not main:
             return
         for warning in run_warnings(training, world, self.total_steps - self.state.step):
@@ -333,7 +336,7 @@ class Trainer:
         if is_validation_step(self.settings.validation, step, self.total_steps):
             self.validate()
         if self.evaluator is not None and self.evaluator.is_due(step):
-            self.evaluator.run(step)
+            self.run_log.events.eval(step, self.evaluator.run(step))
 
     def _stop_if_signalled_after_the_last_step(self) -> None:
         """A signal during the last step's validation or evaluation reached no step's reduce:
@@ -353,6 +356,7 @@ class Trainer:
 
     def checkpoint(self) -> Path:
         self.last_checkpoint = self.checkpointer.save(self.state, self.parts)
+        self.run_log.events.checkpoint(self.state.step, self.last_checkpoint)
         return self.last_checkpoint
 
     def validate(self) -> None:
@@ -365,11 +369,12 @@ class Trainer:
             trained = network_on_main(self.accelerator, self.prepared)
             with failing_together(f"validation at step {self.state.step}"):
                 if self.accelerator.is_main_process:
-                    validate_model(self.adapter, self.settings.validation, self.state.step,
-                                   edit_pairs=self.edit_pairs, datasets=self.configuration.datasets,
-                                   indexes=self.caches.indexes, trainable=network_to_device(
-                                       trained, self.accelerator.device, self.block_swap),
-                                   accelerator=self.accelerator, autocast_dtype=self.weight_dtype)
+                    self.run_log.events.validation(self.state.step, validate_model(
+                        self.adapter, self.settings.validation, self.state.step,
+                        edit_pairs=self.edit_pairs, datasets=self.configuration.datasets,
+                        indexes=self.caches.indexes, trainable=network_to_device(
+                            trained, self.accelerator.device, self.block_swap),
+                        accelerator=self.accelerator, autocast_dtype=self.weight_dtype))
         finally:
             if ema is not None:
                 ema.swap(network)

@@ -172,7 +172,6 @@ class ValidationSettings(_FromConfig):
 @dataclass(frozen=True)
 class EvaluationSettings(_FromConfig):
     eval_steps_interval: int
-    output_dir: str
 
 
 @dataclass(frozen=True)

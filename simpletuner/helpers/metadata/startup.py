@@ -139,11 +139,16 @@ def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *
         accumulation=training.gradient_accumulation_steps, evaluation=evaluation)
 
 
+def skipped_files(indexes: Mapping[str, DatasetIndex]) -> dict[str, list[dict]]:
+    """Dataset id -> [{path, reason}] of every file skipped, as skipped_files.json holds it."""
+    return {dataset_id: [{"path": s.path, "reason": s.reason} for s in index.skipped]
+            for dataset_id, index in sorted(indexes.items())}
+
+
 def report_skipped_files(indexes: Mapping[str, DatasetIndex], output_dir: Path) -> Path:
     """Write every skipped file with its reason to ``output_dir/skipped_files.json`` (dataset id
     -> [{path, reason}]) and log the first few; returns the file's path."""
-    skipped = {dataset_id: [{"path": s.path, "reason": s.reason} for s in index.skipped]
-               for dataset_id, index in sorted(indexes.items())}
+    skipped = skipped_files(indexes)
     path = Path(output_dir) / SKIPPED_FILES
     atomic_write_json(path, skipped, indent=1)  # rewritten each run: never an old run's list
     named = [f"  {dataset_id}: {printable(entry['path'])}: {entry['reason']}"

@@ -8,25 +8,20 @@ run with evaluation on trains exactly as one without, and a resumed run's evalua
 uninterrupted run's. Every rank runs the same number of micro-batches, whatever the set's size:
 a rank whose share ended runs a stand-in (a sample of the same bucket, so a sharded network's
 collectives are made on every rank alike) whose loss is left out. One all-reduce of the loss sum
-and the count of real samples gives the mean over the set itself; the main rank logs it and
-appends it to ``output_dir/eval_loss.jsonl`` inside failing_together, so a failed write stops
-every rank. A resumed run first cuts that file back to the lines up to its resume step: a
-crashed run logged past its last checkpoint, and the resumed run logs those steps again.
+and the count of real samples gives the mean over the set itself; the main rank logs it to the
+trackers inside failing_together, so a failed log stops every rank. The trainer records it in
+the event log (events.py: an ``eval`` line).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 import torch
 
-from simpletuner.common.jsonl_log import keep_leading_records
 from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.permutation import stable_seed
-from simpletuner.training.reporting.run_log import EVAL_LOG
 from simpletuner.training.settings import EvaluationSettings
 
 logger = logging.getLogger(__name__)
@@ -39,22 +34,13 @@ def _generator(seed: int, rank: int, index: int) -> torch.Generator:
 
 class Evaluator:
     def __init__(self, sampler, assembler, adapter, network: torch.nn.Module, *, seed: int,
-                 settings: EvaluationSettings, accelerator, resume_step: int | None = None):
+                 settings: EvaluationSettings, accelerator):
         """``sampler``: a MultiAspectSampler over the eval datasets (built with
         ``evaluation=True``; the eval datasets are cached with the rest); ``network``: the unwrapped
-        trainable module (no DDP hooks: evaluation runs no backward). Every rank builds it:
-        with ``resume_step`` (the step the run starts from, 0 when fresh) the main rank first
-        drops the log's lines of later steps, in a failing_together block; None leaves the
-        log as it is."""
+        trainable module (no DDP hooks: evaluation runs no backward). Every rank builds it."""
         self.sampler, self.assembler, self.adapter = sampler, assembler, adapter
         self.network, self.seed, self.interval = network, seed, settings.eval_steps_interval
         self.accelerator = accelerator
-        self.log_path = Path(settings.output_dir) / EVAL_LOG
-        if resume_step is not None:
-            with failing_together(f"cutting {self.log_path} back to step {resume_step}"):
-                if accelerator.is_main_process:
-                    keep_leading_records(self.log_path,
-                                         lambda record: int(record["step"]) <= resume_step)
 
     def is_due(self, step: int) -> bool:
         return step % self.interval == 0
@@ -90,11 +76,9 @@ class Evaluator:
     def run(self, step: int) -> float:
         """Every rank calls it at the same step; returns the mean loss."""
         value = self.loss()
-        with failing_together(f"writing {self.log_path} at step {step}"):
+        with failing_together(f"logging the evaluation loss at step {step}"):
             if self.accelerator.is_main_process:
                 self.accelerator.log({"eval/loss": value}, step=step)
-                with self.log_path.open("a", encoding="utf-8") as log:
-                    log.write(json.dumps({"step": step, "eval_loss": value}) + "\n")
                 logger.info("eval loss at step %d: %.6f", step, value)
         return value
 

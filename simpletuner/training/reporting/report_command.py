@@ -8,13 +8,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from simpletuner.training.reporting.report_data import ReportData, read_report_data
+from simpletuner.training.reporting.events import EVENTS_FILE, SKIPPED_FILES
+from simpletuner.training.reporting.report_data import OLD_STEP_LOG, ReportData, read_report_data
 from simpletuner.training.reporting.report_page import write_report
-from simpletuner.training.reporting.run_log import STATUS_FILE, STEP_LOG
+from simpletuner.training.reporting.run_log import STATUS_FILE
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 
-# Any of these shows that a training run wrote into the folder.
-RUN_FILES = (STATUS_FILE, STEP_LOG, "training_summary.json", "skipped_files.json")
+# Any of these shows that a training run wrote into the folder (an older run: its step log).
+RUN_FILES = (STATUS_FILE, EVENTS_FILE, "training_summary.json", SKIPPED_FILES, OLD_STEP_LOG)
 
 
 def run_report_command(output_dir: str) -> int:

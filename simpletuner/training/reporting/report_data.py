@@ -1,7 +1,9 @@
-"""What the run report shows, read from output_dir alone (torch-free): the status and step log
-(run_log.py), eval_loss.jsonl, validation/step-*/, skipped_files.json, the sample trace with its
-plan, and the checkpoints' manifests. A file that is missing is left out of the page; one that
-cannot be read is named in the page's notes, with why; neither stops the page.
+"""What the run report shows, read from output_dir alone (torch-free): the status (run_log.py),
+the steps and evaluations of events.jsonl (events.py; a run folder written before it holds
+training_steps.jsonl and eval_loss.jsonl instead), validation/step-*/, skipped_files.json, the
+sample trace with its plan, and the checkpoints' manifests. A file that is missing is left out
+of the page; one that cannot be read is named in the page's notes, with why; neither stops the
+page.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from simpletuner.helpers.multiaspect.verify import verify
 from simpletuner.training.checkpointing.folders import complete_checkpoints
 from simpletuner.training.checkpointing.manifest import (MANIFEST, CheckpointError,
                                                          verify_checkpoint)
-from simpletuner.training.reporting.run_log import EVAL_LOG, PLAN_FILE, STATUS_FILE, STEP_LOG
+from simpletuner.training.reporting.events import EVENTS_FILE, SKIPPED_FILES
+from simpletuner.training.reporting.run_log import PLAN_FILE, STATUS_FILE
 
-SKIPPED_FILES = "skipped_files.json"
+# What a run folder written before events.jsonl holds instead: its step and eval logs.
+OLD_STEP_LOG, OLD_EVAL_LOG = "training_steps.jsonl", "eval_loss.jsonl"
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 _IMAGE = re.compile(r"^(?:image-(\d+)\.png|clip-(\d+)\.webp)$")  # a video family's: its clips
 
@@ -73,10 +77,9 @@ def read_report_data(output_dir: Path, *, verify_hashes: bool,
     notes: list[str] = []
     status = _read_json(output_dir / STATUS_FILE, notes) or {"status": "unknown"}
     trace = output_dir / "trace"
+    steps, evals = _steps_and_evals(output_dir, notes)
     return ReportData(
-        output_dir=output_dir, status=status,
-        steps=_read_jsonl(output_dir / STEP_LOG, notes),
-        evals=_read_jsonl(output_dir / EVAL_LOG, notes),
+        output_dir=output_dir, status=status, steps=steps, evals=evals,
         validation=_validation_images(output_dir, notes),
         skipped=_read_json(output_dir / SKIPPED_FILES, notes) or {},
         checkpoints=[_checkpoint_entry(step, folder, verify_hashes)
@@ -84,6 +87,17 @@ def read_report_data(output_dir: Path, *, verify_hashes: bool,
         exactly_once=_exactly_once(trace, notes) if check_trace else None,
         exactly_once_deferred=not check_trace and (trace / PLAN_FILE).is_file(),
         notes=notes)
+
+
+def _steps_and_evals(output_dir: Path, notes: list[str]) -> tuple[list[dict], list[dict]]:
+    """The step and eval records: events.jsonl's, or an older run's own two logs."""
+    if not (output_dir / EVENTS_FILE).is_file() and (
+            (output_dir / OLD_STEP_LOG).is_file() or (output_dir / OLD_EVAL_LOG).is_file()):
+        return (_read_jsonl(output_dir / OLD_STEP_LOG, notes),
+                _read_jsonl(output_dir / OLD_EVAL_LOG, notes))
+    events = _read_jsonl(output_dir / EVENTS_FILE, notes)
+    return ([e for e in events if e.get("type") == "step"],
+            [e for e in events if e.get("type") == "eval"])
 
 
 def _read_json(path: Path, notes: list[str]):

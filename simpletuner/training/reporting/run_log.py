@@ -1,9 +1,10 @@
-"""What the run report needs that no other file holds, written by the main rank:
-``training_steps.jsonl`` (one line per step: loss, LR, whether it was skipped as non-finite,
-when), cut back to the resume step like the other logs, so a resumed run continues the same
-curves; ``training_status.json`` (running, finished, preempted, diverged or failed, with the
-message, the settings that matter and the buckets), rewritten atomically; and, with
-``trace_samples``, ``trace/plan.json`` (what the exactly-once check compares the traces with).
+"""What the run report needs that no other file holds, written by the main rank: the event
+log ``events.jsonl`` (events.py: the start, every step's loss and LR, the evaluations,
+validations, checkpoints, skipped files, status changes and the end), cut back to the resume
+step, so a resumed run continues the same curves; ``training_status.json`` (running, finished,
+preempted, diverged or failed, with the message, the settings that matter and the buckets), a
+snapshot rewritten atomically; and, with ``trace_samples``, ``trace/plan.json`` (what the
+exactly-once check compares the traces with).
 
 The report page is rendered from these and the run's other files at every validation, every
 checkpoint and at the end (also after a failure). The report is for people: a failure to write
@@ -12,21 +13,18 @@ it is logged as a warning and never stops the training.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_json
-from simpletuner.common.jsonl_log import keep_leading_records
-from simpletuner.training.run.outcomes import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted
+from simpletuner.training.reporting.events import EventLog
+from simpletuner.training.run.outcomes import (EXIT_DIVERGED, EXIT_PREEMPTED, Diverged,
+                                               Preempted, exit_status_for)
 from simpletuner.training.run.preemption import StopRequested
 
 logger = logging.getLogger(__name__)
 
-STEP_LOG = "training_steps.jsonl"
-EVAL_LOG = "eval_loss.jsonl"  # written by evaluation.py (which needs torch; the report does not)
 STATUS_FILE = "training_status.json"
 PLAN_FILE = "plan.json"  # in the trace folder, beside the rank traces
 
@@ -45,7 +43,8 @@ def ending_of(exc: BaseException) -> dict:
         return {"status": "preempted", "exit_status": EXIT_PREEMPTED, "message": str(exc)}
     if isinstance(exc, Diverged):
         return {"status": "diverged", "exit_status": EXIT_DIVERGED, "message": str(exc)}
-    return {"status": "failed", "message": f"{type(exc).__name__}: {exc}"}
+    return {"status": "failed", "exit_status": exit_status_for(exc),
+            "message": f"{type(exc).__name__}: {exc}"}
 
 
 def shown_settings(training, processes: int) -> dict:
@@ -59,27 +58,35 @@ def shown_settings(training, processes: int) -> dict:
 
 class RunLog:
     """The main rank's writer; on other ranks, and until the preflight accepted output_dir,
-    every method writes nothing (a refused output_dir may be a dataset's folder)."""
+    every method writes nothing (a refused output_dir may be a dataset's folder). ``events``:
+    the event log, for the trainer's own events (evaluations, validations, checkpoints)."""
 
     def __init__(self, output_dir: Path, *, main: bool, render):
         """``render(output_dir, check_trace=...)`` writes the report page from what is on
         disk; the trace's exactly-once check is made at the end only."""
         self.output_dir, self.main, self._render = Path(output_dir), main, render
         self.writing = False
+        self.events = EventLog(self.output_dir, main=main)
+        self.resumed_from: int | None = None
         self.status: dict = {"status": "starting", "started_at": time.time()}
 
-    def output_dir_accepted(self) -> None:
-        self.writing = self.main
+    def output_dir_accepted(self, resumed_from: int | None = None) -> None:
+        """``resumed_from``: the step of the checkpoint the run resumes from; the event log
+        keeps the lines up to it (an earlier attempt's), none of a step after it."""
+        self.writing, self.resumed_from = self.main, resumed_from
+        self.status["step"] = resumed_from or 0
+        self.events.open(resumed_from or 0)
 
-    def start(self, *, resume_step: int, total_steps: int, settings: dict,
-              buckets: dict[str, dict[str, int]], effective_batch: int) -> None:
-        """Called once the run knows where it starts: the step log keeps the steps up to
-        ``resume_step`` (none for a fresh run, whatever an earlier one left)."""
-        self.status.update(status="running", resume_step=resume_step, step=resume_step,
+    def start(self, *, total_steps: int, settings: dict, buckets: dict[str, dict[str, int]],
+              effective_batch: int, world_size: int) -> None:
+        """Called once the run knows its length, before its first step."""
+        step = self.resumed_from or 0
+        self.status.update(status="running", resume_step=step, step=step,
                            total_steps=total_steps, settings=settings, buckets=buckets,
                            effective_batch=effective_batch)
-        self._guarded(lambda: keep_leading_records(
-            self.output_dir / STEP_LOG, lambda record: int(record["step"]) <= resume_step))
+        self.events.start(step, resumed_from=self.resumed_from, world_size=world_size,
+                          max_steps=total_steps, settings=settings)
+        self.events.status(step, "running")
         self.render()
 
     def write_plan(self, trace_folder: Path, make_plan) -> None:
@@ -87,16 +94,8 @@ class RunLog:
         self._guarded(lambda: atomic_write_json(trace_folder / PLAN_FILE, make_plan(), indent=1))
 
     def log_step(self, step: int, loss: float, lr: float, skipped: bool) -> None:
-        """Appended and flushed per step (a line is a few dozen bytes); NaN is not JSON, so a
-        non-finite loss is null."""
-        record = {"step": step, "loss": loss if math.isfinite(loss) else None, "lr": lr,
-                  "skipped": skipped, "time": round(time.time(), 3)}
         self.status["step"] = step
-        self._guarded(lambda: self._append(record))
-
-    def _append(self, record: dict) -> None:
-        with open(self.output_dir / STEP_LOG, "a", encoding="utf-8") as log:
-            log.write(json.dumps(record, allow_nan=False) + "\n")
+        self.events.step(step, loss=loss, lr=lr, skipped=skipped)
 
     def render(self, *, final: bool = False) -> None:
         """The status as it stands and the page; a failure is a warning, not the run's end."""
@@ -105,10 +104,15 @@ class RunLog:
 
     def finish(self) -> None:
         self.status.update(status="finished", exit_status=0)
+        self.events.end(self.status["step"], status="finished", exit_status=0)
         self.render(final=True)
 
     def end_with(self, exc: BaseException) -> None:
-        self.status.update(ending_of(exc))
+        ending = ending_of(exc)
+        self.status.update(ending)
+        step = self.status.get("step", 0)
+        self.events.status(step, ending["status"], ending["message"])
+        self.events.end(step, status=ending["status"], exit_status=ending["exit_status"])
         self.render(final=True)
 
     def _guarded(self, *actions) -> None:

@@ -1,5 +1,6 @@
 """What the run log records when a run starts (main rank): the settings, each dataset's
-buckets after caching, the effective batch and, with ``trace_samples``, the plan of the epochs
+buckets after caching, the effective batch, the files skipped (their counts in the event log)
+and, with ``trace_samples``, the plan of the epochs
 the run trains, for the report's exactly-once check."""
 
 from __future__ import annotations
@@ -28,15 +29,17 @@ def epochs_covering(sampler, total_steps: int) -> int:
     return max(epochs, 1)
 
 
-def start_run_log(run_log: RunLog, *, training, data, sampler, indexes, resume_step: int,
+def start_run_log(run_log: RunLog, *, training, data, sampler, indexes, skipped: dict,
                   total_steps: int, processes: int) -> None:
+    """``skipped``: dataset id -> [{path, reason}], as skipped_files.json holds it."""
     if not run_log.writing:
         return
     buckets = {dataset_id: {key: len(ids) for key, ids in index.buckets.items()}
                for dataset_id, index in sorted(indexes.items())}
-    run_log.start(resume_step=resume_step, total_steps=total_steps,
-                  settings=shown_settings(training, processes), buckets=buckets,
+    run_log.start(total_steps=total_steps, settings=shown_settings(training, processes),
+                  buckets=buckets, world_size=processes,
                   effective_batch=training.train_batch_size * sampler.accumulation * processes)
+    run_log.events.skip(run_log.status["step"], skipped)
     if training.trace_samples:
         run_log.write_plan(Path(training.output_dir) / "trace",
                            lambda: audit_plan(data, sampler, epochs_covering(sampler, total_steps)))
