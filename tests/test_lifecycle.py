@@ -188,7 +188,9 @@ class FreshRunRefusalTest(unittest.TestCase):
         configuration = self.configuration("resumed", resume_from_checkpoint="latest")
         output_dir = Path(configuration.training.output_dir)
         make_checkpoint(output_dir, 4)
-        self.assertEqual(run_preflight(configuration).resume_from, output_dir / "checkpoint-4")
+        preflight = run_preflight(configuration)
+        self.assertEqual(preflight.resume_from, output_dir / "checkpoint-4")
+        self.assertEqual(preflight.resume_step, 4)  # the events after it are cut away
 
     def test_other_folders_do_not_count_as_checkpoints(self):
         configuration = self.configuration("other")

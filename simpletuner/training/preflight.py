@@ -36,6 +36,7 @@ class Preflight:
     model_folder: Path
     resume_from: Path | None
     seed: int | None   # the configured seed, or the resumed run's recorded seed
+    resume_step: int | None  # the step resume_from was saved at
 
 
 def _check_output_dir(output_dir: Path) -> str | None:
@@ -93,14 +94,16 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     if main_result is not None:
         if problems:
             raise ConfigError(problems)
-        return Preflight(model_folder, main_result.resume_from, main_result.seed)
-    resume_from, seed = None, training.seed
+        return Preflight(model_folder, main_result.resume_from, main_result.seed,
+                         main_result.resume_step)
+    resume_from, seed, resume_step = None, training.seed, None
     try:
         resume_from = resolve_resume(training.resume_from_checkpoint, Path(training.output_dir))
     except ValueError as exc:
         problems.append(f"{where}: key 'resume_from_checkpoint': {exc}")
     if resume_from is not None:
         saved = read_run_state(resume_from)
+        resume_step = saved.step
         if saved.model_type != training.model_type:
             problems.append(
                 f"{where}: key 'resume_from_checkpoint': {resume_from} was saved by a "
@@ -112,7 +115,7 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     if problems:
         raise ConfigError(problems)
     assert model_folder is not None
-    return Preflight(model_folder, resume_from, seed)
+    return Preflight(model_folder, resume_from, seed, resume_step)
 
 
 def _is_i2v_problems(adapter_class, model_folder: Path,

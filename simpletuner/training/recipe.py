@@ -30,8 +30,7 @@ from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.base import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
-from simpletuner.training.checkpointing.checkpointer import (Checkpointer, TrainedParts,
-                                                             read_run_state)
+from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
 from simpletuner.training.memory.block_swap import network_to_device
@@ -111,7 +110,7 @@ class Trainer:
     def set_up(self) -> None:
         # Everything that can be checked cheaply, on every rank, before any heavy work.
         self.preflight = run_preflight_on_all_ranks(self.configuration, self.accelerator)
-        self.run_log.output_dir_accepted(resumed_from=self._resume_step())
+        self.run_log.output_dir_accepted(resumed_from=self.preflight.resume_step)
         with failing_together("removing what an earlier run left"):  # this run holds the lock
             if self.accelerator.is_main_process:
                 remove_leftovers(self.output_dir)
@@ -143,11 +142,6 @@ class Trainer:
         self.evaluator = self._build_evaluator()
         self.trace = self._open_trace()
         self._report_start()
-
-    def _resume_step(self) -> int | None:
-        """The step of the checkpoint the run resumes from (the preflight verified it)."""
-        resume_from = self.preflight.resume_from
-        return None if resume_from is None else read_run_state(resume_from).step
 
     def _prepare_caches(self):
         """VAE latents and text embeddings; undecodable images are dropped on every rank alike."""
