@@ -1,7 +1,7 @@
-"""Evaluation loss: logged every eval_steps_interval, identical when the run is repeated, and a
-run resumed with evaluation on ends exactly as the uninterrupted run (and evaluates the same); a
-run killed after logging past its last checkpoint and resumed in the same output_dir logs every
-step once."""
+"""Evaluation loss: logged every eval_steps_interval (events.jsonl's eval lines), identical when
+the run is repeated, and a run resumed with evaluation on ends exactly as the uninterrupted run
+(and evaluates the same); a run killed after logging past its last checkpoint and resumed in the
+same output_dir logs every evaluation once."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from launching import run_bounded
-from training_fixtures import (environment, make_shapes, read_jsonl, run_training,
-                               write_config)
+from training_fixtures import environment, make_shapes, read_events, run_training, write_config
 
 LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
 
@@ -51,8 +50,8 @@ class EvalLossTest(unittest.TestCase):
 
     @classmethod
     def crash_and_resume(cls):
-        """Checkpointing every 3 steps, killed as the step-4 evaluation returns (after
-        checkpoint-3 and its line), then resumed ('latest': checkpoint-3) with the same config
+        """Checkpointing every 3 steps, killed as the step-4 evaluation's line is written (after
+        checkpoint-3), then resumed ('latest': checkpoint-3) with the same config
         in the same output_dir. (The last step is always a checkpoint, so the kill comes before
         it.)"""
         root = cls.root
@@ -62,11 +61,11 @@ class EvalLossTest(unittest.TestCase):
         (root / "status").mkdir()
         cls.killed = run_bounded(
             [sys.executable, str(LAUNCHER), str(root / "status"), "--fault",
-             "simpletuner.training.reporting.evaluation:Evaluator.run", "--killed-after", "2",
+             "simpletuner.training.reporting.events:EventLog.eval", "--killed-after", "2",
              "train", "--config", str(config)],
             tmpdir=cls.tmp, timeout=300, env=environment(cls.tmp))
-        log = root / "crashed-out" / "eval_loss.jsonl"
-        cls.killed_lines = read_jsonl(log) if log.is_file() else []
+        log = root / "crashed-out" / "events.jsonl"
+        cls.killed_lines = read_events(log.parent, "eval") if log.is_file() else []
         cls.killed_checkpoints = sorted(  # before the resumed run adds its own
             p.name for p in (root / "crashed-out").glob("checkpoint-*"))
         cls.runs["after-crash"] = run_training(config, cls.tmp)
@@ -78,8 +77,7 @@ class EvalLossTest(unittest.TestCase):
     def evaluations(self, name: str) -> dict[int, float]:
         result = self.runs[name]
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        return {e["step"]: e["eval_loss"] for e in
-                read_jsonl(self.root / f"{name}-out" / "eval_loss.jsonl")}
+        return {e["step"]: e["eval_loss"] for e in read_events(self.root / f"{name}-out", "eval")}
 
     def test_logged_at_the_interval_and_identical_when_repeated(self):
         full = self.evaluations("full")
@@ -112,7 +110,7 @@ class EvalLossTest(unittest.TestCase):
         self.assertIn(f"resumed from {self.root / 'crashed-out' / 'checkpoint-3'} at step 3",
                       result.stderr)
         logged = [(line["step"], line["eval_loss"]) for line in
-                  read_jsonl(self.root / "crashed-out" / "eval_loss.jsonl")]
+                  read_events(self.root / "crashed-out", "eval")]
         self.assertEqual(logged, sorted(self.evaluations("full").items()))
 
     def test_resume_with_eval_on_equals_the_uninterrupted_run(self):

@@ -1,7 +1,8 @@
 """output_dir/events.jsonl: a real tiny run (in process, with evaluation, validation, a
 skipped file and checkpoints) writes its start, every step, evaluation, validation and
 checkpoint and its end, in order; a run SIGKILLed after writing steps past its last checkpoint
-and resumed in the same output_dir leaves each step in the file once, in order."""
+and resumed in the same output_dir leaves each step in the file once, in order; the writer
+alone: a torn line cut away, a failed write a warning, nothing from another rank."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from accelerate import Accelerator
 from launching import run_bounded
 from simpletuner.configuration import load_configuration
 from simpletuner.training.recipe import Trainer
+from simpletuner.training.reporting.events import EventLog
 from training_fixtures import (environment, make_shapes, read_events, read_jsonl, run_training,
                                write_config)
 
@@ -39,6 +41,50 @@ def make_data(root: Path) -> None:
 
 def types_and_steps(output_dir: Path) -> list[tuple[str, int]]:
     return [(event["type"], event["step"]) for event in read_jsonl(output_dir / "events.jsonl")]
+
+
+class EventLogWriterTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.out = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_a_resume_keeps_the_whole_lines_up_to_its_step(self):
+        first = EventLog(self.out, main=True)
+        first.open(0)
+        for step in (1, 2, 3):
+            first.step(step, loss=0.5, lr=1e-4, skipped=False)
+        with open(self.out / "events.jsonl", "a") as log:
+            log.write('{"type": "step", "step": 4, "lo')  # torn by a kill
+        EventLog(self.out, main=True).open(2)
+        self.assertEqual(types_and_steps(self.out), [("step", 1), ("step", 2)])
+        EventLog(self.out, main=True).open(5)
+        self.assertEqual(types_and_steps(self.out), [("step", 1), ("step", 2)])
+
+    def test_a_non_finite_loss_is_null(self):
+        log = EventLog(self.out, main=True)
+        log.open(0)
+        log.step(1, loss=float("nan"), lr=1e-4, skipped=True)
+        (step,) = read_events(self.out, "step")
+        self.assertEqual((step["loss"], step["skipped"]), (None, True))
+
+    def test_a_failed_write_is_a_warning_and_ends_the_log(self):
+        (self.out / "events.jsonl").mkdir()
+        log = EventLog(self.out, main=True)
+        log.open(0)
+        with self.assertLogs("simpletuner.training.reporting.events", "WARNING") as logged:
+            log.step(1, loss=0.5, lr=1e-4, skipped=False)
+        self.assertIn("could not write", logged.output[0])
+        self.assertFalse(log.writing)
+
+    def test_another_rank_and_an_unopened_log_write_nothing(self):
+        other = EventLog(self.out, main=False)
+        other.open(0)
+        other.step(1, loss=0.5, lr=1e-4, skipped=False)
+        EventLog(self.out, main=True).end(0, status="failed", exit_status=1)
+        self.assertEqual(list(self.out.iterdir()), [])
 
 
 class EventsOfOneRunTest(unittest.TestCase):

@@ -180,18 +180,6 @@ class FailTogetherTest(unittest.TestCase):
         self.assertStoppedTogether(run, "validation at step 1 failed on rank 0: "
                                         "NotADirectoryError")
 
-    def test_an_eval_loss_log_write_error_on_the_main_rank_stops_both(self):
-        self.new_run()
-        make_shapes(self.root / "eval", per_size=2, sizes=((64, 64),))
-        log = self.output / "eval_loss.jsonl"
-        log.mkdir(parents=True)
-        run = self.train(config_options=dict(eval_steps_interval=1, datasets=[
-            {"id": "shapes", "instance_data_dir": str(self.root / "data")},
-            {"id": "held-out", "dataset_type": "eval",
-             "instance_data_dir": str(self.root / "eval")}]))
-        self.assertStoppedTogether(run, f"writing {log} at step 1 failed on rank 0: "
-                                        "IsADirectoryError")
-
     def test_a_skipped_files_report_write_error_on_the_main_rank_stops_both(self):
         self.new_run()
         report = self.output / "skipped_files.json"

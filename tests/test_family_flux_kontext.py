@@ -23,7 +23,7 @@ from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import TrainingRuns, read_jsonl, run_training, write_config
+from training_fixtures import TrainingRuns, read_events, read_jsonl, run_training, write_config
 
 KONTEXT = dict(model_family="flux", model_flavour="kontext",
                pretrained_model_name_or_path="builtin:tiny-flux-kontext")
@@ -157,7 +157,7 @@ class KontextTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCa
             "*.safetensors"))
         self.assertEqual(len(held_out), 4)  # strict: the targets' 8 x 8
         self.assertEqual(tuple(load_file(str(held_out[0]))["latent"].shape), (16, 8, 8))
-        losses = read_jsonl(out / "eval_loss.jsonl")
+        losses = read_events(out, "eval")
         self.assertEqual([line["step"] for line in losses], [1, 2])
         skipped = json.loads((out / "skipped_files.json").read_text())
         self.assertEqual([e["path"] for e in skipped["held-out-edits"]], ["lonely-target.png"])

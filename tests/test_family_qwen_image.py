@@ -28,7 +28,7 @@ from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
 from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import TrainingRuns, make_shapes, read_jsonl, write_config
+from training_fixtures import TrainingRuns, make_shapes, read_events, write_config
 
 # Qwen/Qwen-Image's published configs (transformer/, vae/, text_encoder/config.json on the Hub),
 # the values that size the tensors.
@@ -210,7 +210,7 @@ class QwenTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase)
         self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
         out = self.root / "full-out"
         self.assertTrue((out / "validation/step-4/grid.png").is_file())
-        losses = read_jsonl(out / "eval_loss.jsonl")
+        losses = read_events(out, "eval")
         self.assertEqual([line["step"] for line in losses], [2, 4])
         self.assertTrue(all(np.isfinite(line["eval_loss"]) for line in losses))
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")

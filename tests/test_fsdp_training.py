@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
+from training_fixtures import make_shapes, read_events, read_jsonl, run_train_sh, write_config
 
 UNET_WEIGHTS = "pipeline/unet/diffusion_pytorch_model.safetensors"
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
@@ -181,7 +181,7 @@ class Sd1xLoraFsdpTest(DdpFsdpPair, unittest.TestCase):
 
     def test_a_one_image_evaluation_runs_sharded_and_equals_ddps(self):
         losses = [[(line["step"], line["eval_loss"]) for line in
-                   read_jsonl(self.out(name) / "eval_loss.jsonl")] for name in ("ddp", "fsdp")]
+                   read_events(self.out(name), "eval")] for name in ("ddp", "fsdp")]
         self.assertEqual([step for step, _ in losses[1]], [2, 4])
         for (_, ddp), (_, fsdp) in zip(*losses):
             self.assertAlmostEqual(fsdp, ddp, delta=1e-4 * abs(ddp))

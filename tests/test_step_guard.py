@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from accelerate import Accelerator
 
 from simpletuner.training.step_guard import NonFiniteGuard, StepTotals, clip_gradients, pack_step
-from training_fixtures import make_shapes, read_jsonl, read_report, run_training, write_config
+from training_fixtures import make_shapes, read_events, read_report, run_training, write_config
 
 NAN, INF = float("nan"), float("inf")
 
@@ -139,8 +139,7 @@ class DivergingRunTest(unittest.TestCase):
     def test_the_report_says_diverged_and_marks_the_skipped_steps(self):
         report = read_report(self.out)
         self.assertEqual(report.status, "diverged")
-        skipped = [r["step"] for r in read_jsonl(self.out / "training_steps.jsonl")
-                   if r["skipped"]]
+        skipped = [r["step"] for r in read_events(self.out, "step") if r["skipped"]]
         self.assertEqual(len(skipped), 2)  # max_nonfinite_steps in a row, the last included
         self.assertEqual(report.nonfinite, skipped)
         self.assertNotIn(skipped[0], [step for step, _ in report.series["loss"]])

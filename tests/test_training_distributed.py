@@ -10,7 +10,7 @@ import unittest
 from collections import Counter
 from pathlib import Path
 
-from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
+from training_fixtures import make_shapes, read_events, read_jsonl, run_train_sh, write_config
 
 
 class TwoProcessTrainingTest(unittest.TestCase):
@@ -61,7 +61,7 @@ class TwoProcessTrainingTest(unittest.TestCase):
 
     def test_an_evaluation_set_smaller_than_the_ranks_is_evaluated(self):
         self.assertEqual(self.result.returncode, 0, self.result.stderr[-4000:])
-        logged = read_jsonl(self.out / "eval_loss.jsonl")
+        logged = read_events(self.out, "eval")
         self.assertEqual([line["step"] for line in logged], [4, 8])
         self.assertTrue(all(0 < line["eval_loss"] < 10 for line in logged), logged)
 

@@ -21,11 +21,11 @@ from PIL import Image, ImageStat
 
 from headless_browser import chromium
 from launching import REPO, Launch, run_bounded
-from training_fixtures import (ReportView, environment, make_shapes, read_jsonl, read_report,
+from training_fixtures import (ReportView, environment, make_shapes, read_events, read_report,
                                run_train_sh, write_config)
 
 RUN_TIMEOUT = 400
-STOP_AFTER_STEPS = 4  # SIGTERM once the step log shows this many steps (of 8) and the page
+STOP_AFTER_STEPS = 4  # SIGTERM once the event log shows this many steps (of 8) and the page
 #                       shows step 3's validation
 PROMPTS = ["a red circle on a blue background", "a yellow circle on a green background"]
 OPTIONS = dict(max_train_steps=8, checkpointing_steps=2, validation_steps=3,
@@ -34,12 +34,12 @@ OPTIONS = dict(max_train_steps=8, checkpointing_steps=2, validation_steps=3,
 
 
 def stop_once_the_page_shows(run: Launch, out: Path, steps: int, image: str) -> str:
-    """SIGTERM once the step log has ``steps`` steps and the page (rewritten during the run)
+    """SIGTERM once the event log has ``steps`` steps and the page (rewritten during the run)
     shows ``image``; returns the page as it was then."""
     deadline = time.monotonic() + RUN_TIMEOUT
-    step_log, page = out / "training_steps.jsonl", out / "training_report.html"
+    events, page = out / "events.jsonl", out / "training_report.html"
     while time.monotonic() < deadline and run.process.poll() is None:
-        if step_log.is_file() and len(step_log.read_text().splitlines()) >= steps:
+        if events.is_file() and events.read_text().count('"type": "step"') >= steps:
             shown = page.read_text() if page.is_file() else ""
             if image in shown:
                 os.kill(run.pid, signal.SIGTERM)  # train.sh forwards it to the training process
@@ -71,7 +71,6 @@ class PreemptedThenResumedRunReportTest(unittest.TestCase):
         cls.stopped_stderr = stopped.stderr()
         cls.stopped_html = (cls.out / "training_report.html").read_text()
         cls.stopped_report = ReportView(cls.stopped_html)
-        cls.stopped_steps = read_jsonl(cls.out / "training_steps.jsonl")
         resumed = write_config(root, root / "data", "report", datasets=datasets,
                                resume_from_checkpoint="latest", **OPTIONS)
         cls.resumed = run_train_sh(resumed, cls.tmp, timeout=RUN_TIMEOUT)
@@ -105,11 +104,22 @@ class PreemptedThenResumedRunReportTest(unittest.TestCase):
         self.assertEqual(final[:stopped_at], self.stopped_report.series["loss"])
         self.assertGreaterEqual(stopped_at, STOP_AFTER_STEPS)
 
+    def test_the_event_log_holds_the_preemption_and_the_resume(self):
+        self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
+        stopped_at = max(step for step, _ in self.stopped_report.series["loss"])
+        self.assertEqual([(e["step"], e["status"]) for e in read_events(self.out, "status")],
+                         [(0, "running"), (stopped_at, "preempted"), (stopped_at, "running")])
+        self.assertEqual([(e["step"], e["status"], e["exit_status"])
+                          for e in read_events(self.out, "end")],
+                         [(stopped_at, "preempted", 75), (8, "finished", 0)])
+        self.assertEqual([e["resumed_from"] for e in read_events(self.out, "start")],
+                         [None, stopped_at])
+
     def test_the_browser_shows_every_step_and_evaluation_as_a_point(self):
-        steps = read_jsonl(self.out / "training_steps.jsonl")
+        steps = read_events(self.out, "step")
         self.assertEqual([(r["step"], r["loss"]) for r in steps], self.dom.series["loss"])
         self.assertEqual([(r["step"], r["lr"]) for r in steps], self.dom.series["lr"])
-        evals = read_jsonl(self.out / "eval_loss.jsonl")
+        evals = read_events(self.out, "eval")
         self.assertEqual([(r["step"], r["eval_loss"]) for r in evals],
                          self.dom.series["eval loss"])
         self.assertEqual([step for step, _ in self.dom.series["eval loss"]], [2, 4, 6, 8])
