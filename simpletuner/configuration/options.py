@@ -289,4 +289,4 @@ class TrainingConfig:
                                   "pairs (in sample order) validation edits")
     eval_steps_interval: int = option(
         0, minimum=0, help="every this many steps, log the loss on the 'eval' datasets "
-        "(eval/loss, output_dir/eval_loss.jsonl); 0 = never")
+        "(eval/loss, an eval line in output_dir/events.jsonl); 0 = never")
