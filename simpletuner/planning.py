@@ -9,6 +9,7 @@ from pathlib import Path
 
 from simpletuner.common.atomic import json_text
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.index import DatasetIndex
@@ -112,11 +113,11 @@ def _index_datasets(config) -> tuple[list[DatasetIndex], list]:
         if dataset.conditioning_ids():
             logger.info(pair_summary(index, [references[c] for c in dataset.conditioning_ids()]))
         report = backend.last_refresh
-        kind, probe = ("clip", "clips probed") if dataset.dataset_type == "video" else (
-            "image", "headers read")
+        kind = kind_of(dataset)
         logger.info("dataset '%s': %d %s files, %d %s, %d reused from cache, %d %ss in %d "
-                    "buckets, %d skipped", dataset.id, report.listed, kind, report.read, probe,
-                    report.reused, index.sample_count, kind, len(index.buckets),
+                    "buckets, %d skipped", dataset.id, report.listed, kind.sample_noun,
+                    report.read, kind.probe_noun, report.reused, index.sample_count,
+                    kind.sample_noun, len(index.buckets),
                     len(index.skipped))
         if (retimed := retiming_summary(index)) is not None:
             logger.info(retimed)
