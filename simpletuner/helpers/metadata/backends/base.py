@@ -80,6 +80,7 @@ class RefreshReport:
     listed: int       # image files found
     reused: int       # sizes taken from the cache (file unchanged)
     read: int         # headers read (new or changed files)
+    tabled: int       # sizes taken from a metadata table's or dataset's columns
     forgotten: int    # cache entries of files that are gone
     cache_written: bool
 
@@ -180,8 +181,8 @@ class MetadataBackend:
             written = self.history.commit_if_changed(version, meta, cached)
         listed = len(found.files.ids)
         self.last_refresh = RefreshReport(
-            listed=listed, reused=listed - found.read, read=found.read,
-            forgotten=found.forgotten, cache_written=written)
+            listed=listed, reused=listed - found.read - found.tabled, read=found.read,
+            tabled=found.tabled, forgotten=found.forgotten, cache_written=written)
         # Unwritten, the file is the one already mapped and checked above: not read again.
         # Written, it was flushed just now: mapped without reading it back for its CRC.
         return self._map_index(check_crc=False) if written else self._take(cached)
@@ -234,8 +235,8 @@ class MetadataBackend:
     def _take_cached(self, cached: LoadedIndex) -> DatasetIndex:
         """The source says the cache was built from exactly this data: take it as it is."""
         listed = len(cached.ids)
-        self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
-                                          cache_written=False)
+        self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, tabled=0,
+                                          forgotten=0, cache_written=False)
         return self._take(cached)
 
     def index_version(self) -> IndexVersion | None:
