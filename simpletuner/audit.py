@@ -23,6 +23,7 @@ from accelerate.utils import broadcast_object_list
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.common.clean_exit import exit_process
 from simpletuner.common.atomic import atomic_write_json
+from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.helpers.metadata.startup import (DataStartup, DataStartupError, build_sampler,
@@ -128,7 +129,7 @@ def _audit(accelerator: Accelerator, config_path: str, output: Path, epochs: int
     print(f"[rank {accelerator.process_index}] seed {sampler.seed}, "
           f"{sampler.micro_batches_in(0)} micro-batches in epoch 0", file=sys.stderr)
     ok = _audit_sampler(accelerator, startup, sampler, output, epochs, "")
-    if any(ds.dataset_type == "eval" for ds in config.datasets):
+    if any(kind_of(ds).evaluates for ds in config.datasets):
         evaluation = build_sampler(startup, config.training, accelerator, evaluation=True)
         ok = _audit_sampler(accelerator, startup, evaluation, output / "eval", 1,
                             "evaluation ") and ok
@@ -139,7 +140,10 @@ def run_audit(accelerator: Accelerator, config_path: str, output: Path, epochs: 
     try:
         return 0 if _audit(accelerator, config_path, output, epochs) else 1
     except SHARED_ERRORS as exc:
-        print(f"[rank {accelerator.process_index}] audit stopped: {exc}", file=sys.stderr)
+        # Every rank raises the same error (a RankFailure names the ranks it came from), so
+        # the main rank says it once; the others only exit with the same status.
+        if accelerator.is_main_process:
+            print(f"audit stopped: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
 
 

@@ -5,6 +5,7 @@ again."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -20,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--memory", action="store_true",
                       help="print the model's bytes per rank under DDP and FSDP2 instead, and "
                       "one device's peak with activations and block swap")
-    plan.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+    plan.add_argument("--gpu-memory", type=_gibibytes, default=None, metavar="GIB",
                       help="with --memory: whether the run fits in this many GiB, and what "
                       "would make it fit")
     plan.add_argument("--frames", type=int, default=1,
@@ -44,6 +45,18 @@ def _parser() -> argparse.ArgumentParser:
         "(checkpoints verified by SHA-256)")
     report.add_argument("output_dir")
     return parser
+
+
+def _gibibytes(value: str) -> float:
+    """A device's memory: a finite number above zero (argparse reports the message)."""
+    try:
+        gib = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a number of GiB") from None
+    if not math.isfinite(gib) or gib <= 0:
+        raise argparse.ArgumentTypeError(f"'{value}': a device's memory in GiB, above 0 "
+                                         "(e.g. 24 or 79.6)")
+    return gib
 
 
 def _one_size(value: str) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from simpletuner.common.atomic import json_text
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.index import DatasetIndex
@@ -24,6 +25,20 @@ from simpletuner.plan_report import (bucket_table, skip_summary, undersized_buck
 logger = logging.getLogger("simpletuner.plan")
 
 HISTOGRAM_NAME = "bucket_histogram.png"
+
+
+def _refresh_line(dataset, report, index: DatasetIndex) -> str:
+    """What discovery did: where each size came from, counting only what happened (a first
+    run reuses nothing; a table's sizes are neither read nor cached)."""
+    kind = kind_of(dataset)
+    sources = [f"{report.read} {kind.probe_noun}"]
+    if report.tabled:
+        sources.append(f"{report.tabled} sized by the table")
+    if report.reused:
+        sources.append(f"{report.reused} reused from cache")
+    return (f"dataset '{dataset.id}': {report.listed} {kind.sample_noun} files, "
+            f"{', '.join(sources)}, {index.sample_count} {kind.sample_noun}s in "
+            f"{len(index.buckets)} buckets, {len(index.skipped)} skipped")
 
 
 def _plan_json(indexes: list[DatasetIndex]) -> dict:
@@ -111,13 +126,7 @@ def _index_datasets(config) -> tuple[list[DatasetIndex], list]:
         index = limit_samples(paired[dataset.id], dataset.max_num_samples)
         if dataset.conditioning_ids():
             logger.info(pair_summary(index, [references[c] for c in dataset.conditioning_ids()]))
-        report = backend.last_refresh
-        kind, probe = ("clip", "clips probed") if dataset.dataset_type == "video" else (
-            "image", "headers read")
-        logger.info("dataset '%s': %d %s files, %d %s, %d reused from cache, %d %ss in %d "
-                    "buckets, %d skipped", dataset.id, report.listed, kind, report.read, probe,
-                    report.reused, index.sample_count, kind, len(index.buckets),
-                    len(index.skipped))
+        logger.info(_refresh_line(dataset, backend.last_refresh, index))
         if (retimed := retiming_summary(index)) is not None:
             logger.info(retimed)
         indexes.append(index)

@@ -141,6 +141,15 @@ class FluxDevOn24GiBTest(unittest.TestCase):
             self.plan_args(["--size", "12x"])
         self.assertIn("'12x' is not a size: use an integer side, 'WxH'", errors.getvalue())
 
+    def test_a_device_memory_that_is_no_size_is_refused_before_anything_loads(self):
+        for value in ("nan", "inf", "-5", "0"):
+            with self.subTest(value=value), self.assertRaises(SystemExit) as stop, \
+                    redirect_stderr(io.StringIO()) as errors:
+                main(["plan", "--memory", "--config", "unused.json", "--gpu-memory", value])
+            self.assertEqual(stop.exception.code, 2)
+            self.assertIn(f"--gpu-memory: '{value}': a device's memory in GiB, above 0",
+                          errors.getvalue())
+
     def test_the_proposed_block_count_fits_and_one_fewer_does_not(self):
         status, output = self.plan()
         self.assertEqual(status, 1, output)

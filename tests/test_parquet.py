@@ -103,6 +103,14 @@ class TableIndexTest(unittest.TestCase):
                 self.assertEqual(index.skipped, expected.skipped)
                 self.assertEqual(index.digest(), expected.digest())
 
+    def test_a_first_build_says_its_sizes_came_from_the_table_not_the_cache(self):
+        table = write_table(self.tmp / "meta.parquet", self.rows)
+        backend = self.backend(table)
+        backend.refresh_index(False)
+        report = backend.last_refresh
+        self.assertEqual((report.tabled, report.read, report.reused),
+                         (len(self.rows), 0, 0))
+
     def test_captions_come_from_the_table_on_every_rank(self):
         rows = [dict(r) for r in self.rows]
         rows[1]["caption"] = None

@@ -93,6 +93,7 @@ class PlanCommandTest(unittest.TestCase):
         for name, fragment in self.broken.items():
             self.assertIn(fragment, reasons[name])
         self.assertIn(f"{len(self.good) + len(self.broken)} headers read", first.stderr)
+        self.assertNotIn("reused from cache", first.stderr)  # a first run has no cache
         histogram = self.output / "bucket_histogram.png"
         with Image.open(histogram) as png:
             self.assertEqual(png.format, "PNG")
@@ -101,7 +102,8 @@ class PlanCommandTest(unittest.TestCase):
         cache_mtime = cache.stat().st_mtime_ns
         second = run_plan(self.config, "--json")
         self.assertEqual(second.returncode, 0, second.stderr)
-        self.assertIn("0 headers read", second.stderr)
+        self.assertIn(f"0 headers read, {len(self.good) + len(self.broken)} reused from cache",
+                      second.stderr)
         self.assertEqual(json.loads(second.stdout), plan)
         self.assertEqual(cache.stat().st_mtime_ns, cache_mtime)
 

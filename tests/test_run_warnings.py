@@ -23,10 +23,20 @@ class RunWarningsTest(unittest.TestCase):
         self.assertIsNone(ema_warning(0.999, 0))
 
     def test_run_warnings_checks_ema_only_when_used(self):
-        training = SimpleNamespace(num_processes=1, use_ema=False, ema_decay=0.9999)
+        training = SimpleNamespace(num_processes=1, use_ema=False, ema_decay=0.9999,
+                                   lr_scheduler="cosine", lr_warmup_steps=50)
         self.assertEqual(run_warnings(training, 1, 10), [])
         training.use_ema = True
         self.assertEqual(len(run_warnings(training, 2, 10)), 2)
+
+    def test_warm_up_without_effect_under_constant(self):
+        training = SimpleNamespace(num_processes=1, use_ema=False, lr_scheduler="constant",
+                                   lr_warmup_steps=50)
+        (warning,) = run_warnings(training, 1, 10)
+        self.assertIn("lr_warmup_steps 50 has no effect with lr_scheduler 'constant'", warning)
+        self.assertIn("'constant_with_warmup'", warning)
+        training.lr_warmup_steps = 0
+        self.assertEqual(run_warnings(training, 1, 10), [])
 
 
 if __name__ == "__main__":

@@ -117,6 +117,34 @@ class TrainerInProcessTest(TrainerCase):
                                        msg=name)
 
 
+
+class ResumedScheduleTest(TrainerCase):
+    """A resume whose settings move the learning rate at the resumed step says so, once."""
+
+    def checkpoint_at_step_two(self, name: str) -> None:
+        first = self.trainer(name)
+        with micro_batches(first) as batches:
+            for _ in range(2):
+                first.train_step(batches)
+        first.checkpoint()
+
+    def test_a_longer_run_warns_that_the_learning_rate_moved(self):
+        self.checkpoint_at_step_two("longer")
+        with self.assertLogs("simpletuner.training.recipe", "WARNING") as logs:
+            self.trainer("longer", resume_from_checkpoint="latest", max_train_steps=12)
+        moved = [line for line in logs.output if "resuming at step 2" in line]
+        self.assertEqual(len(moved), 1, logs.output)
+        # linear from 1e-3 (write_config's learning_rate): 4/6 of it at step 2 of 6, 10/12 of 12
+        self.assertIn("was 0.000667", moved[0])
+        self.assertIn("gives 0.000833", moved[0])
+
+    def test_the_same_settings_resume_without_the_warning(self):
+        self.checkpoint_at_step_two("same")
+        with self.assertLogs("simpletuner.training.recipe", "INFO") as logs:
+            self.trainer("same", resume_from_checkpoint="latest")
+        self.assertTrue(any("resumed from" in line for line in logs.output), logs.output)
+        self.assertFalse(any("resuming at step" in line for line in logs.output), logs.output)
+
 class EveryOptimizerResumesTest(TrainerCase):
     """Each optimizer the trainer accepts on this machine saves, verifies and resumes to the
     uninterrupted run's weights, under a schedule that changes the rate every step."""

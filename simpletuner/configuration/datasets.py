@@ -10,7 +10,9 @@ from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.configuration.huggingface_block import HuggingFaceConfig
 from simpletuner.configuration.options import BucketTail
 from simpletuner.configuration.video_block import VideoSettings
+from simpletuner.dataset_kinds import kind_names
 
+DatasetType = Literal[kind_names()]  # one module each in simpletuner/dataset_kinds/
 STORAGE_TYPES = ("local", "aws", "huggingface")
 TABLE_SUFFIXES = (".parquet", ".jsonl")
 # SimpleTuner's weighted crop_aspect_buckets entry: {"aspect_bucket": 1.5, "weight": 0.25}
@@ -42,7 +44,7 @@ class DatasetConfig:
     id: str = option(required=True, help="unique, safe for file names")
     type: str = option("local", help="storage backend: 'local' (a folder), 'aws' (S3-compatible) "
                        "or 'huggingface' (a dataset read with the datasets library)")
-    dataset_type: Literal["image", "video", "eval", "conditioning"] = option(
+    dataset_type: DatasetType = option(
         "image", help="'video': clips (.mp4, .webm, .mkv, .mov, .avi), read with PyAV; their "
         "frames are set by the video block; 'conditioning': reference images of the dataset "
         "whose conditioning_data names this one, matched to its targets by path")

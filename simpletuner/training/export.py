@@ -45,7 +45,7 @@ def export_run(configuration, accelerator, adapter, network, prepared_network, e
             atomic_write_text(output_dir / "training_summary.json",
                               json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
             write_model_card(pipeline_dir or Path(exported).parent, training, summary,
-                             [d.id for d in configuration.datasets])
+                             [d.id for d in configuration.datasets], adapter.folder)
             logger.info("done: %d steps, final loss %s, seed %d; exported the trained %s to %s",
                         step, "n/a" if final_loss is None else f"{final_loss:.4f}", seed,
                         "LoRA" if lora else "pipeline", exported)

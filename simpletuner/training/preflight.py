@@ -16,6 +16,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from simpletuner.configuration import ConfigError, Configuration
 from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
+from simpletuner.dataset_kinds import kind_of
 from simpletuner.models.base import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.model_path import model_path_problem
@@ -127,7 +128,7 @@ def _is_i2v_problems(adapter_class, model_folder: Path,
             f"'is_i2v' is true, but {model_folder} trains text-to-video only; use an "
             "image-to-video model (Wan 2.1 I2V, or Wan 2.2 TI2V-5B: model_flavour ti2v-5b-2.2) "
             "or remove is_i2v" for ds in configuration.datasets
-            if ds.dataset_type == "video" and (ds.video or {}).get("is_i2v")]
+            if kind_of(ds).has_clips and (ds.video or {}).get("is_i2v")]
 
 
 def _checked(configuration: Configuration, main_result: Preflight | None = None

@@ -39,7 +39,7 @@ from simpletuner.training.memory.sharding import (accumulating, network_on_main,
                                                   shard_network)
 from simpletuner.training.model_setup import load_trained_model
 from simpletuner.training.optimization.optimizers import build_optimizer
-from simpletuner.training.optimization.schedules import build_lr_scheduler
+from simpletuner.training.optimization.schedules import build_lr_scheduler, scheduled_lr
 from simpletuner.training.preflight import run_preflight_on_all_ranks, weight_dtype
 from simpletuner.training.reporting.evaluation import Evaluator
 from simpletuner.training.reporting.run_start import new_run_log, start_run_log
@@ -48,7 +48,7 @@ from simpletuner.training.reporting.validation_edits import EditPairs
 from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
-from simpletuner.training.run.run_warnings import run_warnings
+from simpletuner.training.run.run_warnings import resumed_lr_warning, run_warnings
 from simpletuner.training.run_state import RunState, noise_generator, total_steps
 from simpletuner.training.settings import RunSettings
 from simpletuner.training.step_guard import (NonFiniteGuard, StepTotals, back_off_loss_scale,
@@ -187,6 +187,11 @@ class Trainer:
         state = self.checkpointer.load(resume_from, self.parts)
         logger.info("resumed from %s at step %d (epoch %d)", resume_from, state.step,
                     self.sampler.epoch)
+        schedule = self.parts.lr_scheduler  # its loaded state holds the LR saved with it
+        warning = resumed_lr_warning(state.step, schedule.get_last_lr()[0],
+                                     scheduled_lr(schedule, state.step))
+        if warning and self.accelerator.is_main_process:
+            logger.warning(warning)
         return replace(fresh, step=state.step, epoch=self.sampler.epoch,
                        final_loss=state.final_loss, nonfinite_steps=state.nonfinite_steps)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.caching.storage import (
     CACHE_FORMAT, digest, entry_path, load_entry, rank_share, save_entry,
 )
@@ -74,7 +75,7 @@ class LatentSettings:
                                          dataset.target_downsample_size):
             downsample = Downsample(dataset.resolution_type, dataset.maximum_image_size,
                                     dataset.target_downsample_size)
-        is_i2v = dataset.dataset_type == "video" and bool((dataset.video or {}).get("is_i2v"))
+        is_i2v = kind_of(dataset).has_clips and bool((dataset.video or {}).get("is_i2v"))
         return cls(dataset.id, open_storage(dataset), Path(folder), model_identity,
                    dataset.crop, dataset.crop_style, seed, downsample, is_i2v)
 

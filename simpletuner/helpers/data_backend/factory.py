@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from simpletuner.helpers.data_backend.huggingface import HuggingFaceStorage
 from simpletuner.helpers.data_backend.local import LocalStorage
-from simpletuner.helpers.data_backend.storage import Storage, sample_extensions
+from simpletuner.dataset_kinds import kind_of
+from simpletuner.helpers.data_backend.storage import Storage
 
 
 def open_storage(dataset) -> Storage:
     """For a configuration.DatasetConfig; the loader has checked the keys and the extras."""
-    extensions = sample_extensions(dataset.dataset_type)
+    extensions = kind_of(dataset).extensions
     if dataset.type == "aws":
         from simpletuner.helpers.data_backend.s3 import S3Settings, S3Storage  # the 's3' extra
 

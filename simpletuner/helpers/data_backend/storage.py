@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"})
-VIDEO_EXTENSIONS = frozenset({".mp4", ".webm", ".mkv", ".mov", ".avi"})  # dataset_type 'video'
+VIDEO_EXTENSIONS = frozenset({".mp4", ".webm", ".mkv", ".mov", ".avi"})
 CAPTION_EXTENSION = ".txt"
 
 ChangeKey = int | str  # local: mtime_ns; S3: the ETag. With the size, it says "same bytes".
@@ -56,11 +56,6 @@ def extension_of(name: str) -> str:
 
 def is_image_name(name: str) -> bool:
     return extension_of(name) in IMAGE_EXTENSIONS
-
-
-def sample_extensions(dataset_type: str) -> frozenset[str]:
-    """The file extensions a dataset's samples have: clips for 'video', else images."""
-    return VIDEO_EXTENSIONS if dataset_type == "video" else IMAGE_EXTENSIONS
 
 
 class Storage(Protocol):

@@ -14,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 
 from simpletuner.common.names import name_bytes
+from simpletuner.dataset_kinds import kind_of
 
 EMPTY_CAPTION = ""
 _SCALE = float(1 << 64)
@@ -33,7 +34,7 @@ class CaptionPolicy:
     def for_dataset(cls, dataset) -> "CaptionPolicy":
         """From a configuration.DatasetConfig (whose dropout the loader filled from config.json);
         evaluation datasets never drop captions, so their loss measures the captioned task."""
-        evaluation = dataset.dataset_type == "eval"
+        evaluation = kind_of(dataset).evaluates
         return cls(
             dropout_probability=0.0 if evaluation else dataset.caption_dropout_probability or 0.0,
             split_lines=not dataset.disable_multiline_split,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.metadata.epoch_counts import bucket_counts
 from simpletuner.helpers.metadata.split import DatasetSpec
 from simpletuner.helpers.multiaspect.dataset_schedule import (DatasetSchedule, DatasetTimeline,
@@ -28,7 +29,7 @@ def _timeline(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
     """The sampler's timeline of the training datasets, from their specs. Without a configured
     seed (broadcast at run time) it assumes 0: only a join after another dataset's end_step
     depends on it."""
-    schedules = {ds.id: DatasetSchedule.of(ds) for ds in datasets if ds.dataset_type != "eval"}
+    schedules = {ds.id: DatasetSchedule.of(ds) for ds in datasets if kind_of(ds).trains}
     by_id = {spec.dataset_id: spec for spec in specs if spec.dataset_id in schedules}
     return DatasetTimeline(schedules, _groups_of(by_id, processes, accumulation), seed=seed or 0)
 
@@ -53,7 +54,7 @@ def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes
     """dataset id -> its schedule keys, odds share, regularisation flag, and where it joins:
     epoch (from 1, as start_epoch counts), that epoch's step and the optimizer step (from 1);
     joins None when it would not start within the run's steps."""
-    training = [ds for ds in datasets if ds.dataset_type != "eval"]
+    training = [ds for ds in datasets if kind_of(ds).trains]
     timeline = _timeline(datasets, specs, processes, accumulation, seed)
     limit = max_train_steps
     if limit is None:  # num_train_epochs (launch_checks asks for one of the two)

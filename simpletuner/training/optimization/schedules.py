@@ -18,3 +18,9 @@ def build_lr_scheduler(settings: ScheduleSettings, optimizer, total_steps: int):
     return get_scheduler(settings.lr_scheduler, optimizer,
                          num_warmup_steps=settings.lr_warmup_steps,
                          num_training_steps=total_steps, num_cycles=settings.lr_num_cycles)
+
+
+def scheduled_lr(lr_scheduler, step: int) -> float:
+    """What ``lr_scheduler`` (a LambdaLR, as every schedule above is) gives its first parameter
+    group at ``step``, whatever state was loaded into it."""
+    return lr_scheduler.base_lrs[0] * lr_scheduler.lr_lambdas[0](step)

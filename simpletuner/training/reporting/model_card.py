@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_text
+from simpletuner.models.model_path import BUILTIN_PREFIX
 
 CARD_NAME = "README.md"
 
@@ -23,9 +24,19 @@ def _metadata(training) -> dict:
             "base_model": training.pretrained_model_name_or_path}
 
 
-def _usage(training, folder_name: str) -> str:
-    base = (f'pipeline = DiffusionPipeline.from_pretrained('
-            f'{json.dumps(training.pretrained_model_name_or_path)})\n')
+def _base_model_line(training, base_folder: Path) -> str:
+    """Loads what the run trained on: a built-in name means nothing to diffusers, so its
+    folder in the cache is named instead."""
+    name = training.pretrained_model_name_or_path
+    if not name.startswith(BUILTIN_PREFIX):
+        return f'pipeline = DiffusionPipeline.from_pretrained({json.dumps(name)})\n'
+    return (f"# {name}, built locally by `python -m simpletuner builtin "
+            f"{name.removeprefix(BUILTIN_PREFIX)}`\n"
+            f'pipeline = DiffusionPipeline.from_pretrained({json.dumps(str(base_folder))})\n')
+
+
+def _usage(training, folder_name: str, base_folder: Path) -> str:
+    base = _base_model_line(training, base_folder)
     if training.lora_type == "lycoris":
         return (base + "from lycoris import create_lycoris_from_weights\n"
                 'network = pipeline.unet if hasattr(pipeline, "unet") else pipeline.transformer\n'
@@ -36,9 +47,10 @@ def _usage(training, folder_name: str) -> str:
     return f'pipeline = DiffusionPipeline.from_pretrained("{folder_name}")'
 
 
-def model_card_text(training, summary: dict, datasets: list[str]) -> str:
+def model_card_text(training, summary: dict, datasets: list[str], base_folder: Path) -> str:
     """``training`` is a configuration.TrainingConfig; ``summary`` the run's
-    training_summary.json; ``datasets`` the dataset ids trained on."""
+    training_summary.json; ``datasets`` the dataset ids trained on; ``base_folder`` the model
+    folder the run loaded."""
     lines = ["---"] + [f"{key}: {json.dumps(value)}" for key, value in _metadata(training).items()]
     prompts = training.validation_prompt
     prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
@@ -67,11 +79,12 @@ def model_card_text(training, summary: dict, datasets: list[str]) -> str:
     if prompts:
         lines += ["", "## Validation prompts", ""] + [f"- {p}" for p in prompts]
     lines += ["", "## Use", "", "```python", "from diffusers import DiffusionPipeline", "",
-              _usage(training, folder_name), "```", ""]
+              _usage(training, folder_name, base_folder), "```", ""]
     return "\n".join(lines)
 
 
-def write_model_card(folder: Path, training, summary: dict, datasets: list[str]) -> Path:
+def write_model_card(folder: Path, training, summary: dict, datasets: list[str],
+                     base_folder: Path) -> Path:
     path = Path(folder) / CARD_NAME
-    atomic_write_text(path, model_card_text(training, summary, datasets))
+    atomic_write_text(path, model_card_text(training, summary, datasets, base_folder))
     return path

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from PIL import Image
 
+from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.clip import decode_frames
@@ -39,7 +40,7 @@ def validation_input_images(datasets: Sequence, indexes: Mapping[str, DatasetInd
         return None
     for dataset in datasets:
         index = indexes.get(dataset.id)
-        if dataset.dataset_type == "eval" or index is None or not index.sample_count:
+        if not kind_of(dataset).trains or index is None or not index.sample_count:
             continue
         samples = sorted(s for ids in index.buckets.values() for s in ids)
         storage = open_storage(dataset)

@@ -38,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from simpletuner.configuration import DatasetConfig, TrainingConfig
+from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.bucketing import Bucketing
@@ -79,6 +80,7 @@ class RefreshReport:
     listed: int       # image files found
     reused: int       # sizes taken from the cache (file unchanged)
     read: int         # headers read (new or changed files)
+    tabled: int       # sizes taken from a metadata table's or dataset's columns
     forgotten: int    # cache entries of files that are gone
     cache_written: bool
 
@@ -99,18 +101,18 @@ class MetadataBackend:
         self.data_digest: str | None = None  # the index cache's (index_history.py), once read
         self.bucket_settings = BucketSettings.for_dataset(dataset, training)
         self.filters = SizeFilters.for_dataset(dataset, training)
-        self.video = (dataset.video_settings(training.model_family)
-                      if dataset.dataset_type == "video" else None)
+        kind = kind_of(dataset)
+        self.video = dataset.video_settings(training.model_family) if kind.has_clips else None
         self.bucketing = Bucketing(dataset.id, self.bucket_settings, self.filters, self.video,
                                    dataset.caption_strategy == "textfile"
-                                   and dataset.dataset_type != "conditioning")
+                                   and kind.reads_caption_files)
         self.last_refresh: RefreshReport | None = None
 
     @classmethod
     def from_config(cls, dataset: DatasetConfig, training: TrainingConfig) -> "MetadataBackend":
         """The dataset's storage and metadata backend, the cache under ``output_dir``."""
         storage = open_storage(dataset)
-        if dataset.dataset_type == "video":
+        if kind_of(dataset).has_clips:
             from simpletuner.helpers.metadata.backends.clip_source import ClipSource  # PyAV
 
             source = ClipSource(storage, dataset.id, TableSource(storage, dataset)
@@ -179,8 +181,8 @@ class MetadataBackend:
             written = self.history.commit_if_changed(version, meta, cached)
         listed = len(found.files.ids)
         self.last_refresh = RefreshReport(
-            listed=listed, reused=listed - found.read, read=found.read,
-            forgotten=found.forgotten, cache_written=written)
+            listed=listed, reused=listed - found.read - found.tabled, read=found.read,
+            tabled=found.tabled, forgotten=found.forgotten, cache_written=written)
         # Unwritten, the file is the one already mapped and checked above: not read again.
         # Written, it was flushed just now: mapped without reading it back for its CRC.
         return self._map_index(check_crc=False) if written else self._take(cached)
@@ -233,8 +235,8 @@ class MetadataBackend:
     def _take_cached(self, cached: LoadedIndex) -> DatasetIndex:
         """The source says the cache was built from exactly this data: take it as it is."""
         listed = len(cached.ids)
-        self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, forgotten=0,
-                                          cache_written=False)
+        self.last_refresh = RefreshReport(listed=listed, reused=listed, read=0, tabled=0,
+                                          forgotten=0, cache_written=False)
         return self._take(cached)
 
     def index_version(self) -> IndexVersion | None:
@@ -264,7 +266,7 @@ class MetadataBackend:
         ds = self.dataset
         return DatasetSpec(index.dataset_id, index.buckets, ds.repeats,
                            ds.train_batch_size or self.training.train_batch_size,
-                           ds.dataset_type == "eval", self.training.allow_dataset_oversubscription,
+                           kind_of(ds).evaluates, self.training.allow_dataset_oversubscription,
                            ds.bucket_tail or self.training.bucket_tail)
 
     def split_buckets_between_processes(self, index: DatasetIndex, *, seed: int, epoch: int,

@@ -42,6 +42,7 @@ class FoundFiles:
     # The source added the file table's columns (and its captions') to the index cache version
     # it was given itself, each as soon as it was known, so they went to disk while it read.
     stored: bool = False
+    tabled: int = 0  # files sized by a table's or dataset's columns: neither read nor cached
 
 
 class HeaderSource:

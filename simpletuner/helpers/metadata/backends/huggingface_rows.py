@@ -59,8 +59,10 @@ class HuggingFaceSource:
         if problems:
             raise HuggingFaceDatasetError("; ".join(problems))
         row_numbers = np.array([self.storage.row_of(i) for i in listing.sample_ids], np.int64)
+        tabled = 0
         if self.config.width_column is not None:
             files, read, forgotten = self._sized_by_columns(listing, row_numbers), 0, 0
+            tabled = len(files.ids)
         else:
             files, stale, forgotten = known.reconcile(listing)
             self._probe(files, stale, show_progress)
@@ -71,7 +73,7 @@ class HuggingFaceSource:
             for position in np.flatnonzero([c is None for c in captions]).tolist():
                 self._refuse(files, position, row_numbers, "no caption in "
                              f"{self._caption_names()} (caption_strategy 'huggingface')")
-        return FoundFiles(files, read, forgotten, [], captions)
+        return FoundFiles(files, read, forgotten, [], captions, tabled=tabled)
 
     def _sized_by_columns(self, listing: Listing, row_numbers: np.ndarray) -> FileTable:
         c, rows = self.config, self.storage.rows

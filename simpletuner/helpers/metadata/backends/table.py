@@ -109,7 +109,8 @@ class TableSource:
             store.add(size_columns(files))
             if captions is not None:
                 store.add(table_caption_rows(captions))
-        return FoundFiles(files, 0, 0, skipped, captions, listed.id_column, store is not None)
+        return FoundFiles(files, 0, 0, skipped, captions, listed.id_column, store is not None,
+                          tabled=len(files.ids))
 
     def _read_table(self) -> TableColumns:
         c = self.config
