@@ -9,6 +9,7 @@ from typing import Any
 from simpletuner.configuration.families import FLOW_FAMILIES, families_where, known_spec
 from simpletuner.configuration.fields import normalise_key
 from simpletuner.families import spoken_list
+from simpletuner.families.spec import NOISE
 
 
 def check_loss_options_fit_the_family(values: dict[str, Any], where: str,
@@ -18,7 +19,7 @@ def check_loss_options_fit_the_family(values: dict[str, Any], where: str,
     if family is None:
         return
     if family in FLOW_FAMILIES and values.get("snr_gamma") is not None:
-        noise = ", ".join(families_where(lambda spec: spec.name not in FLOW_FAMILIES))
+        noise = ", ".join(families_where(lambda spec: spec.objective == NOISE))
         problems.append(
             f"{where}: key 'snr_gamma' applies to the noise-prediction families ({noise}); "
             f"model_family '{family}' trains with flow matching, where Min-SNR weighting "

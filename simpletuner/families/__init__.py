@@ -22,14 +22,19 @@ def family_names() -> tuple[str, ...]:
 
 def family_spec(name: str) -> FamilySpec:
     """The spec of family ``name``; ValueError naming the known ones when there is none."""
-    if name not in family_names():
-        raise ValueError(f"model_family {name!r} has no adapter; known: "
-                         + ", ".join(family_names()))
-    return import_module(f"{__name__}.{name}.{SPEC_MODULE}").SPEC
+    known = family_names()
+    if name not in known:
+        raise ValueError(f"model_family {name!r} has no adapter; known: " + ", ".join(known))
+    return _spec_of(name)
 
 
 def family_specs() -> tuple[FamilySpec, ...]:
-    return tuple(family_spec(name) for name in family_names())
+    return tuple(_spec_of(name) for name in family_names())
+
+
+def _spec_of(name: str) -> FamilySpec:
+    """The SPEC of the folder ``name`` (sys.modules keeps it after the first import)."""
+    return import_module(f"{__name__}.{name}.{SPEC_MODULE}").SPEC
 
 
 def flow_families() -> tuple[str, ...]:
