@@ -22,7 +22,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from simpletuner.configuration.families import FLOW_FAMILIES
 from simpletuner.configuration.options import TrainingConfig
-from simpletuner.models.base import PLANNED_CAPTION, LossSettings, TrainingBatch
+from simpletuner.models.base import PLANNED_CAPTION, LossSettings
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.by_type import add_adapter

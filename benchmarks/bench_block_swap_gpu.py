@@ -24,7 +24,8 @@ import torch
 
 from benchlib import data_folder, emit, format_table, ratio
 from simpletuner.configuration.options import TrainingConfig
-from simpletuner.models.base import LossSettings, PLANNED_CAPTION, TrainingBatch
+from simpletuner.models.base import PLANNED_CAPTION, LossSettings
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.by_type import add_adapter

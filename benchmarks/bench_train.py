@@ -61,7 +61,8 @@ from simpletuner.helpers.caching.text_embeds import TextEmbedCache
 from simpletuner.helpers.metadata.startup import build_sampler, start_data
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
-from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.models.transfer import batch_to_device

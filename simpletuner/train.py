@@ -28,7 +28,7 @@ from simpletuner.helpers.metadata.startup import DataStartupError
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
 from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
-from simpletuner.models.base import ModelFolderError
+from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.manifest import CheckpointError
 from simpletuner.training.run.output_dir_claim import output_dir_claimed

@@ -13,7 +13,9 @@ from unittest import mock
 import torch
 from diffusers import DiffusionPipeline
 
-from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.base import LossSettings
+
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
 

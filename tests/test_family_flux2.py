@@ -22,9 +22,11 @@ from diffusers import (AutoencoderKLFlux2, DiffusionPipeline, Flux2KleinPipeline
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.cli import main
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.layout import ModelFolderError
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
-from simpletuner.models.flux2 import Flux2Adapter, Flux2KleinAdapter
+from simpletuner.families.flux2.adapter import Flux2Adapter, Flux2KleinAdapter
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.models.tiny.tokenizers import write_tiny_qwen2_tokenizer

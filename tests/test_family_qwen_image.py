@@ -22,7 +22,9 @@ from model_fixtures import CPU, TinyModelCase, losses_around_training, random_ba
 from simpletuner.cli import main
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache, cache_text_embeds
-from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.layout import ModelFolderError
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class

@@ -25,9 +25,10 @@ from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from model_fixtures import CPU, network_prediction
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.multiaspect.image import to_tensor
-from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
-from simpletuner.models.qwen_processor import load_processor
+from simpletuner.families.qwen_image.processor import load_processor
 from simpletuner.models.registry import get_adapter_class
 from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS, TrainedOutputAssertions
 from training_fixtures import copy_checkpoint, read_jsonl, run_train_sh, write_config

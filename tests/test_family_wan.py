@@ -21,7 +21,9 @@ from PIL import Image
 from headless_browser import chromium
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.layout import ModelFolderError
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class

@@ -20,7 +20,8 @@ from diffusers import DiffusionPipeline, WanPipeline
 from safetensors.torch import load_file
 
 from model_fixtures import CPU, TinyModelCase, random_batch
-from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.flow_objective import sample_sigmas
 from simpletuner.models.registry import get_adapter_class

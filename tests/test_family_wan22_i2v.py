@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 
 from model_fixtures import CPU, TinyModelCase
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.preflight import run_preflight

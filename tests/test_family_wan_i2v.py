@@ -23,7 +23,9 @@ from safetensors.torch import load_file
 from model_fixtures import CPU, TinyModelCase
 from simpletuner.configuration import load_configuration
 from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
-from simpletuner.models.base import LossSettings, ModelFolderError, TrainingBatch
+from simpletuner.models.base import LossSettings
+from simpletuner.models.layout import ModelFolderError
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.reporting.validation_inputs import (validation_input_images,

@@ -23,7 +23,8 @@ from diffusers import DiffusionPipeline, ZImagePipeline, ZImageTransformer2DMode
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.cli import main
 from simpletuner.configuration import ConfigError, load_configuration
-from simpletuner.models.base import LossSettings, ModelFolderError
+from simpletuner.models.base import LossSettings
+from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.lora import add_lora

@@ -18,7 +18,8 @@ from model_fixtures import TinyModelCase
 from training_fixtures import REPO
 from simpletuner.configuration.families import FLOW_FAMILIES
 from simpletuner.configuration.options import TrainingConfig
-from simpletuner.models.base import PLANNED_CAPTION, TrainingBatch
+from simpletuner.models.base import PLANNED_CAPTION
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.memory.activations import activation_bytes

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
-from simpletuner.models.base import LossSettings, ModelFolderError
+from simpletuner.models.base import LossSettings
+from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.noise_objective import draw_noise, min_snr_weights
 from simpletuner.models.registry import get_adapter_class
@@ -162,7 +163,7 @@ class FolderMismatchTest(AdapterCase):
             self.assert_refused("sd2x", folder, "missing unet/", "expects a diffusers folder")
 
     def test_unknown_family(self):
-        with self.assertRaisesRegex(ValueError, "sd1x, sd2x, sdxl"):
+        with self.assertRaisesRegex(ValueError, "known: .*sd1x, sd2x, sd3, sdxl"):
             get_adapter_class("sd4")
 
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from launching import Launch
-from simpletuner.models.base import ModelFolderError
+from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.builtin import (
     UnknownBuiltinError, ensure_builtin_model, resolve_model_path, run_builtin_command)
 

@@ -15,7 +15,8 @@ from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from transformers import T5Tokenizer
 
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
-from simpletuner.models.base import LossSettings, ModelFolderError
+from simpletuner.models.base import LossSettings
+from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flow_objective import resolution_shift, sample_sigmas, shift_sigmas
 from simpletuner.models.pipelines import export_pipeline

@@ -20,7 +20,7 @@ from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches, positions_after
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.training_batch import TrainingBatch
 
 WAIT_S = 10  # generous: the machine is shared; a correct run never waits this long
 

@@ -96,7 +96,7 @@ class LearningAndExportTest(unittest.TestCase):
         from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
         from simpletuner.models.base import LossSettings
         from simpletuner.models.builtin import resolve_model_path
-        from simpletuner.models.sd1x import SD1xAdapter
+        from simpletuner.families.sd1x.adapter import SD1xAdapter
 
         configuration = load_configuration(self.config)
         base = resolve_model_path("builtin:tiny-sd1x")

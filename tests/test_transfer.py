@@ -7,7 +7,7 @@ import unittest
 
 import torch
 
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.flow_objective import sample_sigmas
 from simpletuner.models.noise_objective import draw_noise, draw_timesteps
 from simpletuner.models.transfer import batch_pinned_for, batch_to_device, pinned_for, to_device

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.configuration.video_block import VideoSettings
-from simpletuner.configuration.video_frames import FRAME_RULES, FrameRule
+from simpletuner.families import family_spec
+from simpletuner.families.frame_rule import FrameRule
 from simpletuner.helpers.metadata.buckets import BucketSettings, bucket_for, parse_bucket_key
 from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
 from simpletuner.helpers.metadata.video_buckets import bucket_frames, training_frames, with_frames
@@ -122,12 +123,13 @@ class VideoConfigTest(unittest.TestCase):
 
 class FrameRuleTest(unittest.TestCase):
     def test_snap_down_is_the_largest_accepted_count_not_above(self):
-        for rule in (FRAME_RULES["wan"], FrameRule(8, 1), FrameRule(1, 0), FrameRule(4, 0)):
+        wan = family_spec("wan").frame_rule
+        for rule in (wan, FrameRule(8, 1), FrameRule(1, 0), FrameRule(4, 0)):
             for frames in range(0, 130):
                 snapped = rule.snap_down(frames)
                 accepted = [n for n in range(0, frames + 1) if rule.accepts(n)]
                 self.assertEqual(snapped, max(accepted, default=0), (rule, frames))
-        self.assertEqual([n for n in range(1, 30) if FRAME_RULES["wan"].accepts(n)],
+        self.assertEqual([n for n in range(1, 30) if wan.accepts(n)],
                          [1, 5, 9, 13, 17, 21, 25, 29])
 
 

@@ -6,15 +6,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.families import known_spec
+from simpletuner.families import family_specs
 
-# (model_family, model_flavour) of the models that train on reference images
-REFERENCE_MODELS = {("flux", "kontext"), ("qwen_image", "edit-v1"), ("qwen_image", "edit-v2")}
-# How messages name them.
-REFERENCE_MODELS_TEXT = ("model_family 'flux' with model_flavour 'kontext', or 'qwen_image' with "
-                         "'edit-v1' or 'edit-v2'")
-# The references per sample a model's pipeline reads (the others: any number).
-MOST_REFERENCES = {("qwen_image", "edit-v1"): 1, ("qwen_image", "edit-v2"): 3}
 CONDITIONING = "conditioning"
+
+
+def reference_models_text() -> str:
+    """How messages name the models that train on reference images (the specs' reference
+    flavours): "model_family 'a' with model_flavour 'x', or 'b' with 'y' or 'z'"."""
+    models = [spec for spec in family_specs() if spec.reference_flavours]
+    return "model_family " + ", or ".join(
+        f"'{spec.name}' with {'' if index else 'model_flavour '}"
+        + " or ".join(f"'{flavour}'" for flavour in spec.reference_flavours)
+        for index, spec in enumerate(models))
 
 
 def as_conditioning(ds: DatasetConfig) -> DatasetConfig:
@@ -36,7 +41,8 @@ def with_references(parsed: list[DatasetConfig], listed: object, training, where
 
 
 def takes_references(model_family: str | None, model_flavour: str | None) -> bool:
-    return (model_family, model_flavour) in REFERENCE_MODELS
+    spec = known_spec(model_family)
+    return spec is not None and model_flavour in spec.reference_flavours
 
 
 def check_conditioning(datasets: list[DatasetConfig], training, where: str,
@@ -84,19 +90,23 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
         problems.append(
             f"{where}: conditioning datasets ({', '.join(sorted(named_by))}) hold reference "
             f"images, which model_family '{training.model_family}' (model_flavour "
-            f"{training.model_flavour!r}) does not train on; use {REFERENCE_MODELS_TEXT}, or "
+            f"{training.model_flavour!r}) does not train on; use {reference_models_text()}, or "
             "remove conditioning_data")
 
 
 def _check_reference_count(ds: DatasetConfig, training, label: str,
                            problems: list[str]) -> None:
-    model = (getattr(training, "model_family", None), getattr(training, "model_flavour", None))
-    most = MOST_REFERENCES.get(model)
+    spec = known_spec(getattr(training, "model_family", None))
+    flavour = getattr(training, "model_flavour", None)
+    flavours = spec.reference_flavours if spec is not None else {}
+    most = flavours.get(flavour)
     if most is not None and len(ds.conditioning_ids()) > most:
+        roomier = [f", or use model_flavour '{other}' (up to {count})"
+                   for other, count in flavours.items() if count is not None and count > most]
         problems.append(f"{label}: key 'conditioning_data' names {len(ds.conditioning_ids())} "
-                        f"conditioning datasets, but model_flavour '{model[1]}' reads at most "
+                        f"conditioning datasets, but model_flavour '{flavour}' reads at most "
                         f"{most} reference(s) per sample; name at most {most}"
-                        + (", or use model_flavour 'edit-v2' (up to 3)" if most == 1 else ""))
+                        + "".join(roomier))
 
 
 def _check_conditioning_entry(ds: DatasetConfig, label: str, problems: list[str]) -> None:

@@ -4,7 +4,8 @@ off, because the paired references are what validation takes)."""
 
 from __future__ import annotations
 
-from simpletuner.configuration.conditioning_checks import REFERENCE_MODELS_TEXT, takes_references
+from simpletuner.configuration.conditioning_checks import reference_models_text, takes_references
+from simpletuner.configuration.families import known_spec
 
 
 def check_edit_validation(training, datasets: list, where: str, problems: list[str]) -> None:
@@ -16,7 +17,7 @@ def check_edit_validation(training, datasets: list, where: str, problems: list[s
     key = f"{where}: key 'eval_dataset_id'"
     if not takes_references(training.model_family, training.model_flavour):
         problems.append(f"{key} picks the edit pairs that validation edits, which only edit "
-                        f"models do ({REFERENCE_MODELS_TEXT}); remove "
+                        f"models do ({reference_models_text()}); remove "
                         "it (every enabled eval dataset's loss is logged)")
         return
     dataset = {ds.id: ds for ds in datasets}.get(name)
@@ -43,8 +44,10 @@ def check_edit_validation(training, datasets: list, where: str, problems: list[s
 
 
 def _check_prompt_only_validation(training, where: str, problems: list[str]) -> None:
-    """Qwen-Image-Edit's pipelines edit an image and cannot generate from a prompt alone."""
-    if training.model_family != "qwen_image" or not takes_references(
+    """An edit flavour whose pipeline edits an image (Qwen-Image-Edit's) cannot generate from
+    a prompt alone."""
+    spec = known_spec(training.model_family)
+    if spec is None or not spec.edits_need_references or not takes_references(
             training.model_family, training.model_flavour):
         return
     for key in ("validation_prompt", "user_prompt_library"):

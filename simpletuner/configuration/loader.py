@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.conditioning_checks import CONDITIONING, with_references
-from simpletuner.configuration.edit_validation_checks import check_edit_validation
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
                                                       check_caption_and_crop_options,
                                                       check_video_sources)
 from simpletuner.configuration.datasets import (
     STORAGE_TYPES, DatasetConfig, check_storage_keys, parse_parquet_block,
 )
+from simpletuner.configuration.edit_validation_checks import check_edit_validation
 from simpletuner.configuration.embed_entries import (EmbedCacheEntry, apply_embed_entries,
                                                      is_embed_entry, parse_embed_entry)
 from simpletuner.configuration.errors import ConfigError
@@ -32,8 +32,8 @@ from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.schedule_checks import check_dataset_schedule
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON, MULTIDATABACKEND_JSON
-from simpletuner.configuration.training_checks import (check_chroma_lora_target,
-                                                       check_fsdp_options,
+from simpletuner.configuration.training_checks import (check_fsdp_options,
+                                                       check_lora_target_all,
                                                        check_loss_options_fit_the_family)
 from simpletuner.configuration.validation_options import check_validation_options
 from simpletuner.configuration.video_block import check_video_dataset, parse_video_block
@@ -112,7 +112,7 @@ def parse_training(raw: Any, where: str, problems: list[str],
     check_fsdp_options(values, where, problems)
     check_block_swap_options(values, where, problems)
     check_group_offload_options(values, where, base, problems)
-    check_chroma_lora_target(raw, values, where, problems)
+    check_lora_target_all(raw, values, where, problems)
     if len(problems) > before:
         return None
     training = TrainingConfig(**values)

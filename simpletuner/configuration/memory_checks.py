@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from simpletuner.configuration.families import UNET_FAMILIES
+from simpletuner.configuration.families import known_spec
 
 
 def check_block_swap_options(values: dict[str, Any], where: str, problems: list[str]) -> None:
@@ -16,7 +16,8 @@ def check_block_swap_options(values: dict[str, Any], where: str, problems: list[
     if not count:
         return
     key = f"{where}: key 'musubi_blocks_to_swap' ({count})"
-    if values.get("model_family") in UNET_FAMILIES:
+    spec = known_spec(values.get("model_family"))
+    if spec is not None and spec.trains_unet:
         problems.append(f"{key} swaps transformer blocks; model_family "
                         f"'{values['model_family']}' is a UNet: set it to 0")
     if not values.get("gradient_checkpointing", False):

@@ -1,12 +1,15 @@
 """Checks of config.json's options against each other: options the chosen family would
-ignore, Chroma's flux_lora_target 'all', and what FSDP2 needs."""
+ignore, flux_lora_target 'all' where it means more than the default (Chroma), and what FSDP2
+needs."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from simpletuner.configuration.families import FLOW_FAMILIES
+from simpletuner.configuration.families import FLOW_FAMILIES, families_where, known_spec
 from simpletuner.configuration.fields import normalise_key
+from simpletuner.families import spoken_list
+from simpletuner.families.spec import NOISE
 
 
 def check_loss_options_fit_the_family(values: dict[str, Any], where: str,
@@ -16,9 +19,10 @@ def check_loss_options_fit_the_family(values: dict[str, Any], where: str,
     if family is None:
         return
     if family in FLOW_FAMILIES and values.get("snr_gamma") is not None:
+        noise = ", ".join(families_where(lambda spec: spec.objective == NOISE))
         problems.append(
-            f"{where}: key 'snr_gamma' applies to the noise-prediction families (sd1x, sd2x, "
-            f"sdxl); model_family '{family}' trains with flow matching, where Min-SNR weighting "
+            f"{where}: key 'snr_gamma' applies to the noise-prediction families ({noise}); "
+            f"model_family '{family}' trains with flow matching, where Min-SNR weighting "
             "does not exist. Remove it (flow_timestep_sampling and flow_shift shape that loss).")
     flow_keys = sorted(key for key in values if key.startswith("flow_"))
     if family not in FLOW_FAMILIES and flow_keys:
@@ -26,23 +30,23 @@ def check_loss_options_fit_the_family(values: dict[str, Any], where: str,
             f"{where}: {', '.join(repr(k) for k in flow_keys)} apply to the flow-matching "
             f"families ({', '.join(FLOW_FAMILIES)}); model_family '{family}' would ignore them. "
             "Remove them.")
-    if family not in ("flux", "flux2") and "flux_guidance_value" in values:
-        problems.append(f"{where}: key 'flux_guidance_value' applies to model_families 'flux' "
-                        f"and 'flux2' only; '{family}' has no guidance input. Remove it.")
+    spec = known_spec(family)
+    if not (spec and spec.guidance_input) and "flux_guidance_value" in values:
+        guided = spoken_list(families_where(lambda spec: spec.guidance_input), "'")
+        problems.append(f"{where}: key 'flux_guidance_value' applies to model_families {guided} "
+                        f"only; '{family}' has no guidance input. Remove it.")
 
 
-def check_chroma_lora_target(raw: dict, values: dict[str, Any], where: str,
-                              problems: list[str]) -> None:
-    """flux_lora_target 'all' is accepted as the family's default targets, which for Chroma (as
-    in SimpleTuner) leave out the text-stream projections that SimpleTuner's 'all' adds."""
-    if (values.get("model_family") != "chroma" or values.get("model_type") != "lora"
-            or values.get("lora_target_modules")):
+def check_lora_target_all(raw: dict, values: dict[str, Any], where: str,
+                          problems: list[str]) -> None:
+    """flux_lora_target 'all' is accepted as the family's default targets; a family whose spec
+    says they are less than SimpleTuner's 'all' (Chroma) gets the problem."""
+    spec = known_spec(values.get("model_family"))
+    if (spec is None or spec.lora_target_all_problem is None
+            or values.get("model_type") != "lora" or values.get("lora_target_modules")):
         return
     if {normalise_key(key): value for key, value in raw.items()}.get("flux_lora_target") == "all":
-        problems.append(f"{where}: key 'flux_lora_target' 'all' adapts more of Chroma than its "
-                        "default (to_q, to_k, to_v, to_out.0); set lora_target_modules to "
-                        '["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", '
-                        '"add_v_proj", "to_add_out"] for SimpleTuner\'s \'all\'')
+        problems.append(f"{where}: key 'flux_lora_target' 'all' {spec.lora_target_all_problem}")
 
 
 def check_fsdp_options(values: dict[str, Any], where: str, problems: list[str]) -> None:

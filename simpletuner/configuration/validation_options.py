@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simpletuner.configuration.families import UNET_FAMILIES
-from simpletuner.configuration.video_frames import FRAME_RULES
+from simpletuner.configuration.families import (families_where, frame_rule, known_spec,
+                                                video_families)
+from simpletuner.families import spoken_list
 
 PROMPT_KEYS = ("prompt", "caption")
 
@@ -73,27 +74,35 @@ def check_validation_options(training, where: str, base: Path, problems: list[st
             library_prompts(training.user_prompt_library)
         except ValueError as error:
             problems.append(f"{where}: key 'user_prompt_library': {error}")
-    family = training.model_family
-    if training.validation_guidance_rescale and family not in UNET_FAMILIES:
-        problems.append(f"{where}: key 'validation_guidance_rescale' applies to sd1x, sd2x and "
-                        f"sdxl; the {family} pipeline has no guidance rescale. Remove it.")
-    if training.validation_negative_prompt is not None and family == "flux2":
-        problems.append(f"{where}: key 'validation_negative_prompt': the FLUX.2 pipelines take "
-                        "no negative prompt (klein's guidance uses the empty prompt). Remove it.")
-    if training.validation_guidance_skip_layers and family != "sd3":
-        problems.append(f"{where}: key 'validation_guidance_skip_layers' applies to sd3 only "
-                        f"(skip-layer guidance); model_family is '{family}'. Remove it.")
-    _check_video_frames(training.validation_num_video_frames, family, where, problems)
+    _check_family_options(training, where, problems)
+    _check_video_frames(training.validation_num_video_frames, training.model_family, where,
+                        problems)
+
+
+def _check_family_options(training, where: str, problems: list[str]) -> None:
+    """Validation options the family's pipeline has no use for, as its spec says."""
+    family, spec = training.model_family, known_spec(training.model_family)
+    if training.validation_guidance_rescale and not (spec and spec.guidance_rescale):
+        rescaled = spoken_list(families_where(lambda spec: spec.guidance_rescale))
+        problems.append(f"{where}: key 'validation_guidance_rescale' applies to {rescaled}; "
+                        f"the {family} pipeline has no guidance rescale. Remove it.")
+    for key, reason in (spec.refused_options.items() if spec else ()):
+        if getattr(training, key) is not None:
+            problems.append(f"{where}: key '{key}': {reason}")
+    if training.validation_guidance_skip_layers and not (spec and spec.skip_layer_guidance):
+        skipping = spoken_list(families_where(lambda spec: spec.skip_layer_guidance))
+        problems.append(f"{where}: key 'validation_guidance_skip_layers' applies to {skipping} "
+                        f"only (skip-layer guidance); model_family is '{family}'. Remove it.")
 
 
 def _check_video_frames(frames: int | None, family: str, where: str, problems: list[str]) -> None:
     """validation_num_video_frames: for a family that makes clips, a count its VAE encodes."""
     if frames is None:
         return
-    rule = FRAME_RULES.get(family)
+    rule = frame_rule(family)
     if rule is None:
         problems.append(f"{where}: key 'validation_num_video_frames' applies to the video "
-                        f"families ({', '.join(FRAME_RULES)}); '{family}' validates with "
+                        f"families ({', '.join(video_families())}); '{family}' validates with "
                         "images. Remove it.")
     elif refusal := rule.refusal(family, frames):
         problems.append(f"{where}: key 'validation_num_video_frames' ({frames}) {refusal}")

@@ -6,8 +6,8 @@ fewer / more frames (``min_frames`` defaults to ``num_frames``). ``bucket_strate
 ``aspect_ratio`` (its default) buckets by size only, so it needs ``num_frames``;
 ``resolution_frames`` buckets by size and frame count: without ``num_frames`` each clip trains
 at its own length, rounded down to a multiple of ``frame_interval`` (when set). Either way the
-count is then snapped down to the family's VAE rule (video_frames.py: Wan 4n+1), as SimpleTuner
-trims to it; a clip left below ``min_frames`` is skipped.
+count is then snapped down to the family's VAE rule (its spec's frame_rule: Wan 4n+1), as
+SimpleTuner trims to it; a clip left below ``min_frames`` is skipped.
 
 ``fps`` (SimpleTuner reads it only to print it): when set, every clip is re-timed to it before
 its frame count is decided (clip_timing.py), so all of the above see the re-timed clip; unset,
@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from simpletuner.configuration.families import frame_rule, video_families
 from simpletuner.configuration.fields import option, parse_fields
-from simpletuner.configuration.video_frames import FRAME_RULES, FrameRule
+from simpletuner.families.frame_rule import FrameRule
 
 BUCKET_STRATEGIES = ("aspect_ratio", "resolution_frames")
 
@@ -69,7 +70,7 @@ class VideoSettings:
         """From the checked block (``DatasetConfig.video``) of a dataset the loader accepted."""
         block = VideoConfig(**(video or {}))
         floor = block.min_frames or block.num_frames or 1
-        return cls(rule=FRAME_RULES[model_family], num_frames=block.num_frames,
+        return cls(rule=frame_rule(model_family), num_frames=block.num_frames,
                    min_frames=max(floor, block.num_frames or 1), max_frames=block.max_frames,
                    frame_interval=block.frame_interval, is_i2v=block.is_i2v,
                    bucket_strategy=block.bucket_strategy, fps=block.fps)
@@ -131,10 +132,10 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
         return
     if model_family is None:
         return
-    rule = FRAME_RULES.get(model_family)
+    rule = frame_rule(model_family)
     if rule is None:
         problems.append(f"{where}: 'dataset_type': 'video' needs a model family that trains on "
-                        f"clips ({', '.join(FRAME_RULES)}); model_family '{model_family}' "
+                        f"clips ({', '.join(video_families())}); model_family '{model_family}' "
                         "trains on images. Convert the clips to images or change model_family")
         return
     # the given value too when the block was refused for another key: every problem at once

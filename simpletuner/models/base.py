@@ -4,40 +4,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager
 
 import torch
 from diffusers import AutoencoderKL
 
+from simpletuner.families import family_spec, load_object
 from simpletuner.models.group_offload import is_group_offloaded
-
-
-@dataclass
-class TrainingBatch:
-    """One micro-batch as the model sees it: cached latents, cached prompt embeddings and the
-    per-sample geometry SDXL-style micro-conditioning needs. Sizes are (height, width)."""
-
-    latents: torch.Tensor  # [B, C, h, w] ([B, C, F, h, w] for video families), model-scaled
-    prompt_embeds: dict[str, torch.Tensor]     # each [B, ...], as returned by encode_prompts
-    original_sizes: list[tuple[int, int]]
-    crop_top_lefts: list[tuple[int, int]]
-    target_sizes: list[tuple[int, int]]
-    # edit models: one [B, C, h, w] per conditioning dataset, each sample's own reference
-    reference_latents: tuple[torch.Tensor, ...] = ()
-    # Per-sample tensors a family caches with the latents (Wan I2V: first-frame latents and
-    # CLIP image embedding), each [B, ...]; empty for the others.
-    conditioning: dict[str, torch.Tensor] = field(default_factory=dict)
+from simpletuner.models.layout import check_model_folder
+from simpletuner.models.training_batch import TrainingBatch
+from simpletuner.models.transfer import to_device_except
 
 
 # A caption of typical length (about 40 tokens): the memory plan's prompts.
 PLANNED_CAPTION = ("a photograph of a red fox sitting on a mossy log in a misty pine forest at "
                    "dawn, soft golden light through the trees, shallow depth of field")
-
-
-class ModelFolderError(ValueError):
-    """A model path that cannot be loaded as the configured family: says what was expected."""
 
 
 @dataclass
@@ -109,8 +92,6 @@ class ModelAdapter(ABC):
         quantizes on the CPU first, so no full-precision copy ever reaches the accelerator);
         ``except_modules`` of the network stay where they are (block swap's host blocks), and
         so do group-offloaded parts: their hooks bring them for each forward."""
-        from simpletuner.models.transfer import to_device_except  # transfer imports this module
-
         to_device_except(self.trainable, device, list(except_modules))
         for module in (self.vae, *self.text_encoders):
             if not is_group_offloaded(module):
@@ -124,9 +105,10 @@ class ModelAdapter(ABC):
 
     @classmethod
     def for_folder(cls, folder: Path) -> type["ModelAdapter"]:
-        """The class for ``folder``'s layout: a family with several (FLUX.2's dev and klein,
-        told apart by model_index.json) picks one; every other family is one class."""
-        return cls
+        """The class for ``folder``'s layout, as the family's spec names it: a family with
+        several (FLUX.2's dev and klein, told apart by model_index.json) picks one; every other
+        family is one class."""
+        return load_object(family_spec(cls.family).adapter_for(folder))
 
     @classmethod
     def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
@@ -145,8 +127,6 @@ class ModelAdapter(ABC):
     def check_folder(cls, folder: Path) -> None:
         """Raise ModelFolderError unless ``folder`` has this family's layout; preflight and
         loading call it before anything loads. Families add checks of their own variants."""
-        from simpletuner.models.layout import check_model_folder  # layout imports this module
-
         check_model_folder(folder, cls.family, cls.required_subfolders(),
                            cls.forbidden_subfolders)
 

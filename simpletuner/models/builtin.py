@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 from simpletuner.common.atomic import give_umask_modes, staging_folder
-from simpletuner.models.base import ModelFolderError
+from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.model_path import (
-    BUILTIN_PREFIX, known_builtins, model_path_problem,
+    BUILTIN_NAMES, BUILTIN_PREFIX, known_builtins, model_path_problem,
 )
-from simpletuner.models.tiny import RECIPES, recipe
+from simpletuner.models.tiny import recipe
 
 BUILD_SEED = 0
 # Bumped when a recipe changes what it builds, so older cached builds are replaced, not reused.
@@ -99,7 +99,7 @@ def ensure_builtin_model(name: str) -> Path:
 
     Built in a private temporary folder next to the target and renamed into place, so readers
     never see a partial model."""
-    if name not in RECIPES:
+    if name not in BUILTIN_NAMES:
         raise _unknown(name)
     root = cache_root() / "builtin"
     final = root / name
@@ -137,7 +137,7 @@ def resolve_model_path(name_or_path: str) -> Path:
 def run_builtin_command(name: str) -> int:
     """`python -m simpletuner builtin NAME`: build if needed, print the folder last."""
     name = name.removeprefix(BUILTIN_PREFIX)
-    if name not in RECIPES:
+    if name not in BUILTIN_NAMES:
         print(_unknown(name), file=sys.stderr)
         return 2
     print(ensure_builtin_model(name))

@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from simpletuner.models.base import ModelFolderError
+from simpletuner.models.layout import ModelFolderError
 
 
 def load_component(load, folder: Path, subfolder: str):

@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from simpletuner.models.base import LossSettings, ModelAdapter, TrainingBatch
+from simpletuner.models.base import LossSettings, ModelAdapter
+
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.flow_objective import (
     flow_noisy_and_target, resolution_shift, sample_sigmas)

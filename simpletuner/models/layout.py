@@ -4,37 +4,24 @@ traceback from deep inside from_pretrained."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from simpletuner.models.base import ModelFolderError
+from simpletuner.families import family_specs
+from simpletuner.models.model_index import pipeline_class_name
 
-# model_index.json "_class_name" prefixes, most specific first, and the family each implies.
-_PIPELINE_FAMILIES = (
-    ("StableDiffusionXL", "sdxl"),
-    ("StableDiffusion3", "sd3"),
-    ("Flux2", "flux2"),
-    ("Chroma", "chroma"),
-    ("Flux", "flux"),
-    ("QwenImage", "qwen_image"),
-    ("ZImageOmni", "z_image_omni"),
-    ("ZImage", "z_image"),
-    ("Wan", "wan"),
-    ("StableDiffusion", "sd1x or sd2x"),
-)
+
+class ModelFolderError(ValueError):
+    """A model path that cannot be loaded as the configured family: says what was expected."""
 
 
 def guess_family(folder: Path) -> str | None:
-    """The family a folder's model_index.json names, if it names one we know."""
-    index = folder / "model_index.json"
-    try:
-        class_name = json.loads(index.read_text(encoding="utf-8")).get("_class_name", "")
-    except (OSError, ValueError):
-        return None
-    for prefix, family in _PIPELINE_FAMILIES:
-        if class_name.startswith(prefix):
-            return family
-    return None
+    """The family a folder's model_index.json names, if it names one we know: the longest
+    matching _class_name prefix of any family's spec (StableDiffusionXL before
+    StableDiffusion)."""
+    class_name = pipeline_class_name(folder) or ""
+    prefixes = sorted((pair for spec in family_specs() for pair in spec.pipeline_prefixes),
+                      key=lambda pair: -len(pair[0]))
+    return next((family for prefix, family in prefixes if class_name.startswith(prefix)), None)
 
 
 def check_model_folder(folder: Path, family: str, required: tuple[str, ...],

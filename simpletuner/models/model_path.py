@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simpletuner.models.tiny import RECIPES
+from simpletuner.families import builtin_recipes, family_names, family_spec
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_NAMES = tuple(RECIPES)
+BUILTIN_NAMES = tuple(builtin_recipes())
 
 
 def known_builtins() -> str:
@@ -18,14 +18,11 @@ def known_builtins() -> str:
 
 def family_folder_problem(model_family: str, name_or_path: str) -> str | None:
     """Why a local folder is a variant of ``model_family`` that is not supported (Wan's VACE and
-    Wan 2.2 I2V flavours), decided without torch; None otherwise."""
-    if model_family != "wan" or name_or_path.startswith(BUILTIN_PREFIX):
+    Wan 2.2 I2V flavours), as the family's spec decides it without torch; None otherwise."""
+    if model_family not in family_names() or name_or_path.startswith(BUILTIN_PREFIX):
         return None
-    from simpletuner.models.wan_flavours import SUPPORTED, unsupported_flavour
-
-    problem = unsupported_flavour(Path(name_or_path).expanduser())
-    return None if problem is None else (
-        f"{name_or_path} is not a supported Wan folder: {problem}; {SUPPORTED}")
+    problem = family_spec(model_family).folder_problem
+    return None if problem is None else problem(name_or_path)
 
 
 def model_path_problem(name_or_path: str) -> str | None:

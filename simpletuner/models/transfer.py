@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.training_batch import TrainingBatch
 
 
 def _host_to_cuda(tensor: torch.Tensor, device: torch.device) -> bool:

@@ -11,7 +11,11 @@ import diffusers
 import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
-from simpletuner.models.base import LossSettings, ModelAdapter, ModelFolderError, TrainingBatch
+from simpletuner.models.base import LossSettings, ModelAdapter
+
+from simpletuner.models.layout import ModelFolderError
+
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.prior_preservation import BaseModel, base_model_target
 from simpletuner.models.loss_types import ddpm_noise_ratio, huber_thresholds, objective_loss

@@ -17,7 +17,7 @@ from simpletuner.configuration import ConfigError, Configuration
 from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.dataset_kinds import kind_of
-from simpletuner.models.base import ModelFolderError
+from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.model_path import model_path_problem
 from simpletuner.models.registry import get_adapter_class

@@ -28,7 +28,7 @@ from simpletuner.helpers.metadata.startup import (build_sampler, report_skipped_
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.ema import EMAWeights

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import TypeVar
 
 from simpletuner.configuration.validation_options import library_prompts, validation_sizes
+from simpletuner.families import family_spec
 
 Settings = TypeVar("Settings")
 
@@ -153,9 +154,9 @@ class ValidationSettings(_FromConfig):
 
     def pipeline_arguments(self) -> dict:
         """Keyword arguments of the family's pipeline call besides prompt, size and steps."""
-        cfg_off = self.validation_disable_unconditional and self.model_family != "flux"
-        # ZImagePipeline runs the unconditional pass whenever guidance_scale > 0.
-        off = 0.0 if self.model_family == "z_image" else 1.0
+        # the scale that turns classifier-free guidance off; None: the pipeline has none
+        off = family_spec(self.model_family).guidance_scale_without_cfg
+        cfg_off = self.validation_disable_unconditional and off is not None
         arguments = {"guidance_scale": off if cfg_off else self.validation_guidance_scale}
         if self.validation_negative_prompt is not None:
             arguments["negative_prompt"] = self.validation_negative_prompt

@@ -12,15 +12,12 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import numpy as np
 
 from simpletuner.helpers.data_backend.storage import ChangeKey, Listing
-from simpletuner.helpers.metadata.backends.discovery import Probe
-
-if TYPE_CHECKING:  # clip_probe imports PyAV, which image datasets never need
-    from simpletuner.helpers.metadata.backends.clip_probe import ClipProbe
+from simpletuner.helpers.metadata.backends.discovery import ClipProbe, Probe
 from simpletuner.helpers.metadata.index import SizesView
 
 # a clip table's columns besides the image ones (ClipProbe's fields); an image table has none

@@ -10,7 +10,7 @@ from simpletuner.helpers.caching.latents import LatentCache
 from simpletuner.helpers.caching.reference_prompts import reference_keys
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache
 from simpletuner.helpers.multiaspect.batch import MicroBatch
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.training_batch import TrainingBatch
 
 
 class BatchAssembler:

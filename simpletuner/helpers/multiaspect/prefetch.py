@@ -37,7 +37,7 @@ import torch
 
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler
-from simpletuner.models.base import TrainingBatch
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.transfer import batch_pinned_for, batch_to_device
 
 Assemble = Callable[[MicroBatch], TrainingBatch]

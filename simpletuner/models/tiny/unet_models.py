@@ -1,5 +1,6 @@
-"""The tiny UNet models: SD 1.x (epsilon), SD 2.x (v-prediction) and SDXL (two CLIP encoders,
-micro-conditioning), all on the briefly pretrained 4-channel VAE of sd_vae.py."""
+"""What the tiny UNet models share: the UNet and SD 1.x/2.x's pipeline (SD 1.x epsilon, SD 2.x
+v-prediction), on the briefly pretrained 4-channel VAE of sd_vae.py; each family's tiny.py
+picks its own."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def tiny_unet(**overrides):
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), **overrides)
 
 
-def _build_sd(staging: Path, *, v_prediction: bool):
+def build_sd(staging: Path, *, v_prediction: bool):
     from diffusers import DDIMScheduler, PNDMScheduler, StableDiffusionPipeline
     from transformers import CLIPTextModel
 
@@ -38,33 +39,3 @@ def _build_sd(staging: Path, *, v_prediction: bool):
         vae=pretrained_tiny_vae(), text_encoder=CLIPTextModel(text_config), tokenizer=tokenizer,
         unet=unet, scheduler=scheduler, safety_checker=None, feature_extractor=None,
         requires_safety_checker=False)
-
-
-def build_sdxl(staging: Path):
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
-    tokenizer, text_config = clip_tokenizer_and_config(staging, "tokenizer")
-    tokenizer_2, text_config_2 = clip_tokenizer_and_config(staging, "tokenizer_2")
-    time_embed_dim = 8
-    unet = tiny_unet(
-        cross_attention_dim=text_config.hidden_size + text_config_2.hidden_size,
-        attention_head_dim=(2, 4), use_linear_projection=True,
-        addition_embed_type="text_time", addition_time_embed_dim=time_embed_dim,
-        # six micro-conditioning numbers, each embedded, plus the pooled text embedding
-        projection_class_embeddings_input_dim=6 * time_embed_dim + text_config_2.projection_dim)
-    scheduler = EulerDiscreteScheduler(**DDPM_BETAS, timestep_spacing="leading", steps_offset=1)
-    return StableDiffusionXLPipeline(
-        vae=pretrained_tiny_vae(), text_encoder=CLIPTextModel(text_config),
-        text_encoder_2=CLIPTextModelWithProjection(text_config_2), tokenizer=tokenizer,
-        tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler, add_watermarker=False)
-
-
-
-
-def build_sd1x(staging: Path):
-    return _build_sd(staging, v_prediction=False)
-
-
-def build_sd2x(staging: Path):
-    return _build_sd(staging, v_prediction=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from peft.utils import get_peft_model_state_dict
 
+from simpletuner.families import family_spec
 from simpletuner.training.adapters.adapter_file import write_adapter_file
-from simpletuner.training.adapters.lora_layouts import COMFYUI_LAYOUTS
 
 
 def _modules(peft_state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -42,7 +42,7 @@ def to_comfyui(family: str, peft_state: dict[str, torch.Tensor], *, rank: int,
                alpha: float) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The family's ComfyUI layout of a peft adapter state dict (keys without the component
     prefix, as get_peft_model_state_dict gives them): tensors and safetensors metadata."""
-    layout = COMFYUI_LAYOUTS[family]
+    layout = family_spec(family).comfyui_layout
     tensors, fused = {}, {}
     for path, (down, up) in _modules(peft_state).items():
         key, slot = layout.module_key(path), layout.fused_slot(path)

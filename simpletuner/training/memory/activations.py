@@ -23,7 +23,9 @@ import torch.fx.experimental._config as fx_config
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from simpletuner.models.base import LossSettings, TrainingBatch
+from simpletuner.models.base import LossSettings
+
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.training.preflight import weight_dtype
 
 META = torch.device("meta")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simpletuner.configuration.families import UNET_FAMILIES
+from simpletuner.families import family_spec
 from simpletuner.training.memory.activations import activation_bytes, planned_size
 from simpletuner.training.memory.fitting import (BlockCosts, Setting, changes, device_peak,
                                                  fitting_setting)
@@ -27,7 +27,7 @@ def device_report(plan: MemoryPlan, training, folder: Path, gpu_memory: float | 
                   ) -> tuple[list[str], bool | None]:
     """(lines, whether it fits in ``gpu_memory`` GiB; None without it); ``size``: the
     micro-batch's (width, height), else planned_size's."""
-    if training.model_family in UNET_FAMILIES:
+    if family_spec(training.model_family).trains_unet:
         return [f"activations: estimated for the transformer families only, not "
                 f"{training.model_family}"], None
     from simpletuner.models.registry import get_adapter_class

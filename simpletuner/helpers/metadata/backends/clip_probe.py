@@ -17,14 +17,12 @@ from __future__ import annotations
 import io
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 from fractions import Fraction
 
 import av
 
 from simpletuner.helpers.data_backend.storage import Storage, StorageError
-from simpletuner.helpers.metadata.backends.discovery import ZERO_BYTE
-from simpletuner.helpers.metadata.backends.headers import VANISHED
+from simpletuner.helpers.metadata.backends.discovery import VANISHED, ZERO_BYTE, ClipProbe
 
 NO_VIDEO_STREAM = "no video stream"
 AUDIO_ONLY = "audio only: no video stream"
@@ -38,18 +36,6 @@ TRUNCATION_SLACK = 1
 COUNTED_BY_CONTAINER, COUNTED_BY_DURATION = "container", "duration"
 BLOCK_BYTES = 128 * 1024  # per ranged read: a demuxer asks for a few KiB at a time
 MAX_BLOCKS = 32           # 4 MiB kept per clip being probed (one per thread)
-
-
-@dataclass(frozen=True)
-class ClipProbe:
-    """A clip as discovery sees it, or why it is skipped (``error``)."""
-
-    width: int = 0            # as displayed (rotation applied)
-    height: int = 0
-    frames: int = 0           # frames in the first video stream
-    fps: str = ""             # exact frame rate, 'num/den' (30000/1001 stays exact)
-    counted_by: str = ""      # COUNTED_BY_CONTAINER or COUNTED_BY_DURATION
-    error: str | None = None
 
 
 def probe_clip(source, size: int, ranged: "RangedFile | None" = None) -> ClipProbe:

@@ -25,6 +25,7 @@ ZERO_BYTE = "zero-byte file"
 NOT_AN_IMAGE = "not an image"
 BAD_HEADER = "truncated or unreadable header"
 TRUNCATED_DATA = "truncated image data"
+VANISHED = "deleted while the dataset was being read"
 
 
 def over_bomb_limit(max_pixels: int) -> str:
@@ -37,6 +38,19 @@ class Probe:
 
     width: int = 0
     height: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ClipProbe:
+    """A clip as discovery sees it, or why it is skipped (``error``); clip_probe.py reads it
+    with PyAV, which image datasets never import, so the type lives here with Probe."""
+
+    width: int = 0            # as displayed (rotation applied)
+    height: int = 0
+    frames: int = 0           # frames in the first video stream
+    fps: str = ""             # exact frame rate, 'num/den' (30000/1001 stays exact)
+    counted_by: str = ""      # COUNTED_BY_CONTAINER or COUNTED_BY_DURATION
     error: str | None = None
 
 

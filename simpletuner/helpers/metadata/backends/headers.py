@@ -9,24 +9,19 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from PIL import Image
 from tqdm import tqdm
 
 from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends import probe_pool
-from simpletuner.helpers.metadata.backends.discovery import BAD_HEADER, Probe, probe_head
+from simpletuner.helpers.metadata.backends.discovery import BAD_HEADER, VANISHED, Probe, probe_head
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index import SkippedFile
 from simpletuner.helpers.metadata.index_columns import StringColumn
 
-if TYPE_CHECKING:
-    from simpletuner.helpers.metadata.index_cache import LoadedIndex
-
 HEAD_READS = (8 * 1024, 128 * 1024)  # a JPEG's EXIF block may push its size past 8 KiB
 MAX_THREADS = 64
-VANISHED = "deleted while the dataset was being read"
 
 
 @dataclass
@@ -55,8 +50,9 @@ class HeaderSource:
     def key(self) -> dict:
         return {"metadata_backend": "discovery"}
 
-    def unchanged(self, listing: Listing, cached: "LoadedIndex") -> bool:
-        """Never: whether a caption file exists decides skips too, and it is not in ``cached``."""
+    def unchanged(self, listing: Listing, cached: object) -> bool:
+        """Never: whether a caption file exists decides skips too, and it is not in ``cached``
+        (the index cache's LoadedIndex)."""
         return False
 
     def read(self, listing: Listing, known: FileTable, show_progress: bool,

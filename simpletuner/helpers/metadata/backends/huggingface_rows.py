@@ -22,8 +22,8 @@ from simpletuner.helpers.data_backend.huggingface_loading import (
     HuggingFaceDatasetError, column_of, column_problems,
 )
 from simpletuner.helpers.data_backend.storage import Listing
-from simpletuner.helpers.metadata.backends.discovery import Probe, probe_head
-from simpletuner.helpers.metadata.backends.headers import VANISHED, FoundFiles
+from simpletuner.helpers.metadata.backends.discovery import VANISHED, Probe, probe_head
+from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import pixels
 from simpletuner.helpers.metadata.file_table import FileTable
 

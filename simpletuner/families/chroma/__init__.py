@@ -1,0 +1,1 @@
+"""Chroma: spec.py, adapter.py, tiny.py."""

@@ -1,0 +1,16 @@
+"""FLUX.2: dev (Mistral3 text encoder, guidance-distilled) and klein (Qwen3), one transformer
+and VAE, told apart by model_index.json."""
+
+from simpletuner.families.flux2.lora_layout import COMFYUI_LAYOUT
+from simpletuner.families.spec import FLOW, FamilySpec
+
+SPEC = FamilySpec(
+    name="flux2", objective=FLOW, adapter="simpletuner.families.flux2.adapter.Flux2Adapter",
+    pipeline_prefixes=(("Flux2", "flux2"),), comfyui_layout=COMFYUI_LAYOUT,
+    tiny_models={"tiny-flux2": "simpletuner.families.flux2.tiny.build_flux2_klein"},
+    variant_adapters={
+        "Flux2KleinPipeline": "simpletuner.families.flux2.adapter.Flux2KleinAdapter"},
+    guidance_input=True,
+    refused_options={"validation_negative_prompt": (
+        "the FLUX.2 pipelines take no negative prompt (klein's guidance uses the empty "
+        "prompt). Remove it.")})

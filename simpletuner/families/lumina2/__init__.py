@@ -1,0 +1,1 @@
+"""Lumina 2: spec.py, adapter.py, tiny.py."""

@@ -1,0 +1,2 @@
+"""Qwen-Image: spec.py, adapter.py, edit.py (Qwen-Image-Edit and Plus) with processor.py,
+tiny.py."""

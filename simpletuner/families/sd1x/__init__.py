@@ -1,0 +1,1 @@
+"""Stable Diffusion 1.x: spec.py, adapter.py, tiny.py."""

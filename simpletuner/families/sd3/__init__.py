@@ -1,0 +1,1 @@
+"""Stable Diffusion 3: spec.py, adapter.py, tiny.py."""

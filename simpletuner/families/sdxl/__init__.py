@@ -1,0 +1,1 @@
+"""SDXL: spec.py, adapter.py, tiny.py."""

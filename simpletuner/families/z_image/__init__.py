@@ -1,0 +1,1 @@
+"""Z-Image: spec.py, adapter.py, tiny.py."""

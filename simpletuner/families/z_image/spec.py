@@ -1,0 +1,13 @@
+"""Z-Image: a Qwen3 text encoder and a single-stream flow transformer."""
+
+from simpletuner.families.spec import FLOW, FamilySpec
+from simpletuner.training.adapters.lora_layouts import DIFFUSION_MODEL
+
+SPEC = FamilySpec(
+    name="z_image", objective=FLOW, adapter="simpletuner.families.z_image.adapter.ZImageAdapter",
+    # Z-Image-Omni's folders are another model, not supported here
+    pipeline_prefixes=(("ZImageOmni", "z_image_omni"), ("ZImage", "z_image")),
+    comfyui_layout=DIFFUSION_MODEL,
+    tiny_models={"tiny-z_image": "simpletuner.families.z_image.tiny.build_z_image"},
+    # ZImagePipeline runs the unconditional pass whenever guidance_scale > 0.
+    guidance_scale_without_cfg=0.0)
