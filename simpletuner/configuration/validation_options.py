@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.families import UNET_FAMILIES
 from simpletuner.configuration.video_frames import FRAME_RULES
 
@@ -58,42 +59,56 @@ def library_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def check_validation_options(training, where: str, base: Path, problems: list[str]) -> None:
+def check_validation_options(training, where: Location, base: Path,
+                             problems: list[Problem]) -> None:
     """The validation options of a TrainingConfig that need more than their own type: sizes
     parse, the library file reads (its path made absolute), options fit the family."""
     if isinstance(training.validation_resolution, str):
         try:
             validation_sizes(training.validation_resolution)
         except ValueError as error:
-            problems.append(f"{where}: key 'validation_resolution': {error}")
+            problems.append(where.problem(
+                "validation_resolution", f"key 'validation_resolution': {error}"))
     if training.user_prompt_library is not None:
         path = Path(training.user_prompt_library).expanduser()
         training.user_prompt_library = str(path if path.is_absolute() else base / path)
         try:
             library_prompts(training.user_prompt_library)
         except ValueError as error:
-            problems.append(f"{where}: key 'user_prompt_library': {error}")
+            problems.append(where.problem(
+                "user_prompt_library", f"key 'user_prompt_library': {error}"))
     family = training.model_family
     if training.validation_guidance_rescale and family not in UNET_FAMILIES:
-        problems.append(f"{where}: key 'validation_guidance_rescale' applies to sd1x, sd2x and "
-                        f"sdxl; the {family} pipeline has no guidance rescale. Remove it.")
+        problems.append(where.problem(
+            "validation_guidance_rescale", f"key 'validation_guidance_rescale' applies to sd1x, "
+                                           f"sd2x and "
+                        f"sdxl; the {family} pipeline has no guidance rescale. Remove it."))
     if training.validation_negative_prompt is not None and family == "flux2":
-        problems.append(f"{where}: key 'validation_negative_prompt': the FLUX.2 pipelines take "
-                        "no negative prompt (klein's guidance uses the empty prompt). Remove it.")
+        problems.append(where.problem(
+            "validation_negative_prompt", f"key 'validation_negative_prompt': the FLUX.2 "
+                                          f"pipelines take "
+                        "no negative prompt (klein's guidance uses the empty prompt). Remove it."))
     if training.validation_guidance_skip_layers and family != "sd3":
-        problems.append(f"{where}: key 'validation_guidance_skip_layers' applies to sd3 only "
-                        f"(skip-layer guidance); model_family is '{family}'. Remove it.")
+        problems.append(where.problem(
+            "validation_guidance_skip_layers", f"key 'validation_guidance_skip_layers' applies "
+                                               f"to sd3 only "
+                        f"(skip-layer guidance); model_family is '{family}'. Remove it."))
     _check_video_frames(training.validation_num_video_frames, family, where, problems)
 
 
-def _check_video_frames(frames: int | None, family: str, where: str, problems: list[str]) -> None:
+def _check_video_frames(frames: int | None, family: str, where: Location,
+                        problems: list[Problem]) -> None:
     """validation_num_video_frames: for a family that makes clips, a count its VAE encodes."""
     if frames is None:
         return
     rule = FRAME_RULES.get(family)
     if rule is None:
-        problems.append(f"{where}: key 'validation_num_video_frames' applies to the video "
+        problems.append(where.problem(
+            "validation_num_video_frames", f"key 'validation_num_video_frames' applies to the "
+                                           f"video "
                         f"families ({', '.join(FRAME_RULES)}); '{family}' validates with "
-                        "images. Remove it.")
+                        "images. Remove it."))
     elif refusal := rule.refusal(family, frames):
-        problems.append(f"{where}: key 'validation_num_video_frames' ({frames}) {refusal}")
+        problems.append(where.problem(
+            "validation_num_video_frames", f"key 'validation_num_video_frames' ({frames}) "
+                                           f"{refusal}"))
