@@ -52,16 +52,17 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
     for ds in datasets:
         label = where.entry(ds.id, f"dataset '{ds.id}'")
         if ds.conditioning_type is not None and ds.dataset_type != CONDITIONING:
-            problems.append(label.problem("conditioning_type", "key 'conditioning_type' belongs "
-                            "to a dataset with 'dataset_type': 'conditioning'; remove it or set "
-                            "that type"))
+            problems.append(label.problem(
+                "conditioning_type", "key 'conditioning_type' belongs to a dataset with "
+                "'dataset_type': 'conditioning'; remove it or set that type"))
         if ds.dataset_type == CONDITIONING:
             _check_conditioning_entry(ds, label, problems)
         if not ds.conditioning_ids():
             continue
         if ds.dataset_type not in ("image", "eval"):
-            problems.append(label.problem("conditioning_data", "key 'conditioning_data' is for "
-                            f"image and eval datasets, not '{ds.dataset_type}'"))
+            problems.append(label.problem(
+                "conditioning_data", "key 'conditioning_data' is for image and eval datasets, "
+                f"not '{ds.dataset_type}'"))
         _check_reference_count(ds, training, label, problems)
         for name in ds.conditioning_ids():
             if name not in unusable:  # else its own problems are reported
@@ -71,23 +72,22 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
         batch = 1 if ds.dataset_type == "eval" else (  # evaluation: one sample per rank
             ds.train_batch_size or getattr(training, "train_batch_size", 1))
         if loose and batch != 1:
-            problems.append(label.problem("conditioning_data", f"its references "
-                            f"({', '.join(loose)}) are "
-                            "'reference_loose', each in its own aspect bucket, so they cannot "
-                            f"share a micro-batch; set train_batch_size 1 (it is {batch}; "
-                            "gradient_accumulation_steps can make up the batch), or use "
-                            "'reference_strict'"))
+            problems.append(label.problem(
+                "conditioning_data", f"its references ({', '.join(loose)}) are "
+                "'reference_loose', each in its own aspect bucket, so they cannot share a "
+                f"micro-batch; set train_batch_size 1 (it is {batch}; "
+                "gradient_accumulation_steps can make up the batch), or use 'reference_strict'"))
     for ds in datasets:
         if ds.dataset_type == CONDITIONING and ds.id not in named_by:
-            problems.append(where.entry(ds.id).problem("dataset_type", f"dataset '{ds.id}' has "
-                            "'dataset_type': 'conditioning' but "
-                            "no dataset names it in 'conditioning_data'; name it from the "
-                            "training dataset whose references it holds, or remove it"))
+            problems.append(where.entry(ds.id).problem(
+                "dataset_type", f"dataset '{ds.id}' has 'dataset_type': 'conditioning' but no "
+                "dataset names it in 'conditioning_data'; name it from the training dataset "
+                "whose references it holds, or remove it"))
     if named_by and training is not None and not takes_references(
             training.model_family, training.model_flavour):
-        problems.append(
-            where.problem("", f"conditioning datasets ({', '.join(sorted(named_by))}) hold "
-            f"reference images, which model_family '{training.model_family}' (model_flavour "
+        problems.append(where.problem(
+            "", f"conditioning datasets ({', '.join(sorted(named_by))}) hold reference images, "
+            f"which model_family '{training.model_family}' (model_flavour "
             f"{training.model_flavour!r}) does not train on; use {REFERENCE_MODELS_TEXT}, or "
             "remove conditioning_data"))
 
@@ -99,21 +99,21 @@ def _check_reference_count(ds: DatasetConfig, training, label: Location,
     if most is not None and len(ds.conditioning_ids()) > most:
         problems.append(label.problem(
             "conditioning_data", f"key 'conditioning_data' names {len(ds.conditioning_ids())} "
-                        f"conditioning datasets, but model_flavour '{model[1]}' reads at most "
-                        f"{most} reference(s) per sample; name at most {most}"
-                        + (", or use model_flavour 'edit-v2' (up to 3)" if most == 1 else "")))
+            f"conditioning datasets, but model_flavour '{model[1]}' reads at most {most} "
+            f"reference(s) per sample; name at most {most}"
+            + (", or use model_flavour 'edit-v2' (up to 3)" if most == 1 else "")))
 
 
 def _check_conditioning_entry(ds: DatasetConfig, label: Location, problems: list[Problem]) -> None:
     if ds.conditioning_type is None:
-        problems.append(label.problem("conditioning_type", "a 'conditioning' dataset needs "
-                        "'conditioning_type': "
-                        "'reference_strict' (each reference resized and cropped like its "
-                        "target) or 'reference_loose' (in its own aspect bucket)"))
+        problems.append(label.problem(
+            "conditioning_type", "a 'conditioning' dataset needs 'conditioning_type': "
+            "'reference_strict' (each reference resized and cropped like its target) or "
+            "'reference_loose' (in its own aspect bucket)"))
     if ds.conditioning_ids():
-        problems.append(label.problem("conditioning_data", "a 'conditioning' dataset cannot "
-                        "itself name "
-                        "'conditioning_data'; set it on the training dataset"))
+        problems.append(label.problem(
+            "conditioning_data", "a 'conditioning' dataset cannot itself name "
+            "'conditioning_data'; set it on the training dataset"))
 
 
 def _check_named(name: object, owner: str, by_id: dict[str, DatasetConfig],
@@ -122,16 +122,16 @@ def _check_named(name: object, owner: str, by_id: dict[str, DatasetConfig],
     if target is None:
         problems.append(label.problem(
             "conditioning_data", f"key 'conditioning_data' names {name!r}, which is not an "
-                        "enabled dataset of this file; add it with 'dataset_type': "
-                        "'conditioning' or fix the id"))
+            "enabled dataset of this file; add it with 'dataset_type': 'conditioning' or fix the "
+            "id"))
     elif target.dataset_type != CONDITIONING:
         problems.append(label.problem(
-            "conditioning_data", f"key 'conditioning_data' names '{name}', whose dataset_type "
-                        f"is '{target.dataset_type}'; set its 'dataset_type': 'conditioning'"))
+            "conditioning_data", f"key 'conditioning_data' names '{name}', whose dataset_type is "
+            f"'{target.dataset_type}'; set its 'dataset_type': 'conditioning'"))
     elif name in named_by:
         problems.append(label.problem(
             "conditioning_data", f"key 'conditioning_data' names '{name}', which dataset "
-                        f"'{named_by[name]}' names already; give each training dataset its "
-                        "own conditioning dataset"))
+            f"'{named_by[name]}' names already; give each training dataset its own conditioning "
+            "dataset"))
     else:
         named_by[name] = owner

@@ -52,33 +52,34 @@ def dataset_file_location(backend_path: str, raw: Any) -> Location:
 def _check_dataset(ds: DatasetConfig, where: Location, base: Path, problems: list[Problem]) -> None:
     if not _SAFE_ID.match(ds.id):
         problems.append(where.problem(
-            "id", f"key 'id' is {ds.id!r}; use letters, digits, '.', '_' or '-' "
-                        "(it names cache files)"))
+            "id", f"key 'id' is {ds.id!r}; use letters, digits, '.', '_' or '-' (it names cache "
+            "files)"))
     if ds.type not in STORAGE_TYPES:
-        problems.append(where.problem("type", f"key 'type' is {ds.type!r}: not supported yet "
-                        f"(supported: {', '.join(STORAGE_TYPES)})"))
+        problems.append(where.problem(
+            "type", f"key 'type' is {ds.type!r}: not supported yet (supported: "
+            f"{', '.join(STORAGE_TYPES)})"))
     check_storage_keys(ds, where, problems)
     check_huggingface_keys(ds, where, base, problems)
     if ds.caption_strategy == "instanceprompt" and not ds.instance_prompt:
         problems.append(where.problem(
-            "instance_prompt", f"key 'instance_prompt' is required when caption_strategy "
-                        "is 'instanceprompt'"))
+            "instance_prompt", "key 'instance_prompt' is required when caption_strategy is "
+            "'instanceprompt'"))
     low, high = ds.minimum_aspect_ratio, ds.maximum_aspect_ratio
     if low and high and low > high:  # 0 is SimpleTuner's "no limit": the default applies
         problems.append(where.problem(
             "minimum_aspect_ratio", f"key 'minimum_aspect_ratio' ({low}) is larger than "
-                        f"'maximum_aspect_ratio' ({high})"))
+            f"'maximum_aspect_ratio' ({high})"))
     low, high = ds.minimum_image_size, ds.maximum_image_size
     if low is not None and high is not None and low > high:
         problems.append(where.problem(
             "minimum_image_size", f"key 'minimum_image_size' ({low}) is larger than "
-                        f"'maximum_image_size' ({high})"))
+            f"'maximum_image_size' ({high})"))
     # float(): an inherited default may be an int, which has no is_integer() before Python 3.12
     if (ds.resolution_type in PIXEL_TYPES and ds.resolution is not None
             and not float(ds.resolution).is_integer()):
         problems.append(where.problem(
             "resolution", f"key 'resolution' is {ds.resolution}; with resolution_type "
-                        f"'{ds.resolution_type}' it must be a whole number of pixels"))
+            f"'{ds.resolution_type}' it must be a whole number of pixels"))
     check_caption_and_crop_options(ds, where, problems)
     check_video_sources(ds, where, problems)
     if not ds.disabled and ds.type != "aws" and ds.instance_data_dir is not None:
@@ -100,8 +101,8 @@ def parse_datasets(raw: Any, where: Location, training: TrainingConfig | None, b
                    problems: list[Problem]) -> list[DatasetConfig]:
     """Enabled datasets with inherited settings filled in and folders made absolute."""
     if not isinstance(raw, list):
-        problems.append(where.problem("", f"expected a JSON list of dataset objects, "
-                        f"found {type(raw).__name__}"))
+        problems.append(where.problem(
+            "", f"expected a JSON list of dataset objects, found {type(raw).__name__}"))
         return []
     datasets: list[DatasetConfig] = []
     embed_entries: list[EmbedCacheEntry] = []
@@ -194,17 +195,19 @@ def _check_something_trains(enabled_types: dict[str, str], where: Location,
     """Eval datasets are only evaluated: with nothing else the run would fail only once the
     model is loaded and every dataset cached."""
     if enabled_types and set(enabled_types.values()) <= {"eval", CONDITIONING}:
-        problems.append(where.problem("", f"every enabled dataset has 'dataset_type': 'eval' "
-                        f"({'; '.join(enabled_types)}), which is evaluated, never trained on; "
-                        "add a dataset to train on ('dataset_type': 'image', the default)"))
+        problems.append(where.problem(
+            "", f"every enabled dataset has 'dataset_type': 'eval' ({'; '.join(enabled_types)}), "
+            "which is evaluated, never trained on; add a dataset to train on ('dataset_type': "
+            "'image', the default)"))
 
 
 def _claim_id(dataset_id: str, index: int, label: Location, first_index: dict[str, int],
               problems: list[Problem]) -> bool:
     """Record the first use of an id; a later one is a problem. False when already taken."""
     if dataset_id in first_index:
-        problems.append(label.problem("id", f"key 'id': duplicate id '{dataset_id}' "
-                        f"(also dataset [{first_index[dataset_id]}])"))
+        problems.append(label.problem(
+            "id", f"key 'id': duplicate id '{dataset_id}' (also dataset "
+            f"[{first_index[dataset_id]}])"))
         return False
     first_index[dataset_id] = index
     return True

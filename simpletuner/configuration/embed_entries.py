@@ -46,13 +46,13 @@ def parse_embed_entry(item: dict, label: Location,
     entry = EmbedCacheEntry(**values)
     if entry.dataset_type == "image_embeds" and entry.cache_dir is not None:
         problems.append(label.problem(
-            "cache_dir", f"key 'cache_dir' has no meaning on an image_embeds entry; set "
-                        "cache_dir_vae on the image datasets (as in SimpleTuner)"))
+            "cache_dir", "key 'cache_dir' has no meaning on an image_embeds entry; set "
+            "cache_dir_vae on the image datasets (as in SimpleTuner)"))
         return None
     if entry.dataset_type == "text_embeds" and entry.cache_dir is None and not entry.disabled:
         problems.append(label.problem(
-            "cache_dir", f"key 'cache_dir' is required on a text_embeds entry (the folder "
-                        "its embeddings are cached in)"))
+            "cache_dir", "key 'cache_dir' is required on a text_embeds entry (the folder its "
+            "embeddings are cached in)"))
         return None
     return entry
 
@@ -64,16 +64,17 @@ def apply_embed_entries(datasets: list[DatasetConfig], entries: list[EmbedCacheE
     text = [e for e in by_id.values() if e.dataset_type == "text_embeds"]
     defaults = [e for e in text if e.default] or (text if len(text) == 1 else [])
     if len(defaults) > 1:
-        problems.append(where.problem("", "more than one text_embeds entry has 'default': true "
-                        f"({', '.join(e.id for e in defaults)}); mark one"))
+        problems.append(where.problem(
+            "", "more than one text_embeds entry has 'default': true "
+            f"({', '.join(e.id for e in defaults)}); mark one"))
         return datasets
     for name, kind in (("text_embeds", "text_embeds"), ("image_embeds", "image_embeds")):
         for ds in datasets:
             wanted = getattr(ds, name)
             if wanted is not None and (wanted not in by_id or by_id[wanted].dataset_type != kind):
                 problems.append(where.entry(ds.id).problem(
-                    name, f"dataset '{ds.id}': key '{name}' names '{wanted}', "
-                                f"which is no enabled {kind} entry"))
+                    name, f"dataset '{ds.id}': key '{name}' names '{wanted}', which is no "
+                    f"enabled {kind} entry"))
     updated = []
     for ds in datasets:
         entry = by_id.get(ds.text_embeds) if ds.text_embeds else (defaults[0] if defaults else None)

@@ -1,10 +1,9 @@
 """The one error type a configuration problem raises: it carries every problem found, each a
 ``Problem`` record that names its file, the JSON path of the value and the key.
 
-JSON paths: config.json's options by name (``learning_rate``, ``huggingface.split``); the
-dataset file's entries as ``datasets[<index>]`` followed by their keys
-(``datasets[1].video.num_frames``), the list itself as ``datasets``; an empty path is the file
-as a whole. Command-line overrides have the file ``command line``, environment variables
+JSON paths: config.json's options by name (``learning_rate``); the dataset file's entries as
+``datasets[<index>]`` followed by their keys (``datasets[1].video.num_frames``), the list
+itself as ``datasets``; an empty path is the file as a whole. Command-line overrides have the file ``command line``, environment variables
 ``environment`` (their path is the variable's name).
 """
 

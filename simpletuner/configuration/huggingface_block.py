@@ -84,29 +84,29 @@ def parse_huggingface_block(values: dict[str, Any], where: Location,
     for key in SHARED_KEYS:
         top = values.get(key)
         if top is not None and key in block and block[key] != top:
-            problems.append(where.problem(key, f"key '{key}' is {top!r} but huggingface.{key} is "
-                            f"{block[key]!r}; give it once"))
+            problems.append(where.problem(
+                key, f"key '{key}' is {top!r} but huggingface.{key} is {block[key]!r}; give it "
+                "once"))
         elif top is not None:
             block[key] = top
     if not block.get("dataset_name"):
-        problems.append(where.problem("dataset_name", "type 'huggingface' needs 'dataset_name' (a "
-                        "dataset folder, "
-                        "or a Hub id already downloaded)"))
+        problems.append(where.problem(
+            "dataset_name", "type 'huggingface' needs 'dataset_name' (a dataset folder, or a Hub "
+            "id already downloaded)"))
     if block.get("streaming"):
         problems.append(where.problem(
-            "huggingface.streaming", "key 'huggingface': streaming is not supported: every row is "
-                        "indexed before training; remove it"))
+            "huggingface.streaming", "key 'huggingface': streaming is not supported: every row "
+            "is indexed before training; remove it"))
     composite = block.get("composite_image_config")
     if composite and composite.get("enabled"):
         problems.append(where.problem(
             "huggingface.composite_image_config", "key 'huggingface': composite_image_config is "
-                                                  "not supported; "
-                        "split the grids into single images first (and save_to_disk), or set "
-                        "enabled false"))
+            "not supported; split the grids into single images first (and save_to_disk), or set "
+            "enabled false"))
     if (block.get("width_column") is None) != (block.get("height_column") is None):
         problems.append(where.problem(
             "huggingface.width_column", "key 'huggingface': width_column and height_column are "
-                        "given together (or neither, to read each image's header)"))
+            "given together (or neither, to read each image's header)"))
     return block if len(problems) == before else None
 
 
@@ -115,26 +115,25 @@ def check_huggingface_keys(ds, where: Location, base: Path, problems: list[Probl
     given = [key for key in (*SHARED_KEYS, "huggingface") if getattr(ds, key) is not None]
     if ds.type != "huggingface":
         if given:
-            problems.append(where.problem(given[0], f"key {', '.join(map(repr, given))} is for "
-                                                    f"type "
-                            "'huggingface' only (a table's columns go in the parquet block)"))
+            problems.append(where.problem(
+                given[0], f"key {', '.join(map(repr, given))} is for type 'huggingface' only (a "
+                "table's columns go in the parquet block)"))
         if ds.caption_strategy == "huggingface" or ds.metadata_backend == "huggingface":
             problems.append(where.problem(
-                "caption_strategy", "caption_strategy and metadata_backend 'huggingface' "
-                            "need type 'huggingface'"))
+                "caption_strategy", "caption_strategy and metadata_backend 'huggingface' need "
+                "type 'huggingface'"))
         return
     if ds.caption_strategy not in ("huggingface", "instanceprompt"):
         problems.append(where.problem(
             "caption_strategy", "type 'huggingface' takes caption_strategy 'huggingface' (the "
-                        "caption_column) or 'instanceprompt'; found "
-                        f"{ds.caption_strategy!r}"))
+            f"caption_column) or 'instanceprompt'; found {ds.caption_strategy!r}"))
     if ds.metadata_backend == "parquet":
         problems.append(where.problem(
             "metadata_backend", "type 'huggingface' reads sizes from its rows; remove "
-                        "metadata_backend 'parquet' (or set 'huggingface')"))
+            "metadata_backend 'parquet' (or set 'huggingface')"))
     if ds.instance_data_dir is not None:
-        problems.append(where.problem("instance_data_dir",
-                                      "type 'huggingface' reads no instance_data_dir; remove it"))
+        problems.append(where.problem(
+            "instance_data_dir", "type 'huggingface' reads no instance_data_dir; remove it"))
     name = (ds.huggingface or {}).get("dataset_name")
     if name and not ds.disabled and is_local_name(name, base):
         folder = base / os.path.expanduser(name)

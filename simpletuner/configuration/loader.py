@@ -69,8 +69,8 @@ def _read_json(path: Path, problems: list[Problem]) -> Any:
     try:
         value = json.loads(text, object_pairs_hook=lambda pairs: _object(pairs, repeated))
     except json.JSONDecodeError as exc:
-        problems.append(where.problem("", f"not valid JSON at line {exc.lineno} column "
-                                      f"{exc.colno}: {exc.msg}"))
+        problems.append(where.problem(
+            "", f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"))
         return None
     # json keeps the last of repeated keys silently, which would hide the first value.
     problems.extend(where.problem(key, f"key {key!r} appears more than once in one object; only "
@@ -90,8 +90,8 @@ def _object(pairs: list[tuple[str, Any]], repeated: list[str]) -> dict:
 def parse_training(raw: Any, where: Location, problems: list[Problem],
                    base: Path) -> TrainingConfig | None:
     if not isinstance(raw, dict):
-        problems.append(where.problem("", "expected a JSON object of options, found "
-                                      f"{type(raw).__name__}"))
+        problems.append(where.problem(
+            "", f"expected a JSON object of options, found {type(raw).__name__}"))
         return None
     before = len(problems)
     values = parse_fields(TrainingConfig, raw, where, problems, CONFIG_JSON)
@@ -99,8 +99,8 @@ def parse_training(raw: Any, where: Location, problems: list[Problem],
     if resolution_type in PIXEL_TYPES and "resolution" in values:
         if not float(values["resolution"]).is_integer():
             problems.append(where.problem(
-                "resolution", f"key 'resolution' is {values['resolution']}; with "
-                f"resolution_type '{resolution_type}' it must be a whole number of pixels"))
+                "resolution", f"key 'resolution' is {values['resolution']}; with resolution_type "
+                f"'{resolution_type}' it must be a whole number of pixels"))
     check_loss_options_fit_the_family(values, where, problems)
     check_fsdp_options(values, where, problems)
     check_block_swap_options(values, where, problems)
@@ -198,8 +198,9 @@ def _validated(raw: Any, path: Path, base: Path, problems: list[Problem],
                 raw_datasets, training, listed, problems)
     if training is not None and training.eval_steps_interval and not any(
             ds.dataset_type == "eval" for ds in datasets):
-        problems.append(where.problem("eval_steps_interval", "key 'eval_steps_interval' needs a "
-                                      "dataset with 'dataset_type': 'eval' in the dataset file"))
+        problems.append(where.problem(
+            "eval_steps_interval", "key 'eval_steps_interval' needs a dataset with "
+            "'dataset_type': 'eval' in the dataset file"))
     if training is not None:
         check_edit_validation(training, datasets, where, problems)
     log_level = _log_level(training, problems) if training is not None else None

@@ -80,19 +80,17 @@ def check_validation_options(training, where: Location, base: Path,
     family = training.model_family
     if training.validation_guidance_rescale and family not in UNET_FAMILIES:
         problems.append(where.problem(
-            "validation_guidance_rescale", f"key 'validation_guidance_rescale' applies to sd1x, "
-                                           f"sd2x and "
-                        f"sdxl; the {family} pipeline has no guidance rescale. Remove it."))
+            "validation_guidance_rescale", "key 'validation_guidance_rescale' applies to sd1x, "
+            f"sd2x and sdxl; the {family} pipeline has no guidance rescale. Remove it."))
     if training.validation_negative_prompt is not None and family == "flux2":
         problems.append(where.problem(
-            "validation_negative_prompt", f"key 'validation_negative_prompt': the FLUX.2 "
-                                          f"pipelines take "
-                        "no negative prompt (klein's guidance uses the empty prompt). Remove it."))
+            "validation_negative_prompt", "key 'validation_negative_prompt': the FLUX.2 "
+            "pipelines take no negative prompt (klein's guidance uses the empty prompt). Remove "
+            "it."))
     if training.validation_guidance_skip_layers and family != "sd3":
         problems.append(where.problem(
-            "validation_guidance_skip_layers", f"key 'validation_guidance_skip_layers' applies "
-                                               f"to sd3 only "
-                        f"(skip-layer guidance); model_family is '{family}'. Remove it."))
+            "validation_guidance_skip_layers", "key 'validation_guidance_skip_layers' applies to "
+            f"sd3 only (skip-layer guidance); model_family is '{family}'. Remove it."))
     _check_video_frames(training.validation_num_video_frames, family, where, problems)
 
 
@@ -104,11 +102,10 @@ def _check_video_frames(frames: int | None, family: str, where: Location,
     rule = FRAME_RULES.get(family)
     if rule is None:
         problems.append(where.problem(
-            "validation_num_video_frames", f"key 'validation_num_video_frames' applies to the "
-                                           f"video "
-                        f"families ({', '.join(FRAME_RULES)}); '{family}' validates with "
-                        "images. Remove it."))
+            "validation_num_video_frames", "key 'validation_num_video_frames' applies to the "
+            f"video families ({', '.join(FRAME_RULES)}); '{family}' validates with images. "
+            "Remove it."))
     elif refusal := rule.refusal(family, frames):
         problems.append(where.problem(
             "validation_num_video_frames", f"key 'validation_num_video_frames' ({frames}) "
-                                           f"{refusal}"))
+            f"{refusal}"))

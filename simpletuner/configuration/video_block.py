@@ -91,8 +91,8 @@ def parse_video_block(raw: Any, where: Location, problems: list[Problem]) -> dic
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        problems.append(where.problem("", "expected an object such as {\"num_frames\": 81}, "
-                                      f"found {type(raw).__name__}"))
+        problems.append(where.problem(
+            "", f"expected an object such as {{\"num_frames\": 81}}, found {type(raw).__name__}"))
         return None
     before = len(problems)
     values = parse_fields(VideoConfig, raw, where, problems)
@@ -104,23 +104,24 @@ def parse_video_block(raw: Any, where: Location, problems: list[Problem]) -> dic
 def _check_combinations(block: VideoConfig, where: Location, problems: list[Problem]) -> None:
     low, high, frames = block.min_frames, block.max_frames, block.num_frames
     if low is not None and high is not None and low > high:
-        problems.append(where.problem("min_frames", f"'min_frames' ({low}) is larger than "
-                                      f"'max_frames' ({high}), so every clip would be skipped"))
+        problems.append(where.problem(
+            "min_frames", f"'min_frames' ({low}) is larger than 'max_frames' ({high}), so every "
+            "clip would be skipped"))
     if frames is not None and high is not None and frames > high:
-        problems.append(where.problem("num_frames", f"'num_frames' ({frames}) is larger than "
-                                      f"'max_frames' ({high}): a clip long enough to train is "
-                                      "skipped as too long"))
+        problems.append(where.problem(
+            "num_frames", f"'num_frames' ({frames}) is larger than 'max_frames' ({high}): a clip "
+            "long enough to train is skipped as too long"))
     if block.bucket_strategy == "aspect_ratio" and frames is None:
-        problems.append(where.problem("num_frames", "bucket_strategy 'aspect_ratio' trains every "
-                        "clip at one frame count; set 'num_frames' (e.g. 81, 5 s at Wan's 16 "
-                        "fps), or "
-                        "bucket_strategy 'resolution_frames' to train each clip at its length"))
+        problems.append(where.problem(
+            "num_frames", "bucket_strategy 'aspect_ratio' trains every clip at one frame count; "
+            "set 'num_frames' (e.g. 81, 5 s at Wan's 16 fps), or bucket_strategy "
+            "'resolution_frames' to train each clip at its length"))
     if block.frame_interval is not None and (block.bucket_strategy != "resolution_frames"
                                              or frames is not None):
-        problems.append(where.problem("frame_interval", "'frame_interval' rounds the frame "
-                        "counts of bucket_strategy 'resolution_frames' without 'num_frames'; "
-                        "here every clip trains at "
-                        "num_frames, so remove it"))
+        problems.append(where.problem(
+            "frame_interval", "'frame_interval' rounds the frame counts of bucket_strategy "
+            "'resolution_frames' without 'num_frames'; here every clip trains at num_frames, so "
+            "remove it"))
 
 
 def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
@@ -131,23 +132,23 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
     encodes (``model_family`` None: config.json is not known yet)."""
     if dataset_type != "video":
         if given is not None:
-            problems.append(where.problem("video", "key 'video' is read for 'dataset_type': "
-                            f"'video' only; this dataset is '{dataset_type}'. Remove it, or set "
-                            f"dataset_type"))
+            problems.append(where.problem(
+                "video", "key 'video' is read for 'dataset_type': 'video' only; this dataset is "
+                f"'{dataset_type}'. Remove it, or set dataset_type"))
         return
     if model_family is None:
         return
     rule = FRAME_RULES.get(model_family)
     if rule is None:
-        problems.append(where.problem("dataset_type", "'dataset_type': 'video' needs a model "
-                        f"family that trains on clips ({', '.join(FRAME_RULES)}); model_family "
-                        f"'{model_family}' "
-                        "trains on images. Convert the clips to images or change model_family"))
+        problems.append(where.problem(
+            "dataset_type", "'dataset_type': 'video' needs a model family that trains on clips "
+            f"({', '.join(FRAME_RULES)}); model_family '{model_family}' trains on images. "
+            "Convert the clips to images or change model_family"))
         return
     # the given value too when the block was refused for another key: every problem at once
     frames = parsed.get("num_frames") if parsed is not None else (
         given.get("num_frames") if isinstance(given, dict) else None)
     if (isinstance(frames, int) and not isinstance(frames, bool) and frames >= 1
             and (refusal := rule.refusal(model_family, frames))):
-        problems.append(where.problem("video.num_frames",
-                                      f"key 'video': 'num_frames' ({frames}) {refusal}"))
+        problems.append(where.problem(
+            "video.num_frames", f"key 'video': 'num_frames' ({frames}) {refusal}"))

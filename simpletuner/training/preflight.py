@@ -68,9 +68,9 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     where = Location(str(configuration.config_path))
     problems: list[Problem | str] = [*static_problems(configuration)]
     if training.mixed_precision == "fp16" and not torch.cuda.is_available():
-        problems.append(where.problem("mixed_precision", "key 'mixed_precision' is 'fp16', "
-                                      "which needs a CUDA device; use 'bf16' or 'no' on this "
-                                      "machine"))
+        problems.append(where.problem(
+            "mixed_precision", "key 'mixed_precision' is 'fp16', which needs a CUDA device; use "
+            "'bf16' or 'no' on this machine"))
     problems += [where.problem("", problem) for problem in _memory_option_problems(training)]
     output_problem = _check_output_dir(Path(training.output_dir))
     if output_problem:
@@ -84,15 +84,15 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
             adapter_class.check_folder(model_folder)
             flavour_problem = adapter_class.flavour_problem(model_folder, training.model_flavour)
             if flavour_problem:
-                problems.append(where.problem("model_flavour",
-                                              f"key 'model_flavour': {flavour_problem}"))
+                problems.append(where.problem(
+                    "model_flavour", f"key 'model_flavour': {flavour_problem}"))
             problems += validation_input_problems(adapter_class.for_folder(model_folder),
                                                   training, str(where))
             problems += _is_i2v_problems(adapter_class.for_folder(model_folder), model_folder,
                                          configuration)
         except (ModelFolderError, ValueError) as exc:
-            problems.append(where.problem("pretrained_model_name_or_path",
-                                          f"key 'pretrained_model_name_or_path': {exc}"))
+            problems.append(where.problem(
+                "pretrained_model_name_or_path", f"key 'pretrained_model_name_or_path': {exc}"))
 
     if main_result is not None:
         if problems:
@@ -102,15 +102,14 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     try:
         resume_from = resolve_resume(training.resume_from_checkpoint, Path(training.output_dir))
     except ValueError as exc:
-        problems.append(where.problem("resume_from_checkpoint",
-                                      f"key 'resume_from_checkpoint': {exc}"))
+        problems.append(where.problem(
+            "resume_from_checkpoint", f"key 'resume_from_checkpoint': {exc}"))
     if resume_from is not None:
         saved = read_run_state(resume_from)
         if saved.model_type != training.model_type:
-            problems.append(
-                where.problem("resume_from_checkpoint", f"key 'resume_from_checkpoint': "
-                f"{resume_from} was saved by a "
-                f"model_type '{saved.model_type}' run; this run is "
+            problems.append(where.problem(
+                "resume_from_checkpoint", f"key 'resume_from_checkpoint': {resume_from} was "
+                f"saved by a model_type '{saved.model_type}' run; this run is "
                 f"'{training.model_type}'. Resume with the same model_type or start fresh"))
         if seed is None:
             # No configured seed: continue with the one the run drew, or nothing would match.

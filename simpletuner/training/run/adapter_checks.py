@@ -80,28 +80,31 @@ def adapter_problems(training, where: Location) -> list[Problem]:
     problems = []
     if training.init_lora is not None:
         if training.model_type != "lora":
-            problems.append(where.problem("init_lora", "key 'init_lora' is set but model_type is "
-                                          f"'{training.model_type}'; set model_type to 'lora'"))
+            problems.append(where.problem(
+                "init_lora", f"key 'init_lora' is set but model_type is '{training.model_type}'; "
+                "set model_type to 'lora'"))
         elif not Path(training.init_lora).is_file():
             problems.append(where.problem(
-                "init_lora", f"key 'init_lora': {training.init_lora} is not a file; point it "
-                "at a LoRA .safetensors file"))
+                "init_lora", f"key 'init_lora': {training.init_lora} is not a file; point it at "
+                "a LoRA .safetensors file"))
     if training.lora_type != "lycoris":
         if training.lycoris_config is not None and training.model_type == "lora":
             problems.append(where.problem(
-                "lycoris_config", "key 'lycoris_config' is set but lora_type is 'standard'; "
-                "set lora_type to 'lycoris' to use it, or remove it"))
+                "lycoris_config", "key 'lycoris_config' is set but lora_type is 'standard'; set "
+                "lora_type to 'lycoris' to use it, or remove it"))
         return problems
     if training.model_type != "lora":
-        problems.append(where.problem("lora_type", "key 'lora_type' is 'lycoris' but model_type "
-                                      f"is '{training.model_type}'; set model_type to 'lora'"))
+        problems.append(where.problem(
+            "lora_type", "key 'lora_type' is 'lycoris' but model_type is "
+            f"'{training.model_type}'; set model_type to 'lora'"))
     if importlib.util.find_spec("lycoris") is None:
-        problems.append(where.problem("lora_type", "lora_type 'lycoris' needs the lycoris-lora "
-                                      "library: pip install 'simpletuner[lycoris]'"))
+        problems.append(where.problem(
+            "lora_type", "lora_type 'lycoris' needs the lycoris-lora library: pip install "
+            "'simpletuner[lycoris]'"))
     if training.lycoris_config is None:
         problems.append(where.problem(
-            "lycoris_config", "key 'lora_type' is 'lycoris' but lycoris_config is not set; "
-            "point it at a JSON file with algo, linear_dim, linear_alpha, ..."))
+            "lycoris_config", "key 'lora_type' is 'lycoris' but lycoris_config is not set; point "
+            "it at a JSON file with algo, linear_dim, linear_alpha, ..."))
     else:
         try:
             problems += [where.problem("lycoris_config", problem) for problem in

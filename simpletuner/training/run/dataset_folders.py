@@ -55,8 +55,7 @@ def output_dir_problems(configuration: Configuration) -> list[Problem]:
         elif folder.is_relative_to(output_dir):
             problems.append(where.problem(
                 "output_dir", f"key 'output_dir' ({output_dir}) holds {folder}, the folder of "
-                f"{named}: deleting output_dir to start over would delete the dataset; "
-                f"{_OUTSIDE}"))
+                f"{named}: deleting output_dir to start over would delete the dataset; {_OUTSIDE}"))
     return problems
 
 

@@ -100,13 +100,13 @@ def static_problems(configuration: Configuration) -> list[Problem]:
     if any(side % alignment for size in validation_sizes(training.validation_resolution)
            for side in size):
         problems.append(where.problem(
-            "validation_resolution", f"key 'validation_resolution' is "
-                                     f"{training.validation_resolution!r}; each side must "
-            f"be a multiple of aspect_bucket_alignment ({alignment})"))
+            "validation_resolution", "key 'validation_resolution' is "
+            f"{training.validation_resolution!r}; each side must be a multiple of "
+            f"aspect_bucket_alignment ({alignment})"))
     if training.model_type == "lora" and training.lora_target_modules == []:
         problems.append(where.problem(
-            "lora_target_modules", "key 'lora_target_modules' is an empty list; name the "
-            "modules to adapt, or leave it unset for the family's defaults"))
+            "lora_target_modules", "key 'lora_target_modules' is an empty list; name the modules "
+            "to adapt, or leave it unset for the family's defaults"))
     problems += adapter_problems(training, where)
     problems += [where.problem("report_to", problem)
                  for problem in tracker_problems(training.report_to)]
@@ -114,8 +114,9 @@ def static_problems(configuration: Configuration) -> list[Problem]:
                      or family_folder_problem(training.model_family,
                                               training.pretrained_model_name_or_path))
     if model_problem:
-        problems.append(where.problem("pretrained_model_name_or_path",
-                                      f"key 'pretrained_model_name_or_path': {model_problem}"))
+        problems.append(where.problem(
+            "pretrained_model_name_or_path", "key 'pretrained_model_name_or_path': "
+            f"{model_problem}"))
     problems += output_dir_problems(configuration)
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
