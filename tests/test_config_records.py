@@ -106,6 +106,8 @@ class ConfigRecordsTest(unittest.TestCase):
         (record,) = caught.exception.records
         self.assertEqual((record.file, record.path, record.key),
                          ("environment", "SIMPLETUNER_LOG_LEVEL", "SIMPLETUNER_LOG_LEVEL"))
+        self.assertEqual(record.fix, "use one of DEBUG, INFO, WARNING, ERROR, or set log_level in "
+                                     "config.json")
         self.assertEqual(caught.exception.problems, [
             "environment variable SIMPLETUNER_LOG_LEVEL is 'LOUD'; use one of DEBUG, INFO, "
             "WARNING, ERROR, or set log_level in config.json"])

@@ -54,7 +54,7 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
         if ds.conditioning_type is not None and ds.dataset_type != CONDITIONING:
             problems.append(label.problem(
                 "conditioning_type", "key 'conditioning_type' belongs to a dataset with "
-                "'dataset_type': 'conditioning'; remove it or set that type"))
+                "'dataset_type': 'conditioning'", "remove it or set that type"))
         if ds.dataset_type == CONDITIONING:
             _check_conditioning_entry(ds, label, problems)
         if not ds.conditioning_ids():

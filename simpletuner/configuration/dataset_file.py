@@ -52,8 +52,8 @@ def dataset_file_location(backend_path: str, raw: Any) -> Location:
 def _check_dataset(ds: DatasetConfig, where: Location, base: Path, problems: list[Problem]) -> None:
     if not _SAFE_ID.match(ds.id):
         problems.append(where.problem(
-            "id", f"key 'id' is {ds.id!r}; use letters, digits, '.', '_' or '-' (it names cache "
-            "files)"))
+            "id", f"key 'id' is {ds.id!r}",
+            "use letters, digits, '.', '_' or '-' (it names cache files)"))
     if ds.type not in STORAGE_TYPES:
         problems.append(where.problem(
             "type", f"key 'type' is {ds.type!r}: not supported yet (supported: "

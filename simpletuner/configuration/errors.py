@@ -3,8 +3,10 @@
 
 JSON paths: config.json's options by name (``learning_rate``); the dataset file's entries as
 ``datasets[<index>]`` followed by their keys (``datasets[1].video.num_frames``), the list
-itself as ``datasets``; an empty path is the file as a whole. Command-line overrides have the file ``command line``, environment variables
-``environment`` (their path is the variable's name).
+itself as ``datasets``; an empty path is the file as a whole. Command-line overrides have the
+file ``command line``, environment variables ``environment`` (their path is the variable's
+name). ``fix`` is what to do, where a check says it apart from the message; the text report
+joins them with "; ".
 """
 
 from __future__ import annotations

@@ -158,8 +158,8 @@ def _log_level(training: TrainingConfig, problems: list[Problem]) -> str | None:
     levels = typing.get_args(LogLevel)
     if value.upper() not in levels:
         problems.append(_ENVIRONMENT.problem(
-            "", f"environment variable {LOG_LEVEL_ENV} is {value!r}; use one of "
-            f"{', '.join(levels)}, or set log_level in config.json"))
+            "", f"environment variable {LOG_LEVEL_ENV} is {value!r}",
+            f"use one of {', '.join(levels)}, or set log_level in config.json"))
         return None
     return value.upper()
 

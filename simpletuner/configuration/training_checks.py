@@ -53,8 +53,8 @@ def check_fsdp_options(values: dict[str, Any], where: Location, problems: list[P
         return
     if values.get("fsdp_version", 2) != 2:
         problems.append(where.problem(
-            "fsdp_version", f"fsdp_version {values['fsdp_version']} is not supported; use "
-            "fsdp_version 2 (torch's fully_shard), the only FSDP here"))
+            "fsdp_version", f"fsdp_version {values['fsdp_version']} is not supported",
+            "use fsdp_version 2 (torch's fully_shard), the only FSDP here"))
     if values.get("mixed_precision") == "fp16":
         problems.append(where.problem(
             "mixed_precision", "fsdp_enable needs mixed_precision 'bf16' or 'no'; fp16's loss "

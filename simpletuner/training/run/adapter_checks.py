@@ -81,7 +81,7 @@ def adapter_problems(training, where: Location) -> list[Problem]:
     if training.init_lora is not None:
         if training.model_type != "lora":
             problems.append(where.problem(
-                "init_lora", f"key 'init_lora' is set but model_type is '{training.model_type}'; "
+                "init_lora", f"key 'init_lora' is set but model_type is '{training.model_type}'",
                 "set model_type to 'lora'"))
         elif not Path(training.init_lora).is_file():
             problems.append(where.problem(
@@ -90,13 +90,13 @@ def adapter_problems(training, where: Location) -> list[Problem]:
     if training.lora_type != "lycoris":
         if training.lycoris_config is not None and training.model_type == "lora":
             problems.append(where.problem(
-                "lycoris_config", "key 'lycoris_config' is set but lora_type is 'standard'; set "
-                "lora_type to 'lycoris' to use it, or remove it"))
+                "lycoris_config", "key 'lycoris_config' is set but lora_type is 'standard'",
+                "set lora_type to 'lycoris' to use it, or remove it"))
         return problems
     if training.model_type != "lora":
         problems.append(where.problem(
-            "lora_type", "key 'lora_type' is 'lycoris' but model_type is "
-            f"'{training.model_type}'; set model_type to 'lora'"))
+            "lora_type", f"key 'lora_type' is 'lycoris' but model_type is '{training.model_type}'",
+            "set model_type to 'lora'"))
     if importlib.util.find_spec("lycoris") is None:
         problems.append(where.problem(
             "lora_type", "lora_type 'lycoris' needs the lycoris-lora library: pip install "

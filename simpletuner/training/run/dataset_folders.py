@@ -32,12 +32,12 @@ def output_dir_problems(configuration: Configuration) -> list[Problem]:
     if output_dir == Path(output_dir.anchor):
         return [where.problem("output_dir", f"key 'output_dir' is {output_dir}, the filesystem "
                               "root: the run would write its checkpoints, caches and images "
-                              f"there; {_OUTSIDE}")]
+                              "there", _OUTSIDE)]
     if output_dir == Path.home().resolve():
         return [where.problem("output_dir", f"key 'output_dir' is {output_dir}, the home "
                               "folder: the run would write its checkpoints, caches and images "
                               "among your files, and deleting output_dir to start over would "
-                              f"delete them; {_OUTSIDE}")]
+                              "delete them", _OUTSIDE)]
     backend = configuration.training.data_backend_config
     problems = []
     for folder, ids in _local_folders(configuration).items():
@@ -46,16 +46,16 @@ def output_dir_problems(configuration: Configuration) -> list[Problem]:
             problems.append(where.problem(
                 "output_dir", f"key 'output_dir' is {output_dir}, the folder of {named}: the "
                 "next run would train on this run's validation images and grids, and deleting "
-                f"output_dir to start over would delete the dataset; {_OUTSIDE}"))
+                "output_dir to start over would delete the dataset", _OUTSIDE))
         elif output_dir.is_relative_to(folder) and not _hidden_below(output_dir, folder):
             problems.append(where.problem(
                 "output_dir", f"key 'output_dir' ({output_dir}) is inside {folder}, the folder "
                 f"of {named}: the next run would train on this run's validation images and "
-                f"grids; {_OUTSIDE}"))
+                "grids", _OUTSIDE))
         elif folder.is_relative_to(output_dir):
             problems.append(where.problem(
                 "output_dir", f"key 'output_dir' ({output_dir}) holds {folder}, the folder of "
-                f"{named}: deleting output_dir to start over would delete the dataset; {_OUTSIDE}"))
+                f"{named}: deleting output_dir to start over would delete the dataset", _OUTSIDE))
     return problems
 
 
