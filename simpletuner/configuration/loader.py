@@ -114,10 +114,19 @@ def parse_training(raw: Any, where: Location, problems: list[Problem],
             "lr_end", f"key 'lr_end' ({training.lr_end:g}) must be below learning_rate "
             f"({training.learning_rate:g}) for lr_scheduler 'polynomial'"))
         return None
-    if training.validation_resolution is None:
-        training = replace(training, validation_resolution=training_side(training))
-    check_validation_options(training, where, base, problems)
+    training = _with_validation_defaults(training, base)
+    check_validation_options(training, where, problems)
     return None if len(problems) > before else training
+
+
+def _with_validation_defaults(training: TrainingConfig, base: Path) -> TrainingConfig:
+    """validation_resolution's default (the training side), and the prompt library's path
+    from the working directory, as SimpleTuner reads it."""
+    resolution, library = training.validation_resolution, training.user_prompt_library
+    return replace(
+        training,
+        validation_resolution=training_side(training) if resolution is None else resolution,
+        user_prompt_library=None if library is None else str(resolve(library, base)))
 
 
 def training_side(training: TrainingConfig) -> int:

@@ -59,10 +59,10 @@ def library_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def check_validation_options(training, where: Location, base: Path,
-                             problems: list[Problem]) -> None:
+def check_validation_options(training, where: Location, problems: list[Problem]) -> None:
     """The validation options of a TrainingConfig that need more than their own type: sizes
-    parse, the library file reads (its path made absolute), options fit the family."""
+    parse, the library file reads (the loader made its path absolute), options fit the
+    family."""
     if isinstance(training.validation_resolution, str):
         try:
             validation_sizes(training.validation_resolution)
@@ -70,8 +70,6 @@ def check_validation_options(training, where: Location, base: Path,
             problems.append(where.problem(
                 "validation_resolution", f"key 'validation_resolution': {error}"))
     if training.user_prompt_library is not None:
-        path = Path(training.user_prompt_library).expanduser()
-        training.user_prompt_library = str(path if path.is_absolute() else base / path)
         try:
             library_prompts(training.user_prompt_library)
         except ValueError as error:
