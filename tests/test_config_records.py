@@ -112,6 +112,18 @@ class ConfigRecordsTest(unittest.TestCase):
             "environment variable SIMPLETUNER_LOG_LEVEL is 'LOUD'; use one of DEBUG, INFO, "
             "WARNING, ERROR, or set log_level in config.json"])
 
+    def test_what_check_finds_beyond_the_files_names_the_option_and_the_fix(self):
+        self.write(self.config(output_dir="images", model_type="full", init_lora="x.safetensors"),
+                   [{"id": "photos", "instance_data_dir": "images"}])
+        result = self.check("--json")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        config = str(self.config_path)
+        self.assertEqual([(r["file"], r["path"], r["key"], r["fix"])
+                          for r in json.loads(result.stdout)], [
+            (config, "init_lora", "init_lora", "set model_type to 'lora'"),
+            (config, "output_dir", "output_dir", "use an output_dir of its own, outside every "
+             "dataset folder (e.g. output/<run-name>)")])
+
     def test_a_valid_config_checks_clean_and_round_trips_through_its_files(self):
         folder = self.root / "written"
         config = self.config(data_backend_config=str(folder / "multidatabackend.json"),
