@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.errors import Location, Problem
 
 # (model_family, model_flavour) of the models that train on reference images
 REFERENCE_MODELS = {("flux", "kontext"), ("qwen_image", "edit-v1"), ("qwen_image", "edit-v2")}

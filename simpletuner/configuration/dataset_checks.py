@@ -3,8 +3,8 @@ clips can come from."""
 
 from __future__ import annotations
 
-from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.datasets import ASPECT_KEY, WEIGHT_KEY, DatasetConfig
+from simpletuner.configuration.errors import Location, Problem
 
 
 def check_caption_and_crop_options(ds: DatasetConfig, where: Location,

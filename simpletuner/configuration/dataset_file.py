@@ -152,7 +152,7 @@ def parse_datasets(raw: Any, where: Location, training: TrainingConfig | None, b
         if usable and not ds.disabled:
             datasets.append(_with_absolute_paths(ds, base))
     if isinstance(raw, list) and not datasets and not problems:
-        problems.append(where.problem("", f"no enabled dataset; add one or set 'disabled': false"))
+        problems.append(where.problem("", "no enabled dataset; add one or set 'disabled': false"))
     _check_something_trains(enabled_types, where, problems)
     check_dataset_schedule(datasets, training, where, problems)
     return apply_embed_entries(datasets, embed_entries, where, problems)

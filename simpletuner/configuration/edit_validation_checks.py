@@ -4,8 +4,8 @@ off, because the paired references are what validation takes)."""
 
 from __future__ import annotations
 
-from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.conditioning_checks import REFERENCE_MODELS_TEXT, takes_references
+from simpletuner.configuration.errors import Location, Problem
 
 
 def check_edit_validation(training, datasets: list, where: Location,

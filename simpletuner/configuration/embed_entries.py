@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.configuration.simpletuner_options import MULTIDATABACKEND_JSON
 

@@ -3,8 +3,8 @@ preservation (is_regularisation_data) across the datasets and config.json, befor
 
 from __future__ import annotations
 
-from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.options import TrainingConfig
 
 SCHEDULE_KEYS = ("probability", "start_epoch", "start_step", "end_epoch", "end_step",
