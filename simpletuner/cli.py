@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
         "check", help="validate the config (with --option value overrides) and what it says "
         "about output_dir; print the number of processes to launch", allow_abbrev=False)
     check.add_argument("--config", default="config/config.json")
+    check.add_argument("--json", action="store_true",
+                       help="print the problems as a JSON list of records (file, path, key, "
+                       "message, fix) instead; [] when there are none")
 
     report = commands.add_parser(
         "report", help="write OUTPUT_DIR/training_report.html again from the run's files "
@@ -72,9 +75,12 @@ def _one_size(value: str) -> tuple[int, int]:
     return sizes[0]
 
 
-def _check(config: str, option_args: list[str]) -> int:
+def _check(config: str, option_args: list[str], as_json: bool) -> int:
     """train.sh runs this before starting the launcher: a mistake prints only the report. The
-    config file first, then what the config and the filesystem alone show (launch_checks.py)."""
+    config file first, then what the config and the filesystem alone show (launch_checks.py).
+    ``as_json``: the problems as records on stdout, for tools, instead of the process count."""
+    import json
+
     from simpletuner.configuration import ConfigError
     from simpletuner.configuration.command_line import load_with_option_args
     from simpletuner.training.run.launch_checks import launch_problems, launch_warnings
@@ -87,9 +93,12 @@ def _check(config: str, option_args: list[str]) -> int:
         if problems:
             raise ConfigError(problems)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        if as_json:
+            print(json.dumps([record.as_json() for record in exc.records], indent=2))
+        else:
+            print(exc, file=sys.stderr)
         return 2
-    print(configuration.training.num_processes)
+    print("[]" if as_json else configuration.training.num_processes)
     return 0
 
 
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(options_markdown())
         return 0
     if args.command == "check":
-        return _check(args.config, option_args)
+        return _check(args.config, option_args, args.json)
     if args.command == "report":
         from simpletuner.training.reporting.report_command import run_report_command
 

@@ -34,7 +34,9 @@ class CachedBucketsCheckTest(unittest.TestCase):
 
     def test_a_cached_index_shows_the_undersized_bucket_before_launch(self):
         self.index(self.config(batch=2))
-        (problem,) = launch_problems(load_configuration(self.config(batch=4)))
+        (record,) = launch_problems(load_configuration(self.config(batch=4)))
+        self.assertEqual((record.path, record.key), ("datasets", ""))
+        problem = str(record)
         self.assertIn("run-multidatabackend.json (as its index cache in output_dir shows): "
                       "Dataset 'shapes' has buckets smaller than the effective batch size E = 4",
                       problem)
@@ -71,7 +73,7 @@ class PairedBucketsCheckTest(unittest.TestCase):
             MetadataBackend.from_config(dataset, configuration.training).refresh_index(False)
         undersized = ("Dataset 'edits' has buckets smaller than the effective batch size E = 2"
                       " (train_batch_size 2")
-        (problem,) = launch_problems(configuration)
+        (problem,) = map(str, launch_problems(configuration))
         self.assertIn(undersized, problem)
         self.assertIn("bucket 64x64: 1 samples x 1 = 1 occurrences", problem)
         run = run_training(config, str(root))

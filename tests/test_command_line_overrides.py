@@ -30,8 +30,9 @@ class ParseOverrideArgsTest(unittest.TestCase):
     def test_stray_values_and_repeats_are_problems(self):
         _, problems = parse_override_args(["5", "--seed", "1", "--seed", "2"])
         self.assertEqual(len(problems), 2, problems)
-        self.assertIn("expected '--option value', found '5'", problems[0])
-        self.assertIn("'--seed' is given twice", problems[1])
+        self.assertIn("expected '--option value', found '5'", problems[0].message)
+        self.assertEqual((problems[1].file, problems[1].path), ("command line", "seed"))
+        self.assertIn("'--seed' is given twice", problems[1].message)
 
 
 class LoadWithOverridesTest(unittest.TestCase):

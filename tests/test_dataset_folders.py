@@ -36,14 +36,15 @@ class OutputDirPlaceTest(unittest.TestCase):
 
     def problems(self, output_dir: str, datasets: list[dict] | None = None, **options
                  ) -> list[str]:
-        """launch_problems (what `check` reports) of a config loaded from self.root."""
+        """launch_problems of a config loaded from self.root, as `check` prints them."""
         self.backend.write_text(json.dumps(datasets or [{"id": "shapes",
                                                          "instance_data_dir": "data"}]))
         self.config.write_text(json.dumps({
             "model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
             "output_dir": output_dir, "data_backend_config": str(self.backend),
             "max_train_steps": 4, **options}))
-        return launch_problems(load_configuration(self.config, cwd=self.root))
+        return [str(problem)
+                for problem in launch_problems(load_configuration(self.config, cwd=self.root))]
 
     def assertOneProblem(self, problems: list[str], *fragments: str) -> None:
         self.assertEqual(len(problems), 1, problems)

@@ -253,7 +253,7 @@ class ConditioningConfigTest(unittest.TestCase):
                                   model_family="flux", model_flavour="kontext",
                                   output_dir=str(references / "out"))
             (problem,) = output_dir_problems(load_configuration(config, cwd=root))
-        self.assertIn("the folder of dataset 'edit-references'", problem)
+        self.assertIn("the folder of dataset 'edit-references'", problem.message)
 
     def test_a_kontext_config_with_its_references_loads(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -64,8 +64,8 @@ class ValidationConfigTest(unittest.TestCase):
 
     def test_each_side_must_be_on_the_bucket_alignment(self):
         loaded = self.load(validation_resolution="1024x1000,512", aspect_bucket_alignment=64)
-        (problem,) = [p for p in static_problems(loaded) if "validation_resolution" in p]
-        self.assertIn("multiple of aspect_bucket_alignment (64)", problem)
+        (problem,) = [p for p in static_problems(loaded) if p.key == "validation_resolution"]
+        self.assertIn("multiple of aspect_bucket_alignment (64)", problem.message)
 
     def test_the_prompt_library_adds_its_prompts_after_validation_prompt(self):
         (self.root / "config").mkdir()

@@ -13,7 +13,7 @@ import json
 import typing
 from typing import Any
 
-from simpletuner.configuration.errors import ConfigError
+from simpletuner.configuration.errors import ConfigError, Problem
 from simpletuner.configuration.fields import accepts, normalise_key
 from simpletuner.configuration.loader import COMMAND_LINE as WHERE
 from simpletuner.configuration.loader import Configuration, load_configuration
@@ -30,22 +30,22 @@ def _value(token: str, tp: Any) -> Any:
     return token
 
 
-def parse_override_args(args: list[str]) -> tuple[dict[str, Any], list[str]]:
+def parse_override_args(args: list[str]) -> tuple[dict[str, Any], list[Problem]]:
     """``["--max_train_steps", "5", "--use_ema"]`` -> ({"max_train_steps": 5, "use_ema": True},
     problems). Unknown keys are kept so the loader reports them like the file's."""
     hints = typing.get_type_hints(TrainingConfig)
     values: dict[str, Any] = {}
-    problems: list[str] = []
+    problems: list[Problem] = []
     index = 0
     while index < len(args):
         token = args[index]
         if not token.startswith("--") or token == "--":
-            problems.append(f"{WHERE}: expected '--option value', found {token!r}")
+            problems.append(WHERE.problem("", f"expected '--option value', found {token!r}"))
             index += 1
             continue
         key, has_inline, inline = normalise_key(token).partition("=")
         if key in values:
-            problems.append(f"{WHERE}: option '--{key}' is given twice")
+            problems.append(WHERE.problem(key, f"option '--{key}' is given twice"))
         if has_inline:
             raw, index = inline, index + 1
         elif index + 1 < len(args) and not args[index + 1].startswith("--"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.families import known_spec
 from simpletuner.families import family_specs
 
@@ -30,8 +31,8 @@ def as_conditioning(ds: DatasetConfig) -> DatasetConfig:
     return ds
 
 
-def with_references(parsed: list[DatasetConfig], listed: object, training, where: str,
-                    problems: list[str]) -> list[DatasetConfig]:
+def with_references(parsed: list[DatasetConfig], listed: object, training, where: Location,
+                    problems: list[Problem]) -> list[DatasetConfig]:
     """The parsed datasets, those with a conditioning_type made conditioning datasets, after
     appending every problem of their pairing (``listed``: the file's raw list)."""
     datasets = [as_conditioning(ds) for ds in parsed]
@@ -45,8 +46,8 @@ def takes_references(model_family: str | None, model_flavour: str | None) -> boo
     return spec is not None and model_flavour in spec.reference_flavours
 
 
-def check_conditioning(datasets: list[DatasetConfig], training, where: str,
-                       problems: list[str], listed: list) -> None:
+def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
+                       problems: list[Problem], listed: list) -> None:
     """Every problem with conditioning_data, conditioning_type and the conditioning datasets,
     appended to ``problems``; ``training`` may be None (config.json unusable). ``listed``: the
     file's raw entries, so a dataset left out for its own problems is not called missing."""
@@ -55,17 +56,19 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
                 if isinstance(item, dict) and not item.get("disabled")} - set(by_id)
     named_by: dict[str, str] = {}  # conditioning dataset id -> the dataset naming it
     for ds in datasets:
-        label = f"{where}: dataset '{ds.id}'"
+        label = where.entry(ds.id, f"dataset '{ds.id}'")
         if ds.conditioning_type is not None and ds.dataset_type != CONDITIONING:
-            problems.append(f"{label}: key 'conditioning_type' belongs to a dataset with "
-                            "'dataset_type': 'conditioning'; remove it or set that type")
+            problems.append(label.problem(
+                "conditioning_type", "key 'conditioning_type' belongs to a dataset with "
+                "'dataset_type': 'conditioning'", "remove it or set that type"))
         if ds.dataset_type == CONDITIONING:
             _check_conditioning_entry(ds, label, problems)
         if not ds.conditioning_ids():
             continue
         if ds.dataset_type not in ("image", "eval"):
-            problems.append(f"{label}: key 'conditioning_data' is for image and eval datasets, "
-                            f"not '{ds.dataset_type}'")
+            problems.append(label.problem(
+                "conditioning_data", "key 'conditioning_data' is for image and eval datasets, "
+                f"not '{ds.dataset_type}'"))
         _check_reference_count(ds, training, label, problems)
         for name in ds.conditioning_ids():
             if name not in unusable:  # else its own problems are reported
@@ -75,27 +78,28 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: str,
         batch = 1 if ds.dataset_type == "eval" else (  # evaluation: one sample per rank
             ds.train_batch_size or getattr(training, "train_batch_size", 1))
         if loose and batch != 1:
-            problems.append(f"{label}: its references ({', '.join(loose)}) are "
-                            "'reference_loose', each in its own aspect bucket, so they cannot "
-                            f"share a micro-batch; set train_batch_size 1 (it is {batch}; "
-                            "gradient_accumulation_steps can make up the batch), or use "
-                            "'reference_strict'")
+            problems.append(label.problem(
+                "conditioning_data", f"its references ({', '.join(loose)}) are "
+                "'reference_loose', each in its own aspect bucket, so they cannot share a "
+                f"micro-batch; set train_batch_size 1 (it is {batch}; "
+                "gradient_accumulation_steps can make up the batch), or use 'reference_strict'"))
     for ds in datasets:
         if ds.dataset_type == CONDITIONING and ds.id not in named_by:
-            problems.append(f"{where}: dataset '{ds.id}' has 'dataset_type': 'conditioning' but "
-                            "no dataset names it in 'conditioning_data'; name it from the "
-                            "training dataset whose references it holds, or remove it")
+            problems.append(where.entry(ds.id).problem(
+                "dataset_type", f"dataset '{ds.id}' has 'dataset_type': 'conditioning' but no "
+                "dataset names it in 'conditioning_data'; name it from the training dataset "
+                "whose references it holds, or remove it"))
     if named_by and training is not None and not takes_references(
             training.model_family, training.model_flavour):
-        problems.append(
-            f"{where}: conditioning datasets ({', '.join(sorted(named_by))}) hold reference "
-            f"images, which model_family '{training.model_family}' (model_flavour "
+        problems.append(where.problem(
+            "", f"conditioning datasets ({', '.join(sorted(named_by))}) hold reference images, "
+            f"which model_family '{training.model_family}' (model_flavour "
             f"{training.model_flavour!r}) does not train on; use {reference_models_text()}, or "
-            "remove conditioning_data")
+            "remove conditioning_data"))
 
 
-def _check_reference_count(ds: DatasetConfig, training, label: str,
-                           problems: list[str]) -> None:
+def _check_reference_count(ds: DatasetConfig, training, label: Location,
+                           problems: list[Problem]) -> None:
     spec = known_spec(getattr(training, "model_family", None))
     flavour = getattr(training, "model_flavour", None)
     flavours = spec.reference_flavours if spec is not None else {}
@@ -103,35 +107,40 @@ def _check_reference_count(ds: DatasetConfig, training, label: str,
     if most is not None and len(ds.conditioning_ids()) > most:
         roomier = [f", or use model_flavour '{other}' (up to {count})"
                    for other, count in flavours.items() if count is not None and count > most]
-        problems.append(f"{label}: key 'conditioning_data' names {len(ds.conditioning_ids())} "
-                        f"conditioning datasets, but model_flavour '{flavour}' reads at most "
-                        f"{most} reference(s) per sample; name at most {most}"
-                        + "".join(roomier))
+        problems.append(label.problem(
+            "conditioning_data", f"key 'conditioning_data' names {len(ds.conditioning_ids())} "
+            f"conditioning datasets, but model_flavour '{flavour}' reads at most {most} "
+            f"reference(s) per sample; name at most {most}" + "".join(roomier)))
 
 
-def _check_conditioning_entry(ds: DatasetConfig, label: str, problems: list[str]) -> None:
+def _check_conditioning_entry(ds: DatasetConfig, label: Location, problems: list[Problem]) -> None:
     if ds.conditioning_type is None:
-        problems.append(f"{label}: a 'conditioning' dataset needs 'conditioning_type': "
-                        "'reference_strict' (each reference resized and cropped like its "
-                        "target) or 'reference_loose' (in its own aspect bucket)")
+        problems.append(label.problem(
+            "conditioning_type", "a 'conditioning' dataset needs 'conditioning_type': "
+            "'reference_strict' (each reference resized and cropped like its target) or "
+            "'reference_loose' (in its own aspect bucket)"))
     if ds.conditioning_ids():
-        problems.append(f"{label}: a 'conditioning' dataset cannot itself name "
-                        "'conditioning_data'; set it on the training dataset")
+        problems.append(label.problem(
+            "conditioning_data", "a 'conditioning' dataset cannot itself name "
+            "'conditioning_data'; set it on the training dataset"))
 
 
 def _check_named(name: object, owner: str, by_id: dict[str, DatasetConfig],
-                 named_by: dict[str, str], label: str, problems: list[str]) -> None:
+                 named_by: dict[str, str], label: Location, problems: list[Problem]) -> None:
     target = by_id.get(name) if isinstance(name, str) else None
     if target is None:
-        problems.append(f"{label}: key 'conditioning_data' names {name!r}, which is not an "
-                        "enabled dataset of this file; add it with 'dataset_type': "
-                        "'conditioning' or fix the id")
+        problems.append(label.problem(
+            "conditioning_data", f"key 'conditioning_data' names {name!r}, which is not an "
+            "enabled dataset of this file; add it with 'dataset_type': 'conditioning' or fix the "
+            "id"))
     elif target.dataset_type != CONDITIONING:
-        problems.append(f"{label}: key 'conditioning_data' names '{name}', whose dataset_type "
-                        f"is '{target.dataset_type}'; set its 'dataset_type': 'conditioning'")
+        problems.append(label.problem(
+            "conditioning_data", f"key 'conditioning_data' names '{name}', whose dataset_type is "
+            f"'{target.dataset_type}'; set its 'dataset_type': 'conditioning'"))
     elif name in named_by:
-        problems.append(f"{label}: key 'conditioning_data' names '{name}', which dataset "
-                        f"'{named_by[name]}' names already; give each training dataset its "
-                        "own conditioning dataset")
+        problems.append(label.problem(
+            "conditioning_data", f"key 'conditioning_data' names '{name}', which dataset "
+            f"'{named_by[name]}' names already; give each training dataset its own conditioning "
+            "dataset"))
     else:
         named_by[name] = owner

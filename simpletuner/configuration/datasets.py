@@ -6,6 +6,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.configuration.huggingface_block import HuggingFaceConfig
 from simpletuner.configuration.options import BucketTail
@@ -192,47 +193,57 @@ class DatasetConfig:
         return ParquetConfig(**(self.parquet or {}))
 
 
-def parse_parquet_block(raw: Any, where: str, problems: list[str]) -> dict | None:
+def parse_parquet_block(raw: Any, where: Location, problems: list[Problem]) -> dict | None:
     """The accepted ``parquet`` block, or None after appending what is wrong with it."""
-    where = f"{where}: key 'parquet'"
+    where = where.within("parquet", "key 'parquet'")
     if not isinstance(raw, dict):
-        problems.append(f"{where}: metadata_backend 'parquet' needs a 'parquet' object with at "
-                        "least 'path' (the .parquet or .jsonl table)")
+        problems.append(where.problem(
+            "", "metadata_backend 'parquet' needs a 'parquet' object with at least 'path' (the "
+            ".parquet or .jsonl table)"))
         return None
     before = len(problems)
     values = parse_fields(ParquetConfig, raw, where, problems)
     if "path" in values and not values["path"].lower().endswith(TABLE_SUFFIXES):
-        problems.append(f"{where}: 'path' is {values['path']!r}; expected a .parquet or .jsonl "
-                        "file")
+        problems.append(where.problem(
+            "path", f"'path' is {values['path']!r}; expected a .parquet or .jsonl file"))
     return values if len(problems) == before else None
 
 
-def check_storage_keys(ds: DatasetConfig, where: str, problems: list[str]) -> None:
+def check_storage_keys(ds: DatasetConfig, where: Location, problems: list[Problem]) -> None:
     """Keys that only make sense together, and extras a choice needs, before heavy work."""
     if ds.type == "aws" and not ds.aws_bucket_name:
-        problems.append(f"{where}: key 'aws_bucket_name' is required for type 'aws'")
+        problems.append(where.problem(
+            "aws_bucket_name", "key 'aws_bucket_name' is required for type 'aws'"))
     if ds.type == "local" and ds.instance_data_dir is None:
-        problems.append(f"{where}: missing required key 'instance_data_dir' (or use type 'aws' "
-                        "with aws_bucket_name)")
+        problems.append(where.problem(
+            "instance_data_dir", "missing required key 'instance_data_dir' (or use type 'aws' "
+            "with aws_bucket_name)"))
     if ds.caption_strategy == "parquet" and ds.metadata_backend != "parquet":
-        problems.append(f"{where}: caption_strategy 'parquet' takes captions from the metadata "
-                        "table; set metadata_backend 'parquet' and its 'parquet' block")
+        problems.append(where.problem(
+            "caption_strategy", "caption_strategy 'parquet' takes captions from the metadata "
+            "table; set metadata_backend 'parquet' and its 'parquet' block"))
     if (ds.caption_strategy == "parquet" and isinstance(ds.parquet, dict)
             and not ds.parquet.get("caption_column")):
-        problems.append(f"{where}: caption_strategy 'parquet' needs parquet.caption_column")
+        problems.append(where.problem(
+            "parquet.caption_column", "caption_strategy 'parquet' needs parquet.caption_column"))
     if ds.metadata_backend == "parquet" and isinstance(ds.parquet, dict) and ds.parquet.get(
             "trust_table"):
         if ds.caption_strategy == "textfile":
-            problems.append(f"{where}: parquet.trust_table does not list the storage, so caption "
-                            "files cannot be found; use caption_strategy 'parquet' (or "
-                            "'filename', 'instanceprompt'), or set trust_table false")
+            problems.append(where.problem(
+                "parquet.trust_table", "parquet.trust_table does not list the storage, so "
+                "caption files cannot be found; use caption_strategy 'parquet' (or 'filename', "
+                "'instanceprompt'), or set trust_table false"))
         if ds.parquet.get("identifier_includes_extension") is False:
-            problems.append(f"{where}: parquet.trust_table needs file names with their "
-                            "extension (identifier_includes_extension true): without a "
-                            "listing nothing says which file 'a/img' is")
+            problems.append(where.problem(
+                "parquet.trust_table", "parquet.trust_table needs file names with their "
+                "extension (identifier_includes_extension true): without a listing nothing says "
+                "which file 'a/img' is"))
     # type huggingface names both of the first two
     for choice in dict.fromkeys((ds.type, ds.metadata_backend, ds.dataset_type)):
         if choice in _EXTRAS and importlib.util.find_spec(_EXTRAS[choice][0]) is None:
             module, extra = _EXTRAS[choice]
-            problems.append(f"{where}: '{choice}' needs {module}, which is not installed; run "
-                            f"pip install 'simpletuner[{extra}]'")
+            key = next(k for k in ("type", "metadata_backend", "dataset_type")
+                       if getattr(ds, k) == choice)
+            problems.append(where.problem(
+                key, f"'{choice}' needs {module}, which is not installed; run pip install "
+                f"'simpletuner[{extra}]'"))

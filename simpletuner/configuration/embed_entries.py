@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from simpletuner.configuration.datasets import DatasetConfig
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.configuration.simpletuner_options import MULTIDATABACKEND_JSON
 
@@ -36,39 +37,44 @@ def is_embed_entry(item: Any) -> bool:
     return isinstance(item, dict) and item.get("dataset_type") in EMBED_DATASET_TYPES
 
 
-def parse_embed_entry(item: dict, label: str, problems: list[str]) -> EmbedCacheEntry | None:
+def parse_embed_entry(item: dict, label: Location,
+                      problems: list[Problem]) -> EmbedCacheEntry | None:
     before = len(problems)
     values = parse_fields(EmbedCacheEntry, item, label, problems, MULTIDATABACKEND_JSON)
     if len(problems) > before:
         return None
     entry = EmbedCacheEntry(**values)
     if entry.dataset_type == "image_embeds" and entry.cache_dir is not None:
-        problems.append(f"{label}: key 'cache_dir' has no meaning on an image_embeds entry; set "
-                        "cache_dir_vae on the image datasets (as in SimpleTuner)")
+        problems.append(label.problem(
+            "cache_dir", "key 'cache_dir' has no meaning on an image_embeds entry; set "
+            "cache_dir_vae on the image datasets (as in SimpleTuner)"))
         return None
     if entry.dataset_type == "text_embeds" and entry.cache_dir is None and not entry.disabled:
-        problems.append(f"{label}: key 'cache_dir' is required on a text_embeds entry (the folder "
-                        "its embeddings are cached in)")
+        problems.append(label.problem(
+            "cache_dir", "key 'cache_dir' is required on a text_embeds entry (the folder its "
+            "embeddings are cached in)"))
         return None
     return entry
 
 
 def apply_embed_entries(datasets: list[DatasetConfig], entries: list[EmbedCacheEntry],
-                        where: str, problems: list[str]) -> list[DatasetConfig]:
+                        where: Location, problems: list[Problem]) -> list[DatasetConfig]:
     """Give each image dataset the text-embedding folder its text_embeds entry names."""
     by_id = {e.id: e for e in entries if not e.disabled}
     text = [e for e in by_id.values() if e.dataset_type == "text_embeds"]
     defaults = [e for e in text if e.default] or (text if len(text) == 1 else [])
     if len(defaults) > 1:
-        problems.append(f"{where}: more than one text_embeds entry has 'default': true "
-                        f"({', '.join(e.id for e in defaults)}); mark one")
+        problems.append(where.problem(
+            "", "more than one text_embeds entry has 'default': true "
+            f"({', '.join(e.id for e in defaults)}); mark one"))
         return datasets
     for name, kind in (("text_embeds", "text_embeds"), ("image_embeds", "image_embeds")):
         for ds in datasets:
             wanted = getattr(ds, name)
             if wanted is not None and (wanted not in by_id or by_id[wanted].dataset_type != kind):
-                problems.append(f"{where}: dataset '{ds.id}': key '{name}' names '{wanted}', "
-                                f"which is no enabled {kind} entry")
+                problems.append(where.entry(ds.id).problem(
+                    name, f"dataset '{ds.id}': key '{name}' names '{wanted}', which is no "
+                    f"enabled {kind} entry"))
     updated = []
     for ds in datasets:
         entry = by_id.get(ds.text_embeds) if ds.text_embeds else (defaults[0] if defaults else None)

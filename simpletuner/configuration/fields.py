@@ -14,6 +14,7 @@ import types
 import typing
 from typing import Any, Literal
 
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.simpletuner_options import SimpleTunerVocabulary
 
 RANGE = "range"
@@ -111,26 +112,26 @@ def did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def _unknown_key_message(where: str, raw_key: str, key: str, fields: typing.Iterable[str],
-                         vocabulary: SimpleTunerVocabulary | None) -> str:
+def _unknown_key_problem(where: Location, raw_key: str, key: Location, fields: typing.Iterable[str],
+                         vocabulary: SimpleTunerVocabulary | None) -> Problem:
     unsupported = vocabulary.unsupported_key(key) if vocabulary else None
     if unsupported:
-        return f"{where}: {unsupported}"
+        return where.problem(key, unsupported)
     # SimpleTuner's names are candidates too: a typo of one should be told its right spelling.
     names = [*fields, *(vocabulary.aliases if vocabulary else ()),
              *(vocabulary.unsupported_keys if vocabulary else ())]
-    return f"{where}: unknown key '{raw_key}'{did_you_mean(key, names)}"
+    return where.problem(key, f"unknown key '{raw_key}'{did_you_mean(key, names)}")
 
 
-def _rejected_value_message(where: str, key: str, value: Any, tp: Any,
-                            vocabulary: SimpleTunerVocabulary | None) -> str:
+def _rejected_value_problem(where: Location, key: Location, value: Any, tp: Any,
+                            vocabulary: SimpleTunerVocabulary | None) -> Problem:
     unsupported = vocabulary.unsupported_value(key, value) if vocabulary else None
     if unsupported:
-        return f"{where}: key '{key}': {unsupported}"
+        return where.problem(key, f"key '{key}': {unsupported}")
     choices = _literal_choices(tp)
     hint = did_you_mean(str(value), choices) if isinstance(value, str) and choices else ""
     note = vocabulary.meaning_note(key) if vocabulary else ""
-    return f"{where}: key '{key}' is {value!r}; expected {type_name(tp)}{hint}{note}"
+    return where.problem(key, f"key '{key}' is {value!r}; expected {type_name(tp)}{hint}{note}")
 
 
 def _unquoted(value: Any) -> Any:
@@ -148,18 +149,19 @@ def _unquoted(value: Any) -> Any:
     return parsed if isinstance(parsed, (int, float)) else value
 
 
-def normalise_key(key: str) -> str:
+def normalise_key(key: Location) -> str:
     """SimpleTuner's config.json accepts '--train_batch_size' and 'train_batch_size' alike."""
     return key[2:] if key.startswith("--") else key
 
 
-def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str],
+def parse_fields(cls: type, raw: dict[str, Any], where: Location, problems: list[Problem],
                  vocabulary: SimpleTunerVocabulary | None = None, *,
                  check_required: bool = True) -> dict[str, Any]:
     """Check ``raw`` against ``cls``'s options; append a message per problem to ``problems``.
 
     Returns the accepted values (unknown or invalid keys are left out) ready for ``cls(**values)``.
-    ``where`` prefixes each message, e.g. ``"config/config.json"``. ``vocabulary`` names the
+    ``where`` is the object's file and JSON path (each problem's path is its key's, by the
+    option's name), e.g. ``Location("config/config.json")``. ``vocabulary`` names the
     SimpleTuner keys and values of this file that are not supported here, so they get advice
     instead of a did-you-mean. ``check_required=False`` checks a partial set (overrides).
     """
@@ -171,7 +173,8 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
         key = normalise_key(raw_key)
         key = vocabulary.canonical(key) if vocabulary else key
         if key in seen:
-            problems.append(f"{where}: key '{key}' is given twice ('{seen[key]}' and '{raw_key}')")
+            problems.append(where.problem(
+                key, f"key '{key}' is given twice ('{seen[key]}' and '{raw_key}')"))
             continue
         seen[key] = raw_key
         if vocabulary is not None:
@@ -180,29 +183,29 @@ def parse_fields(cls: type, raw: dict[str, Any], where: str, problems: list[str]
                     key not in fields and vocabulary.accepts_foreign(key, value)):
                 continue  # SimpleTuner's value asks for nothing here
         if key not in fields:
-            problems.append(_unknown_key_message(where, raw_key, key, fields, vocabulary))
+            problems.append(_unknown_key_problem(where, raw_key, key, fields, vocabulary))
             continue
         tp = hints[key]
         ok, converted = _coerce(value, tp)
         if not ok:
             ok, converted = _coerce(_unquoted(value), tp)
         if not ok:
-            problems.append(_rejected_value_message(where, key, value, tp, vocabulary))
+            problems.append(_rejected_value_problem(where, key, value, tp, vocabulary))
             continue
         low, high = fields[key].metadata.get(RANGE, (None, None))
         if isinstance(converted, (int, float)) and not isinstance(converted, bool):
             note = vocabulary.meaning_note(key) if vocabulary else ""
             if low is not None and converted < low:
-                problems.append(f"{where}: key '{key}' is {value!r}; expected a value >= {low}"
-                                f"{note}")
+                problems.append(where.problem(
+                    key, f"key '{key}' is {value!r}; expected a value >= {low}{note}"))
                 continue
             if high is not None and converted > high:
-                problems.append(f"{where}: key '{key}' is {value!r}; expected a value <= {high}"
-                                f"{note}")
+                problems.append(where.problem(
+                    key, f"key '{key}' is {value!r}; expected a value <= {high}{note}"))
                 continue
         values[key] = converted
     for name, f in fields.items():
         required = check_required and f.metadata.get(REQUIRED)
         if required and values.get(name) is None and name not in seen:
-            problems.append(f"{where}: missing required key '{name}'")
+            problems.append(where.problem(name, f"missing required key '{name}'"))
     return values

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.configuration.simpletuner_keys.datasets import ONE_PASS, PREFILTER
 from simpletuner.configuration.simpletuner_keys.entries import Foreign
@@ -72,63 +73,73 @@ def is_local_name(name: str, base: Path) -> bool:
     return (base / os.path.expanduser(name)).is_dir() or not HUB_ID.match(name)
 
 
-def parse_huggingface_block(values: dict[str, Any], where: str,
-                            problems: list[str]) -> dict[str, Any] | None:
+def parse_huggingface_block(values: dict[str, Any], where: Location,
+                            problems: list[Problem]) -> dict[str, Any] | None:
     """The entry's top-level keys merged with its ``huggingface`` block, checked; None after
     appending what is wrong."""
     before = len(problems)
     block = parse_fields(HuggingFaceConfig, values.get("huggingface") or {},
-                         f"{where}: key 'huggingface'", problems,
+                         where.within("huggingface", "key 'huggingface'"), problems,
                          BLOCK_VOCABULARY, check_required=False)
     for key in SHARED_KEYS:
         top = values.get(key)
         if top is not None and key in block and block[key] != top:
-            problems.append(f"{where}: key '{key}' is {top!r} but huggingface.{key} is "
-                            f"{block[key]!r}; give it once")
+            problems.append(where.problem(
+                key, f"key '{key}' is {top!r} but huggingface.{key} is {block[key]!r}; give it "
+                "once"))
         elif top is not None:
             block[key] = top
     if not block.get("dataset_name"):
-        problems.append(f"{where}: type 'huggingface' needs 'dataset_name' (a dataset folder, "
-                        "or a Hub id already downloaded)")
+        problems.append(where.problem(
+            "dataset_name", "type 'huggingface' needs 'dataset_name' (a dataset folder, or a Hub "
+            "id already downloaded)"))
     if block.get("streaming"):
-        problems.append(f"{where}: key 'huggingface': streaming is not supported: every row is "
-                        "indexed before training; remove it")
+        problems.append(where.problem(
+            "huggingface.streaming", "key 'huggingface': streaming is not supported: every row "
+            "is indexed before training; remove it"))
     composite = block.get("composite_image_config")
     if composite and composite.get("enabled"):
-        problems.append(f"{where}: key 'huggingface': composite_image_config is not supported; "
-                        "split the grids into single images first (and save_to_disk), or set "
-                        "enabled false")
+        problems.append(where.problem(
+            "huggingface.composite_image_config", "key 'huggingface': composite_image_config is "
+            "not supported; split the grids into single images first (and save_to_disk), or set "
+            "enabled false"))
     if (block.get("width_column") is None) != (block.get("height_column") is None):
-        problems.append(f"{where}: key 'huggingface': width_column and height_column are "
-                        "given together (or neither, to read each image's header)")
+        problems.append(where.problem(
+            "huggingface.width_column", "key 'huggingface': width_column and height_column are "
+            "given together (or neither, to read each image's header)"))
     return block if len(problems) == before else None
 
 
-def check_huggingface_keys(ds, where: str, base: Path, problems: list[str]) -> None:
+def check_huggingface_keys(ds, where: Location, base: Path, problems: list[Problem]) -> None:
     """Which keys go with which type; a dataset folder that is written as a path must exist."""
     given = [key for key in (*SHARED_KEYS, "huggingface") if getattr(ds, key) is not None]
     if ds.type != "huggingface":
         if given:
-            problems.append(f"{where}: key {', '.join(map(repr, given))} is for type "
-                            "'huggingface' only (a table's columns go in the parquet block)")
+            problems.append(where.problem(
+                given[0], f"key {', '.join(map(repr, given))} is for type 'huggingface' only (a "
+                "table's columns go in the parquet block)"))
         if ds.caption_strategy == "huggingface" or ds.metadata_backend == "huggingface":
-            problems.append(f"{where}: caption_strategy and metadata_backend 'huggingface' "
-                            "need type 'huggingface'")
+            problems.append(where.problem(
+                "caption_strategy", "caption_strategy and metadata_backend 'huggingface' need "
+                "type 'huggingface'"))
         return
     if ds.caption_strategy not in ("huggingface", "instanceprompt"):
-        problems.append(f"{where}: type 'huggingface' takes caption_strategy 'huggingface' (the "
-                        "caption_column) or 'instanceprompt'; found "
-                        f"{ds.caption_strategy!r}")
+        problems.append(where.problem(
+            "caption_strategy", "type 'huggingface' takes caption_strategy 'huggingface' (the "
+            f"caption_column) or 'instanceprompt'; found {ds.caption_strategy!r}"))
     if ds.metadata_backend == "parquet":
-        problems.append(f"{where}: type 'huggingface' reads sizes from its rows; remove "
-                        "metadata_backend 'parquet' (or set 'huggingface')")
+        problems.append(where.problem(
+            "metadata_backend", "type 'huggingface' reads sizes from its rows; remove "
+            "metadata_backend 'parquet' (or set 'huggingface')"))
     if ds.instance_data_dir is not None:
-        problems.append(f"{where}: type 'huggingface' reads no instance_data_dir; remove it")
+        problems.append(where.problem(
+            "instance_data_dir", "type 'huggingface' reads no instance_data_dir; remove it"))
     name = (ds.huggingface or {}).get("dataset_name")
     if name and not ds.disabled and is_local_name(name, base):
         folder = base / os.path.expanduser(name)
         if not folder.is_dir():
-            problems.append(f"{where}: key 'dataset_name': folder {folder} does not exist")
+            problems.append(where.problem(
+                "huggingface.dataset_name", f"key 'dataset_name': folder {folder} does not exist"))
 
 
 def with_absolute_paths(block: dict[str, Any], base: Path) -> dict[str, Any]:

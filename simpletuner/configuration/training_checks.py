@@ -6,39 +6,41 @@ from __future__ import annotations
 
 from typing import Any
 
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.families import FLOW_FAMILIES, families_where, known_spec
 from simpletuner.configuration.fields import normalise_key
 from simpletuner.families import spoken_list
 from simpletuner.families.spec import NOISE
 
 
-def check_loss_options_fit_the_family(values: dict[str, Any], where: str,
-                                       problems: list[str]) -> None:
+def check_loss_options_fit_the_family(values: dict[str, Any], where: Location,
+                                       problems: list[Problem]) -> None:
     """An option the chosen family would ignore is a mistake to report, not to drop silently."""
     family = values.get("model_family")
     if family is None:
         return
     if family in FLOW_FAMILIES and values.get("snr_gamma") is not None:
         noise = ", ".join(families_where(lambda spec: spec.objective == NOISE))
-        problems.append(
-            f"{where}: key 'snr_gamma' applies to the noise-prediction families ({noise}); "
+        problems.append(where.problem(
+            "snr_gamma", f"key 'snr_gamma' applies to the noise-prediction families ({noise}); "
             f"model_family '{family}' trains with flow matching, where Min-SNR weighting "
-            "does not exist. Remove it (flow_timestep_sampling and flow_shift shape that loss).")
+            "does not exist. Remove it (flow_timestep_sampling and flow_shift shape that loss)."))
     flow_keys = sorted(key for key in values if key.startswith("flow_"))
     if family not in FLOW_FAMILIES and flow_keys:
-        problems.append(
-            f"{where}: {', '.join(repr(k) for k in flow_keys)} apply to the flow-matching "
+        problems.append(where.problem(
+            flow_keys[0], f"{', '.join(repr(k) for k in flow_keys)} apply to the flow-matching "
             f"families ({', '.join(FLOW_FAMILIES)}); model_family '{family}' would ignore them. "
-            "Remove them.")
+            "Remove them."))
     spec = known_spec(family)
     if not (spec and spec.guidance_input) and "flux_guidance_value" in values:
         guided = spoken_list(families_where(lambda spec: spec.guidance_input), "'")
-        problems.append(f"{where}: key 'flux_guidance_value' applies to model_families {guided} "
-                        f"only; '{family}' has no guidance input. Remove it.")
+        problems.append(where.problem(
+            "flux_guidance_value", f"key 'flux_guidance_value' applies to model_families "
+            f"{guided} only; '{family}' has no guidance input. Remove it."))
 
 
-def check_lora_target_all(raw: dict, values: dict[str, Any], where: str,
-                          problems: list[str]) -> None:
+def check_lora_target_all(raw: dict, values: dict[str, Any], where: Location,
+                          problems: list[Problem]) -> None:
     """flux_lora_target 'all' is accepted as the family's default targets; a family whose spec
     says they are less than SimpleTuner's 'all' (Chroma) gets the problem."""
     spec = known_spec(values.get("model_family"))
@@ -46,15 +48,18 @@ def check_lora_target_all(raw: dict, values: dict[str, Any], where: str,
             or values.get("model_type") != "lora" or values.get("lora_target_modules")):
         return
     if {normalise_key(key): value for key, value in raw.items()}.get("flux_lora_target") == "all":
-        problems.append(f"{where}: key 'flux_lora_target' 'all' {spec.lora_target_all_problem}")
+        problems.append(where.problem(
+            "flux_lora_target", f"key 'flux_lora_target' 'all' {spec.lora_target_all_problem}"))
 
 
-def check_fsdp_options(values: dict[str, Any], where: str, problems: list[str]) -> None:
+def check_fsdp_options(values: dict[str, Any], where: Location, problems: list[Problem]) -> None:
     if not values.get("fsdp_enable", False):
         return
     if values.get("fsdp_version", 2) != 2:
-        problems.append(f"{where}: fsdp_version {values['fsdp_version']} is not supported; "
-                        "use fsdp_version 2 (torch's fully_shard), the only FSDP here")
+        problems.append(where.problem(
+            "fsdp_version", f"fsdp_version {values['fsdp_version']} is not supported",
+            "use fsdp_version 2 (torch's fully_shard), the only FSDP here"))
     if values.get("mixed_precision") == "fp16":
-        problems.append(f"{where}: fsdp_enable needs mixed_precision 'bf16' or 'no'; fp16's loss "
-                        "scaler does not handle sharded gradients")
+        problems.append(where.problem(
+            "mixed_precision", "fsdp_enable needs mixed_precision 'bf16' or 'no'; fp16's loss "
+            "scaler does not handle sharded gradients"))

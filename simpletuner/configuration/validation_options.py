@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.families import (families_where, frame_rule, known_spec,
                                                 video_families)
 from simpletuner.families import spoken_list
@@ -59,50 +60,57 @@ def library_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def check_validation_options(training, where: str, base: Path, problems: list[str]) -> None:
+def check_validation_options(training, where: Location, problems: list[Problem]) -> None:
     """The validation options of a TrainingConfig that need more than their own type: sizes
-    parse, the library file reads (its path made absolute), options fit the family."""
+    parse, the library file reads (the loader made its path absolute), options fit the
+    family."""
     if isinstance(training.validation_resolution, str):
         try:
             validation_sizes(training.validation_resolution)
         except ValueError as error:
-            problems.append(f"{where}: key 'validation_resolution': {error}")
+            problems.append(where.problem(
+                "validation_resolution", f"key 'validation_resolution': {error}"))
     if training.user_prompt_library is not None:
-        path = Path(training.user_prompt_library).expanduser()
-        training.user_prompt_library = str(path if path.is_absolute() else base / path)
         try:
             library_prompts(training.user_prompt_library)
         except ValueError as error:
-            problems.append(f"{where}: key 'user_prompt_library': {error}")
+            problems.append(where.problem(
+                "user_prompt_library", f"key 'user_prompt_library': {error}"))
     _check_family_options(training, where, problems)
     _check_video_frames(training.validation_num_video_frames, training.model_family, where,
                         problems)
 
 
-def _check_family_options(training, where: str, problems: list[str]) -> None:
+def _check_family_options(training, where: Location, problems: list[Problem]) -> None:
     """Validation options the family's pipeline has no use for, as its spec says."""
     family, spec = training.model_family, known_spec(training.model_family)
     if training.validation_guidance_rescale and not (spec and spec.guidance_rescale):
         rescaled = spoken_list(families_where(lambda spec: spec.guidance_rescale))
-        problems.append(f"{where}: key 'validation_guidance_rescale' applies to {rescaled}; "
-                        f"the {family} pipeline has no guidance rescale. Remove it.")
+        problems.append(where.problem(
+            "validation_guidance_rescale", f"key 'validation_guidance_rescale' applies to "
+            f"{rescaled}; the {family} pipeline has no guidance rescale. Remove it."))
     for key, reason in (spec.refused_options.items() if spec else ()):
         if getattr(training, key) is not None:
-            problems.append(f"{where}: key '{key}': {reason}")
+            problems.append(where.problem(key, f"key '{key}': {reason}"))
     if training.validation_guidance_skip_layers and not (spec and spec.skip_layer_guidance):
         skipping = spoken_list(families_where(lambda spec: spec.skip_layer_guidance))
-        problems.append(f"{where}: key 'validation_guidance_skip_layers' applies to {skipping} "
-                        f"only (skip-layer guidance); model_family is '{family}'. Remove it.")
+        problems.append(where.problem(
+            "validation_guidance_skip_layers", f"key 'validation_guidance_skip_layers' applies "
+            f"to {skipping} only (skip-layer guidance); model_family is '{family}'. Remove it."))
 
 
-def _check_video_frames(frames: int | None, family: str, where: str, problems: list[str]) -> None:
+def _check_video_frames(frames: int | None, family: str, where: Location,
+                        problems: list[Problem]) -> None:
     """validation_num_video_frames: for a family that makes clips, a count its VAE encodes."""
     if frames is None:
         return
     rule = frame_rule(family)
     if rule is None:
-        problems.append(f"{where}: key 'validation_num_video_frames' applies to the video "
-                        f"families ({', '.join(video_families())}); '{family}' validates with "
-                        "images. Remove it.")
+        problems.append(where.problem(
+            "validation_num_video_frames", "key 'validation_num_video_frames' applies to the "
+            f"video families ({', '.join(video_families())}); '{family}' validates with images. "
+            "Remove it."))
     elif refusal := rule.refusal(family, frames):
-        problems.append(f"{where}: key 'validation_num_video_frames' ({frames}) {refusal}")
+        problems.append(where.problem(
+            "validation_num_video_frames", f"key 'validation_num_video_frames' ({frames}) "
+            f"{refusal}"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.families import frame_rule, video_families
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.families.frame_rule import FrameRule
@@ -84,15 +85,15 @@ class VideoSettings:
                 **({"fps": self.fps} if self.fps is not None else {})}
 
 
-def parse_video_block(raw: Any, where: str, problems: list[str]) -> dict | None:
+def parse_video_block(raw: Any, where: Location, problems: list[Problem]) -> dict | None:
     """The accepted ``video`` block (absent: all defaults), or None after appending what is
     wrong with it, every problem at once."""
-    where = f"{where}: key 'video'"
+    where = where.within("video", "key 'video'")
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        problems.append(f"{where}: expected an object such as {{\"num_frames\": 81}}, found "
-                        f"{type(raw).__name__}")
+        problems.append(where.problem(
+            "", f"expected an object such as {{\"num_frames\": 81}}, found {type(raw).__name__}"))
         return None
     before = len(problems)
     values = parse_fields(VideoConfig, raw, where, problems)
@@ -101,46 +102,54 @@ def parse_video_block(raw: Any, where: str, problems: list[str]) -> dict | None:
     return values if len(problems) == before else None
 
 
-def _check_combinations(block: VideoConfig, where: str, problems: list[str]) -> None:
+def _check_combinations(block: VideoConfig, where: Location, problems: list[Problem]) -> None:
     low, high, frames = block.min_frames, block.max_frames, block.num_frames
     if low is not None and high is not None and low > high:
-        problems.append(f"{where}: 'min_frames' ({low}) is larger than 'max_frames' ({high}), "
-                        "so every clip would be skipped")
+        problems.append(where.problem(
+            "min_frames", f"'min_frames' ({low}) is larger than 'max_frames' ({high}), so every "
+            "clip would be skipped"))
     if frames is not None and high is not None and frames > high:
-        problems.append(f"{where}: 'num_frames' ({frames}) is larger than 'max_frames' ({high}): "
-                        "a clip long enough to train is skipped as too long")
+        problems.append(where.problem(
+            "num_frames", f"'num_frames' ({frames}) is larger than 'max_frames' ({high}): a clip "
+            "long enough to train is skipped as too long"))
     if block.bucket_strategy == "aspect_ratio" and frames is None:
-        problems.append(f"{where}: bucket_strategy 'aspect_ratio' trains every clip at one "
-                        "frame count; set 'num_frames' (e.g. 81, 5 s at Wan's 16 fps), or "
-                        "bucket_strategy 'resolution_frames' to train each clip at its length")
+        problems.append(where.problem(
+            "num_frames", "bucket_strategy 'aspect_ratio' trains every clip at one frame count; "
+            "set 'num_frames' (e.g. 81, 5 s at Wan's 16 fps), or bucket_strategy "
+            "'resolution_frames' to train each clip at its length"))
     if block.frame_interval is not None and (block.bucket_strategy != "resolution_frames"
                                              or frames is not None):
-        problems.append(f"{where}: 'frame_interval' rounds the frame counts of bucket_strategy "
-                        "'resolution_frames' without 'num_frames'; here every clip trains at "
-                        "num_frames, so remove it")
+        problems.append(where.problem(
+            "frame_interval", "'frame_interval' rounds the frame counts of bucket_strategy "
+            "'resolution_frames' without 'num_frames'; here every clip trains at num_frames, so "
+            "remove it"))
 
 
 def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
-                        model_family: str | None, where: str, problems: list[str]) -> None:
+                        model_family: str | None, where: Location,
+                        problems: list[Problem]) -> None:
     """A ``video`` block (``given``; ``parsed`` when accepted) only on a video dataset, a video
     dataset only for a family that trains on clips, and a ``num_frames`` that family's VAE
     encodes (``model_family`` None: config.json is not known yet)."""
     if dataset_type != "video":
         if given is not None:
-            problems.append(f"{where}: key 'video' is read for 'dataset_type': 'video' only; "
-                            f"this dataset is '{dataset_type}'. Remove it, or set dataset_type")
+            problems.append(where.problem(
+                "video", "key 'video' is read for 'dataset_type': 'video' only; this dataset is "
+                f"'{dataset_type}'. Remove it, or set dataset_type"))
         return
     if model_family is None:
         return
     rule = frame_rule(model_family)
     if rule is None:
-        problems.append(f"{where}: 'dataset_type': 'video' needs a model family that trains on "
-                        f"clips ({', '.join(video_families())}); model_family '{model_family}' "
-                        "trains on images. Convert the clips to images or change model_family")
+        problems.append(where.problem(
+            "dataset_type", "'dataset_type': 'video' needs a model family that trains on clips "
+            f"({', '.join(video_families())}); model_family '{model_family}' trains on images. "
+            "Convert the clips to images or change model_family"))
         return
     # the given value too when the block was refused for another key: every problem at once
     frames = parsed.get("num_frames") if parsed is not None else (
         given.get("num_frames") if isinstance(given, dict) else None)
     if (isinstance(frames, int) and not isinstance(frames, bool) and frames >= 1
             and (refusal := rule.refusal(model_family, frames))):
-        problems.append(f"{where}: key 'video': 'num_frames' ({frames}) {refusal}")
+        problems.append(where.problem(
+            "video.num_frames", f"key 'video': 'num_frames' ({frames}) {refusal}"))

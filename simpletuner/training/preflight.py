@@ -14,6 +14,7 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from simpletuner.configuration import ConfigError, Configuration
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.dataset_kinds import kind_of
@@ -66,15 +67,16 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     ``main_result``: the main process's result; the checkpoint it chose (verified, SHA-256 of
     every file) and the seed are taken from it rather than hashed again by every rank."""
     training = configuration.training
-    where = str(configuration.config_path)
-    problems = static_problems(configuration)
+    where = Location(str(configuration.config_path))
+    problems: list[Problem | str] = [*static_problems(configuration)]
     if training.mixed_precision == "fp16" and not torch.cuda.is_available():
-        problems.append(f"{where}: key 'mixed_precision' is 'fp16', which needs a CUDA device; "
-                        "use 'bf16' or 'no' on this machine")
-    problems += [f"{where}: {problem}" for problem in _memory_option_problems(training)]
+        problems.append(where.problem(
+            "mixed_precision", "key 'mixed_precision' is 'fp16', which needs a CUDA device; use "
+            "'bf16' or 'no' on this machine"))
+    problems += [where.problem("", problem) for problem in _memory_option_problems(training)]
     output_problem = _check_output_dir(Path(training.output_dir))
     if output_problem:
-        problems.append(f"{where}: key 'output_dir': {output_problem}")
+        problems.append(where.problem("output_dir", f"key 'output_dir': {output_problem}"))
 
     model_folder = None
     if model_path_problem(training.pretrained_model_name_or_path) is None:  # else named above
@@ -84,13 +86,15 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
             adapter_class.check_folder(model_folder)
             flavour_problem = adapter_class.flavour_problem(model_folder, training.model_flavour)
             if flavour_problem:
-                problems.append(f"{where}: key 'model_flavour': {flavour_problem}")
+                problems.append(where.problem(
+                    "model_flavour", f"key 'model_flavour': {flavour_problem}"))
             problems += validation_input_problems(adapter_class.for_folder(model_folder),
-                                                  training, where)
+                                                  training, str(where))
             problems += _is_i2v_problems(adapter_class.for_folder(model_folder), model_folder,
                                          configuration)
         except (ModelFolderError, ValueError) as exc:
-            problems.append(f"{where}: key 'pretrained_model_name_or_path': {exc}")
+            problems.append(where.problem(
+                "pretrained_model_name_or_path", f"key 'pretrained_model_name_or_path': {exc}"))
 
     if main_result is not None:
         if problems:
@@ -101,15 +105,16 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     try:
         resume_from = resolve_resume(training.resume_from_checkpoint, Path(training.output_dir))
     except ValueError as exc:
-        problems.append(f"{where}: key 'resume_from_checkpoint': {exc}")
+        problems.append(where.problem(
+            "resume_from_checkpoint", f"key 'resume_from_checkpoint': {exc}"))
     if resume_from is not None:
         saved = read_run_state(resume_from)
         resume_step = saved.step
         if saved.model_type != training.model_type:
-            problems.append(
-                f"{where}: key 'resume_from_checkpoint': {resume_from} was saved by a "
-                f"model_type '{saved.model_type}' run; this run is "
-                f"'{training.model_type}'. Resume with the same model_type or start fresh")
+            problems.append(where.problem(
+                "resume_from_checkpoint", f"key 'resume_from_checkpoint': {resume_from} was "
+                f"saved by a model_type '{saved.model_type}' run; this run is "
+                f"'{training.model_type}'. Resume with the same model_type or start fresh"))
         if seed is None:
             # No configured seed: continue with the one the run drew, or nothing would match.
             seed = saved.seed

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from simpletuner.configuration.errors import Location, Problem
+
 LYCORIS_ALGOS = ("lora", "locon", "loha", "lokr", "full")
 # What LyCORIS's apply_preset accepts (lycoris.wrapper.VALID_PRESET_KEYS, less the
 # text-encoder and unet_ forms create_lycoris's own presets use: text encoders are frozen here).
@@ -73,36 +75,43 @@ def _config_problems(config: dict[str, Any]) -> list[str]:
     return problems
 
 
-def adapter_problems(training) -> list[str]:
-    """Each problem with the adapter options of ``training`` (a TrainingConfig)."""
+def adapter_problems(training, where: Location) -> list[Problem]:
+    """Each problem with the adapter options of ``training`` (a TrainingConfig, in ``where``)."""
     problems = []
     if training.init_lora is not None:
         if training.model_type != "lora":
-            problems.append("key 'init_lora' is set but model_type is "
-                            f"'{training.model_type}'; set model_type to 'lora'")
+            problems.append(where.problem(
+                "init_lora", f"key 'init_lora' is set but model_type is '{training.model_type}'",
+                "set model_type to 'lora'"))
         elif not Path(training.init_lora).is_file():
-            problems.append(f"key 'init_lora': {training.init_lora} is not a file; point it at "
-                            "a LoRA .safetensors file")
+            problems.append(where.problem(
+                "init_lora", f"key 'init_lora': {training.init_lora} is not a file; point it at "
+                "a LoRA .safetensors file"))
     if training.lora_type != "lycoris":
         if training.lycoris_config is not None and training.model_type == "lora":
-            problems.append("key 'lycoris_config' is set but lora_type is 'standard'; set "
-                            "lora_type to 'lycoris' to use it, or remove it")
+            problems.append(where.problem(
+                "lycoris_config", "key 'lycoris_config' is set but lora_type is 'standard'",
+                "set lora_type to 'lycoris' to use it, or remove it"))
         return problems
     if training.model_type != "lora":
-        problems.append("key 'lora_type' is 'lycoris' but model_type is "
-                        f"'{training.model_type}'; set model_type to 'lora'")
+        problems.append(where.problem(
+            "lora_type", f"key 'lora_type' is 'lycoris' but model_type is '{training.model_type}'",
+            "set model_type to 'lora'"))
     if importlib.util.find_spec("lycoris") is None:
-        problems.append("lora_type 'lycoris' needs the lycoris-lora library: pip install "
-                        "'simpletuner[lycoris]'")
+        problems.append(where.problem(
+            "lora_type", "lora_type 'lycoris' needs the lycoris-lora library: pip install "
+            "'simpletuner[lycoris]'"))
     if training.lycoris_config is None:
-        problems.append("key 'lora_type' is 'lycoris' but lycoris_config is not set; point it "
-                        "at a JSON file with algo, linear_dim, linear_alpha, ...")
+        problems.append(where.problem(
+            "lycoris_config", "key 'lora_type' is 'lycoris' but lycoris_config is not set; point "
+            "it at a JSON file with algo, linear_dim, linear_alpha, ..."))
     else:
         try:
-            problems += _quantized_base_problems(training.base_model_precision,
-                                                 read_lycoris_config(training.lycoris_config))
+            problems += [where.problem("lycoris_config", problem) for problem in
+                         _quantized_base_problems(training.base_model_precision,
+                                                  read_lycoris_config(training.lycoris_config))]
         except LycorisConfigError as exc:
-            problems.append(f"key 'lycoris_config': {exc}")
+            problems.append(where.problem("lycoris_config", f"key 'lycoris_config': {exc}"))
     return problems
 
 

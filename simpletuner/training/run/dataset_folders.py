@@ -18,39 +18,44 @@ from __future__ import annotations
 from pathlib import Path
 
 from simpletuner.configuration import Configuration
+from simpletuner.configuration.errors import Location, Problem
 from simpletuner.helpers.data_backend.local import LocalStorage
 
 _SHOWN_IDS = 5  # a folder shared by thousands of dataset entries is named, not listed whole
 _OUTSIDE = "use an output_dir of its own, outside every dataset folder (e.g. output/<run-name>)"
 
 
-def output_dir_problems(configuration: Configuration) -> list[str]:
-    """Problems with where output_dir is, each naming the key (without the config file)."""
+def output_dir_problems(configuration: Configuration) -> list[Problem]:
+    """Problems with where output_dir is (its key in config.json)."""
     output_dir = Path(configuration.training.output_dir).resolve()
+    where = Location(str(configuration.config_path))
     if output_dir == Path(output_dir.anchor):
-        return [f"key 'output_dir' is {output_dir}, the filesystem root: the run would write "
-                f"its checkpoints, caches and images there; {_OUTSIDE}"]
+        return [where.problem("output_dir", f"key 'output_dir' is {output_dir}, the filesystem "
+                              "root: the run would write its checkpoints, caches and images "
+                              "there", _OUTSIDE)]
     if output_dir == Path.home().resolve():
-        return [f"key 'output_dir' is {output_dir}, the home folder: the run would write its "
-                f"checkpoints, caches and images among your files, and deleting output_dir to "
-                f"start over would delete them; {_OUTSIDE}"]
+        return [where.problem("output_dir", f"key 'output_dir' is {output_dir}, the home "
+                              "folder: the run would write its checkpoints, caches and images "
+                              "among your files, and deleting output_dir to start over would "
+                              "delete them", _OUTSIDE)]
     backend = configuration.training.data_backend_config
     problems = []
     for folder, ids in _local_folders(configuration).items():
         named = f"{_datasets(ids)} (instance_data_dir in {backend})"
         if output_dir == folder:
-            problems.append(
-                f"key 'output_dir' is {output_dir}, the folder of {named}: the next run would "
-                "train on this run's validation images and grids, and deleting output_dir to "
-                f"start over would delete the dataset; {_OUTSIDE}")
+            problems.append(where.problem(
+                "output_dir", f"key 'output_dir' is {output_dir}, the folder of {named}: the "
+                "next run would train on this run's validation images and grids, and deleting "
+                "output_dir to start over would delete the dataset", _OUTSIDE))
         elif output_dir.is_relative_to(folder) and not _hidden_below(output_dir, folder):
-            problems.append(
-                f"key 'output_dir' ({output_dir}) is inside {folder}, the folder of {named}: "
-                f"the next run would train on this run's validation images and grids; {_OUTSIDE}")
+            problems.append(where.problem(
+                "output_dir", f"key 'output_dir' ({output_dir}) is inside {folder}, the folder "
+                f"of {named}: the next run would train on this run's validation images and "
+                "grids", _OUTSIDE))
         elif folder.is_relative_to(output_dir):
-            problems.append(
-                f"key 'output_dir' ({output_dir}) holds {folder}, the folder of {named}: "
-                f"deleting output_dir to start over would delete the dataset; {_OUTSIDE}")
+            problems.append(where.problem(
+                "output_dir", f"key 'output_dir' ({output_dir}) holds {folder}, the folder of "
+                f"{named}: deleting output_dir to start over would delete the dataset", _OUTSIDE))
     return problems
 
 

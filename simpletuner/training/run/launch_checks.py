@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from simpletuner.configuration import Configuration
+from simpletuner.configuration.errors import DATASETS, Location, Problem
 from simpletuner.configuration.validation_options import validation_sizes
 from simpletuner.helpers.data_backend.huggingface_loading import dataset_problems
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
@@ -28,20 +29,21 @@ from simpletuner.training.reporting.trackers import tracker_problems
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
 
 
-def launch_problems(configuration: Configuration) -> list[str]:
+def launch_problems(configuration: Configuration) -> list[Problem]:
     """``check``'s: static_problems, an output_dir locked by a run that is still going (the
     preflight runs inside the run's own lock, so it cannot ask the lock this), and buckets
     too small for the effective batch that an earlier run's index cache already shows."""
     problems = static_problems(configuration)
     in_use = OutputDirLock(Path(configuration.training.output_dir)).in_use_problem()
     if in_use:
-        problems.append(f"{configuration.config_path}: key 'output_dir': {in_use}")
+        problems.append(Location(str(configuration.config_path)).problem(
+            "output_dir", f"key 'output_dir': {in_use}"))
     if not problems:  # the index caches are read only for a config that is otherwise sound
         problems += cached_bucket_problems(configuration)
     return problems
 
 
-def cached_bucket_problems(configuration: Configuration) -> list[str]:
+def cached_bucket_problems(configuration: Configuration) -> list[Problem]:
     """Undersized buckets of the folder datasets whose index cache holds every listed file's
     header, after pairing edit targets with their references as start-up does (a target
     without its reference is not trained); a dataset without one, or with a reference dataset
@@ -59,7 +61,9 @@ def cached_bucket_problems(configuration: Configuration) -> list[str]:
     try:
         check_bucket_sizes(specs, training.num_processes, training.gradient_accumulation_steps)
     except UndersizedBucketsError as exc:
-        return [f"{training.data_backend_config} (as its index cache in output_dir shows): {exc}"]
+        backend = training.data_backend_config
+        shown = f"{backend} (as its index cache in output_dir shows)"
+        return [Location(backend, DATASETS, shown).problem("", str(exc))]
     return []
 
 
@@ -83,44 +87,51 @@ def launch_warnings(configuration: Configuration) -> list[str]:
     return shared_folder_warnings(configuration)
 
 
-def static_problems(configuration: Configuration) -> list[str]:
-    """Every problem the config and the filesystem show, each prefixed with the file it is in
+def static_problems(configuration: Configuration) -> list[Problem]:
+    """Every problem the config and the filesystem show, each naming the file it is in
     (config.json, or the dataset file for a type 'huggingface' dataset that does not open)."""
     training = configuration.training
-    where = str(configuration.config_path)
-    problems: list[str] = []
+    where = Location(str(configuration.config_path))
+    problems: list[Problem] = []
     if training.max_train_steps is None and training.num_train_epochs is None:
-        problems.append("set 'max_train_steps' or 'num_train_epochs' (how long to train)")
+        problems.append(where.problem(
+            "max_train_steps", "set 'max_train_steps' or 'num_train_epochs' (how long to train)"))
     alignment = training.aspect_bucket_alignment
     if any(side % alignment for size in validation_sizes(training.validation_resolution)
            for side in size):
-        problems.append(
-            f"key 'validation_resolution' is {training.validation_resolution!r}; each side must "
-            f"be a multiple of aspect_bucket_alignment ({alignment})")
+        problems.append(where.problem(
+            "validation_resolution", "key 'validation_resolution' is "
+            f"{training.validation_resolution!r}; each side must be a multiple of "
+            f"aspect_bucket_alignment ({alignment})"))
     if training.model_type == "lora" and training.lora_target_modules == []:
-        problems.append("key 'lora_target_modules' is an empty list; name the modules to "
-                        "adapt, or leave it unset for the family's defaults")
-    problems += adapter_problems(training)
-    problems += tracker_problems(training.report_to)
+        problems.append(where.problem(
+            "lora_target_modules", "key 'lora_target_modules' is an empty list; name the modules "
+            "to adapt, or leave it unset for the family's defaults"))
+    problems += adapter_problems(training, where)
+    problems += [where.problem("report_to", problem)
+                 for problem in tracker_problems(training.report_to)]
     model_problem = (model_path_problem(training.pretrained_model_name_or_path)
                      or family_folder_problem(training.model_family,
                                               training.pretrained_model_name_or_path))
     if model_problem:
-        problems.append(f"key 'pretrained_model_name_or_path': {model_problem}")
+        problems.append(where.problem(
+            "pretrained_model_name_or_path", "key 'pretrained_model_name_or_path': "
+            f"{model_problem}"))
     problems += output_dir_problems(configuration)
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
-        problems.append(fresh_problem)
-    return [f"{where}: {problem}" for problem in problems] + huggingface_problems(configuration)
+        problems.append(where.problem("resume_from_checkpoint", fresh_problem))
+    return problems + huggingface_problems(configuration)
 
 
-def huggingface_problems(configuration: Configuration) -> list[str]:
+def huggingface_problems(configuration: Configuration) -> list[Problem]:
     """Each ``type: huggingface`` dataset opens (offline), with its split and columns."""
     found = []
     for dataset in configuration.datasets:
         if dataset.type == "huggingface":
-            where = f"{configuration.training.data_backend_config}: dataset (id '{dataset.id}')"
-            found += [f"{where}: {problem}" for problem in dataset_problems(dataset)]
+            where = configuration.dataset_file.entry(dataset.id, f"dataset (id '{dataset.id}')")
+            found += [where.problem("huggingface", problem)
+                      for problem in dataset_problems(dataset)]
     return found
 
 
