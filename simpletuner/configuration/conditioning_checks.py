@@ -8,6 +8,7 @@ from dataclasses import replace
 from simpletuner.configuration.datasets import DatasetConfig
 from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.families import known_spec
+from simpletuner.dataset_kinds import kind_named, kind_names, kind_of
 from simpletuner.families import family_specs
 
 CONDITIONING = "conditioning"
@@ -26,7 +27,7 @@ def reference_models_text() -> str:
 def as_conditioning(ds: DatasetConfig) -> DatasetConfig:
     """SimpleTuner makes a dataset with conditioning_type a conditioning dataset, whatever its
     dataset_type says when left at 'image'."""
-    if ds.conditioning_type is not None and ds.dataset_type == "image":
+    if ds.conditioning_type is not None and kind_of(ds).is_default:
         return replace(ds, dataset_type=CONDITIONING)
     return ds
 
@@ -57,17 +58,19 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
     named_by: dict[str, str] = {}  # conditioning dataset id -> the dataset naming it
     for ds in datasets:
         label = where.entry(ds.id, f"dataset '{ds.id}'")
-        if ds.conditioning_type is not None and ds.dataset_type != CONDITIONING:
+        kind = kind_of(ds)
+        if ds.conditioning_type is not None and not kind.is_reference:
             problems.append(label.problem(
                 "conditioning_type", "key 'conditioning_type' belongs to a dataset with "
                 "'dataset_type': 'conditioning'", "remove it or set that type"))
-        if ds.dataset_type == CONDITIONING:
+        if kind.is_reference:
             _check_conditioning_entry(ds, label, problems)
         if not ds.conditioning_ids():
             continue
-        if ds.dataset_type not in ("image", "eval"):
+        if not kind.takes_references:
+            takers = " and ".join(k for k in kind_names() if kind_named(k).takes_references)
             problems.append(label.problem(
-                "conditioning_data", "key 'conditioning_data' is for image and eval datasets, "
+                "conditioning_data", f"key 'conditioning_data' is for {takers} datasets, "
                 f"not '{ds.dataset_type}'"))
         _check_reference_count(ds, training, label, problems)
         for name in ds.conditioning_ids():
@@ -75,7 +78,7 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
                 _check_named(name, ds.id, by_id, named_by, label, problems)
         loose = [name for name in ds.conditioning_ids()
                  if getattr(by_id.get(name), "conditioning_type", None) == "reference_loose"]
-        batch = 1 if ds.dataset_type == "eval" else (  # evaluation: one sample per rank
+        batch = 1 if kind.evaluates else (  # evaluation: one sample per rank
             ds.train_batch_size or getattr(training, "train_batch_size", 1))
         if loose and batch != 1:
             problems.append(label.problem(
@@ -84,7 +87,7 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
                 f"micro-batch; set train_batch_size 1 (it is {batch}; "
                 "gradient_accumulation_steps can make up the batch), or use 'reference_strict'"))
     for ds in datasets:
-        if ds.dataset_type == CONDITIONING and ds.id not in named_by:
+        if kind_of(ds).is_reference and ds.id not in named_by:
             problems.append(where.entry(ds.id).problem(
                 "dataset_type", f"dataset '{ds.id}' has 'dataset_type': 'conditioning' but no "
                 "dataset names it in 'conditioning_data'; name it from the training dataset "
@@ -133,7 +136,7 @@ def _check_named(name: object, owner: str, by_id: dict[str, DatasetConfig],
             "conditioning_data", f"key 'conditioning_data' names {name!r}, which is not an "
             "enabled dataset of this file; add it with 'dataset_type': 'conditioning' or fix the "
             "id"))
-    elif target.dataset_type != CONDITIONING:
+    elif not kind_of(target).is_reference:
         problems.append(label.problem(
             "conditioning_data", f"key 'conditioning_data' names '{name}', whose dataset_type is "
             f"'{target.dataset_type}'; set its 'dataset_type': 'conditioning'"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from simpletuner.configuration.datasets import ASPECT_KEY, WEIGHT_KEY, DatasetConfig
 from simpletuner.configuration.errors import Location, Problem
+from simpletuner.dataset_kinds import kind_of
 
 
 def check_caption_and_crop_options(ds: DatasetConfig, where: Location,
@@ -23,7 +24,7 @@ def check_caption_and_crop_options(ds: DatasetConfig, where: Location,
 def check_bucket_tail_applies(ds: DatasetConfig, where: Location, problems: list[Problem]) -> None:
     """Before config.json's bucket_tail is filled in: set on an eval dataset it would be
     ignored, which is a mistake to report, not to drop silently."""
-    if ds.dataset_type == "eval" and ds.bucket_tail is not None:
+    if not kind_of(ds).trains and ds.bucket_tail is not None:
         problems.append(where.problem(
             "bucket_tail", "key 'bucket_tail' shapes training epochs; an 'eval' dataset "
             "evaluates every sample exactly once whatever it says. Remove it."))
@@ -32,7 +33,7 @@ def check_bucket_tail_applies(ds: DatasetConfig, where: Location, problems: list
 def check_video_sources(ds: DatasetConfig, where: Location, problems: list[Problem]) -> None:
     """Clips are files of a folder or a bucket, each probed; a metadata table may name them and
     caption them, but the storage is listed (the probes need the files)."""
-    if ds.dataset_type != "video":
+    if not kind_of(ds).has_clips:
         return
     if ds.type == "huggingface":
         problems.append(where.problem(

@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from simpletuner.configuration.conditioning_checks import CONDITIONING
 from simpletuner.configuration.dataset_checks import (check_bucket_tail_applies,
                                                       check_caption_and_crop_options,
                                                       check_video_sources)
@@ -29,6 +28,7 @@ from simpletuner.configuration.placeholders import fill_placeholders
 from simpletuner.configuration.schedule_checks import check_dataset_schedule
 from simpletuner.configuration.simpletuner_options import MULTIDATABACKEND_JSON
 from simpletuner.configuration.video_block import check_video_dataset, parse_video_block
+from simpletuner.dataset_kinds import default_kind, kind_named
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 PIXEL_TYPES = ("pixel", "pixel_area")  # resolution types whose resolution counts pixels
@@ -131,9 +131,9 @@ def parse_datasets(raw: Any, where: Location, training: TrainingConfig | None, b
         values = parse_fields(DatasetConfig, item, label, problems, MULTIDATABACKEND_JSON)
         usable = len(problems) == before
         if not values.get("disabled", False):
-            enabled_types[name] = values.get("dataset_type", "image")
+            enabled_types[name] = values.get("dataset_type", default_kind().name)
         usable = _parse_blocks(values, label, problems) and usable
-        check_video_dataset(values.get("dataset_type", "image"), item.get("video"),
+        check_video_dataset(values.get("dataset_type", default_kind().name), item.get("video"),
                             values.get("video"),
                             training.model_family if training is not None else None, label,
                             problems)
@@ -164,7 +164,7 @@ def _parse_blocks(values: dict, label: Location, problems: list[Problem]) -> boo
     if values.get("metadata_backend") == "parquet":
         values["parquet"] = parse_parquet_block(values.get("parquet"), label, problems)
         usable = values["parquet"] is not None
-    if values.get("dataset_type") == "video":
+    if kind_named(values.get("dataset_type", default_kind().name)).has_clips:
         values["video"] = parse_video_block(values.get("video"), label, problems)
         usable = usable and values["video"] is not None
     if values.get("type") == "huggingface":
@@ -194,7 +194,7 @@ def _check_something_trains(enabled_types: dict[str, str], where: Location,
                             problems: list[Problem]) -> None:
     """Eval datasets are only evaluated: with nothing else the run would fail only once the
     model is loaded and every dataset cached."""
-    if enabled_types and set(enabled_types.values()) <= {"eval", CONDITIONING}:
+    if enabled_types and not any(kind_named(name).trains for name in enabled_types.values()):
         problems.append(where.problem(
             "", f"every enabled dataset has 'dataset_type': 'eval' ({'; '.join(enabled_types)}), "
             "which is evaluated, never trained on; add a dataset to train on ('dataset_type': "

@@ -11,16 +11,17 @@ from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.configuration.huggingface_block import HuggingFaceConfig
 from simpletuner.configuration.options import BucketTail
 from simpletuner.configuration.video_block import VideoSettings
-from simpletuner.dataset_kinds import kind_names
+from simpletuner.dataset_kinds import kind_names, kind_of
 
 DatasetType = Literal[kind_names()]  # one module each in simpletuner/dataset_kinds/
 STORAGE_TYPES = ("local", "aws", "huggingface")
 TABLE_SUFFIXES = (".parquet", ".jsonl")
 # SimpleTuner's weighted crop_aspect_buckets entry: {"aspect_bucket": 1.5, "weight": 0.25}
 ASPECT_KEY, WEIGHT_KEY = "aspect_bucket", "weight"
-# storage type / metadata backend / dataset type -> (module it needs, the extra that brings it)
+# storage type / metadata backend -> (module it needs, the extra that brings it); a dataset
+# kind names its own (DatasetKind.needs)
 _EXTRAS = {"aws": ("boto3", "s3"), "parquet": ("pyarrow", "parquet"),
-           "huggingface": ("datasets", "huggingface"), "video": ("av", "video")}
+           "huggingface": ("datasets", "huggingface")}
 
 
 @dataclass
@@ -239,9 +240,11 @@ def check_storage_keys(ds: DatasetConfig, where: Location, problems: list[Proble
                 "extension (identifier_includes_extension true): without a listing nothing says "
                 "which file 'a/img' is"))
     # type huggingface names both of the first two
+    needs = kind_of(ds).needs  # a dataset kind's own extra (video: PyAV)
+    extras = {**_EXTRAS, **({ds.dataset_type: needs} if needs else {})}
     for choice in dict.fromkeys((ds.type, ds.metadata_backend, ds.dataset_type)):
-        if choice in _EXTRAS and importlib.util.find_spec(_EXTRAS[choice][0]) is None:
-            module, extra = _EXTRAS[choice]
+        if choice in extras and importlib.util.find_spec(extras[choice][0]) is None:
+            module, extra = extras[choice]
             key = next(k for k in ("type", "metadata_backend", "dataset_type")
                        if getattr(ds, k) == choice)
             problems.append(where.problem(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simpletuner.configuration.conditioning_checks import CONDITIONING, with_references
+from simpletuner.configuration.conditioning_checks import with_references
 from simpletuner.configuration.dataset_file import (PIXEL_TYPES, dataset_file_location,
                                                     parse_datasets, resolve)
 from simpletuner.configuration.datasets import DatasetConfig
@@ -27,6 +27,7 @@ from simpletuner.configuration.training_checks import (check_fsdp_options,
                                                        check_lora_target_all,
                                                        check_loss_options_fit_the_family)
 from simpletuner.configuration.validation_options import check_validation_options
+from simpletuner.dataset_kinds import kind_of
 
 COMMAND_LINE = Location("command line")  # where overrides come from, in messages
 LOG_LEVEL_ENV = "SIMPLETUNER_LOG_LEVEL"  # SimpleTuner's setting (config.env); log_level wins
@@ -46,8 +47,8 @@ class Configuration:
     entry_ids: tuple[object, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self):  # reference images are paired with the datasets, never trained
-        self.references += [ds for ds in self.datasets if ds.dataset_type == CONDITIONING]
-        self.datasets = [ds for ds in self.datasets if ds.dataset_type != CONDITIONING]
+        self.references += [ds for ds in self.datasets if kind_of(ds).is_reference]
+        self.datasets = [ds for ds in self.datasets if not kind_of(ds).is_reference]
 
     @property
     def dataset_file(self) -> Location:
@@ -206,7 +207,7 @@ def _validated(raw: Any, path: Path, base: Path, problems: list[Problem],
                 parse_datasets(raw_datasets, listed, training, base, problems),
                 raw_datasets, training, listed, problems)
     if training is not None and training.eval_steps_interval and not any(
-            ds.dataset_type == "eval" for ds in datasets):
+            kind_of(ds).evaluates for ds in datasets):
         problems.append(where.problem(
             "eval_steps_interval", "key 'eval_steps_interval' needs a dataset with "
             "'dataset_type': 'eval' in the dataset file"))

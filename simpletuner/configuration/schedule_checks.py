@@ -6,6 +6,7 @@ from __future__ import annotations
 from simpletuner.configuration.datasets import DatasetConfig
 from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.options import TrainingConfig
+from simpletuner.dataset_kinds import kind_of
 
 SCHEDULE_KEYS = ("probability", "start_epoch", "start_step", "end_epoch", "end_step",
                  "is_regularisation_data")
@@ -22,9 +23,9 @@ def _starts_at_once(ds: DatasetConfig) -> bool:
 def check_dataset_schedule(datasets: list[DatasetConfig], training: TrainingConfig | None,
                            where: Location, problems: list[Problem]) -> None:
     """Every problem of the schedule keys at once: where each applies, what never starts."""
-    training_sets = [ds for ds in datasets if ds.dataset_type != "eval"]
+    training_sets = [ds for ds in datasets if kind_of(ds).trains]
     for ds in datasets:
-        if ds.dataset_type == "eval":
+        if not kind_of(ds).trains:
             set_keys = [key for key in SCHEDULE_KEYS
                         if getattr(ds, key) != DatasetConfig.__dataclass_fields__[key].default]
             if set_keys:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.families import frame_rule, video_families
 from simpletuner.configuration.fields import option, parse_fields
+from simpletuner.dataset_kinds import kind_named
 from simpletuner.families.frame_rule import FrameRule
 
 BUCKET_STRATEGIES = ("aspect_ratio", "resolution_frames")
@@ -131,7 +132,7 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
     """A ``video`` block (``given``; ``parsed`` when accepted) only on a video dataset, a video
     dataset only for a family that trains on clips, and a ``num_frames`` that family's VAE
     encodes (``model_family`` None: config.json is not known yet)."""
-    if dataset_type != "video":
+    if not kind_named(dataset_type).has_clips:
         if given is not None:
             problems.append(where.problem(
                 "video", "key 'video' is read for 'dataset_type': 'video' only; this dataset is "

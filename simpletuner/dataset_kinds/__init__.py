@@ -24,6 +24,11 @@ def kind_named(name: str) -> DatasetKind:
     return import_module(f"{__name__}.{name}").KIND
 
 
+def default_kind() -> DatasetKind:
+    """The kind of a dataset that names none (image)."""
+    return next(kind_named(name) for name in kind_names() if kind_named(name).is_default)
+
+
 def kind_of(dataset) -> DatasetKind:
     """The kind of a configuration.DatasetConfig."""
     return kind_named(dataset.dataset_type)
