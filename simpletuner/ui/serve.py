@@ -12,6 +12,7 @@ from pathlib import Path
 from simpletuner.ui.settings import ServerSettings, SettingsError
 
 REPO = Path(__file__).resolve().parent.parent.parent
+BACKLOG = 128
 GRACEFUL_S = 5  # open event streams are cut after this on shutdown
 
 
@@ -20,6 +21,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]"), port))
+    sock.listen(BACKLOG)  # connections made once the address is printed wait for the app
     return sock
 
 

@@ -1,0 +1,166 @@
+"""The web UI's safety and its API without training: a real server (--slots 0, so runs stay
+queued), requests without the secret, from another origin, for another Host, for paths
+outside the workspace; text from names and captions escaped in pages; the queue's order and
+cancel; the event stream; the refusal of a non-loopback bind without a token."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from launching import run_bounded
+from training_fixtures import environment, make_shapes
+from ui_fixtures import TINY_CONFIG, Server, dataset
+
+SCRIPT = "<script>alert(1)</script>"
+ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+
+
+class UiSafetyTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="ui-safety-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
+        cls.workspace = Path(cls.tmp) / "workspace"
+        make_shapes(cls.workspace / "data", per_size=2, sizes=((64, 64),))
+        (cls.workspace / "data" / "64x64-00.txt").write_text(f"a caption {SCRIPT}")
+        (cls.workspace / "outside").symlink_to("/etc")
+        cls.server = Server(cls.workspace, cls.tmp, "--slots", "0")
+        cls.addClassCleanup(cls.server.close)
+
+    def new_run(self, name: str, **config) -> str:
+        answer = self.server.post("/api/runs", {"name": name, "config": {**TINY_CONFIG, **config},
+                                                "datasets": [dataset("data")]})
+        self.assertEqual(answer.status, 201, answer.text)
+        return answer.json()["id"]
+
+    def test_the_secret_is_private_to_its_owner(self):
+        mode = stat.S_IMODE(os.stat(self.workspace / ".token").st_mode)
+        self.assertEqual(mode, 0o600)
+
+    def test_a_state_change_without_the_secret_is_refused(self):
+        body = {"name": "x", "config": TINY_CONFIG, "datasets": [dataset("data")]}
+        self.assertEqual(self.server.request("POST", "/api/runs", body).status, 403)
+        wrong = self.server.request("POST", "/api/runs", body,
+                                    {"Authorization": "Bearer not-the-secret"})
+        self.assertEqual(wrong.status, 403)
+        names = [run["name"] for run in self.server.request("GET", "/api/runs").json()["runs"]]
+        self.assertNotIn("x", names)
+
+    def test_another_origin_is_refused_and_ours_is_not(self):
+        body = {"config": TINY_CONFIG, "datasets": [dataset("data")]}
+        foreign = self.server.post("/api/check", body, {"Origin": "http://evil.example"})
+        self.assertEqual(foreign.status, 403, foreign.text)
+        own = self.server.post("/api/check", body, {"Origin": self.server.origin})
+        self.assertEqual(own.status, 200, own.text)
+        self.assertEqual(own.json(), {"problems": []})
+
+    def test_another_host_is_refused_and_loopback_aliases_are_not(self):
+        rebound = self.server.request("GET", "/api/runs", headers={"Host": "evil.example:80"})
+        self.assertEqual(rebound.status, 400)
+        wrong_port = self.server.request("GET", "/", headers={"Host": "127.0.0.1:1"})
+        self.assertEqual(wrong_port.status, 400)
+        alias = self.server.request("GET", "/api/runs",
+                                    headers={"Host": f"localhost:{self.server.port}"})
+        self.assertEqual(alias.status, 200)
+
+    def test_paths_outside_the_roots_are_refused(self):
+        for path in ("../../etc/passwd", "/etc", "outside", "outside/passwd"):
+            answer = self.server.post("/api/runs", {"name": "escape", "config": TINY_CONFIG,
+                                                    "datasets": [dataset(path)]})
+            self.assertEqual(answer.status, 422, path)
+            self.assertIn("outside the workspace", answer.json()["problems"][0]["message"])
+            self.assertEqual(self.server.request("GET", f"/api/files?path={path}").status, 403)
+            self.assertEqual(self.server.request("GET", f"/files?path={path}").status, 403)
+        self.assertEqual(self.server.request("GET", "/api/files?path=data").status, 200)
+
+    def test_a_config_problem_comes_back_as_records(self):
+        answer = self.server.post("/api/runs", {"name": "bad", "config": {
+            **TINY_CONFIG, "learning_rate": "fast"}, "datasets": [dataset("data")]})
+        self.assertEqual(answer.status, 422)
+        messages = [problem["message"] for problem in answer.json()["problems"]]
+        self.assertTrue(any("learning_rate" in message for message in messages), messages)
+        checked = self.server.post("/api/check", {"config": TINY_CONFIG,
+                                                  "datasets": [dataset("no-such-folder")]})
+        self.assertTrue(any("no-such-folder" in problem["message"]
+                            for problem in checked.json()["problems"]), checked.text)
+
+    def test_names_and_captions_are_escaped_in_pages(self):
+        run_id = self.new_run(SCRIPT)
+        for page in ("/", f"/runs/{run_id}"):
+            html = self.server.request("GET", page).text
+            self.assertIn(ESCAPED, html)
+            self.assertNotIn(SCRIPT, html)
+        files = self.server.request("GET", "/files?path=data").text
+        self.assertIn(f"a caption {ESCAPED}", files)
+        self.assertNotIn(SCRIPT, files)
+
+    def test_pages_load_only_the_servers_own_files(self):
+        answer = self.server.request("GET", "/new")
+        self.assertIn("default-src 'self'", answer.headers["content-security-policy"])
+        self.assertNotIn("http", answer.text.replace(self.server.origin, ""))
+        self.assertEqual(self.server.request("GET", "/static/ui.js").status, 200)
+
+    def test_the_queue_is_reordered_and_cancelled(self):
+        first, second = self.new_run("first"), self.new_run("second")
+        moved = self.server.post(f"/api/runs/{second}/move", {"index": 0})
+        self.assertEqual(moved.status, 200, moved.text)
+        queued = [run["id"] for run in self.server.request("GET", "/api/runs").json()["runs"]
+                  if run["status"] == "queued"]
+        self.assertLess(queued.index(second), queued.index(first))
+        self.assertEqual(self.server.post(f"/api/runs/{first}/cancel").status, 200)
+        self.assertEqual(self.server.run(first)["status"], "cancelled")
+        self.assertEqual(self.server.post(f"/api/runs/{first}/cancel").status, 409)
+        self.assertEqual(self.server.post(f"/api/runs/{first}/stop").status, 409)
+        self.assertEqual(self.server.post(f"/api/runs/{second}/checkpoint").status, 501)
+
+    def test_events_stream_from_the_line_after_last_event_id(self):
+        run_id = self.new_run("events")
+        self.server.post(f"/api/runs/{run_id}/cancel")
+        output = self.workspace / "runs" / run_id / "output"
+        output.mkdir()
+        lines = ['{"type": "start", "step": 0, "time": 1.0}',
+                 '{"type": "step", "step": 1, "time": 2.0, "loss": 0.5}',
+                 '{"type": "end", "step": 1, "time": 3.0}']
+        (output / "events.jsonl").write_text("\n".join(lines) + "\n")
+        answer = self.server.request("GET", f"/api/runs/{run_id}/events",
+                                     headers={"Last-Event-ID": "1"})
+        self.assertEqual(answer.headers["content-type"].split(";")[0], "text/event-stream")
+        self.assertEqual(answer.text, f"id: 2\ndata: {lines[1]}\n\nid: 3\ndata: {lines[2]}\n\n"
+                         "event: close\ndata: cancelled\n\n")
+        self.assertEqual(self.server.run(run_id)["step"], 1)
+
+    def test_a_token_guards_every_request(self):
+        token = "a-token-of-sixteen-or-more"
+        workspace = Path(self.tmp) / "token-workspace"
+        with Server(workspace, self.tmp, "--slots", "0", "--token", token) as server:
+            self.assertEqual(server.request("GET", "/api/runs").status, 401)
+            self.assertEqual(server.request("GET", "/").status, 303)
+            allowed = server.request("GET", "/api/runs",
+                                     headers={"Authorization": f"Bearer {token}"})
+            self.assertEqual(allowed.status, 200)
+            login = server.request("POST", "/login", f"token={token}".encode(),
+                                   {"Content-Type": "application/x-www-form-urlencoded"})
+            self.assertEqual(login.status, 303)
+            cookie = login.headers["set-cookie"].split(";")[0]
+            self.assertEqual(server.request("GET", "/", headers={"Cookie": cookie}).status, 200)
+            bad = server.request("POST", "/login", b"token=wrong",
+                                 {"Content-Type": "application/x-www-form-urlencoded"})
+            self.assertEqual(bad.status, 401)
+
+    def test_a_non_loopback_bind_without_a_token_does_not_start(self):
+        result = run_bounded([sys.executable, "-m", "simpletuner", "serve", "--host", "0.0.0.0",
+                              "--workspace", str(Path(self.tmp) / "never")],
+                             tmpdir=self.tmp, env=environment(self.tmp), timeout=60)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("without an access token", result.stderr)
+        self.assertFalse((Path(self.tmp) / "never").exists())
+
+
+if __name__ == "__main__":
+    unittest.main()
