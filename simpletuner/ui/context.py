@@ -26,7 +26,7 @@ class UiContext:
         if started is not None and record.state != QUEUED:
             elapsed = round((ended if ended and ended >= started else time.time()) - started, 1)
         return {"id": record.id, "name": record.name, "status": record.state,
-                "exit_status": record.exit_status, "message": record.message,
+                "exit_status": record.exit_status, "message": record.message, "pid": record.pid,
                 "step": run_files.last_step(folder), "max_steps": run_files.max_steps(folder),
                 "queue_index": queue_index, "created_at": record.created_at,
                 "started_at": started, "ended_at": ended, "elapsed": elapsed}
