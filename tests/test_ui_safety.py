@@ -5,6 +5,7 @@ cancel; the event stream; the refusal of a non-loopback bind without a token."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -118,6 +119,23 @@ class UiSafetyTest(unittest.TestCase):
         self.assertEqual(self.server.post(f"/api/runs/{first}/cancel").status, 409)
         self.assertEqual(self.server.post(f"/api/runs/{first}/stop").status, 409)
         self.assertEqual(self.server.post(f"/api/runs/{second}/checkpoint").status, 501)
+
+    def test_resume_queues_an_ended_run_again_from_latest(self):
+        run_id, later = self.new_run("resumed"), self.new_run("later")
+        self.assertEqual(self.server.post(f"/api/runs/{run_id}/resume").status, 409)  # queued
+        self.server.post(f"/api/runs/{run_id}/cancel")
+        self.assertEqual(self.server.post(f"/api/runs/{run_id}/resume").status, 202)
+        run = self.server.run(run_id)
+        self.assertEqual(run["status"], "queued")
+        self.assertGreater(run["queue_index"], self.server.run(later)["queue_index"])
+        config = json.loads((self.workspace / "runs" / run_id / "config.json").read_text())
+        self.assertEqual(config["resume_from_checkpoint"], "latest")
+        self.assertEqual(config["output_dir"], str(self.workspace / "runs" / run_id / "output"))
+
+    def test_a_body_that_is_not_json_is_refused(self):
+        answer = self.server.post("/api/runs", b"{not json")
+        self.assertEqual(answer.status, 422)
+        self.assertIn("not JSON", answer.json()["problems"][0]["message"])
 
     def test_events_stream_from_the_line_after_last_event_id(self):
         run_id = self.new_run("events")

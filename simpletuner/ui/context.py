@@ -18,9 +18,14 @@ class UiContext:
     queue: RunQueue
     secret: str
 
-    def run_view(self, record: RunRecord, queue_index: int | None = None) -> dict:
-        """A run as the API and the pages show it: the queue's record and the run's files."""
+    def run_view(self, record: RunRecord, queued: list[str] | None = None) -> dict:
+        """A run as the API and the pages show it: the queue's record and the run's files.
+        ``queued``: the queued runs' ids in order, when the caller has them."""
         folder = self.workspace.run_folder(record.id)
+        queue_index = None
+        if record.state == QUEUED:
+            queued = queued if queued is not None else [r.id for r in self.queue.in_state(QUEUED)]
+            queue_index = queued.index(record.id) if record.id in queued else None
         started, ended = record.started_at, record.ended_at
         elapsed = None
         if started is not None and record.state != QUEUED:
@@ -34,5 +39,4 @@ class UiContext:
     def run_views(self) -> list[dict]:
         records = self.queue.all()
         queued = [record.id for record in records if record.state == QUEUED]
-        return [self.run_view(record, queued.index(record.id) if record.id in queued else None)
-                for record in records]
+        return [self.run_view(record, queued) for record in records]
