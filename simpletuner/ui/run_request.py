@@ -5,6 +5,7 @@ the folders the UI allowed."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from simpletuner.ui.workspace import PathRefused, Workspace
@@ -15,6 +16,7 @@ CONFIG_PATH_KEYS = ("lycoris_config", "user_prompt_library", "group_offload_to_d
                     "pretrained_model_name_or_path")
 DATASET_PATH_KEYS = ("instance_data_dir", "cache_dir_vae", "cache_dir")
 NOT_PATHS = ("latest", "")
+CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
 MAX_NAME = 200
 
 
@@ -79,7 +81,10 @@ def _confined(values: dict, keys: tuple[str, ...], where: str, workspace: Worksp
 
 
 def _names_no_local_path(key: str, value: str) -> bool:
-    """A built-in model or a Hub id ('org/name'), not a folder: the model option only."""
+    """A built-in model or a Hub id ('org/name') is not a folder; nor is a checkpoint's bare
+    name, which the trainer looks up in the run's own output_dir."""
+    if key == "resume_from_checkpoint":
+        return CHECKPOINT_NAME.match(value) is not None
     if key != "pretrained_model_name_or_path":
         return False
     return value.startswith("builtin:") or not value.startswith(("/", ".", "~"))

@@ -76,8 +76,9 @@ function showProblems(problems) {
 function newRunForm(form) {
   const request = () => {
     try {
-      return {name: form.name.value, config: JSON.parse(form.config.value),
-              datasets: JSON.parse(form.datasets.value)};
+      const field = (name) => form.elements.namedItem(name).value;
+      return {name: field("name"), config: JSON.parse(field("config")),
+              datasets: JSON.parse(field("datasets"))};
     } catch (error) { showProblems([{message: `not JSON: ${error.message}`}]); return null; }
   };
   form.addEventListener("submit", async (event) => {

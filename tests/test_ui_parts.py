@@ -1,0 +1,106 @@
+"""The web UI's parts without a server: a request's paths confined and made absolute, the
+queue's order and state changes, and the event stream's tail of a file that grows and is cut
+back."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import unittest
+from pathlib import Path
+
+from simpletuner.ui.events import LineTail
+from simpletuner.ui.queue_db import RunQueue
+from simpletuner.ui.run_request import BadRequest, read_request
+from simpletuner.ui.workspace import Workspace
+
+
+class TempFolder(unittest.TestCase):
+    def setUp(self):
+        self.root = Path(tempfile.mkdtemp(prefix="ui-parts-"))
+        self.addCleanup(shutil.rmtree, self.root, ignore_errors=True)
+
+
+class RunRequestTest(TempFolder):
+    def setUp(self):
+        super().setUp()
+        self.workspace = Workspace(self.root / "workspace")
+        self.workspace.prepare()
+        (self.workspace.root / "data").mkdir()
+        (self.workspace.root / "out").symlink_to(self.root)
+
+    def read(self, config: dict | None = None, *datasets: dict):
+        return read_request({"name": "n", "config": config or {}, "datasets": list(datasets)},
+                            self.workspace, named=True)
+
+    def test_paths_inside_are_made_absolute_and_names_that_are_not_paths_kept(self):
+        request = self.read({"pretrained_model_name_or_path": "org/model",
+                             "resume_from_checkpoint": "checkpoint-12",
+                             "user_prompt_library": "data/prompts.json"},
+                            {"id": "a", "instance_data_dir": "data"})
+        self.assertEqual(request.datasets[0]["instance_data_dir"],
+                         str(self.workspace.root / "data"))
+        self.assertEqual(request.config["user_prompt_library"],
+                         str(self.workspace.root / "data" / "prompts.json"))
+        self.assertEqual(request.config["pretrained_model_name_or_path"], "org/model")
+        self.assertEqual(request.config["resume_from_checkpoint"], "checkpoint-12")
+
+    def test_paths_outside_are_refused_by_key(self):
+        with self.assertRaises(BadRequest) as refused:
+            self.read({"pretrained_model_name_or_path": "./../model",
+                       "resume_from_checkpoint": "../elsewhere/checkpoint-3"},
+                      {"id": "a", "instance_data_dir": "out/data"},
+                      {"id": "b", "instance_data_dir": "data", "parquet": {"path": "/etc/t.jsonl"}})
+        keys = sorted((problem["file"], problem["key"]) for problem in refused.exception.problems)
+        self.assertEqual(keys, [("config.json", "pretrained_model_name_or_path"),
+                                ("config.json", "resume_from_checkpoint"),
+                                ("multidatabackend.json[0]", "instance_data_dir"),
+                                ("multidatabackend.json[1].parquet", "path")])
+
+    def test_a_dataset_root_admits_its_folder(self):
+        self.workspace.settings_path.write_text(f'{{"dataset_roots": ["{self.root}"]}}')
+        request = self.read(None, {"id": "a", "instance_data_dir": "out"})
+        self.assertEqual(request.datasets[0]["instance_data_dir"], str(self.root))
+
+    def test_a_body_of_the_wrong_shape_names_each_part(self):
+        with self.assertRaises(BadRequest) as refused:
+            read_request({"name": "", "config": [], "datasets": {}}, self.workspace, named=True)
+        self.assertEqual([problem["key"] for problem in refused.exception.problems],
+                         ["name", "config", "datasets"])
+
+
+class RunQueueTest(TempFolder):
+    def test_order_moves_cancels_and_requeues(self):
+        queue = RunQueue(self.root / "queue.sqlite")
+        for run_id in ("a", "b", "c"):
+            queue.add(run_id, run_id)
+        self.assertTrue(queue.move("c", 0))
+        self.assertEqual([run.id for run in queue.in_state("queued")], ["c", "a", "b"])
+        self.assertTrue(queue.claim("c"))
+        self.assertFalse(queue.cancel("c"))  # starting: stop it instead
+        self.assertFalse(queue.move("c", 2))
+        self.assertTrue(queue.cancel("a"))
+        self.assertFalse(queue.claim("a"))  # a cancelled run never starts
+        self.assertTrue(queue.requeue("a"))
+        self.assertEqual([run.id for run in queue.in_state("queued")], ["b", "a"])
+        self.assertFalse(queue.requeue("b"))  # already queued
+
+
+class LineTailTest(TempFolder):
+    def test_complete_lines_numbered_after_a_cut_back(self):
+        log = self.root / "events.jsonl"
+        log.write_text("one\ntwo\nthr")
+        tail = LineTail(log, after_line=1)
+        self.assertEqual(tail.read(), [(2, "two")])  # the torn line waits for its end
+        with open(log, "a") as out:
+            out.write("ee\nfour\n")
+        self.assertEqual(tail.read(), [(3, "three"), (4, "four")])
+        log.write_text("one\ntwo\n")  # cut back to line 2, then appended
+        self.assertEqual(tail.read(), [])
+        with open(log, "a") as out:
+            out.write("three again\n")
+        self.assertEqual(tail.read(), [(3, "three again")])
+
+
+if __name__ == "__main__":
+    unittest.main()
