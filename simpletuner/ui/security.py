@@ -8,7 +8,7 @@ response gets headers that keep pages from loading anything from elsewhere."""
 from __future__ import annotations
 
 import hmac
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -43,7 +43,7 @@ def cookie(headers: Headers, name: str) -> str | None:
     jar = SimpleCookie()
     try:
         jar.load(headers.get("cookie", ""))
-    except Exception:  # a malformed Cookie header carries no token
+    except CookieError:  # a malformed Cookie header carries no token
         return None
     return jar[name].value if name in jar else None
 
