@@ -171,6 +171,13 @@ class UiSafetyTest(unittest.TestCase):
                                  {"Content-Type": "application/x-www-form-urlencoded"})
             self.assertEqual(bad.status, 401)
 
+    def test_a_second_server_on_the_workspace_does_not_start(self):
+        result = run_bounded([sys.executable, "-m", "simpletuner", "serve", "--port", "0",
+                              "--workspace", str(self.workspace)],
+                             tmpdir=self.tmp, env=environment(self.tmp), timeout=60)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("served by another server", result.stderr)
+
     def test_a_non_loopback_bind_without_a_token_does_not_start(self):
         result = run_bounded([sys.executable, "-m", "simpletuner", "serve", "--host", "0.0.0.0",
                               "--workspace", str(Path(self.tmp) / "never")],

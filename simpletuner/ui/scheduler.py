@@ -65,7 +65,11 @@ class Scheduler:
         for run in self.queue.in_state(QUEUED)[:max(0, free)]:
             if not self.queue.claim(run.id):
                 continue  # cancelled meanwhile
-            child = processes.launch(self.repo, self.workspace.run_folder(run.id))
+            try:
+                child = processes.launch(self.repo, self.workspace.run_folder(run.id))
+            except OSError as exc:  # no bash, a full disk for console.log
+                self.queue.mark_ended(run.id, "failed", None, f"could not start it: {exc}")
+                continue
             self._children[run.id] = child
             self.queue.mark_running(run.id, child.pid, processes.process_start(child.pid))
             logger.info("started run %s (%s) as process group %d", run.id, run.name, child.pid)

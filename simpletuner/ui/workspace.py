@@ -5,18 +5,25 @@ it lies inside the workspace or a listed dataset root."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import secrets
 from pathlib import Path
+from typing import IO
 
 from simpletuner.common.atomic import atomic_write_json
 
 SETTINGS_NAME = "workspace.json"
 SECRET_NAME = ".token"
 QUEUE_NAME = "queue.sqlite"
+SERVER_LOCK_NAME = "server.lock"
 RUN_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+class WorkspaceInUse(RuntimeError):
+    """Another server holds the workspace."""
 
 
 class PathRefused(ValueError):
@@ -30,6 +37,20 @@ class Workspace:
         self.queue_path = self.root / QUEUE_NAME
         self.settings_path = self.root / SETTINGS_NAME
         self.secret_path = self.root / SECRET_NAME
+
+    def hold(self) -> IO:
+        """The workspace for this server alone (two would each start runs on their own slot
+        count): an flock on DIR/server.lock, which the kernel releases however the server
+        ends, so a server restarted after kill -9 takes it at once. Keep the file open."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = open(self.root / SERVER_LOCK_NAME, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise WorkspaceInUse(f"workspace {self.root} is served by another server; stop it "
+                                 "or choose another --workspace") from None
+        return lock
 
     def prepare(self) -> str:
         """Create what a first start needs; return the secret."""
