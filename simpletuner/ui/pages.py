@@ -69,7 +69,8 @@ async def run_page(request: Request) -> HTMLResponse:
             f'<b data-field=step>{escape(str(run["step"] or 0))}</b> of '
             f'<span data-field=max_steps>{escape(str(run["max_steps"] or "?"))}</span></p>'
             f'<pre data-field=message>{escape(run["message"] or "")}</pre>'
-            '<button data-action=stop>stop</button> <button data-action=resume>resume</button>'
+            '<button data-action=stop>stop</button> <button data-action=resume>resume</button> '
+            '<button data-action=cancel>cancel</button>'
             '<svg id=loss viewBox="0 0 400 150" width=400 height=150><polyline fill=none '
             'stroke=currentColor points=""/></svg></div>')
     return _page(ui, run["name"], body)
