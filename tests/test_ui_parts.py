@@ -12,6 +12,7 @@ from pathlib import Path
 from simpletuner.ui.events import LineTail
 from simpletuner.ui.queue_db import RunQueue
 from simpletuner.ui.run_request import BadRequest, read_request
+from simpletuner.ui.settings import ServerSettings
 from simpletuner.ui.workspace import Workspace
 
 
@@ -84,6 +85,23 @@ class RunQueueTest(TempFolder):
         self.assertTrue(queue.requeue("a"))
         self.assertEqual([run.id for run in queue.in_state("queued")], ["b", "a"])
         self.assertFalse(queue.requeue("b"))  # already queued
+
+
+class HostNamesTest(unittest.TestCase):
+    def settings(self, host: str) -> ServerSettings:
+        return ServerSettings(host, 8765, Path("/w"), 1, "a-token-of-sixteen-or-more", Path("/r"))
+
+    def test_the_bound_name_and_its_loopback_aliases_only(self):
+        loopback = self.settings("127.0.0.2")
+        for host in ("127.0.0.2:8765", "localhost:8765", "127.0.0.1:8765", "[::1]:8765"):
+            self.assertTrue(loopback.answers_host(host), host)
+        for host in ("127.0.0.2:8766", "127.0.0.2", "rebound.example:8765", ""):
+            self.assertFalse(loopback.answers_host(host), host)
+        self.assertTrue(self.settings("::1").answers_host("[::1]:8765"))
+        lan = self.settings("10.0.0.5")
+        self.assertTrue(lan.answers_host("10.0.0.5:8765"))
+        self.assertFalse(lan.answers_host("localhost:8765"))
+        self.assertTrue(self.settings("0.0.0.0").answers_host("any.name:1"))
 
 
 class LineTailTest(TempFolder):

@@ -80,7 +80,7 @@ class ServerSettings:
         known: the access token protects it then."""
         if self.host in WILDCARDS:
             return True
-        names = LOOPBACK_NAMES if is_loopback(self.host) else (self._url_host(),)
+        names = {self._url_host(), *(LOOPBACK_NAMES if is_loopback(self.host) else ())}
         return host_header in {f"{name}:{self.port}" for name in names}
 
     def _url_host(self) -> str:
