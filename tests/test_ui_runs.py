@@ -15,6 +15,7 @@ from training_fixtures import make_shapes
 from ui_fixtures import TINY_CONFIG, Server, dataset
 
 RUN_TIMEOUT_S = 300
+LONG_RUN_STEPS = 500
 
 
 def group_alive(pid: int) -> bool:
@@ -44,7 +45,8 @@ class UiRunsTest(unittest.TestCase):
         first_server = Server(self.workspace, self.tmp)
         self.addCleanup(first_server.close)  # and the runs it started, if still going
         first = self.queue_run(first_server, "first")
-        second = self.queue_run(first_server, "second", max_train_steps=60,
+        # Long enough that the stop arrives before its end on any machine.
+        second = self.queue_run(first_server, "second", max_train_steps=LONG_RUN_STEPS,
                                 checkpointing_steps=0)
         doomed = self.queue_run(first_server, "doomed", folder="doomed")
         running = first_server.wait_for_run(first, lambda run: run["status"] == "running", 30,
@@ -72,8 +74,10 @@ class UiRunsTest(unittest.TestCase):
                                           RUN_TIMEOUT_S, "stopped")
             self.assertEqual((stopped["status"], stopped["exit_status"]), ("preempted", 75),
                              stopped["message"])
-            self.assertLess(stopped["step"], 60)
+            self.assertLess(stopped["step"], LONG_RUN_STEPS)
             self.assertIn("preempted by SIGTERM", stopped["message"])
+            output = self.workspace / "runs" / second / "output"
+            self.assertTrue(list(output.glob("checkpoint-*")), "no checkpoint at the stop")
 
             failed = server.wait_for_run(doomed, lambda run: run["status"] not in
                                          ("queued", "running"), RUN_TIMEOUT_S, "ended")
