@@ -1,10 +1,12 @@
 """The one seam between the UI and configuration checking: a configuration given as plain data
 is written as the run's two files and loaded as ./train.sh's check loads them, each problem
-returned as a record."""
+returned as a record ``{"file", "path", "key", "message", "fix"}`` whose ``path`` is the JSON
+path of the value (``learning_rate``, ``datasets[1].repeats``; "" when it names none), so the
+page can show it at its field."""
 
 from __future__ import annotations
 
-import dataclasses
+import re
 from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_json
@@ -14,6 +16,11 @@ from simpletuner.training.run.launch_checks import launch_problems
 
 CONFIG_NAME = "config.json"
 DATASETS_NAME = "multidatabackend.json"
+
+# How the text report names where a problem is: "<file>: [dataset [i] (id 'x'): ][key 'k' ...]".
+_WHERE = re.compile(r"^(?P<file>[^:]*?(?:config|multidatabackend)\.json): "
+                    r"(?:dataset \[(?P<index>\d+)\][^:]*: )?(?:(?:missing required )?"
+                    r"key '(?P<key>[^']+)')?")
 
 
 def problems_of(config: dict, datasets: list, folder: Path) -> list[dict]:
@@ -29,10 +36,22 @@ def problems_of(config: dict, datasets: list, folder: Path) -> list[dict]:
         problems = launch_problems(configuration)
     except ConfigError as exc:
         problems = exc.problems
-    return [_record(problem) for problem in problems]
+    return [problem_record(problem) for problem in problems]
 
 
-def _record(problem) -> dict:
-    if dataclasses.is_dataclass(problem):
-        return dataclasses.asdict(problem)
-    return {"message": str(problem)}
+def problem_record(problem) -> dict:
+    """A check's problem as a record: a Problem record as it is; a text one (the checks that
+    still report text) read back from how the report names its place."""
+    if hasattr(problem, "as_json"):
+        return problem.as_json()
+    text = str(problem)
+    where = _WHERE.match(text)
+    if where is None:
+        return {"file": "", "path": "", "key": "", "message": text, "fix": ""}
+    file, index, key = Path(where["file"]).name, where["index"], where["key"] or ""
+    if index is None:
+        path = key if file == CONFIG_NAME else ""
+    else:
+        path = f"datasets[{index}]" + (f".{key}" if key else "")
+    return {"file": file, "path": path, "key": key, "message": text[where.end("file") + 2:],
+            "fix": ""}

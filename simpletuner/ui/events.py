@@ -2,16 +2,19 @@
 whose id is its line number (1-based), so a client reconnecting with Last-Event-ID continues
 after the last line it saw. A resumed run cuts the file back to its checkpoint's lines; the
 stream then continues from the new end. The stream ends once the run is no longer active and
-every line has been sent."""
+every line has been sent. A run by a trainer that writes no events.jsonl (its steps only in
+training_steps.jsonl, which events.jsonl replaces) streams those lines as step events."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from simpletuner.training.reporting.run_log import STEP_LOG
 from simpletuner.ui import run_files
 from simpletuner.ui.context import UiContext
 from simpletuner.ui.queue_db import ACTIVE
@@ -50,14 +53,36 @@ class LineTail:
         return lines
 
 
+class RunEvents:
+    """The run's events.jsonl lines; while it has none but a step log, the step log's lines as
+    ``{"type": "step", ...}`` events."""
+
+    def __init__(self, output: Path, after_line: int):
+        self.events = LineTail(output / run_files.EVENTS_NAME, after_line)
+        self.steps = LineTail(output / STEP_LOG, after_line)
+
+    def read(self) -> list[tuple[int, str]]:
+        if self.events.path.exists() or not self.steps.path.exists():
+            return self.events.read()
+        return [(number, _as_step_event(line)) for number, line in self.steps.read()]
+
+
+def _as_step_event(line: str) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    return json.dumps({"type": "step", **record}) if isinstance(record, dict) else line
+
+
 def _last_event_id(request: Request) -> int:
     value = request.headers.get("last-event-id", "") or request.query_params.get("after", "")
     return int(value) if value.isdigit() else 0
 
 
 def event_stream(request: Request, ui: UiContext, run_id: str) -> StreamingResponse:
-    events = run_files.output_of(ui.workspace.run_folder(run_id)) / run_files.EVENTS_NAME
-    tail = LineTail(events, _last_event_id(request))
+    tail = RunEvents(run_files.output_of(ui.workspace.run_folder(run_id)),
+                     _last_event_id(request))
 
     async def stream():
         idle = 0

@@ -13,8 +13,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse
 from starlette.routing import Route
 
+from simpletuner.ui import run_files
 from simpletuner.ui.browse import list_folder
+from simpletuner.ui.checking import CONFIG_NAME, DATASETS_NAME
 from simpletuner.ui.context import UiContext
+from simpletuner.ui.option_form import SERVER_SET, option_names, options_html
 from simpletuner.ui.security import TOKEN_COOKIE, same
 from simpletuner.ui.workspace import PathRefused
 
@@ -67,7 +70,10 @@ async def run_page(request: Request) -> HTMLResponse:
     body = (f'<div id=run data-run="{escape(run_id)}">'
             f'<p>status <b data-field=status>{escape(run["status"])}</b>, step '
             f'<b data-field=step>{escape(str(run["step"] or 0))}</b> of '
-            f'<span data-field=max_steps>{escape(str(run["max_steps"] or "?"))}</span></p>'
+            f'<span data-field=max_steps>{escape(str(run["max_steps"] or "?"))}</span>, '
+            f'exit status <span data-field=exit_status>'
+            f'{escape("" if run["exit_status"] is None else str(run["exit_status"]))}'
+            '</span></p>'
             f'<pre data-field=message>{escape(run["message"] or "")}</pre>'
             '<button data-action=stop>stop</button> <button data-action=resume>resume</button> '
             '<button data-action=cancel>cancel</button>'
@@ -76,15 +82,60 @@ async def run_page(request: Request) -> HTMLResponse:
     return _page(ui, run["name"], body)
 
 
+def _dataset_entry(dataset: dict) -> str:
+    return ('<div class=dataset><textarea rows=6 spellcheck=false>'
+            f'{escape(json.dumps(dataset, indent=2))}</textarea>'
+            '<button type=button data-action=remove-dataset>remove</button>'
+            '<ul class=problems></ul></div>')
+
+
+def _duplicated(ui: UiContext, run_id: str | None) -> tuple[str, dict, list] | None:
+    """A run's name, config and datasets for a new run made from it (without the keys the
+    server sets and the resume, which names the old run's checkpoints)."""
+    if not run_id or ui.queue.get(run_id) is None:
+        return None
+    folder = ui.workspace.run_folder(run_id)
+    config = run_files.read_json(folder / CONFIG_NAME) or {}
+    try:
+        datasets = json.loads((folder / DATASETS_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        datasets = []
+    for key in (*SERVER_SET, "resume_from_checkpoint"):
+        config.pop(key, None)
+    return f"{ui.queue.get(run_id).name} (copy)", config, datasets
+
+
 async def new_page(request: Request) -> HTMLResponse:
-    body = ('<form id=new-run><label>name <input name=name required maxlength=200></label>'
-            '<label>config.json<textarea name=config rows=14>'
-            f'{escape(json.dumps(NEW_RUN_CONFIG, indent=2))}</textarea></label>'
-            '<label>multidatabackend.json<textarea name=datasets rows=8>'
-            f'{escape(json.dumps(NEW_RUN_DATASETS, indent=2))}</textarea></label>'
-            '<button>queue</button> <button type=button data-action=check>check</button>'
-            '</form><ul id=problems></ul>')
-    return _page(_ui(request), "New run", body)
+    ui = _ui(request)
+    name, config, datasets = (await run_in_threadpool(
+        _duplicated, ui, request.query_params.get("from"))) or ("", NEW_RUN_CONFIG,
+                                                                 NEW_RUN_DATASETS)
+    offered = set(option_names())
+    extra = {key: value for key, value in config.items() if key not in offered}
+    entries = "".join(_dataset_entry(dataset) for dataset in datasets
+                      if isinstance(dataset, dict))
+    body = ('<form id=new-run novalidate><label>name <input name=run-name required maxlength=200 '
+            f'value="{escape(name)}"></label>'
+            '<details id=import><summary>import a SimpleTuner config.json and '
+            'multidatabackend.json</summary>'
+            '<label>config.json <input type=file accept=".json" data-import-file=config>'
+            '<textarea data-import=config rows=5 spellcheck=false></textarea></label>'
+            '<label>multidatabackend.json <input type=file accept=".json" '
+            'data-import-file=datasets><textarea data-import=datasets rows=5 spellcheck=false>'
+            '</textarea></label><button type=button data-action=import>import</button>'
+            '</details><ul id=problems class=problems></ul>'
+            f'{options_html(config)}'
+            '<fieldset class=option data-path=extra><legend>other config.json keys '
+            '(a JSON object)</legend><textarea name=extra rows=3 spellcheck=false>'
+            f'{escape(json.dumps(extra, indent=2))}</textarea><ul class=problems></ul></fieldset>'
+            '<fieldset id=datasets><legend>multidatabackend.json: one JSON object per dataset'
+            f'</legend><template id=dataset-template>{_dataset_entry({})}</template>'
+            f'<div id=dataset-list>{entries}</div><button type=button '
+            'data-action=add-dataset>add a dataset</button></fieldset>'
+            '<p><button type=button data-action=check>check</button> <button type=button '
+            'data-action=plan>plan</button> <button>queue</button></p></form>'
+            '<div id=plan></div>')
+    return _page(ui, "New run", body)
 
 
 async def files_page(request: Request) -> HTMLResponse:

@@ -49,7 +49,7 @@ def read_request(body, workspace: Workspace, *, named: bool) -> RunRequest:
         problems.append({"key": "datasets", "message": "'datasets' must be a list of objects"})
     if problems:
         raise BadRequest(problems)
-    config = _confined(config, CONFIG_PATH_KEYS, "config.json", workspace, problems)
+    config = _confined(config, CONFIG_PATH_KEYS, "config.json", workspace, problems, "")
     datasets = [_confined_dataset(ds, i, workspace, problems) for i, ds in enumerate(datasets)]
     if problems:
         raise BadRequest(problems)
@@ -59,15 +59,18 @@ def read_request(body, workspace: Workspace, *, named: bool) -> RunRequest:
 def _confined_dataset(dataset: dict, index: int, workspace: Workspace,
                       problems: list[dict]) -> dict:
     where = f"multidatabackend.json[{index}]"
-    dataset = _confined(dataset, DATASET_PATH_KEYS, where, workspace, problems)
+    dataset = _confined(dataset, DATASET_PATH_KEYS, where, workspace, problems,
+                        f"datasets[{index}].")
     if isinstance(dataset.get("parquet"), dict):
         dataset["parquet"] = _confined(dataset["parquet"], ("path",), f"{where}.parquet",
-                                       workspace, problems)
+                                       workspace, problems, f"datasets[{index}].parquet.")
     return dataset
 
 
 def _confined(values: dict, keys: tuple[str, ...], where: str, workspace: Workspace,
-              problems: list[dict]) -> dict:
+              problems: list[dict], path_prefix: str) -> dict:
+    """``values`` with each path option under ``keys`` confined; a refusal is a problem at
+    the JSON path ``path_prefix + key``."""
     values = dict(values)
     for key in keys:
         value = values.get(key)
@@ -76,7 +79,8 @@ def _confined(values: dict, keys: tuple[str, ...], where: str, workspace: Worksp
         try:
             values[key] = str(workspace.confine(value))
         except PathRefused as exc:
-            problems.append({"file": where, "key": key, "message": f"{where}: key {key!r}: {exc}"})
+            problems.append({"file": where, "path": path_prefix + key, "key": key,
+                             "message": f"{where}: key {key!r}: {exc}", "fix": ""})
     return values
 
 

@@ -64,37 +64,131 @@ function watchRun(root) {
   }
 }
 
-function showProblems(problems) {
-  const list = document.getElementById("problems");
-  list.replaceChildren(...problems.map(problem => {
+// The new-run form: config.json from the generated option fields (an empty field is unset)
+// and the "other keys" object; multidatabackend.json from one textarea per dataset.
+function optionValue(input) {
+  const text = input.value.trim();
+  if (text === "") return undefined;
+  const kind = input.dataset.kind;
+  if (kind === "bool") return text === "true";
+  if (kind === "int" || kind === "number") return Number.isFinite(Number(text)) ? Number(text) : text;
+  if (kind === "json") { try { return JSON.parse(text); } catch { return text; } }
+  return text;  // the server names a value of the wrong type at its field
+}
+
+function readForm(form) {
+  const config = {}, problems = [];
+  for (const input of form.querySelectorAll("#options [data-kind]")) {
+    const value = optionValue(input);
+    if (value !== undefined) config[input.name] = value;
+  }
+  try { Object.assign(config, JSON.parse(form.elements.namedItem("extra").value || "{}")); }
+  catch (error) { problems.push({path: "extra", message: `not a JSON object: ${error.message}`}); }
+  const datasets = [...form.querySelectorAll("#dataset-list textarea")].map((area, index) => {
+    try { return JSON.parse(area.value); }
+    catch (error) { problems.push({path: `datasets[${index}]`, message: `not JSON: ${error.message}`}); }
+  });
+  return {problems, body: {name: form.elements.namedItem("run-name").value, config, datasets}};
+}
+
+// Each problem at the field its JSON path names (a config.json option, a dataset's entry),
+// at the top when it names none the form shows.
+function problemPlace(form, problem) {
+  const path = problem.path || (problem.file === "config.json" ? problem.key : "") || "";
+  const entry = /^datasets\[(\d+)\]/.exec(path);
+  if (entry) return form.querySelectorAll("#dataset-list .dataset")[Number(entry[1])];
+  const option = path.split(/[.[]/)[0];
+  return option ? form.querySelector(`.option[data-path="${CSS.escape(option)}"]`) : null;
+}
+
+function showProblems(form, problems) {
+  for (const list of document.querySelectorAll(".problems")) list.replaceChildren();
+  for (const marked of form.querySelectorAll(".has-problem")) marked.classList.remove("has-problem");
+  for (const problem of problems) {
+    const place = problemPlace(form, problem);
     const item = document.createElement("li");
-    item.textContent = problem.message;
-    return item;
-  }));
+    item.textContent = problem.fix ? `${problem.message}; ${problem.fix}` : problem.message;
+    if (place) {
+      place.classList.add("has-problem");
+      place.closest("details")?.setAttribute("open", "");
+    }
+    (place?.querySelector(".problems") ?? document.getElementById("problems")).append(item);
+  }
+}
+
+function addDataset(form, dataset) {
+  const entry = form.querySelector("#dataset-template").content.firstElementChild.cloneNode(true);
+  entry.querySelector("textarea").value = JSON.stringify(dataset, null, 2);
+  form.querySelector("#dataset-list").append(entry);
+}
+
+// A SimpleTuner config.json: its keys (with or without "--") into their fields, the rest into
+// "other keys"; its multidatabackend.json replaces the datasets.
+function importFiles(form) {
+  const text = (name) => form.querySelector(`textarea[data-import="${name}"]`).value.trim();
+  try {
+    if (text("config")) {
+      const extra = {};
+      for (const [rawKey, value] of Object.entries(JSON.parse(text("config")))) {
+        const key = rawKey.replace(/^--/, "");
+        const input = form.querySelector(`#options [name="${CSS.escape(key)}"]`);
+        if (!input) { extra[key] = value; continue; }
+        input.value = typeof value === "string" ? value : JSON.stringify(value);
+      }
+      form.elements.namedItem("extra").value = JSON.stringify(extra, null, 2);
+    }
+    if (text("datasets")) {
+      form.querySelector("#dataset-list").replaceChildren();
+      for (const dataset of JSON.parse(text("datasets"))) addDataset(form, dataset);
+    }
+    showProblems(form, []);
+  } catch (error) { showProblems(form, [{message: `import: not JSON: ${error.message}`}]); }
+}
+
+function showPlan(plan) {
+  const place = document.getElementById("plan");
+  const text = document.createElement("pre");
+  text.textContent = plan.text ?? "";
+  place.replaceChildren(text);
 }
 
 function newRunForm(form) {
-  const request = () => {
-    try {
-      const field = (name) => form.elements.namedItem(name).value;
-      return {name: field("name"), config: JSON.parse(field("config")),
-              datasets: JSON.parse(field("datasets"))};
-    } catch (error) { showProblems([{message: `not JSON: ${error.message}`}]); return null; }
+  const submit = async (url) => {
+    const {problems, body} = readForm(form);
+    if (problems.length) { showProblems(form, problems); return null; }
+    return post(url, body);
   };
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    const body = request();
-    if (!body) return;
-    const result = await post("/api/runs", body);
+    const result = await submit("/api/runs");
+    if (!result) return;
     if (result.status === 201) location.href = `/runs/${result.body.id}`;
-    else showProblems(result.body.problems ?? [{message: result.body.error}]);
+    else showProblems(form, result.body.problems ?? [{message: result.body.error}]);
   });
   form.querySelector('[data-action="check"]').addEventListener("click", async () => {
-    const body = request();
-    if (!body) return;
-    const problems = (await post("/api/check", body)).body.problems ?? [];
-    showProblems(problems.length ? problems : [{message: "no problems"}]);
+    const result = await submit("/api/check");
+    if (!result) return;
+    const problems = result.body.problems ?? [{message: result.body.error}];
+    showProblems(form, problems.length ? problems : [{message: "no problems"}]);
   });
+  form.querySelector('[data-action="plan"]').addEventListener("click", async () => {
+    const result = await submit("/api/plan");
+    if (!result) return;
+    showProblems(form, result.body.problems ?? []);
+    if (result.body.plan) showPlan(result.body.plan);
+  });
+  form.querySelector('[data-action="add-dataset"]').addEventListener("click",
+    () => addDataset(form, {id: "", type: "local", instance_data_dir: "", caption_strategy: "textfile"}));
+  form.addEventListener("click", (event) => {
+    if (event.target.dataset.action === "remove-dataset") event.target.closest(".dataset").remove();
+  });
+  form.querySelector('[data-action="import"]').addEventListener("click", () => importFiles(form));
+  for (const input of form.querySelectorAll("input[data-import-file]")) {
+    input.addEventListener("change", async () => {
+      const area = form.querySelector(`textarea[data-import="${input.dataset.importFile}"]`);
+      if (input.files[0]) area.value = await input.files[0].text();
+    });
+  }
 }
 
 const runsTable = document.querySelector("table[data-live=runs]");

@@ -1,0 +1,136 @@
+"""The web UI in a real headless Chromium against a real server and real tiny runs: a new run
+whose mistake is shown at its field, fixed and queued; its page's step count and loss curve
+growing from the event stream without a reload; the runs page showing a second run queued,
+then running once the first is stopped; the stop ending it preempted (75) and the resume
+finishing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+from headless_browser import Browser, selenium_select as Select
+from training_fixtures import make_shapes
+from ui_fixtures import TINY_CONFIG, Server, dataset
+
+RUN_TIMEOUT_S = 120
+STEPS = 200
+# Where the run page's screenshot is copied when set (docs/ui-run-page.png is one).
+SCREENSHOT_TO = "SIMPLETUNER_UI_SCREENSHOT"
+
+
+def field(driver, name: str) -> str:
+    return driver.find_element("css selector", f'[data-field="{name}"]').text
+
+
+def loss_points(driver) -> int:
+    points = driver.find_element("css selector", "#loss polyline").get_attribute("points")
+    return len(points.split())
+
+
+class UiBrowserTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="ui-browser-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
+        cls.workspace = Path(cls.tmp) / "workspace"
+        make_shapes(cls.workspace / "data", per_size=2, sizes=((64, 64),))
+
+    def setUp(self):
+        self.server = Server(self.workspace, self.tmp)
+        self.addCleanup(self.server.close)
+        self.browser = Browser(self.tmp)
+        self.addCleanup(self.browser.close)
+        self.driver = self.browser.driver
+
+    def fill_new_run(self, learning_rate: str) -> None:
+        """The form as a person fills it: the tiny model's options, one dataset."""
+        find = self.driver.find_element
+        config = {**TINY_CONFIG, "max_train_steps": STEPS, "checkpointing_steps": 0}
+        find("name", "run-name").send_keys("browser run")
+        find("css selector", "#options summary").click()  # "more options"
+        for name, value in {**config, "learning_rate": learning_rate}.items():
+            element = find("css selector", f'#options [name="{name}"]')
+            if element.tag_name == "select":
+                Select(element).select_by_value(str(value))
+            else:
+                element.clear()
+                element.send_keys(str(value))
+        extra = find("name", "extra")
+        extra.clear()
+        extra.send_keys("{}")
+        area = find("css selector", "#dataset-list textarea")
+        area.clear()
+        area.send_keys(json.dumps(dataset(self.workspace / "data")))
+
+    def test_a_run_made_in_the_browser_trains_stops_and_resumes(self):
+        driver, browser = self.driver, self.browser
+        driver.get(f"{self.server.origin}/new")
+        self.fill_new_run(learning_rate="fast")
+        driver.find_element("css selector", "#new-run button:not([type])").click()
+        at_field = browser.wait_for(lambda d: d.find_element(
+            "css selector", '.option[data-path="learning_rate"] .problems').text,
+            30, "the learning rate's problem at its field")
+        self.assertIn("expected a number", at_field)
+        self.assertEqual(driver.find_element("id", "problems").text, "")
+        self.assertEqual(self.server.request("GET", "/api/runs").json()["runs"], [])
+
+        rate = driver.find_element("css selector", '#options [name="learning_rate"]')
+        rate.clear()
+        rate.send_keys("0.001")
+        driver.find_element("css selector", "#new-run button:not([type])").click()
+        browser.wait_for(lambda d: "/runs/" in d.current_url, 30, "on the run's page")
+        run_id = driver.current_url.rsplit("/", 1)[1]
+        driver.execute_script("window.notReloaded = true;")
+        first = browser.wait_for(lambda d: loss_points(d) >= 2 and int(field(d, "step")),
+                                 RUN_TIMEOUT_S, "training")
+        later = browser.wait_for(lambda d: int(field(d, "step")) > first + 1 and int(
+            field(d, "step")), RUN_TIMEOUT_S, "still training")
+        self.assertGreater(loss_points(driver), 2)
+        self.assertTrue(driver.execute_script("return window.notReloaded === true;"))
+        self.assertGreater(later, first)
+
+        second = self.server.post("/api/runs", {"name": "second", "config": TINY_CONFIG,
+                                                "datasets": [dataset(self.workspace / "data")]})
+        self.assertEqual(second.status, 201, second.text)
+        second_id = second.json()["id"]
+        driver.get(self.server.origin + "/")
+        row = f'tr[data-run="{second_id}"] [data-field="status"]'
+        browser.wait_for(lambda d: d.find_element("css selector", row).text == "queued", 10,
+                         "the second run queued")
+
+        driver.get(f"{self.server.origin}/runs/{run_id}")
+        driver.find_element("css selector", 'button[data-action="stop"]').click()
+        browser.wait_for(lambda d: field(d, "status") == "preempted", RUN_TIMEOUT_S,
+                         "preempted")
+        self.assertEqual(field(driver, "exit_status"), "75")
+        self.assertIn("preempted by SIGTERM", field(driver, "message"))
+
+        driver.get(self.server.origin + "/")
+        browser.wait_for(lambda d: d.find_element("css selector", row).text in
+                         ("running", "finished"), RUN_TIMEOUT_S, "the second run started")
+
+        driver.get(f"{self.server.origin}/runs/{run_id}")
+        driver.find_element("css selector", 'button[data-action="resume"]').click()
+        browser.wait_for(lambda d: field(d, "status") == "finished", 2 * RUN_TIMEOUT_S,
+                         "finished")
+        self.assertEqual(field(driver, "exit_status"), "0")
+        browser.wait_for(lambda d: field(d, "step") == str(STEPS), 10, "at its last step")
+        self.save_screenshot()
+
+    def save_screenshot(self) -> None:
+        time.sleep(1)  # the last events drawn
+        path = Path(self.tmp) / "run-page.png"
+        self.assertTrue(self.driver.save_screenshot(str(path)))
+        self.assertEqual(path.read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
+        if os.environ.get(SCREENSHOT_TO):
+            shutil.copyfile(path, os.environ[SCREENSHOT_TO])
+
+
+if __name__ == "__main__":
+    unittest.main()
