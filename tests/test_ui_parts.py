@@ -4,12 +4,15 @@ back."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import unittest
 from pathlib import Path
 
-from simpletuner.ui.events import LineTail
+from simpletuner.ui.checking import problem_record, problems_of
+from simpletuner.ui.events import LineTail, RunEvents
+from simpletuner.ui.option_form import COMMON, form_options, options_html
 from simpletuner.ui.queue_db import RunQueue
 from simpletuner.ui.run_request import BadRequest, read_request
 from simpletuner.ui.settings import ServerSettings
@@ -118,6 +121,56 @@ class LineTailTest(TempFolder):
         with open(log, "a") as out:
             out.write("three again\n")
         self.assertEqual(tail.read(), [(3, "three again")])
+
+
+class RunEventsTest(TempFolder):
+    def test_a_step_log_streams_as_step_events_until_events_jsonl_exists(self):
+        (self.root / "training_steps.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+        events = RunEvents(self.root, after_line=0)
+        self.assertEqual([(n, json.loads(line)) for n, line in events.read()],
+                         [(1, {"type": "step", "step": 1, "loss": 0.5})])
+        (self.root / "events.jsonl").write_text('{"type": "start", "step": 0}\n')
+        self.assertEqual(events.read(), [(1, '{"type": "start", "step": 0}')])
+
+
+class ProblemRecordTest(TempFolder):
+    def test_each_problem_names_the_json_path_of_its_value(self):
+        config = {"model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
+                  "learning_rate": "fast", "train_batch_size": 1}
+        datasets = [{"id": "a", "instance_data_dir": str(self.root), "repeats": -1},
+                    {"id": "b", "instance_data_dir": str(self.root / "none")}]
+        records = problems_of(config, datasets, self.root / "check")
+        self.assertEqual({record["path"] for record in records},
+                         {"learning_rate", "datasets[0].repeats", "datasets[1].instance_data_dir"},
+                         records)
+        rate = next(record for record in records if record["path"] == "learning_rate")
+        self.assertEqual((rate["file"], rate["key"]), ("config.json", "learning_rate"))
+        self.assertNotIn(str(self.root), rate["message"])  # the check folder is no news
+        missing = problems_of({"model_family": "sd1x"}, [], self.root / "check")
+        self.assertIn("pretrained_model_name_or_path", [record["path"] for record in missing])
+
+    def test_a_problem_naming_no_place_has_an_empty_path(self):
+        self.assertEqual(problem_record("the model folder is incomplete"),
+                         {"file": "", "path": "", "key": "", "fix": "",
+                          "message": "the model folder is incomplete"})
+
+
+class OptionFormTest(unittest.TestCase):
+    def test_the_form_offers_every_option_by_its_type_common_ones_first(self):
+        options = {option.name: option for option in form_options()}
+        self.assertEqual([option.name for option in form_options()][:len(COMMON)],
+                         list(COMMON))
+        self.assertNotIn("output_dir", options)  # the server sets it
+        self.assertEqual(options["lr_scheduler"].kind, "choice")
+        self.assertIn("cosine", options["lr_scheduler"].choices)
+        self.assertEqual((options["learning_rate"].kind, options["learning_rate"].default),
+                         ("number", "1e-05"))
+        self.assertEqual(options["use_ema"].kind, "bool")
+        self.assertEqual(options["train_batch_size"].kind, "int")
+        page = options_html({"lr_scheduler": "cosine", "validation_prompt": '"<b>"'})
+        self.assertIn('<option value="cosine" selected>', page)
+        self.assertIn("&quot;&lt;b&gt;&quot;", page)
+        self.assertNotIn("<b>", page)
 
 
 if __name__ == "__main__":

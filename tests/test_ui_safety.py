@@ -84,12 +84,30 @@ class UiSafetyTest(unittest.TestCase):
         answer = self.server.post("/api/runs", {"name": "bad", "config": {
             **TINY_CONFIG, "learning_rate": "fast"}, "datasets": [dataset("data")]})
         self.assertEqual(answer.status, 422)
-        messages = [problem["message"] for problem in answer.json()["problems"]]
-        self.assertTrue(any("learning_rate" in message for message in messages), messages)
+        problems = answer.json()["problems"]
+        self.assertEqual([(p["file"], p["path"]) for p in problems],
+                         [("config.json", "learning_rate")], problems)
         checked = self.server.post("/api/check", {"config": TINY_CONFIG,
                                                   "datasets": [dataset("no-such-folder")]})
         self.assertTrue(any("no-such-folder" in problem["message"]
                             for problem in checked.json()["problems"]), checked.text)
+
+    def test_plan_shows_the_buckets_and_the_steps_per_epoch(self):
+        answer = self.server.post("/api/plan", {"config": TINY_CONFIG, "processes": 2,
+                                                "datasets": [dataset("data")]})
+        self.assertEqual(answer.status, 200, answer.text)
+        plan = answer.json()["plan"]
+        self.assertEqual(plan["datasets"], {"shapes": {"buckets": {"64x64": 2}, "skipped": 0}})
+        self.assertEqual(plan["num_processes"], 2)
+        self.assertIn("smaller than the effective batch size E = 4", plan["problem"])
+        alone = self.server.post("/api/plan", {"config": TINY_CONFIG,
+                                               "datasets": [dataset("data")]}).json()["plan"]
+        self.assertEqual(alone["optimizer_steps_per_epoch"][0], 1)
+        self.assertIsNone(alone["problem"])
+        refused = self.server.post("/api/plan", {"config": TINY_CONFIG,
+                                                 "datasets": [dataset("outside")]}).json()
+        self.assertEqual([p["path"] for p in refused["problems"]],
+                         ["datasets[0].instance_data_dir"])
 
     def test_names_and_captions_are_escaped_in_pages(self):
         run_id = self.new_run(SCRIPT)

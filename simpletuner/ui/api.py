@@ -18,6 +18,7 @@ from simpletuner.ui.browse import list_folder
 from simpletuner.ui.checking import CONFIG_NAME, problems_of
 from simpletuner.ui.context import UiContext
 from simpletuner.ui.events import event_stream
+from simpletuner.ui.planning import PlanFailed, processes_of, run_plan
 from simpletuner.ui.queue_db import RUNNING
 from simpletuner.ui.run_request import BadRequest, read_request
 from simpletuner.ui.workspace import PathRefused
@@ -76,6 +77,27 @@ async def check_config(request: Request) -> JSONResponse:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return JSONResponse({"problems": problems})
+
+
+async def plan_config(request: Request) -> JSONResponse:
+    """The check's problems when there are any, otherwise plan's summary."""
+    ui = _ui(request)
+    try:
+        body = await _json_body(request)
+        run = read_request(body, ui.workspace, named=False)
+    except BadRequest as exc:
+        return JSONResponse({"problems": exc.problems})
+    folder = ui.workspace.root / ".check" / ui.workspace.new_run_id()
+    try:
+        problems = await run_in_threadpool(problems_of, run.config, run.datasets, folder)
+        if problems:
+            return JSONResponse({"problems": problems})
+        plan = await run_in_threadpool(run_plan, ui.settings.repo, folder, processes_of(body))
+    except PlanFailed as exc:
+        return JSONResponse({"problems": [{"message": str(exc)}]})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return JSONResponse({"problems": [], "plan": plan})
 
 
 def _record_or_404(request: Request):
@@ -174,6 +196,7 @@ ROUTES = [
     Route("/api/runs", list_runs, methods=["GET"]),
     Route("/api/runs", create_run, methods=["POST"]),
     Route("/api/check", check_config, methods=["POST"]),
+    Route("/api/plan", plan_config, methods=["POST"]),
     Route("/api/files", files, methods=["GET"]),
     Route("/api/runs/{run_id}", get_run, methods=["GET"]),
     Route("/api/runs/{run_id}/stop", stop_run, methods=["POST"]),

@@ -133,7 +133,8 @@ async def new_page(request: Request) -> HTMLResponse:
             f'<div id=dataset-list>{entries}</div><button type=button '
             'data-action=add-dataset>add a dataset</button></fieldset>'
             '<p><button type=button data-action=check>check</button> <button type=button '
-            'data-action=plan>plan</button> <button>queue</button></p></form>'
+            'data-action=plan>plan</button> for <input name=processes type=number value=1 '
+            'min=1 max=64> process(es) <button>queue</button></p></form>'
             '<div id=plan></div>')
     return _page(ui, "New run", body)
 

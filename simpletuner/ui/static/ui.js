@@ -145,18 +145,44 @@ function importFiles(form) {
   } catch (error) { showProblems(form, [{message: `import: not JSON: ${error.message}`}]); }
 }
 
+function element(tag, text) {
+  const made = document.createElement(tag);
+  if (text !== undefined) made.textContent = String(text);
+  return made;
+}
+
+function tableOf(headings, rows) {
+  const table = element("table");
+  const head = table.createTHead().insertRow();
+  for (const heading of headings) head.append(element("th", heading));
+  const body = table.createTBody();
+  for (const cells of rows) {
+    const row = body.insertRow();
+    for (const cell of cells) row.append(element("td", cell));
+  }
+  return table;
+}
+
+// plan's summary: each dataset's buckets, the steps per epoch at the chosen process count.
 function showPlan(plan) {
-  const place = document.getElementById("plan");
-  const text = document.createElement("pre");
-  text.textContent = plan.text ?? "";
-  place.replaceChildren(text);
+  const parts = [element("h2", "plan")];
+  for (const [id, dataset] of Object.entries(plan.datasets)) {
+    parts.push(element("h3", `dataset ${id}: ${dataset.skipped} skipped`));
+    parts.push(tableOf(["bucket", "images"], Object.entries(dataset.buckets)));
+  }
+  const steps = plan.optimizer_steps_per_epoch ?? [];
+  parts.push(element("p", `${plan.num_processes} process(es): optimizer steps per epoch ` +
+    `${steps.slice(0, 5).join(", ")}${steps.length > 5 ? ", ..." : ""}; micro-batches per ` +
+    `process per epoch ${(plan.micro_batches_per_epoch ?? []).slice(0, 5).join(", ")}`));
+  if (plan.problem) parts.push(element("pre", plan.problem));
+  document.getElementById("plan").replaceChildren(...parts);
 }
 
 function newRunForm(form) {
-  const submit = async (url) => {
+  const submit = async (url, more) => {
     const {problems, body} = readForm(form);
     if (problems.length) { showProblems(form, problems); return null; }
-    return post(url, body);
+    return post(url, {...body, ...more});
   };
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -172,7 +198,8 @@ function newRunForm(form) {
     showProblems(form, problems.length ? problems : [{message: "no problems"}]);
   });
   form.querySelector('[data-action="plan"]').addEventListener("click", async () => {
-    const result = await submit("/api/plan");
+    const result = await submit("/api/plan",
+                                {processes: Number(form.elements.namedItem("processes").value)});
     if (!result) return;
     showProblems(form, result.body.problems ?? []);
     if (result.body.plan) showPlan(result.body.plan);
