@@ -19,9 +19,23 @@ from training_fixtures import make_shapes
 from ui_fixtures import TINY_CONFIG, Server, dataset
 
 RUN_TIMEOUT_S = 120
+SCRIPT = "<script>document.title = 'ran'</script>"
+EDITED = "a green circle, edited in the browser"
 STEPS = 60
 # Where the run page's screenshot is copied when set (docs/ui-run-page.png is one).
 SCREENSHOT_TO = "SIMPLETUNER_UI_SCREENSHOT"
+
+
+def text_embed_cache(output_dir: Path):
+    """The run's text-embedding cache, as the trainer names its entries (by caption)."""
+    from simpletuner.helpers.caching.prepare import text_components
+    from simpletuner.helpers.caching.storage import model_identity
+    from simpletuner.helpers.caching.text_embeds import TextEmbedCache
+    from simpletuner.models.builtin import resolve_model_path
+
+    model = resolve_model_path(TINY_CONFIG["pretrained_model_name_or_path"])
+    identity = model_identity(model, text_components(model), TINY_CONFIG["model_family"])
+    return TextEmbedCache(output_dir / "cache" / "text", identity)
 
 
 def field(driver, name: str) -> str:
@@ -126,6 +140,37 @@ class UiBrowserTest(unittest.TestCase):
         cell = f'tr[data-run="{run_id}"] [data-field="status"]'
         self.browser.wait_for(lambda d: d.find_element("css selector", cell).text in states,
                               RUN_TIMEOUT_S, f"run {run_id} {' or '.join(states)}")
+
+    def test_a_caption_edited_in_the_browser_is_what_the_next_run_trains_on(self):
+        driver, browser = self.driver, self.browser
+        image = self.workspace / "data" / "64x64-01.png"
+        image.with_suffix(".txt").write_text(f"a caption {SCRIPT}")
+        driver.get(f"{self.server.origin}/datasets?path=data&resolution=64&alignment=16")
+        figure = driver.find_element("css selector", f'figure[data-image="{image}"]')
+        self.assertEqual(figure.find_element("tag name", "textarea").get_attribute("value"),
+                         f"a caption {SCRIPT}")  # shown as text, never run
+        self.assertNotEqual(driver.title, "ran")
+        self.assertEqual(driver.find_element("css selector", "#samples section h3").text,
+                         "64x64: 2")
+        self.assertTrue(driver.execute_script(  # the thumbnail loaded from the server
+            "return arguments[0].naturalWidth > 0;", figure.find_element("tag name", "img")))
+        caption = figure.find_element("tag name", "textarea")
+        caption.clear()
+        caption.send_keys(EDITED)
+        figure.find_element("css selector", 'button[data-action="save-caption"]').click()
+        browser.wait_for(lambda d: figure.find_element("class name", "saved").text == "saved",
+                         10, "the caption saved")
+        self.assertEqual(image.with_suffix(".txt").read_text(), EDITED)
+
+        answer = self.server.post("/api/runs", {"name": "captions", "config": TINY_CONFIG,
+                                                "datasets": [dataset(self.workspace / "data")]})
+        run_id = answer.json()["id"]
+        ended = self.server.wait_for_run(run_id, lambda run: run["status"] not in (
+            "queued", "running"), RUN_TIMEOUT_S, "ended")
+        self.assertEqual(ended["status"], "finished", ended["message"])
+        cache = text_embed_cache(self.workspace / "runs" / run_id / "output")
+        self.assertTrue(cache.path_for(EDITED).exists(), "the edited caption was not encoded")
+        self.assertFalse(cache.path_for(f"a caption {SCRIPT}").exists())
 
     def save_screenshot(self) -> None:
         time.sleep(1)  # the last events drawn

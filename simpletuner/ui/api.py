@@ -34,7 +34,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def _json_body(request: Request):
+async def json_body(request: Request):
     """The parsed body; BadRequest when it is too large or not JSON."""
     body = await request.body()
     if len(body) > MAX_BODY:
@@ -52,7 +52,7 @@ async def list_runs(request: Request) -> JSONResponse:
 async def create_run(request: Request) -> JSONResponse:
     ui = _ui(request)
     try:
-        run = read_request(await _json_body(request), ui.workspace, named=True)
+        run = read_request(await json_body(request), ui.workspace, named=True)
     except BadRequest as exc:
         return JSONResponse({"problems": exc.problems}, status_code=422)
     run_id = ui.workspace.new_run_id()
@@ -68,7 +68,7 @@ async def create_run(request: Request) -> JSONResponse:
 async def check_config(request: Request) -> JSONResponse:
     ui = _ui(request)
     try:
-        run = read_request(await _json_body(request), ui.workspace, named=False)
+        run = read_request(await json_body(request), ui.workspace, named=False)
     except BadRequest as exc:
         return JSONResponse({"problems": exc.problems})
     folder = ui.workspace.root / ".check" / ui.workspace.new_run_id()
@@ -83,7 +83,7 @@ async def plan_config(request: Request) -> JSONResponse:
     """The check's problems when there are any, otherwise plan's summary."""
     ui = _ui(request)
     try:
-        body = await _json_body(request)
+        body = await json_body(request)
         run = read_request(body, ui.workspace, named=False)
     except BadRequest as exc:
         return JSONResponse({"problems": exc.problems})
@@ -158,7 +158,7 @@ async def move_run(request: Request) -> JSONResponse:
     if record is None:
         return _error(404, "no such run")
     try:
-        body = await _json_body(request)
+        body = await json_body(request)
     except BadRequest as exc:
         return JSONResponse({"problems": exc.problems}, status_code=422)
     index = body.get("index") if isinstance(body, dict) else None

@@ -31,14 +31,15 @@ NEW_RUN_DATASETS = [{"id": "demo-shapes", "type": "local", "instance_data_dir":
                      "data/demo-shapes", "caption_strategy": "textfile"}]
 
 
-def _page(ui: UiContext, title: str, body: str, status_code: int = 200) -> HTMLResponse:
+def page(ui: UiContext, title: str, body: str, status_code: int = 200) -> HTMLResponse:
     return HTMLResponse(
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>{escape(title)} · simpletuner</title>"
         f'<meta name="simpletuner-secret" content="{escape(ui.secret)}">'
         '<link rel=stylesheet href="/static/ui.css"><script src="/static/ui.js" defer></script>'
         '</head><body><nav><a href="/">runs</a> <a href="/new">new run</a> '
-        f'<a href="/files">datasets</a></nav><h1>{escape(title)}</h1>{body}</body></html>',
+        '<a href="/datasets">datasets</a> <a href="/files">files</a></nav>'
+        f'<h1>{escape(title)}</h1>{body}</body></html>',
         status_code=status_code)
 
 
@@ -56,7 +57,7 @@ def _run_row(run: dict) -> str:
 async def runs_page(request: Request) -> HTMLResponse:
     runs = await run_in_threadpool(_ui(request).run_views)
     rows = "".join(_run_row(run) for run in runs)
-    return _page(_ui(request), "Runs",
+    return page(_ui(request), "Runs",
                  '<table id=runs data-live=runs><thead><tr><th>name<th>status<th>step'
                  f'<th>of<th>seconds</thead><tbody>{rows}</tbody></table>')
 
@@ -65,7 +66,7 @@ async def run_page(request: Request) -> HTMLResponse:
     ui, run_id = _ui(request), request.path_params["run_id"]
     record = ui.queue.get(run_id)
     if record is None:
-        return _page(ui, "No such run", "", status_code=404)
+        return page(ui, "No such run", "", status_code=404)
     run = await run_in_threadpool(ui.run_view, record)
     body = (f'<div id=run data-run="{escape(run_id)}">'
             f'<p>status <b data-field=status>{escape(run["status"])}</b>, step '
@@ -79,7 +80,7 @@ async def run_page(request: Request) -> HTMLResponse:
             '<button data-action=cancel>cancel</button>'
             '<svg id=loss viewBox="0 0 400 150" width=400 height=150><polyline fill=none '
             'stroke=currentColor points=""/></svg></div>')
-    return _page(ui, run["name"], body)
+    return page(ui, run["name"], body)
 
 
 def _dataset_entry(dataset: dict) -> str:
@@ -136,7 +137,7 @@ async def new_page(request: Request) -> HTMLResponse:
             'data-action=plan>plan</button> for <input name=processes type=number value=1 '
             'min=1 max=64> process(es) <button>queue</button></p></form>'
             '<div id=plan></div>')
-    return _page(ui, "New run", body)
+    return page(ui, "New run", body)
 
 
 async def files_page(request: Request) -> HTMLResponse:
@@ -144,14 +145,14 @@ async def files_page(request: Request) -> HTMLResponse:
     try:
         listing = await run_in_threadpool(list_folder, ui.workspace, path)
     except PathRefused as exc:
-        return _page(ui, "Refused", f"<p>{escape(str(exc))}</p>", status_code=403)
+        return page(ui, "Refused", f"<p>{escape(str(exc))}</p>", status_code=403)
     except NotADirectoryError as exc:
-        return _page(ui, "Not a folder", f"<p>{escape(str(exc))}</p>", status_code=404)
+        return page(ui, "Not a folder", f"<p>{escape(str(exc))}</p>", status_code=404)
     rows = "".join(f'<tr><td>{escape(entry["name"])}</td><td>{escape(entry["kind"])}</td>'
                    f'<td>{escape(entry["caption"] or "")}</td></tr>'
                    for entry in listing["entries"])
     roots = "".join(f"<li>{escape(str(root))}</li>" for root in ui.workspace.allowed_roots())
-    return _page(ui, listing["path"], f"<p>roots:</p><ul>{roots}</ul>"
+    return page(ui, listing["path"], f"<p>roots:</p><ul>{roots}</ul>"
                  f"<table><thead><tr><th>name<th>kind<th>caption</thead>{rows}</table>")
 
 

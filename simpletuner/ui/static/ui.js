@@ -218,9 +218,30 @@ function newRunForm(form) {
   }
 }
 
+// The datasets page: a caption saved beside its image; workspace.json's dataset roots.
+function datasetsPage(samples) {
+  samples.addEventListener("click", async (event) => {
+    if (event.target.dataset.action !== "save-caption") return;
+    const figure = event.target.closest("figure");
+    const result = await post("/api/caption", {path: figure.dataset.image,
+                                               caption: figure.querySelector("textarea").value});
+    figure.querySelector(".saved").textContent = result.status === 200 ? "saved" : result.body.error;
+  });
+  const roots = document.getElementById("roots");
+  roots.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const lines = roots.elements.namedItem("roots").value.split("\n").map(line => line.trim());
+    const result = await post("/api/workspace", {dataset_roots: lines.filter(Boolean)});
+    if (result.status === 200) location.reload();
+    else roots.querySelector(".saved").textContent = result.body.error;
+  });
+}
+
 const runsTable = document.querySelector("table[data-live=runs]");
 if (runsTable) setInterval(() => pollRuns(runsTable), 2000);
 const runView = document.getElementById("run");
 if (runView) watchRun(runView);
 const form = document.getElementById("new-run");
 if (form) newRunForm(form);
+const samples = document.getElementById("samples");
+if (samples) datasetsPage(samples);
