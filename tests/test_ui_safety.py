@@ -109,6 +109,35 @@ class UiSafetyTest(unittest.TestCase):
         self.assertEqual([p["path"] for p in refused["problems"]],
                          ["datasets[0].instance_data_dir"])
 
+    def test_captions_thumbnails_and_roots_stay_inside_the_roots(self):
+        folder = self.workspace / "captioned"  # its own: this test adds an image
+        make_shapes(folder, per_size=2, sizes=((64, 64),))
+        (folder / "64x64-00.txt").write_text(SCRIPT)
+        image = folder / "64x64-01.png"
+        page = self.server.request("GET", "/datasets?path=captioned").text
+        self.assertIn(ESCAPED, page)
+        self.assertNotIn(SCRIPT, page)
+        thumb = self.server.request("GET", f"/api/thumbnail?path={image}")
+        self.assertEqual((thumb.status, thumb.body[:4]), (200, b"\x89PNG"))
+        self.assertEqual(self.server.request("GET", "/api/thumbnail?path=/etc/hostname").status,
+                         403)
+        saved = self.server.post("/api/caption", {"path": str(image), "caption": "new"})
+        self.assertEqual(saved.status, 200, saved.text)
+        self.assertEqual(image.with_suffix(".txt").read_text(), "new")
+        for outside in ("/etc/hostname", "outside/hostname", "data/../../x.png"):
+            answer = self.server.post("/api/caption", {"path": outside, "caption": "x"})
+            self.assertEqual(answer.status, 403, outside)
+        linked = folder / "linked.png"
+        linked.write_bytes(image.read_bytes())
+        (folder / "linked.txt").symlink_to(Path(self.tmp) / "elsewhere.txt")
+        self.assertEqual(self.server.post("/api/caption", {"path": str(linked),
+                                                           "caption": "x"}).status, 403)
+        self.assertFalse((Path(self.tmp) / "elsewhere.txt").exists())
+        self.assertEqual(self.server.post("/api/workspace", {"dataset_roots": ["/"]}).status, 422)
+        self.assertEqual(self.server.post("/api/workspace", {"dataset_roots": [self.tmp]}).status,
+                         200)
+        self.assertEqual(self.server.request("GET", f"/datasets?path={self.tmp}").status, 200)
+
     def test_names_and_captions_are_escaped_in_pages(self):
         run_id = self.new_run(SCRIPT)
         for page in ("/", f"/runs/{run_id}"):
