@@ -42,9 +42,8 @@ def field(driver, name: str) -> str:
     return driver.find_element("css selector", f'[data-field="{name}"]').text
 
 
-def loss_points(driver) -> int:
-    points = driver.find_element("css selector", "#loss polyline").get_attribute("points")
-    return len(points.split())
+def points(driver, line: str = "#loss polyline.raw") -> int:
+    return len(driver.find_element("css selector", line).get_attribute("points").split())
 
 
 class UiBrowserTest(unittest.TestCase):
@@ -105,11 +104,13 @@ class UiBrowserTest(unittest.TestCase):
 
         driver.get(f"{self.server.origin}/runs/{run_id}")
         driver.execute_script("window.notReloaded = true;")
-        first = browser.wait_for(lambda d: loss_points(d) >= 2 and int(field(d, "step")),
+        first = browser.wait_for(lambda d: points(d) >= 2 and int(field(d, "step")),
                                  RUN_TIMEOUT_S, "training")
         later = browser.wait_for(lambda d: int(field(d, "step")) > first and int(
             field(d, "step")), RUN_TIMEOUT_S, "still training")
-        self.assertGreater(loss_points(driver), 2)
+        self.assertGreater(points(driver), 2)
+        self.assertGreater(points(driver, "#loss polyline.smooth"), 2)
+        self.assertGreater(points(driver, "#lr polyline.raw"), 2)
         self.assertTrue(driver.execute_script("return window.notReloaded === true;"))
         self.assertGreater(later, first)
         driver.find_element("css selector", 'button[data-action="stop"]').click()
@@ -126,7 +127,16 @@ class UiBrowserTest(unittest.TestCase):
                          "finished")
         self.assertEqual(field(driver, "exit_status"), "0")
         browser.wait_for(lambda d: field(d, "step") == str(STEPS), 10, "at its last step")
+        stop_checkpoint = driver.find_element("css selector", "#checkpoints li").text
+        self.assertRegex(stop_checkpoint, r"^checkpoint-\d+ ")
         self.save_screenshot()
+
+        driver.get(f"{self.server.origin}/compare?ids={run_id},{second_id}")
+        curves = driver.find_elements("css selector", "#compare polyline")
+        self.assertEqual(len(curves), 2)
+        self.assertEqual(len(curves[0].get_attribute("points").split()), STEPS)
+        self.assertEqual(driver.find_element("id", "legend").text.splitlines(),
+                         ["browser run", "second"])
 
     def queue_second_run(self) -> str:
         answer = self.server.post("/api/runs", {"name": "second", "config": TINY_CONFIG,

@@ -9,7 +9,7 @@ import shutil
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
 from simpletuner.common.atomic import atomic_write_json
@@ -19,7 +19,8 @@ from simpletuner.ui.checking import CONFIG_NAME, problems_of
 from simpletuner.ui.context import UiContext
 from simpletuner.ui.events import event_stream
 from simpletuner.ui.planning import PlanFailed, processes_of, run_plan
-from simpletuner.ui.queue_db import RUNNING
+from simpletuner.ui.queue_db import ACTIVE, RUNNING
+from simpletuner.ui.run_details import run_file
 from simpletuner.ui.run_request import BadRequest, read_request
 from simpletuner.ui.workspace import PathRefused
 
@@ -169,6 +170,36 @@ async def move_run(request: Request) -> JSONResponse:
     return JSONResponse({"id": record.id, "queue_index": index})
 
 
+async def delete_run(request: Request) -> JSONResponse:
+    """The run's folder removed, then its record; refused while it is queued or running."""
+    ui, record = _ui(request), _record_or_404(request)
+    if record is None:
+        return _error(404, "no such run")
+    if record.state in ACTIVE:
+        return _error(409, f"run {record.id} is {record.state}: stop or cancel it first")
+    folder = ui.workspace.run_folder(record.id)
+    await run_in_threadpool(shutil.rmtree, folder, ignore_errors=True)
+    if folder.exists():
+        return _error(500, f"could not remove {folder}")
+    ui.queue.delete(record.id)
+    return JSONResponse({"id": record.id, "deleted": str(folder)})
+
+
+async def run_image(request: Request):
+    """An image of the run's output_dir (validation images), nothing outside it."""
+    record = _record_or_404(request)
+    if record is None:
+        return _error(404, "no such run")
+    output = run_files.output_of(_ui(request).workspace.run_folder(record.id))
+    try:
+        path = run_file(output, request.query_params.get("path", ""))
+    except PathRefused as exc:
+        return _error(403, str(exc))
+    if not path.is_file():
+        return _error(404, "no such file")
+    return FileResponse(path)
+
+
 async def checkpoint_run(request: Request) -> JSONResponse:
     return _error(501, "the trainer has no 'checkpoint now' trigger yet: a run checkpoints "
                   "every checkpointing_steps and when stopped (POST /api/runs/{id}/stop)")
@@ -204,5 +235,7 @@ ROUTES = [
     Route("/api/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
     Route("/api/runs/{run_id}/move", move_run, methods=["POST"]),
     Route("/api/runs/{run_id}/checkpoint", checkpoint_run, methods=["POST"]),
+    Route("/api/runs/{run_id}/delete", delete_run, methods=["POST"]),
+    Route("/api/runs/{run_id}/file", run_image, methods=["GET"]),
     Route("/api/runs/{run_id}/events", run_events, methods=["GET"]),
 ]

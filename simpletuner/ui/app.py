@@ -13,7 +13,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from simpletuner.ui import api, dataset_routes, pages
+from simpletuner.ui import api, compare, dataset_routes, pages
 from simpletuner.ui.context import UiContext
 from simpletuner.ui.queue_db import RunQueue
 from simpletuner.ui.scheduler import Scheduler
@@ -39,7 +39,7 @@ def build_app(settings: ServerSettings) -> Starlette:
             task.cancel()
 
     app = Starlette(
-        routes=[*api.ROUTES, *dataset_routes.ROUTES, *pages.ROUTES,
+        routes=[*api.ROUTES, *dataset_routes.ROUTES, *compare.ROUTES, *pages.ROUTES,
                 Mount("/static", StaticFiles(directory=STATIC))],
         middleware=[Middleware(Guard, settings=settings, secret=secret)], lifespan=lifespan)
     app.state.ui = UiContext(settings, workspace, queue, secret)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from html import escape
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -17,6 +17,7 @@ from simpletuner.ui import run_files
 from simpletuner.ui.browse import list_folder
 from simpletuner.ui.checking import CONFIG_NAME, DATASETS_NAME
 from simpletuner.ui.context import UiContext
+from simpletuner.ui.run_details import details_html
 from simpletuner.ui.option_form import SERVER_SET, option_names, options_html
 from simpletuner.ui.security import TOKEN_COOKIE, same
 from simpletuner.ui.workspace import PathRefused
@@ -50,7 +51,8 @@ def _ui(request: Request) -> UiContext:
 def _run_row(run: dict) -> str:
     cells = "".join(f'<td data-field="{field}">{escape(str(run[field] or ""))}</td>'
                     for field in ("status", "step", "max_steps", "elapsed"))
-    return (f'<tr data-run="{escape(run["id"])}"><td><a href="/runs/{escape(run["id"])}">'
+    return (f'<tr data-run="{escape(run["id"])}"><td><input type=checkbox name=compare '
+            f'value="{escape(run["id"])}"> <a href="/runs/{escape(run["id"])}">'
             f'{escape(run["name"])}</a></td>{cells}</tr>')
 
 
@@ -59,7 +61,16 @@ async def runs_page(request: Request) -> HTMLResponse:
     rows = "".join(_run_row(run) for run in runs)
     return page(_ui(request), "Runs",
                  '<table id=runs data-live=runs><thead><tr><th>name<th>status<th>step'
-                 f'<th>of<th>seconds</thead><tbody>{rows}</tbody></table>')
+                 f'<th>of<th>seconds</thead><tbody>{rows}</tbody></table>'
+                 '<p><button type=button data-action=compare>compare the checked runs'
+                 '</button></p>')
+
+
+def _chart(chart_id: str, title: str, series: tuple[str, ...]) -> str:
+    lines = "".join(f'<polyline class={name} fill=none points=""></polyline>' for name in series)
+    return (f'<figure class=chart><figcaption>{escape(title)} <span class=range></span>'
+            f'</figcaption><svg id={chart_id} viewBox="0 0 400 150" width=400 height=150>'
+            f'{lines}</svg></figure>')
 
 
 async def run_page(request: Request) -> HTMLResponse:
@@ -68,7 +79,10 @@ async def run_page(request: Request) -> HTMLResponse:
     if record is None:
         return page(ui, "No such run", "", status_code=404)
     run = await run_in_threadpool(ui.run_view, record)
-    body = (f'<div id=run data-run="{escape(run_id)}">'
+    folder = ui.workspace.run_folder(run_id)
+    details = await run_in_threadpool(details_html, run_id, run_files.output_of(folder))
+    body = (f'<div id=run data-run="{escape(run_id)}" data-name="{escape(run["name"])}" '
+            f'data-folder="{escape(str(folder))}">'
             f'<p>status <b data-field=status>{escape(run["status"])}</b>, step '
             f'<b data-field=step>{escape(str(run["step"] or 0))}</b> of '
             f'<span data-field=max_steps>{escape(str(run["max_steps"] or "?"))}</span>, '
@@ -77,9 +91,12 @@ async def run_page(request: Request) -> HTMLResponse:
             '</span></p>'
             f'<pre data-field=message>{escape(run["message"] or "")}</pre>'
             '<button data-action=stop>stop</button> <button data-action=resume>resume</button> '
-            '<button data-action=cancel>cancel</button>'
-            '<svg id=loss viewBox="0 0 400 150" width=400 height=150><polyline fill=none '
-            'stroke=currentColor points=""/></svg></div>')
+            '<button data-action=cancel>cancel</button> <button data-action=delete>delete'
+            f'</button> <a href="/new?{escape(urlencode({"from": run_id}))}">duplicate as a '
+            'new run</a><div class=charts>'
+            + _chart("loss", "loss (raw, smoothed)", ("raw", "smooth"))
+            + _chart("lr", "learning rate", ("raw",))
+            + _chart("eval", "eval loss", ("raw",)) + f'</div>{details}</div>')
     return page(ui, run["name"], body)
 
 

@@ -104,6 +104,11 @@ class RunQueue:
         return self._change("UPDATE runs SET state = ?, ended_at = ? WHERE id = ? AND state = ?",
                             (CANCELLED, time.time(), run_id, QUEUED))
 
+    def delete(self, run_id: str) -> bool:
+        """The record of an ended run removed (never a queued or running one)."""
+        return self._change(f"DELETE FROM runs WHERE id = ? AND state NOT IN "
+                            f"({', '.join('?' * len(ACTIVE))})", (run_id, *ACTIVE))
+
     def requeue(self, run_id: str) -> bool:
         """An ended run queued again, last in the queue."""
         return self._change(

@@ -30,34 +30,90 @@ async function pollRuns(table) {
   }
 }
 
-function lossCurve(svg) {
-  const points = [];
-  const line = svg.querySelector("polyline");
-  return (step, loss) => {
-    points.push([step, loss]);
-    const maxStep = Math.max(...points.map(p => p[0]), 1);
-    const losses = points.map(p => p[1]);
-    const low = Math.min(...losses), span = Math.max(...losses) - low || 1;
-    line.setAttribute("points", points.map(([s, l]) =>
-      `${(400 * s / maxStep).toFixed(1)},${(145 - 140 * (l - low) / span).toFixed(1)}`).join(" "));
+// A chart of named series (its polylines' classes) that grows as points arrive; a step at or
+// before the last one (a resumed run's cut-back) drops the points from there first.
+function chart(svg) {
+  const series = {};
+  for (const line of svg.querySelectorAll("polyline")) series[line.getAttribute("class")] = [];
+  let pending = false;
+  const draw = () => {
+    pending = false;
+    const all = Object.values(series).flat();
+    if (!all.length) return;
+    const steps = all.map(p => p[0]), values = all.map(p => p[1]);
+    const first = Math.min(...steps), stepSpan = Math.max(...steps) - first || 1;
+    const low = Math.min(...values), high = Math.max(...values);
+    const span = high - low || Math.abs(low) || 1;  // a constant value: a flat line
+    for (const [name, points] of Object.entries(series)) {
+      svg.querySelector(`polyline.${name}`).setAttribute("points", points.map(([s, v]) =>
+        `${(5 + 390 * (s - first) / stepSpan).toFixed(1)},${(145 - 140 * (v - low) / span).toFixed(1)}`).join(" "));
+    }
+    svg.closest("figure").querySelector(".range").textContent =
+      low === high ? `${low.toPrecision(3)}` : `${low.toPrecision(3)} to ${high.toPrecision(3)}`;
   };
+  return (name, step, value) => {
+    const points = series[name];
+    while (points.length && points.at(-1)[0] >= step) points.pop();
+    points.push([step, value]);
+    if (!pending) { pending = true; requestAnimationFrame(draw); }
+  };
+}
+
+function imageUrl(id, path) {
+  return `/api/runs/${id}/file?${new URLSearchParams({path})}`;
+}
+
+// validation and checkpoint events add to what the page was rendered with (the stream
+// replays the run's whole history, so what is there already is skipped).
+function addValidation(id, event) {
+  const grid = document.getElementById("validation");
+  for (const path of event.files ?? []) {
+    const url = imageUrl(id, path);
+    if (!/\.(png|jpe?g|webp)$/i.test(path) || grid.querySelector(`img[src="${CSS.escape(url)}"]`)) continue;
+    const figure = element("figure"), image = element("img");
+    image.src = url;
+    image.alt = `step ${event.step}`;
+    figure.append(image, element("figcaption", `step ${event.step}: ${path}`));
+    grid.append(figure);
+  }
+}
+
+function addCheckpoint(event) {
+  const list = document.getElementById("checkpoints");
+  const known = [...list.children].some(item => item.textContent.startsWith(`${event.folder} `));
+  if (!known) list.append(element("li", `${event.folder} (step ${event.step})`));
 }
 
 function watchRun(root) {
   const id = root.dataset.run;
-  const addPoint = lossCurve(document.getElementById("loss"));
+  const loss = chart(document.getElementById("loss"));
+  const lr = chart(document.getElementById("lr"));
+  const evalLoss = chart(document.getElementById("eval"));
+  let smoothed = null;
   const events = new EventSource(`/api/runs/${id}/events`);
   events.onmessage = (message) => {
     const event = JSON.parse(message.data);
     if (typeof event.step === "number") root.querySelector('[data-field="step"]').textContent = event.step;
-    if (event.type === "step" && typeof event.loss === "number") addPoint(event.step, event.loss);
+    if (event.type === "step" && typeof event.loss === "number") {
+      smoothed = smoothed === null ? event.loss : 0.9 * smoothed + 0.1 * event.loss;
+      loss("raw", event.step, event.loss);
+      loss("smooth", event.step, smoothed);
+    }
+    if (event.type === "step" && typeof event.lr === "number") lr("raw", event.step, event.lr);
+    if (event.type === "eval" && typeof event.eval_loss === "number") evalLoss("raw", event.step, event.eval_loss);
+    if (event.type === "validation") addValidation(id, event);
+    if (event.type === "checkpoint") addCheckpoint(event);
   };
   events.addEventListener("close", () => events.close());
   const refresh = async () => setFields(root, await (await fetch(`/api/runs/${id}`)).json());
   setInterval(refresh, 3000);
   for (const button of root.querySelectorAll("button[data-action]")) {
     button.addEventListener("click", async () => {
-      const result = await post(`/api/runs/${id}/${button.dataset.action}`);
+      const action = button.dataset.action;
+      if (action === "delete" && !confirm(`Delete run "${root.dataset.name}" and its folder ` +
+                                          `${root.dataset.folder}?`)) return;
+      const result = await post(`/api/runs/${id}/${action}`);
+      if (action === "delete" && result.status === 200) { location.href = "/"; return; }
       root.querySelector('[data-field="message"]').textContent = result.body.error ?? "";
       refresh();
     });
@@ -238,7 +294,13 @@ function datasetsPage(samples) {
 }
 
 const runsTable = document.querySelector("table[data-live=runs]");
-if (runsTable) setInterval(() => pollRuns(runsTable), 2000);
+if (runsTable) {
+  setInterval(() => pollRuns(runsTable), 2000);
+  document.querySelector('[data-action="compare"]').addEventListener("click", () => {
+    const ids = [...runsTable.querySelectorAll("input[name=compare]:checked")].map(box => box.value);
+    location.href = `/compare?${new URLSearchParams({ids: ids.join(",")})}`;
+  });
+}
 const runView = document.getElementById("run");
 if (runView) watchRun(runView);
 const form = document.getElementById("new-run");
