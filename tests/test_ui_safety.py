@@ -138,6 +138,48 @@ class UiSafetyTest(unittest.TestCase):
                          200)
         self.assertEqual(self.server.request("GET", f"/datasets?path={self.tmp}").status, 200)
 
+    def test_delete_refuses_an_active_run_and_removes_an_ended_one(self):
+        run_id = self.new_run("to delete")
+        folder = self.workspace / "runs" / run_id
+        self.assertEqual(self.server.post(f"/api/runs/{run_id}/delete").status, 409)
+        self.assertTrue(folder.is_dir())
+        self.assertEqual(self.server.post(f"/api/runs/{run_id}/cancel").status, 200)
+        self.assertEqual(self.server.post(f"/api/runs/{run_id}/delete").status, 200)
+        self.assertFalse(folder.exists())
+        self.assertEqual(self.server.request("GET", f"/api/runs/{run_id}").status, 404)
+
+    def test_a_run_serves_its_own_images_only(self):
+        run_id = self.new_run("images")
+        image = self.workspace / "runs" / run_id / "output" / "validation" / "step-1" / "a.png"
+        image.parent.mkdir(parents=True)
+        shutil.copyfile(self.workspace / "data" / "64x64-00.png", image)
+        served = self.server.request("GET", f"/api/runs/{run_id}/file?path=validation/step-1/a.png")
+        self.assertEqual((served.status, served.body), (200, image.read_bytes()))
+        for path in ("../config.json", "../../../.token", "/etc/hostname",
+                     "../../../data/64x64-00.png"):
+            answer = self.server.request("GET", f"/api/runs/{run_id}/file?path={path}")
+            self.assertEqual(answer.status, 403, path)
+
+    def test_compare_draws_each_runs_losses_and_duplicate_copies_a_config(self):
+        first, second = self.new_run(SCRIPT, learning_rate=0.25), self.new_run("other")
+        for run_id, count in ((first, 3), (second, 2)):
+            output = self.workspace / "runs" / run_id / "output"
+            output.mkdir(parents=True, exist_ok=True)
+            (output / "events.jsonl").write_text("".join(
+                json.dumps({"type": "step", "step": step, "loss": 1 / step}) + "\n"
+                for step in range(1, count + 1)) + '{"type": "end", "step": 3}\n')
+        page = self.server.request("GET", f"/compare?ids={first},{second}").text
+        curves = [line.split('"')[0].split() for line in page.split('points="')[1:]]
+        self.assertEqual([len(curve) for curve in curves], [3, 2])
+        self.assertIn(ESCAPED, page)
+        self.assertNotIn(SCRIPT, page)
+        self.assertEqual(self.server.request("GET", "/compare?ids=../x").status, 404)
+        copy = self.server.request("GET", f"/new?from={first}").text
+        self.assertIn('name="learning_rate" data-kind=number value="0.25"', copy)
+        self.assertIn(f"{ESCAPED} (copy)", copy)
+        for set_by_the_server in ("output_dir", "data_backend_config"):
+            self.assertNotIn(f"&quot;{set_by_the_server}&quot;", copy)  # not in "other keys"
+
     def test_names_and_captions_are_escaped_in_pages(self):
         run_id = self.new_run(SCRIPT)
         for page in ("/", f"/runs/{run_id}"):
