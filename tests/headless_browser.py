@@ -45,13 +45,6 @@ def chromium(tmpdir: str, *args: str) -> str:
     return result.stdout
 
 
-def selenium_select(element):
-    """selenium's Select over a <select> element (imported where selenium is known present)."""
-    from selenium.webdriver.support.select import Select
-
-    return Select(element)
-
-
 DRIVER_PORT = re.compile(r"started successfully on port (\d+)")
 DRIVER_START_S = 30
 WINDOW = "1200,1000"

@@ -14,8 +14,9 @@ import time
 import unittest
 from pathlib import Path
 
-from headless_browser import Browser, selenium_select as Select
+from headless_browser import Browser
 from training_fixtures import make_shapes
+from simpletuner.ui.queue_db import ACTIVE
 from ui_fixtures import TINY_CONFIG, Server, dataset
 
 RUN_TIMEOUT_S = 120
@@ -51,40 +52,41 @@ class UiBrowserTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="ui-browser-")
         cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
-        cls.workspace = Path(cls.tmp) / "workspace"
-        make_shapes(cls.workspace / "data", per_size=2, sizes=((64, 64),))
 
     def setUp(self):
+        self.workspace = Path(self.tmp) / self._testMethodName  # its own runs and captions
+        make_shapes(self.workspace / "data", per_size=2, sizes=((64, 64),))
         self.server = Server(self.workspace, self.tmp)
         self.addCleanup(self.server.close)
         self.browser = Browser(self.tmp)
         self.addCleanup(self.browser.close)
         self.driver = self.browser.driver
 
-    def fill_new_run(self, learning_rate: str) -> None:
-        """The form as a person fills it: the tiny model's options, one dataset."""
+    def import_new_run(self, learning_rate: str) -> None:
+        """The form filled by importing a SimpleTuner config.json (its "--" keys) and
+        multidatabackend.json, pasted; then the run's name typed."""
         find = self.driver.find_element
-        config = {**TINY_CONFIG, "max_train_steps": STEPS, "checkpointing_steps": 0}
+        config = {**TINY_CONFIG, "max_train_steps": STEPS, "checkpointing_steps": 0,
+                  "learning_rate": learning_rate, "tracker_run_name": "imported"}
+        find("css selector", "#import summary").click()
+        find("css selector", 'textarea[data-import="config"]').send_keys(
+            json.dumps({f"--{key}": value for key, value in config.items()}))
+        find("css selector", 'textarea[data-import="datasets"]').send_keys(
+            json.dumps([dataset(self.workspace / "data")]))
+        find("css selector", 'button[data-action="import"]').click()
+        value = lambda name: find("css selector", f'#options [name="{name}"]').get_attribute(
+            "value")
+        self.assertEqual([value(name) for name in ("model_family", "max_train_steps",
+                                                    "tracker_run_name", "resume_from_checkpoint")],
+                         ["sd1x", str(STEPS), "imported", ""])  # the form's defaults replaced
+        self.assertEqual(len(self.driver.find_elements("css selector", "#dataset-list .dataset")),
+                         1)
         find("name", "run-name").send_keys("browser run")
-        find("css selector", "#options summary").click()  # "more options"
-        for name, value in {**config, "learning_rate": learning_rate}.items():
-            element = find("css selector", f'#options [name="{name}"]')
-            if element.tag_name == "select":
-                Select(element).select_by_value(str(value))
-            else:
-                element.clear()
-                element.send_keys(str(value))
-        extra = find("name", "extra")
-        extra.clear()
-        extra.send_keys("{}")
-        area = find("css selector", "#dataset-list textarea")
-        area.clear()
-        area.send_keys(json.dumps(dataset(self.workspace / "data")))
 
     def test_a_run_made_in_the_browser_trains_stops_and_resumes(self):
         driver, browser = self.driver, self.browser
         driver.get(f"{self.server.origin}/new")
-        self.fill_new_run(learning_rate="fast")
+        self.import_new_run(learning_rate="fast")
         driver.find_element("css selector", "#new-run button:not([type])").click()
         at_field = browser.wait_for(lambda d: d.find_element(
             "css selector", '.option[data-path="learning_rate"] .problems').text,
@@ -96,6 +98,11 @@ class UiBrowserTest(unittest.TestCase):
         rate = driver.find_element("css selector", '#options [name="learning_rate"]')
         rate.clear()
         rate.send_keys("0.001")
+        driver.find_element("css selector", 'button[data-action="plan"]').click()
+        plan = browser.wait_for(lambda d: d.find_element("id", "plan").text, 60, "the plan")
+        self.assertIn("64x64 2", plan)  # its one bucket and its two images
+        self.assertEqual(driver.find_element(
+            "css selector", '.option[data-path="learning_rate"] .problems').text, "")
         driver.find_element("css selector", "#new-run button:not([type])").click()
         browser.wait_for(lambda d: "/runs/" in d.current_url, 30, "on the run's page")
         run_id = driver.current_url.rsplit("/", 1)[1]
@@ -175,8 +182,8 @@ class UiBrowserTest(unittest.TestCase):
         answer = self.server.post("/api/runs", {"name": "captions", "config": TINY_CONFIG,
                                                 "datasets": [dataset(self.workspace / "data")]})
         run_id = answer.json()["id"]
-        ended = self.server.wait_for_run(run_id, lambda run: run["status"] not in (
-            "queued", "running"), RUN_TIMEOUT_S, "ended")
+        ended = self.server.wait_for_run(run_id, lambda run: run["status"] not in ACTIVE,
+                                         RUN_TIMEOUT_S, "ended")
         self.assertEqual(ended["status"], "finished", ended["message"])
         cache = text_embed_cache(self.workspace / "runs" / run_id / "output")
         self.assertTrue(cache.path_for(EDITED).exists(), "the edited caption was not encoded")

@@ -183,7 +183,8 @@ function addDataset(form, dataset) {
 function importFiles(form) {
   const text = (name) => form.querySelector(`textarea[data-import="${name}"]`).value.trim();
   try {
-    if (text("config")) {
+    if (text("config")) {  // it replaces the form's options: what it leaves out is unset
+      for (const input of form.querySelectorAll("#options [data-kind]")) input.value = "";
       const extra = {};
       for (const [rawKey, value] of Object.entries(JSON.parse(text("config")))) {
         const key = rawKey.replace(/^--/, "");
