@@ -104,6 +104,11 @@ class UiSafetyTest(unittest.TestCase):
                                                "datasets": [dataset("data")]}).json()["plan"]
         self.assertEqual(alone["optimizer_steps_per_epoch"][0], 1)
         self.assertIsNone(alone["problem"])
+        self.assertNotIn("memory", alone)  # only when asked: it costs seconds
+        memory = self.server.post("/api/plan", {"config": TINY_CONFIG, "gpu_memory": 0.5,
+                                                "datasets": [dataset("data")]}).json()
+        self.assertIn("peak per rank", memory["plan"]["memory"]["text"])
+        self.assertIsNone(memory["plan"]["memory"]["verdict"])  # not estimated for sd1x
         refused = self.server.post("/api/plan", {"config": TINY_CONFIG,
                                                  "datasets": [dataset("outside")]}).json()
         self.assertEqual([p["path"] for p in refused["problems"]],

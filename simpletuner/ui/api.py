@@ -18,7 +18,8 @@ from simpletuner.ui.browse import list_folder
 from simpletuner.ui.checking import CONFIG_NAME, problems_of
 from simpletuner.ui.context import UiContext
 from simpletuner.ui.events import event_stream
-from simpletuner.ui.planning import PlanFailed, processes_of, run_plan
+from simpletuner.ui.planning import (PlanFailed, gpu_memory_of, processes_of,
+                                     run_memory_plan, run_plan)
 from simpletuner.ui.queue_db import ACTIVE, RUNNING
 from simpletuner.ui.run_details import run_file
 from simpletuner.ui.run_request import BadRequest, read_request
@@ -93,7 +94,11 @@ async def plan_config(request: Request) -> JSONResponse:
         problems = await run_in_threadpool(problems_of, run.config, run.datasets, folder)
         if problems:
             return JSONResponse({"problems": problems})
-        plan = await run_in_threadpool(run_plan, ui.settings.repo, folder, processes_of(body))
+        processes, gpu_memory = processes_of(body), gpu_memory_of(body)
+        plan = await run_in_threadpool(run_plan, ui.settings.repo, folder, processes)
+        if gpu_memory is not None:
+            plan["memory"] = await run_in_threadpool(run_memory_plan, ui.settings.repo, folder,
+                                                     processes, gpu_memory)
     except PlanFailed as exc:
         return JSONResponse({"problems": [{"message": str(exc)}]})
     finally:

@@ -152,7 +152,9 @@ async def new_page(request: Request) -> HTMLResponse:
             'data-action=add-dataset>add a dataset</button></fieldset>'
             '<p><button type=button data-action=check>check</button> <button type=button '
             'data-action=plan>plan</button> for <input name=processes type=number value=1 '
-            'min=1 max=64> process(es) <button>queue</button></p></form>'
+            'min=1 max=64> process(es), memory on a device of <input name=gpu-memory '
+            'type=number min=0 step=any placeholder="GiB (slower)"> GiB <button>queue</button>'
+            '</p></form>'
             '<div id=plan></div>')
     return page(ui, "New run", body)
 

@@ -232,6 +232,10 @@ function showPlan(plan) {
     `${steps.slice(0, 5).join(", ")}${steps.length > 5 ? ", ..." : ""}; micro-batches per ` +
     `process per epoch ${(plan.micro_batches_per_epoch ?? []).slice(0, 5).join(", ")}`));
   if (plan.problem) parts.push(element("pre", plan.problem));
+  if (plan.memory) {
+    parts.push(element("p", plan.memory.verdict ?? "no fit verdict for this family (see the table)"));
+    parts.push(element("pre", plan.memory.text));
+  }
   document.getElementById("plan").replaceChildren(...parts);
 }
 
@@ -255,8 +259,10 @@ function newRunForm(form) {
     showProblems(form, problems.length ? problems : [{message: "no problems"}]);
   });
   form.querySelector('[data-action="plan"]').addEventListener("click", async () => {
-    const result = await submit("/api/plan",
-                                {processes: Number(form.elements.namedItem("processes").value)});
+    const gpuMemory = Number(form.elements.namedItem("gpu-memory").value);
+    const result = await submit("/api/plan", {
+      processes: Number(form.elements.namedItem("processes").value),
+      ...(gpuMemory > 0 ? {gpu_memory: gpuMemory} : {})});
     if (!result) return;
     showProblems(form, result.body.problems ?? []);
     if (result.body.plan) showPlan(result.body.plan);
