@@ -14,6 +14,9 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
+
 from launching import run_bounded
 from training_fixtures import environment, make_shapes
 from ui_fixtures import TINY_CONFIG, Server, dataset
@@ -155,11 +158,18 @@ class UiSafetyTest(unittest.TestCase):
 
     def test_a_run_serves_its_own_images_only(self):
         run_id = self.new_run("images")
-        image = self.workspace / "runs" / run_id / "output" / "validation" / "step-1" / "a.png"
+        image = (self.workspace / "runs" / run_id / "output" / "validation" / "step-1"
+                 / "image-00.png")
         image.parent.mkdir(parents=True)
-        shutil.copyfile(self.workspace / "data" / "64x64-00.png", image)
-        served = self.server.request("GET", f"/api/runs/{run_id}/file?path=validation/step-1/a.png")
+        prompt = PngInfo()
+        prompt.add_text("prompt", SCRIPT)  # as validation writes it
+        Image.new("RGB", (8, 8)).save(image, pnginfo=prompt)
+        url = f"/api/runs/{run_id}/file?path=validation%2Fstep-1%2Fimage-00.png"
+        served = self.server.request("GET", url)
         self.assertEqual((served.status, served.body), (200, image.read_bytes()))
+        page = self.server.request("GET", f"/runs/{run_id}").text
+        self.assertIn(f'<img src="{url}"', page)  # the validation grid
+        self.assertIn(f"step 1: {ESCAPED}", page)
         for path in ("../config.json", "../../../.token", "/etc/hostname",
                      "../../../data/64x64-00.png"):
             answer = self.server.request("GET", f"/api/runs/{run_id}/file?path={path}")

@@ -40,9 +40,13 @@ function chart(svg) {
     pending = false;
     const all = Object.values(series).flat();
     if (!all.length) return;
-    const steps = all.map(p => p[0]), values = all.map(p => p[1]);
-    const first = Math.min(...steps), stepSpan = Math.max(...steps) - first || 1;
-    const low = Math.min(...values), high = Math.max(...values);
+    // Loops, not Math.min(...all): a long run's points exceed the arguments a call takes.
+    let first = Infinity, last = -Infinity, low = Infinity, high = -Infinity;
+    for (const [step, value] of all) {
+      first = Math.min(first, step); last = Math.max(last, step);
+      low = Math.min(low, value); high = Math.max(high, value);
+    }
+    const stepSpan = last - first || 1;
     const span = high - low || Math.abs(low) || 1;  // a constant value: a flat line
     for (const [name, points] of Object.entries(series)) {
       svg.querySelector(`polyline.${name}`).setAttribute("points", points.map(([s, v]) =>
