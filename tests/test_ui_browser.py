@@ -2,7 +2,9 @@
 whose mistake is shown at its field, fixed and queued; its page's step count and loss curve
 growing from the event stream without a reload; the runs page showing a second run queued,
 then running once the first is stopped; the stop ending it preempted (75) and the resume
-finishing it."""
+finishing it; a run page filling in as events land (eval curve, validation images,
+checkpoints) and delete asking first; a caption edited on the datasets page being the one the
+next run encodes."""
 
 from __future__ import annotations
 
@@ -39,6 +41,12 @@ def text_embed_cache(output_dir: Path):
     return TextEmbedCache(output_dir / "cache" / "text", identity)
 
 
+def append_events(output_dir: Path, *events: dict) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(output_dir / "events.jsonl", "a", encoding="utf-8") as log:
+        log.write("".join(json.dumps({"time": 0, **event}) + "\n" for event in events))
+
+
 def field(driver, name: str) -> str:
     return driver.find_element("css selector", f'[data-field="{name}"]').text
 
@@ -56,7 +64,9 @@ class UiBrowserTest(unittest.TestCase):
     def setUp(self):
         self.workspace = Path(self.tmp) / self._testMethodName  # its own runs and captions
         make_shapes(self.workspace / "data", per_size=2, sizes=((64, 64),))
-        self.server = Server(self.workspace, self.tmp)
+        # A test of the page alone queues its run and never starts it.
+        slots = "0" if self._testMethodName.startswith("test_page_") else "1"
+        self.server = Server(self.workspace, self.tmp, "--slots", slots)
         self.addCleanup(self.server.close)
         self.browser = Browser(self.tmp)
         self.addCleanup(self.browser.close)
@@ -193,6 +203,43 @@ class UiBrowserTest(unittest.TestCase):
         cache = text_embed_cache(self.workspace / "runs" / run_id / "output")
         self.assertTrue(cache.path_for(EDITED).exists(), "the edited caption was not encoded")
         self.assertFalse(cache.path_for(f"a caption {SCRIPT}").exists())
+
+    def test_page_fills_in_as_events_land_and_delete_asks_first(self):
+        """A run's events written by hand (the run stays queued): the eval curve, the
+        validation grid and the checkpoints grow as lines land; a cut-back redraws."""
+        driver, browser = self.driver, self.browser
+        run_id = self.queue_second_run()
+        output = self.workspace / "runs" / run_id / "output"
+        driver.get(f"{self.server.origin}/runs/{run_id}")
+        self.assertEqual(driver.find_elements("css selector", "#validation img"), [])
+        (output / "validation" / "step-2").mkdir(parents=True)
+        shutil.copyfile(self.workspace / "data" / "64x64-00.png",
+                        output / "validation" / "step-2" / "image-00.png")
+        for step in (1, 2, 3):
+            append_events(output, {"type": "step", "step": step, "loss": 1 / step, "lr": 0.1})
+        append_events(output, {"type": "eval", "step": 2, "eval_loss": 0.5},
+                      {"type": "eval", "step": 3, "eval_loss": 0.4},
+                      {"type": "validation", "step": 2,
+                       "files": ["validation/step-2/image-00.png", "../../../.token"]},
+                      {"type": "checkpoint", "step": 3, "folder": "checkpoint-3"})
+        browser.wait_for(lambda d: points(d, "#eval polyline.raw") == 2, 10, "the eval curve")
+        image = browser.wait_for(lambda d: d.find_elements("css selector", "#validation img"),
+                                 10, "the validation image")
+        self.assertEqual(len(image), 1)  # the path out of output_dir is not an image shown
+        self.assertTrue(driver.execute_script("return arguments[0].naturalWidth > 0;", image[0]))
+        self.assertEqual(driver.find_element("id", "checkpoints").text, "checkpoint-3 (step 3)")
+        append_events(output, {"type": "step", "step": 2, "loss": 0.9, "lr": 0.1})  # resumed
+        browser.wait_for(lambda d: points(d) == 2, 10, "the curve cut back to step 2")
+
+        driver.find_element("css selector", 'button[data-action="cancel"]').click()
+        browser.wait_for(lambda d: field(d, "status") == "cancelled", 10, "cancelled")
+        driver.find_element("css selector", 'button[data-action="delete"]').click()
+        question = driver.switch_to.alert
+        self.assertIn(f'Delete run "second" and its folder {self.workspace / "runs" / run_id}',
+                      question.text)
+        question.accept()
+        browser.wait_for(lambda d: d.current_url == f"{self.server.origin}/", 10, "deleted")
+        self.assertFalse(output.parent.exists())
 
     def save_screenshot(self) -> None:
         time.sleep(1)  # the last events drawn
