@@ -11,6 +11,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from simpletuner.ui.queue_db import ACTIVE
 from training_fixtures import make_shapes
 from ui_fixtures import TINY_CONFIG, Server, dataset
 
@@ -79,8 +80,8 @@ class UiRunsTest(unittest.TestCase):
             output = self.workspace / "runs" / second / "output"
             self.assertTrue(list(output.glob("checkpoint-*")), "no checkpoint at the stop")
 
-            failed = server.wait_for_run(doomed, lambda run: run["status"] not in
-                                         ("queued", "running"), RUN_TIMEOUT_S, "ended")
+            failed = server.wait_for_run(doomed, lambda run: run["status"] not in ACTIVE,
+                                         RUN_TIMEOUT_S, "ended")
             self.assertEqual((failed["status"], failed["exit_status"]), ("failed", 2))
             self.assertIn("doomed", failed["message"])  # the console's end names the folder
 

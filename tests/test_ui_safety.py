@@ -127,6 +127,13 @@ class UiSafetyTest(unittest.TestCase):
         self.assertNotIn(SCRIPT, page)
         thumb = self.server.request("GET", f"/api/thumbnail?path={image}")
         self.assertEqual((thumb.status, thumb.body[:4]), (200, b"\x89PNG"))
+        made = lambda: sorted((self.workspace / "thumbnails").rglob("*.png"))
+        first = made()
+        self.server.request("GET", f"/api/thumbnail?path={image}")
+        self.assertEqual(made(), first)  # made once
+        os.utime(image, ns=(0, 0))  # an edited image gets a new one
+        self.server.request("GET", f"/api/thumbnail?path={image}")
+        self.assertEqual(len(made()), len(first) + 1)
         self.assertEqual(self.server.request("GET", "/api/thumbnail?path=/etc/hostname").status,
                          403)
         saved = self.server.post("/api/caption", {"path": str(image), "caption": "new"})
