@@ -110,7 +110,8 @@ def _dataset_entry(dataset: dict) -> str:
 def _duplicated(ui: UiContext, run_id: str | None) -> tuple[str, dict, list] | None:
     """A run's name, config and datasets for a new run made from it (without the keys the
     server sets and the resume, which names the old run's checkpoints)."""
-    if not run_id or ui.queue.get(run_id) is None:
+    record = ui.queue.get(run_id) if run_id else None
+    if record is None:
         return None
     folder = ui.workspace.run_folder(run_id)
     config = run_files.read_json(folder / CONFIG_NAME) or {}
@@ -120,7 +121,7 @@ def _duplicated(ui: UiContext, run_id: str | None) -> tuple[str, dict, list] | N
         datasets = []
     for key in (*SERVER_SET, "resume_from_checkpoint"):
         config.pop(key, None)
-    return f"{ui.queue.get(run_id).name} (copy)", config, datasets
+    return f"{record.name} (copy)", config, datasets
 
 
 async def new_page(request: Request) -> HTMLResponse:

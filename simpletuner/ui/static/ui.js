@@ -1,5 +1,7 @@
-// The pages' only script: live values from the JSON API and the run's event stream, and the
-// requests the buttons and the new-run form make (with the workspace secret from the page).
+// The pages' only script: the runs list kept live, a run page's charts, validation images and
+// checkpoints growing from its event stream, the new-run form (problems at their fields,
+// import, plan), the datasets page's captions and roots; every state-changing request carries
+// the workspace secret from the page. Text is set as text, never as HTML.
 "use strict";
 
 const secret = document.querySelector('meta[name="simpletuner-secret"]')?.content;
