@@ -110,11 +110,13 @@ class UiBrowserTest(unittest.TestCase):
         rate = driver.find_element("css selector", '#options [name="learning_rate"]')
         rate.clear()
         rate.send_keys("0.001")
+        driver.find_element("css selector", 'button[data-action="check"]').click()
+        browser.wait_for(lambda d: d.find_element("id", "checked").text, 30, "checked")
+        self.assertEqual(driver.find_element(
+            "css selector", '.option[data-path="learning_rate"] .problems').text, "")
         driver.find_element("css selector", 'button[data-action="plan"]').click()
         plan = browser.wait_for(lambda d: d.find_element("id", "plan").text, 60, "the plan")
         self.assertIn("64x64 2", plan)  # its one bucket and its two images
-        self.assertEqual(driver.find_element(
-            "css selector", '.option[data-path="learning_rate"] .problems').text, "")
         driver.find_element("css selector", "#new-run button:not([type])").click()
         browser.wait_for(lambda d: "/runs/" in d.current_url, 30, "on the run's page")
         return driver.current_url.rsplit("/", 1)[1]

@@ -142,7 +142,7 @@ async def new_page(request: Request) -> HTMLResponse:
             '<label>multidatabackend.json <input type=file accept=".json" '
             'data-import-file=datasets><textarea data-import=datasets rows=5 spellcheck=false>'
             '</textarea></label><button type=button data-action=import>import</button>'
-            '</details><ul id=problems class=problems></ul>'
+            '</details><p id=checked></p><ul id=problems class=problems></ul>'
             f'{options_html(config)}'
             '<fieldset class=option data-path=extra><legend>other config.json keys '
             '(a JSON object)</legend><textarea name=extra rows=3 spellcheck=false>'

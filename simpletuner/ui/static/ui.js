@@ -48,11 +48,11 @@ function chart(svg) {
       first = Math.min(first, step); last = Math.max(last, step);
       low = Math.min(low, value); high = Math.max(high, value);
     }
-    const stepSpan = last - first || 1;
-    const span = high - low || Math.abs(low) || 1;  // a constant value: a flat line
+    const stepSpan = last - first || 1, span = high - low;
+    const y = (v) => span ? 145 - 140 * (v - low) / span : 75;  // a constant: a middle line
     for (const [name, points] of Object.entries(series)) {
       svg.querySelector(`polyline.${name}`).setAttribute("points", points.map(([s, v]) =>
-        `${(5 + 390 * (s - first) / stepSpan).toFixed(1)},${(145 - 140 * (v - low) / span).toFixed(1)}`).join(" "));
+        `${(5 + 390 * (s - first) / stepSpan).toFixed(1)},${y(v).toFixed(1)}`).join(" "));
     }
     svg.closest("figure").querySelector(".range").textContent =
       low === high ? `${low.toPrecision(3)}` : `${low.toPrecision(3)} to ${high.toPrecision(3)}`;
@@ -164,6 +164,7 @@ function problemPlace(form, problem) {
 }
 
 function showProblems(form, problems) {
+  document.getElementById("checked").replaceChildren();
   for (const list of document.querySelectorAll(".problems")) list.replaceChildren();
   for (const marked of form.querySelectorAll(".has-problem")) marked.classList.remove("has-problem");
   for (const problem of problems) {
@@ -261,8 +262,9 @@ function newRunForm(form) {
   form.querySelector('[data-action="check"]').addEventListener("click", async () => {
     const result = await submit("/api/check");
     if (!result) return;
-    const problems = result.body.problems ?? [{message: result.body.error}];
-    showProblems(form, problems.length ? problems : [{message: "no problems"}]);
+    showProblems(form, result.body.problems ?? [{message: result.body.error}]);
+    document.getElementById("checked").textContent =
+      result.body.problems?.length === 0 ? "no problems: it would start" : "";
   });
   form.querySelector('[data-action="plan"]').addEventListener("click", async () => {
     const gpuMemory = Number(form.elements.namedItem("gpu-memory").value);
