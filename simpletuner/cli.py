@@ -1,12 +1,14 @@
 """`python -m simpletuner <command>`: plan a dataset split, build a built-in tiny model, list
-the options, check a config (what ./train.sh runs before launching), or render a run's report
-again."""
+the options, check a config (what ./train.sh runs before launching), render a run's report
+again, or serve the web UI."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import sys
+
+from simpletuner.ui.settings import add_serve_arguments
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         "report", help="write OUTPUT_DIR/training_report.html again from the run's files "
         "(checkpoints verified by SHA-256)")
     report.add_argument("output_dir")
+
+    add_serve_arguments(commands.add_parser(
+        "serve", help="the web UI: queue, start, watch and stop runs (docs/API.md)"))
     return parser
 
 
@@ -127,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "check":
         return _check(args.config, option_args, args.json)
+    if args.command == "serve":
+        from simpletuner.ui.serve import run_server
+
+        return run_server(args)
     if args.command == "report":
         from simpletuner.training.reporting.report_command import run_report_command
 
