@@ -10,7 +10,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from simpletuner.ui.checking import problem_record, problems_of
+from simpletuner.ui.checking import problems_of
 from simpletuner.ui.events import LineTail, RunEvents
 from simpletuner.ui.option_form import COMMON, form_options, options_html
 from simpletuner.ui.queue_db import RunQueue
@@ -148,11 +148,6 @@ class ProblemRecordTest(TempFolder):
         self.assertNotIn(str(self.root), rate["message"])  # the check folder is no news
         missing = problems_of({"model_family": "sd1x"}, [], self.root / "check")
         self.assertIn("pretrained_model_name_or_path", [record["path"] for record in missing])
-
-    def test_a_problem_naming_no_place_has_an_empty_path(self):
-        self.assertEqual(problem_record("the model folder is incomplete"),
-                         {"file": "", "path": "", "key": "", "fix": "",
-                          "message": "the model folder is incomplete"})
 
 
 class OptionFormTest(unittest.TestCase):

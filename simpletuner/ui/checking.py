@@ -6,7 +6,6 @@ page can show it at its field."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_json
@@ -16,11 +15,6 @@ from simpletuner.training.run.launch_checks import launch_problems
 
 CONFIG_NAME = "config.json"
 DATASETS_NAME = "multidatabackend.json"
-
-# How the text report names where a problem is: "<file>: [dataset [i] (id 'x'): ][key 'k' ...]".
-_WHERE = re.compile(r"^(?P<file>[^:]*?(?:config|multidatabackend)\.json): "
-                    r"(?:dataset \[(?P<index>\d+)\][^:]*: )?(?:(?:missing required )?"
-                    r"key '(?P<key>[^']+)')?")
 
 
 def problems_of(config: dict, datasets: list, folder: Path) -> list[dict]:
@@ -35,23 +29,6 @@ def problems_of(config: dict, datasets: list, folder: Path) -> list[dict]:
         configuration = load_configuration(folder / CONFIG_NAME, cwd=folder)
         problems = launch_problems(configuration)
     except ConfigError as exc:
-        problems = exc.problems
-    return [problem_record(problem) for problem in problems]
-
-
-def problem_record(problem) -> dict:
-    """A check's problem as a record: a Problem record as it is; a text one (the checks that
-    still report text) read back from how the report names its place."""
-    if hasattr(problem, "as_json"):
-        return problem.as_json()
-    text = str(problem)
-    where = _WHERE.match(text)
-    if where is None:
-        return {"file": "", "path": "", "key": "", "message": text, "fix": ""}
-    file, index, key = Path(where["file"]).name, where["index"], where["key"] or ""
-    if index is None:
-        path = key if file == CONFIG_NAME else ""
-    else:
-        path = f"datasets[{index}]" + (f".{key}" if key else "")
-    return {"file": file, "path": path, "key": key, "message": text[where.end("file") + 2:],
-            "fix": ""}
+        problems = exc.records
+    # The form shows the file by name: the run folder the UI wrote them into is no news.
+    return [{**problem.as_json(), "file": Path(problem.file).name} for problem in problems]

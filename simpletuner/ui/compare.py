@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-from simpletuner.training.reporting.run_log import STEP_LOG
+from simpletuner.training.reporting.report_data import OLD_STEP_LOG as STEP_LOG
 from simpletuner.ui import run_files
 from simpletuner.ui.pages import page
 from simpletuner.ui.workspace import PathRefused

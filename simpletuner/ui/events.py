@@ -14,7 +14,7 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from simpletuner.training.reporting.run_log import STEP_LOG
+from simpletuner.training.reporting.report_data import OLD_STEP_LOG as STEP_LOG
 from simpletuner.ui import run_files
 from simpletuner.ui.context import UiContext
 from simpletuner.ui.queue_db import ACTIVE

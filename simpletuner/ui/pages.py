@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from html import escape
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode
 
 from starlette.concurrency import run_in_threadpool
@@ -22,14 +23,25 @@ from simpletuner.ui.option_form import SERVER_SET, option_names, options_html
 from simpletuner.ui.security import TOKEN_COOKIE, same
 from simpletuner.ui.workspace import PathRefused
 
-# What /new starts from: the demo's settings, on the demo dataset generated in the workspace
-# (`python -m simpletuner.demo_data WORKSPACE/data/demo-shapes`).
-NEW_RUN_CONFIG = {"model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
-                  "model_type": "full", "resolution": 64, "aspect_bucket_alignment": 16,
-                  "train_batch_size": 8, "max_train_steps": 200, "learning_rate": 0.003,
-                  "checkpointing_steps": 100, "resume_from_checkpoint": "latest"}
-NEW_RUN_DATASETS = [{"id": "demo-shapes", "type": "local", "instance_data_dir":
-                     "data/demo-shapes", "caption_strategy": "textfile"}]
+# What /new starts from: ./train.sh's own demo (config/ in the repository), shorter, on the
+# demo dataset generated in the workspace (`python -m simpletuner.demo_data
+# WORKSPACE/data/demo-shapes`, the path its dataset file names).
+DEMO_CONFIG = Path("config") / CONFIG_NAME
+DEMO_DATASETS = Path("config") / DATASETS_NAME
+NEW_RUN_OVERRIDES = {"max_train_steps": 200, "checkpointing_steps": 100,
+                     "validation_steps": 100}
+
+
+def _demo_run(repo: Path) -> tuple[str, dict, list]:
+    """The demo's two files as a new run's starting point."""
+    config = run_files.read_json(repo / DEMO_CONFIG) or {}
+    try:
+        datasets = json.loads((repo / DEMO_DATASETS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        datasets = []
+    for key in SERVER_SET:
+        config.pop(key, None)
+    return "", {**config, **NEW_RUN_OVERRIDES}, datasets
 
 
 def page(ui: UiContext, title: str, body: str, status_code: int = 200) -> HTMLResponse:
@@ -127,8 +139,7 @@ def _duplicated(ui: UiContext, run_id: str | None) -> tuple[str, dict, list] | N
 async def new_page(request: Request) -> HTMLResponse:
     ui = _ui(request)
     name, config, datasets = (await run_in_threadpool(
-        _duplicated, ui, request.query_params.get("from"))) or ("", NEW_RUN_CONFIG,
-                                                                 NEW_RUN_DATASETS)
+        _duplicated, ui, request.query_params.get("from"))) or _demo_run(ui.settings.repo)
     offered = set(option_names())
     extra = {key: value for key, value in config.items() if key not in offered}
     entries = "".join(_dataset_entry(dataset) for dataset in datasets

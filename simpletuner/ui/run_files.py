@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simpletuner.training.reporting.run_log import STATUS_FILE, STEP_LOG
+from simpletuner.training.reporting.events import EVENTS_FILE
+from simpletuner.training.reporting.report_data import OLD_STEP_LOG as STEP_LOG
+from simpletuner.training.reporting.run_log import STATUS_FILE
 from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_DIVERGED, EXIT_FAILED,
                                                EXIT_PREEMPTED, EXIT_TRAINED)
 
-EVENTS_NAME = "events.jsonl"
+EVENTS_NAME = EVENTS_FILE
 TAIL_BYTES = 64 * 1024
 STATES_BY_EXIT = {EXIT_TRAINED: "finished", EXIT_PREEMPTED: "preempted",
                   EXIT_DIVERGED: "diverged"}
