@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from simpletuner.common.names import printable
 from simpletuner.training.reporting.report_data import ReportData, read_report_data
 from simpletuner.training.reporting.report_page import write_report
 from simpletuner.training.reporting.run_log import STATUS_FILE, STEP_LOG
@@ -32,9 +33,10 @@ def run_report_command(output_dir: str) -> int:
             mark_if_killed(data)
         path = write_report(data)
     except OSError as exc:
-        print(f"report: could not write the report in {folder}: {exc}", file=sys.stderr)
+        print(printable(f"report: could not write the report in {folder}: {exc}"),
+              file=sys.stderr)
         return 1
-    print(path)
+    print(printable(str(path)))
     return 0
 
 
