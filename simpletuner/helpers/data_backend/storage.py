@@ -59,6 +59,13 @@ def special_file_reason(mode: int) -> str:
     return f"not a regular file ({kind})"
 
 
+def leaves_root(name: str) -> bool:
+    """Whether a name given by a table, not found by listing, may reach outside the dataset's
+    root. Any '..' part may, lexically or through a symlinked folder before it, so every name
+    holding one is refused rather than resolved."""
+    return ".." in name.split("/")
+
+
 def extension_of(name: str) -> str:
     """'.jpg' for 'a/B.JPG'; '' for hidden or extension-less names."""
     base = name.rsplit("/", 1)[-1]
