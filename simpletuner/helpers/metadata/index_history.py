@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from simpletuner.common.atomic import atomic_write_with, json_text
+from simpletuner.common.stale_temporaries import remove_stale_temporaries
 from simpletuner.helpers.metadata.data_changes import describe_file_changes
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index_cache import (
@@ -58,7 +59,10 @@ class IndexHistory:
     def new_version(self, old: LoadedIndex | None) -> ColumnFileWriter:
         """A new cache file, on its way to disk as its columns are added, so the writing
         overlaps the index's last steps; ``commit_if_changed`` ends it. With ``old`` (the cache
-        there) the rebuild may come out the same: nothing is written before that is known."""
+        there) the rebuild may come out the same: nothing is written before that is known.
+        A killed writer's temporary file is removed first (as large as the cache)."""
+        remove_stale_temporaries(self.cache_path.parent)
+        remove_stale_temporaries(self.folder)
         return ColumnFileWriter(self.cache_path, write_early=old is None)
 
     def commit_if_changed(self, version: ColumnFileWriter, meta: dict,
