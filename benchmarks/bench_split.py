@@ -48,10 +48,12 @@ def build_buckets(samples: int, buckets: int) -> dict[str, SortedIds]:
     weights = np.array([1 / (k + 1) for k in range(buckets)])
     keys = [f"{512 + 64 * (k % 16)}x{512 + 64 * (k // 16)}" for k in range(buckets)]
     assignment = np.random.default_rng(0).choice(buckets, size=samples, p=weights / weights.sum())
-    index: dict[str, SortedIds] = {key: SortedIds() for key in keys}
+    ids: dict[str, list[str]] = {key: [] for key in keys}
     for i, k in enumerate(assignment.tolist()):
-        index[keys[k]].append(_sample_id(i))
-    return index
+        ids[keys[k]].append(_sample_id(i))
+    # SortedIds is read-only: each is made from its finished list. An index holds no empty
+    # bucket, which a small --samples would leave.
+    return {key: SortedIds(bucket) for key, bucket in ids.items() if bucket}
 
 
 def _sample_id(i: int) -> str:
