@@ -49,7 +49,7 @@ class KilledIndexWriteTest(unittest.TestCase):
                                            training_config(self.output))
 
     def kill_a_writer_mid_write(self, cache_path: Path) -> Path:
-        cache_path.parent.mkdir(parents=True)
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
         with Launch([sys.executable, "-c", WRITER, str(cache_path)], tmpdir=self.root) as run:
             deadline = time.monotonic() + 120
             while not any(p.stat().st_size >= LARGE for p in temporaries(cache_path.parent)):
@@ -63,7 +63,16 @@ class KilledIndexWriteTest(unittest.TestCase):
 
     def test_the_next_run_removes_what_a_killed_index_write_left(self):
         backend = self.backend()
-        left = self.kill_a_writer_mid_write(backend.cache_path)
+        left = self.kill_a_writer_mid_write(backend.cache_path)  # the first run's write
+        self.assert_the_next_run_removes(backend, left)
+
+    def test_also_where_a_cache_is_already_there(self):
+        backend = self.backend()
+        backend.refresh_index(show_progress=False)
+        left = self.kill_a_writer_mid_write(backend.cache_path)  # a rebuild's write
+        self.assert_the_next_run_removes(backend, left)
+
+    def assert_the_next_run_removes(self, backend: MetadataBackend, left: Path) -> None:
         self.assertIn(f".{HOST_TAG}-", left.name)
         with self.assertLogs("simpletuner.common.stale_temporaries", "INFO") as logs:
             index = backend.refresh_index(show_progress=False)

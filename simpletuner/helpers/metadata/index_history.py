@@ -56,13 +56,15 @@ class IndexHistory:
         self.dataset_id = dataset_id
         self.folder = cache_path.parent / PREVIOUS_FOLDER / dataset_id
 
+    def remove_killed_writes(self) -> None:
+        """The temporary files of writers killed mid-write here (as large as the cache)."""
+        remove_stale_temporaries(self.cache_path.parent)
+        remove_stale_temporaries(self.folder)
+
     def new_version(self, old: LoadedIndex | None) -> ColumnFileWriter:
         """A new cache file, on its way to disk as its columns are added, so the writing
         overlaps the index's last steps; ``commit_if_changed`` ends it. With ``old`` (the cache
-        there) the rebuild may come out the same: nothing is written before that is known.
-        A killed writer's temporary file is removed first (as large as the cache)."""
-        remove_stale_temporaries(self.cache_path.parent)
-        remove_stale_temporaries(self.folder)
+        there) the rebuild may come out the same: nothing is written before that is known."""
         return ColumnFileWriter(self.cache_path, write_early=old is None)
 
     def commit_if_changed(self, version: ColumnFileWriter, meta: dict,
