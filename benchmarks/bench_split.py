@@ -31,8 +31,8 @@ import time
 
 import numpy as np
 
-from benchlib import (current_rss_mb, emit, format_table, machine, peak_rss_mb, ratio,
-                      reset_peak_rss, verdict)
+from benchlib import (current_rss_mb, emit, format_table, machine, parse_with_smoke, peak_rss_mb,
+                      ratio, reset_peak_rss, verdict)
 from simpletuner.helpers.metadata.split import SortedIds
 
 SEED, EPOCH, RANK = 1234, 0, 0
@@ -118,6 +118,10 @@ def run_one(side: str, samples: int, buckets_count: int, world: int, batch: int,
 def measure(side: str, samples: int, args) -> dict:
     runs = []
     for _ in range(args.repeats):
+        if args.smoke:  # no fresh process: the run only shows that the code works
+            runs.append(run_one(side, samples, args.buckets, args.world_size, args.batch_size,
+                                args.accumulation))
+            continue
         command = [sys.executable, __file__, "--one", side, "--samples", str(samples),
                    "--buckets", str(args.buckets), "--world-size", str(args.world_size),
                    "--batch-size", str(args.batch_size), "--accumulation", str(args.accumulation)]
@@ -174,7 +178,7 @@ def main() -> None:
                         help="fresh processes per side and size; best time, largest peak")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--one", choices=["project", "reference"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, samples=2000, buckets=4, repeats=1)
     if args.one:  # the child process of measure()
         print(json.dumps(run_one(args.one, args.samples, args.buckets, args.world_size,
                                  args.batch_size, args.accumulation)))
