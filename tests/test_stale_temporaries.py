@@ -6,7 +6,6 @@ cache folder that cannot be written stops the audit with one line, not a traceba
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -108,9 +107,11 @@ def make_read_only(test: unittest.TestCase, folder: Path) -> None:
         folder.chmod(0o555)
         test.addCleanup(folder.chmod, 0o755)
         return
-    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+    tmp = folder.parent
+    if run_bounded(["chattr", "+i", folder], tmpdir=tmp, timeout=30).returncode != 0:
         test.skipTest("root, and chattr +i is refused here: no folder can be made read-only")
-    test.addCleanup(subprocess.run, ["chattr", "-i", str(folder)], check=True)
+    test.addCleanup(lambda: test.assertEqual(
+        run_bounded(["chattr", "-i", folder], tmpdir=tmp, timeout=30).returncode, 0))
 
 
 class ReadOnlyCacheTest(unittest.TestCase):
