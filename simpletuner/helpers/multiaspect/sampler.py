@@ -33,6 +33,8 @@ from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule, DatasetTimeline
 
 logger = logging.getLogger(__name__)
+# Each epoch's split line: a training run sends these to a file (training/reporting/epoch_log.py).
+EPOCH_LOGGER = f"{__name__}.epochs"
 
 TRIMMED_BUCKETS_NAMED = 20  # per epoch's log line; the rest are counted
 
@@ -211,7 +213,7 @@ class MultiAspectSampler:
         if self.rank == 0 and self.step < total:  # the main rank speaks for all
             report = self.tail_report(epoch)
             if report:
-                logger.info(report)
+                logging.getLogger(EPOCH_LOGGER).info(report)
         while self.step < total:
             batch = at(epoch, self.step)
             self.step += 1
