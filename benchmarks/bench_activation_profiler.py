@@ -20,6 +20,8 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from benchlib import parse_with_smoke
+
 from simpletuner.configuration.families import FLOW_FAMILIES
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.models.base import PLANNED_CAPTION, LossSettings
@@ -94,7 +96,7 @@ def compare(family: str, model_type: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("families", nargs="*", default=list(FLOW_FAMILIES))
-    families = parser.parse_args().families
+    families = parse_with_smoke(parser, families=["flux"]).families
     print(f"{'family':<12}{'type':<6}{'estimate':>10}{'profiler':>10}{'ratio':>7}"
           f"{'peak':>10}{'ratio':>7}")
     for family in families:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchlib import data_folder, emit, format_table, ratio
+from benchlib import data_folder, emit, format_table, parse_with_smoke, ratio
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.models.base import PLANNED_CAPTION, LossSettings
 from simpletuner.models.training_batch import TrainingBatch
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny-flux", "mid-flux"],
                         choices=["tiny-flux", "mid-flux"])
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, models=["tiny-flux"], steps=2)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     models = {"tiny-flux": (ensure_builtin_model, 2), "mid-flux": (lambda _: mid_flux_folder(), 24)}
     rows = []

@@ -19,7 +19,7 @@ import statistics
 import time
 
 from bench_split import build_buckets
-from benchlib import emit, format_table, machine
+from benchlib import emit, format_table, machine, parse_with_smoke
 from simpletuner.helpers.metadata.epoch_counts import EffectiveBatch, bucket_counts
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
@@ -40,7 +40,7 @@ def lost_share(buckets: dict, batch: int, world: int, accumulation: int, tail: s
                   for epoch in range(EPOCHS)]
         untrained += sum(c.trimmed for c in counts) + counts[-1].carried_out
         passes += EPOCHS * len(ids)
-    return untrained / passes
+    return untrained / passes if passes else 0.0  # every bucket refused: no tail to lose
 
 
 def slice_seconds(buckets: dict, world: int, tail: str) -> float:
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=40)
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, samples=20_000, buckets=4, world_size=2)
     lost_rows, cost_rows, result = [], [], {"machine": machine(), "lost": [], "cost": []}
     for samples in (args.samples // 10, args.samples):
         buckets = build_buckets(samples, args.buckets)

@@ -15,7 +15,7 @@ import argparse
 import time
 
 from bench_split import build_buckets
-from benchlib import emit, format_table, machine
+from benchlib import emit, format_table, machine, parse_with_smoke
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule
 from simpletuner.helpers.multiaspect.sampler import MultiAspectSampler, SamplerDataset
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--buckets", type=int, default=40)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, samples=2000, buckets=4)
     buckets = build_buckets(args.samples, args.buckets)
     steps = sampler_for(buckets, DatasetSchedule()).micro_batches_in(0)
     alone = sampler_for(buckets, DatasetSchedule(start_epoch=10 ** 6)).micro_batches_in(0)

@@ -31,7 +31,8 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from benchlib import data_folder, emit, format_table, machine, ratio, verdict
+from benchlib import (data_folder, emit, format_table, machine, parse_with_smoke, ratio,
+                      verdict)
 from simpletuner.configuration import DatasetConfig, TrainingConfig
 from simpletuner.helpers.data_backend.local import IMAGE_EXTENSIONS
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
@@ -216,7 +217,7 @@ def main() -> None:
                         help="decode at most this many (an even sample); 0 = every image")
     parser.add_argument("--repeats", type=int, default=3, help="warm runs; the median counts")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, images=20, tiny=True, repeats=1, decode_limit=10)
     root = args.folder or ensure_images(args.images, args.tiny)
     result = {"machine": machine(), "folder": str(root), **measure(root, args.decode_limit,
                                                                    args.repeats)}

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import current_rss_mb, emit, format_table, machine, peak_rss_mb, ratio, \
-    reset_peak_rss
+from benchlib import current_rss_mb, emit, format_table, machine, parse_with_smoke, peak_rss_mb, \
+    ratio, reset_peak_rss
 
 
 def synthetic_columns(rows: int, buckets: int) -> dict:
@@ -240,7 +240,7 @@ def main() -> None:
                         + ", ".join(WAYS))
     parser.add_argument("--one", choices=WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, rows=2000, buckets=4, repeats=1)
     if args.one:
         print(json.dumps(run_one(args.one, Path(args.folder), args.rows, args.buckets)))
         return
@@ -250,10 +250,11 @@ def main() -> None:
         print(f"writing {args.rows:,} rows four ways...", file=sys.stderr)
         write_all(folder, args.rows, args.buckets)
         for way in args.ways.split(","):
-            runs = [json.loads(subprocess.run(
-                [sys.executable, __file__, "--one", way, "--folder", tmp, "--rows",
-                 str(args.rows), "--buckets", str(args.buckets)], check=True,
-                capture_output=True, text=True).stdout) for _ in range(args.repeats)]
+            runs = [run_one(way, folder, args.rows, args.buckets) if args.smoke
+                    else json.loads(subprocess.run(
+                        [sys.executable, __file__, "--one", way, "--folder", tmp, "--rows",
+                         str(args.rows), "--buckets", str(args.buckets)], check=True,
+                        capture_output=True, text=True).stdout) for _ in range(args.repeats)]
             if {r["count"] for r in runs} != {args.rows}:
                 raise RuntimeError(f"{way} read {runs[0]['count']} rows, not {args.rows}")
             result["ways"][way] = {"seconds": round(min(r["seconds"] for r in runs), 4),

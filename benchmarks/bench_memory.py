@@ -23,6 +23,7 @@ import torch
 from diffusers import AutoencoderKL, FluxTransformer2DModel, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
+from benchlib import parse_with_smoke
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.training.adapters.lora import add_lora
 from simpletuner.training.memory.model import rank_bytes
@@ -72,13 +73,16 @@ def real_size_models() -> dict:
                       lambda: AutoencoderKL(**SDXL_VAE)])}
 
 
-def tiny_models() -> dict:
+TINY_FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "flux")
+
+
+def tiny_models(families) -> dict:
     """Each family's built-in tiny network, from the config builtin.py wrote (built on first
     use); its frozen parts are not listed (a few hundred kB)."""
     from simpletuner.models.builtin import ensure_builtin_model
     from simpletuner.models.registry import get_adapter_class
     models = {}
-    for family in ("sd1x", "sd2x", "sdxl", "sd3", "flux"):
+    for family in families:
         adapter_class = get_adapter_class(family)
         network_class = (getattr(adapter_class, "transformer_class", None)
                          or UNet2DConditionModel)
@@ -150,8 +154,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    models = {**tiny_models(), **real_size_models()}
+    parser.add_argument("--families", nargs="+", default=list(TINY_FAMILIES),
+                        choices=TINY_FAMILIES, help="the tiny models shown")
+    args = parse_with_smoke(parser, families=["sd1x"])
+    models = {**tiny_models(args.families), **real_size_models()}
     rows = [model_rows(name, build, parts, get_adapter_class(name.removeprefix("tiny-")),
                        args.rank) for name, (build, parts) in models.items()]
     result = {"rank": args.rank, "models": rows}

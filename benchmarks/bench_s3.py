@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import data_folder, emit, format_table, machine, ratio, verdict
+from benchlib import data_folder, emit, format_table, machine, parse_with_smoke, ratio, verdict
 
 
 
@@ -193,7 +193,7 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=32, help="aws_max_pool_connections")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, objects=20, threads=2)
     folder = served_folder(args.objects)
     result = {"machine": machine(), "objects": args.objects, "sides": {}}
     with tempfile.TemporaryDirectory() as output, RcloneS3Server(folder, Path(output)) as server:

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench_s3 import BUCKET, PREFIX, RcloneS3Server, cpu_seconds, s3_server, served_folder
-from benchlib import emit, format_table, machine, ratio
+from benchlib import emit, format_table, machine, parse_with_smoke, ratio
 
 HEAD_BYTES = 8 * 1024
 
@@ -196,7 +196,7 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=32)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, objects=20, threads=2)
     folder = served_folder(args.objects)
     with tempfile.TemporaryDirectory() as tmp, RcloneS3Server(folder, Path(tmp)) as server:
         print(f"measuring {args.objects:,} objects...", file=sys.stderr)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import emit, format_table, machine, ratio, verdict
+from benchlib import emit, format_table, machine, parse_with_smoke, ratio, verdict
 from simpletuner.common.atomic import atomic_write_json
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.index_history import IndexHistory, IndexVersion
@@ -136,7 +136,7 @@ def size_arguments(doc: str) -> argparse.Namespace:
                         help="comma-separated dataset sizes")
     parser.add_argument("--buckets", type=int, default=40)
     parser.add_argument("--json", action="store_true")
-    return parser.parse_args()
+    return parse_with_smoke(parser, samples="2000", buckets=4)
 
 
 def main() -> None:

@@ -31,8 +31,8 @@ import time
 
 import numpy as np
 
-from benchlib import (current_rss_mb, emit, format_table, machine, peak_rss_mb, ratio,
-                      reset_peak_rss, verdict)
+from benchlib import (current_rss_mb, emit, format_table, machine, parse_with_smoke, peak_rss_mb,
+                      ratio, reset_peak_rss, verdict)
 from simpletuner.helpers.metadata.split import SortedIds
 
 SEED, EPOCH, RANK = 1234, 0, 0
@@ -48,10 +48,12 @@ def build_buckets(samples: int, buckets: int) -> dict[str, SortedIds]:
     weights = np.array([1 / (k + 1) for k in range(buckets)])
     keys = [f"{512 + 64 * (k % 16)}x{512 + 64 * (k // 16)}" for k in range(buckets)]
     assignment = np.random.default_rng(0).choice(buckets, size=samples, p=weights / weights.sum())
-    index: dict[str, SortedIds] = {key: SortedIds() for key in keys}
+    ids: dict[str, list[str]] = {key: [] for key in keys}
     for i, k in enumerate(assignment.tolist()):
-        index[keys[k]].append(_sample_id(i))
-    return index
+        ids[keys[k]].append(_sample_id(i))
+    # SortedIds is read-only: each is made from its finished list. An index holds no empty
+    # bucket, which a small --samples would leave.
+    return {key: SortedIds(bucket) for key, bucket in ids.items() if bucket}
 
 
 def _sample_id(i: int) -> str:
@@ -116,6 +118,10 @@ def run_one(side: str, samples: int, buckets_count: int, world: int, batch: int,
 def measure(side: str, samples: int, args) -> dict:
     runs = []
     for _ in range(args.repeats):
+        if args.smoke:  # no fresh process: the run only shows that the code works
+            runs.append(run_one(side, samples, args.buckets, args.world_size, args.batch_size,
+                                args.accumulation))
+            continue
         command = [sys.executable, __file__, "--one", side, "--samples", str(samples),
                    "--buckets", str(args.buckets), "--world-size", str(args.world_size),
                    "--batch-size", str(args.batch_size), "--accumulation", str(args.accumulation)]
@@ -172,7 +178,7 @@ def main() -> None:
                         help="fresh processes per side and size; best time, largest peak")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--one", choices=["project", "reference"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, samples=2000, buckets=4, repeats=1)
     if args.one:  # the child process of measure()
         print(json.dumps(run_one(args.one, args.samples, args.buckets, args.world_size,
                                  args.batch_size, args.accumulation)))

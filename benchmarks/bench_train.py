@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from benchlib import data_folder, emit, format_table, machine, ratio, verdict
+from benchlib import data_folder, emit, format_table, machine, parse_with_smoke, ratio, verdict
 from device_idle import mark_step, profiled
 from simpletuner.configuration import load_configuration
 from simpletuner.demo_data import ensure_demo_dataset
@@ -390,7 +390,7 @@ def main() -> None:
     parser.add_argument("--assembly-only", action="store_true",
                         help="time batch assembly from cache files only")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, steps=4, warmup=1, rounds=1, batch_size=1)
     if args.model_only:
         model_only(args)
         return

@@ -27,7 +27,7 @@ import av
 import numpy as np
 from tqdm import tqdm
 
-from benchlib import data_folder, emit, format_table, machine, ratio
+from benchlib import data_folder, emit, format_table, machine, parse_with_smoke, ratio
 from simpletuner.configuration import DatasetConfig, TrainingConfig
 from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.data_backend.storage import VIDEO_EXTENSIONS
@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--size", default="320x240", help="WxH of the generated clips")
     parser.add_argument("--folder", type=Path, help="measure this folder instead of generating")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, clips=2, size="64x48")
     width, height = (int(v) for v in args.size.split("x"))
     root = args.folder or ensure_clips(args.clips, width, height)
     result = {"machine": machine(), "folder": str(root), "pyav": av.__version__,

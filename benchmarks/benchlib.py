@@ -3,6 +3,7 @@ memory, and the two outputs (a table for people, one JSON object with --json).""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -11,6 +12,19 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from simpletuner.models.builtin import cache_root
+
+
+def parse_with_smoke(parser: argparse.ArgumentParser, **smallest: Any) -> argparse.Namespace:
+    """``parser``'s arguments and --smoke, which gives each option named in ``smallest`` that
+    value: the script runs at its smallest, once, to show that it works and prints its table
+    (tests/test_benchmarks_smoke.py runs every script so). Its figures then mean nothing."""
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest sizes, once: shows the script works; no figures")
+    args = parser.parse_args()
+    if args.smoke:
+        for name, value in smallest.items():
+            setattr(args, name, value)
+    return args
 
 
 def data_folder(name: str) -> Path:

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from benchlib import emit, format_table
+from benchlib import emit, format_table, parse_with_smoke
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
@@ -99,11 +99,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu-memory", type=float, default=24.0)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser)
     budget = int(args.gpu_memory * GIB)
     rows = []
     with tempfile.TemporaryDirectory(prefix="plan-24gb-") as tmp:
-        for name, (family, configs, options) in published().items():
+        planned = list(published().items())[:1 if args.smoke else None]
+        for name, (family, configs, options) in planned:
             folder = write_folder(Path(tmp), family, configs)
             rows.append(plan_row(name, family, folder, dict(options), budget))
     columns = ("model", "size", "blocks", "activations_gib", "caching_gib", "training_gib",

@@ -40,6 +40,7 @@ from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_FAILED, EXIT_PR
                                            record_exit_status)
 from simpletuner.training.recipe import run_training
 from simpletuner.training.run.preemption import PreemptionWatcher, StopRequested
+from simpletuner.training.reporting.epoch_log import epoch_lines_to_file
 from simpletuner.training.reporting.trackers import start_trackers, tracker_names
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ def train(configuration, accelerator, watcher: PreemptionWatcher) -> None:
     with output_dir_claimed(Path(training.output_dir), accelerator,
                             str(configuration.config_path)):
         start_trackers(accelerator, training)
-        run_training(configuration, accelerator, watcher)
+        with epoch_lines_to_file(training.output_dir, main=accelerator.is_main_process):
+            run_training(configuration, accelerator, watcher)
 
 
 def main(argv: list[str] | None = None) -> int:

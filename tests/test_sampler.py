@@ -302,10 +302,18 @@ class TrimReportTest(unittest.TestCase):
         self.assertNotIn("trims", report)
 
     def test_a_bucket_filling_whole_batches_trims_nothing(self):
-        exact = [SamplerDataset(DatasetIndex("d", {"64x64": ids(12, "x")}, {}), str, 2)]
+        exact = [SamplerDataset(DatasetIndex("d", {"64x64": ids(12, "x")}, {}), str, 2,
+                                bucket_tail="trim")]
         with self.assertLogs("simpletuner.helpers.multiaspect.sampler", "INFO") as logs:
             list(sampler(exact))
         self.assertEqual(logs.records[0].getMessage(), "epoch 0: the split trims nothing")
+
+    def test_under_carry_a_bucket_filling_whole_batches_says_nothing(self):
+        # carry never trims: "the split trims nothing" every epoch would only be noise
+        exact = [SamplerDataset(DatasetIndex("d", {"64x64": ids(12, "x")}, {}), str, 2,
+                                bucket_tail="carry")]
+        with self.assertNoLogs("simpletuner.helpers.multiaspect.sampler", "INFO"):
+            list(sampler(exact))
 
 
 if __name__ == "__main__":

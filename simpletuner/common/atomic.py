@@ -14,6 +14,8 @@ from typing import Any
 
 from safetensors import SafetensorError
 
+from simpletuner.common.stale_temporaries import temporary_prefix
+
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) reports errno
 
 
@@ -99,8 +101,9 @@ class Replacement:
     def __init__(self, path: str | os.PathLike):
         self.target = Path(path)
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.name = str(_unique_name(self.target.parent, f".{self.target.name}.", ".tmp",
-                                     _new_file))
+        # the name carries the writer, so a later run can tell a killed write's file
+        self.name = str(_unique_name(self.target.parent, temporary_prefix(self.target.name),
+                                     ".tmp", _new_file))
         self._mode = stat.S_IMODE(os.stat(self.name).st_mode)  # the umask's
         self._committed = False
 

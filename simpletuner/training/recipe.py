@@ -283,6 +283,10 @@ class Trainer:
                               skipped=self.state.step in self.guard.bad_steps)
         if self.guard.diverged:
             raise diverged_error(self.guard.bad_steps, self.training)
+        if self.guard.bad_steps and self.state.step == self.total_steps:
+            # The last step skipped: the weights are those that gave NaN/inf, whatever the
+            # streak's length, so they are neither saved as the last step nor exported.
+            raise diverged_error(self.guard.bad_steps, self.training, at_the_end=True)
         return totals
 
     def _forward_backward(self, micro_batch: MicroBatch, batch: TrainingBatch, *,

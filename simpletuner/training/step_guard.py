@@ -117,18 +117,37 @@ def nonfinite_warning(totals: StepTotals, local: StepTotals, *, step: int, epoch
             f"(max_nonfinite_steps {limit}); this rank ({mine}) trained on: {', '.join(samples)}")
 
 
-def diverged_error(bad_steps: list[int], training) -> Diverged:
+def diverged_error(bad_steps: list[int], training, *, at_the_end: bool = False) -> Diverged:
+    """The run's end as diverged, with advice fitting the cause: a streak from step 1 means the
+    starting weights or the data give NaN/inf (no learning rate helps); a streak after a finite
+    step, that step's update blew the weights up. ``at_the_end``: the run reached its last step
+    inside a streak shorter than max_nonfinite_steps, so the guard never stopped it."""
+    steps = ", ".join(str(s) for s in bad_steps)
+    if at_the_end:
+        what = (f"the run ended in {len(bad_steps)} non-finite step(s) in a row (steps {steps}; "
+                f"max_nonfinite_steps {training.max_nonfinite_steps}), so its weights are not "
+                "exported as trained")
+    else:
+        what = (f"loss or gradient norm was NaN/inf at steps {steps} ({len(bad_steps)} in a "
+                f"row, max_nonfinite_steps {training.max_nonfinite_steps})")
+    if bad_steps[0] == 1:
+        return Diverged(
+            f"training diverged: {what}. No step was finite: the starting weights or the data "
+            "already give NaN/inf, before any update, so a lower learning rate would not help. "
+            "Check the weights the run starts from (pretrained_model_name_or_path, init_lora, "
+            "resume_from_checkpoint)" + (" and mixed_precision 'bf16' or 'no' (fp16 overflows "
+                                         "easily)" if training.mixed_precision == "fp16" else "")
+            + "; nothing non-finite was saved.")
     fixes = [f"a lower learning_rate (now {training.learning_rate:g})",
              "max_grad_norm 1.0 (now 0: no clipping)" if training.max_grad_norm == 0 else
              f"a lower max_grad_norm (now {training.max_grad_norm:g})"]
     if training.mixed_precision == "fp16":
         fixes.append("mixed_precision 'bf16' or 'no' (fp16 overflows easily)")
     return Diverged(
-        f"training diverged: loss or gradient norm was NaN/inf at steps "
-        f"{', '.join(str(s) for s in bad_steps)} ({len(bad_steps)} in a row, "
-        f"max_nonfinite_steps {training.max_nonfinite_steps}). Those steps were skipped and "
-        "nothing non-finite was saved, but checkpoints written just before them may hold the "
-        f"weights that led here. Try {', or '.join(fixes)}.")
+        f"training diverged: {what}. The last finite step was step {bad_steps[0] - 1}, and the "
+        "weights its update left give NaN/inf. Those steps were skipped and nothing non-finite "
+        "was saved, but checkpoints written from that step on hold the weights that led here. "
+        f"Try {', or '.join(fixes)}.")
 
 
 def back_off_loss_scale(accelerator) -> None:

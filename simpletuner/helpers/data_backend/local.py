@@ -8,6 +8,7 @@ from pathlib import Path
 from simpletuner.common.atomic import atomic_write_bytes
 from simpletuner.helpers.data_backend.storage import (
     CAPTION_EXTENSION, IMAGE_EXTENSIONS, FileVersion, Listing, extension_of,
+    special_file_reason,
 )
 
 
@@ -27,7 +28,9 @@ class LocalStorage:
         return self.root.joinpath(*sample_id.split("/"))
 
     def list_files(self) -> Listing:
-        """Walk the tree once. Symlinked folders are followed, each real folder only once."""
+        """Walk the tree once. Symlinked folders are followed, each real folder only once.
+        Only regular files are samples or captions: a named pipe, socket or device is listed
+        as unreadable with its kind, never opened."""
         sample_ids: list[str] = []
         sizes: list[int] = []
         mtimes_ns: list[int] = []
@@ -58,9 +61,13 @@ class LocalStorage:
                         continue
                     dot = name.rfind(".")  # extension_of, inlined: this runs once a file
                     extension = name[dot:].lower() if dot > 0 else ""
-                    if extension == CAPTION_EXTENSION:  # captions are '<stem>.txt'
+                    if extension != CAPTION_EXTENSION and extension not in self.extensions:
+                        continue
+                    if not entry.is_file():  # follows symlinks; a pipe would block its reader
+                        unreadable.append((sample_id, special_file_reason(entry.stat().st_mode)))
+                    elif extension == CAPTION_EXTENSION:  # captions are '<stem>.txt'
                         captions[sample_id] = None  # read on demand, so never compared
-                    elif extension in self.extensions:
+                    else:
                         stat = entry.stat()
                         sample_ids.append(sample_id)
                         sizes.append(stat.st_size)

@@ -7,6 +7,7 @@ paths relative to the dataset root with '/' separators.
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -45,6 +46,24 @@ class Listing:
 class FileVersion:
     size: int
     change_key: ChangeKey
+
+
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                  (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def special_file_reason(mode: int) -> str:
+    """Why a listed name that is not a regular file is skipped: opening a named pipe would
+    wait for a writer forever, and a device never ends."""
+    kind = next((name for test, name in _SPECIAL_KINDS if test(mode)), "a special file")
+    return f"not a regular file ({kind})"
+
+
+def leaves_root(name: str) -> bool:
+    """Whether a name given by a table, not found by listing, may reach outside the dataset's
+    root. Any '..' part may, lexically or through a symlinked folder before it, so every name
+    holding one is refused rather than resolved."""
+    return ".." in name.split("/")
 
 
 def extension_of(name: str) -> str:

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from simpletuner.common.atomic import atomic_write_with, json_text
+from simpletuner.common.stale_temporaries import remove_stale_temporaries
 from simpletuner.helpers.metadata.data_changes import describe_file_changes
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index_cache import (
@@ -54,6 +55,11 @@ class IndexHistory:
         self.cache_path = cache_path
         self.dataset_id = dataset_id
         self.folder = cache_path.parent / PREVIOUS_FOLDER / dataset_id
+
+    def remove_killed_writes(self) -> None:
+        """The temporary files of writers killed mid-write here (as large as the cache)."""
+        remove_stale_temporaries(self.cache_path.parent)
+        remove_stale_temporaries(self.folder)
 
     def new_version(self, old: LoadedIndex | None) -> ColumnFileWriter:
         """A new cache file, on its way to disk as its columns are added, so the writing

@@ -72,7 +72,8 @@ def _refresh_on_main(backends: dict[str, MetadataBackend], accelerator) -> dict[
             for dataset_id, backend in backends.items():
                 indexes[dataset_id] = backend.refresh_index(show_progress=True)
         except Exception as exc:  # any failure must reach the other ranks, not strand them
-            logger.exception("discovery failed on the main process")
+            if not isinstance(exc, OSError):  # an OSError names its file: its line says all
+                logger.exception("discovery failed on the main process")
             error = f"discovery failed on the main process: {type(exc).__name__}: {exc}"
     with in_collective("discovery's outcome from the main process"):
         (error,) = broadcast_object_list([error])

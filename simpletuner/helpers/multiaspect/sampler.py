@@ -33,6 +33,8 @@ from simpletuner.helpers.multiaspect.captions import CaptionPolicy
 from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule, DatasetTimeline
 
 logger = logging.getLogger(__name__)
+# Each epoch's split line: a training run sends these to a file (training/reporting/epoch_log.py).
+EPOCH_LOGGER = f"{__name__}.epochs"
 
 TRIMMED_BUCKETS_NAMED = 20  # per epoch's log line; the rest are counted
 
@@ -209,7 +211,9 @@ class MultiAspectSampler:
         epoch = self.epoch
         total = self.micro_batches_in(epoch)
         if self.rank == 0 and self.step < total:  # the main rank speaks for all
-            logger.info(self.tail_report(epoch))
+            report = self.tail_report(epoch)
+            if report:
+                logging.getLogger(EPOCH_LOGGER).info(report)
         while self.step < total:
             batch = at(epoch, self.step)
             self.step += 1
@@ -219,7 +223,8 @@ class MultiAspectSampler:
     def tail_report(self, epoch: int) -> str:
         """What the split does this epoch with each bucket's leftover (what fills no whole
         effective batch): trimmed, or carried into the next epoch (bucket_tail), and how many
-        carried from the previous epoch train first. Which occurrences changes with the epoch."""
+        carried from the previous epoch train first. Which occurrences changes with the epoch.
+        Empty when there is nothing to say: with bucket_tail 'carry' everywhere and no remainder."""
         kind = "evaluation epoch" if self.evaluation else "epoch"
         counts = self.counts(epoch)
         parts = [f"the split {verb} {n} occurrences (each bucket's remainder below a multiple of "
@@ -238,6 +243,8 @@ class MultiAspectSampler:
         parts += [f"dataset '{d}' leaves the schedule after step {step} of the epoch (end_step "
                   "or end_epoch; the rest of its pass is not trained)"
                   for d, step in entry.leaves.items()]
+        if not parts and all(d.bucket_tail == "carry" for d in self.datasets):
+            return ""  # carry never trims: nothing happened worth a line
         return f"{kind} {epoch}: " + ("; ".join(parts) or "the split trims nothing")
 
     def _per_bucket(self, counts: list[BucketCounts], field: str) -> tuple[int, str]:

@@ -4,6 +4,7 @@ is regularisation data. Pure arithmetic over the bucket index, as the sampler's 
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from simpletuner.dataset_kinds import kind_of
@@ -48,6 +49,14 @@ def schedule_first_epochs(datasets: Sequence, specs: Sequence[DatasetSpec], proc
     return first_epoch
 
 
+def _steps_of_epochs(timeline: DatasetTimeline, epochs: int) -> int | float:
+    """Optimizer steps of the first ``epochs`` epochs. Past the epoch where the timeline
+    settles its step counts are not worked out, and not needed: every dataset has joined by
+    then, so the run's steps are unbounded for the joins."""
+    last = timeline.entry(epochs - 1)
+    return math.inf if last.steps is None else last.steps_before + last.steps
+
+
 def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
                      accumulation: int, max_train_steps: int | None,
                      num_train_epochs: int | None, seed: int | None) -> dict:
@@ -58,8 +67,7 @@ def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes
     timeline = _timeline(datasets, specs, processes, accumulation, seed)
     limit = max_train_steps
     if limit is None:  # num_train_epochs (launch_checks asks for one of the two)
-        last = timeline.entry(max((num_train_epochs or 1) - 1, 0))
-        limit = last.steps_before + last.steps
+        limit = _steps_of_epochs(timeline, max(num_train_epochs or 1, 1))
     first = timeline.first_epoch_by(limit)
     share = probability_share(timeline.schedules)
     found = {}

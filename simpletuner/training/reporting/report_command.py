@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from simpletuner.common.names import printable
 from simpletuner.training.reporting.events import EVENTS_FILE, SKIPPED_FILES
 from simpletuner.training.reporting.report_data import OLD_STEP_LOG, ReportData, read_report_data
 from simpletuner.training.reporting.report_page import write_report
@@ -33,9 +34,10 @@ def run_report_command(output_dir: str) -> int:
             mark_if_killed(data)
         path = write_report(data)
     except OSError as exc:
-        print(f"report: could not write the report in {folder}: {exc}", file=sys.stderr)
+        print(printable(f"report: could not write the report in {folder}: {exc}"),
+              file=sys.stderr)
         return 1
-    print(path)
+    print(printable(str(path)))
     return 0
 
 

@@ -9,6 +9,7 @@ from html import escape
 from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_text
+from simpletuner.common.names import printable
 from simpletuner.training.reporting.report_charts import Series, bar_chart, line_chart
 from simpletuner.training.reporting.report_data import ReportData, read_report_data
 from simpletuner.training.reporting.report_sections import (checkpoint_section,
@@ -54,7 +55,9 @@ def render_report(output_dir: Path, *, verify_hashes: bool = False,
 
 def write_report(data: ReportData) -> Path:
     path = data.output_dir / REPORT_FILE
-    atomic_write_text(path, report_html(data))
+    # Sample ids (skipped files, the trace's findings) may hold bytes that are not UTF-8: the
+    # page shows them as 'bad\\xff.png', as the log does (common/names.py).
+    atomic_write_text(path, printable(report_html(data)))
     return path
 
 

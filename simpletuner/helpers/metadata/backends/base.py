@@ -159,6 +159,7 @@ class MetadataBackend:
     def refresh_index(self, show_progress: bool = True) -> DatasetIndex:
         """List the storage, size new or changed files only, bucket, write the cache; the index
         returned is the mapped one every other rank loads, so the lists built here are freed."""
+        self.history.remove_killed_writes()  # also when the cache there is taken as it is
         listing = self.storage.list_files()
         cached = self._read_cache()
         usable = cached is not None and cached.meta["files_key"] == self._file_entries_key()

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from dataclasses import dataclass
 
 from PIL import Image
+
+from simpletuner.helpers.data_backend.storage import special_file_reason
 
 ORIENTATION_TAG = 0x0112
 _ROTATED_ORIENTATIONS = frozenset({5, 6, 7, 8})
@@ -98,7 +101,11 @@ def _decodes(source) -> bool:
 def probe_image(path: str, max_pixels: int | None) -> Probe:
     """Size of one image from its header, or the reason it is skipped."""
     try:
-        with open(path, "rb") as handle:
+        # Non-blocking: a named pipe put in place of a listed file must not wait for a writer.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                return Probe(error=special_file_reason(mode))
             head = handle.read(16)
             if not head:
                 return Probe(error=ZERO_BYTE)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from simpletuner.common.cores import usable_cores
-from simpletuner.helpers.data_backend.storage import Listing, Storage
+from simpletuner.helpers.data_backend.storage import Listing, Storage, leaves_root
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import (
     ArrowTexts, TableColumns, TableFormatError, arrow_strings, positive_whole, read_table,
@@ -198,8 +198,12 @@ class TableSource:
                 skipped.append(SkippedFile(f"<row {row}>", f"{where}: {c.filename_column!r} is "
                                                            "empty, missing or not text"))
             elif at == NOT_LISTED:
-                skipped.append(SkippedFile(table.value_of(c.filename_column, row),
-                                           f"{where}: no such image in {self.storage.location}"))
+                name = table.value_of(c.filename_column, row)
+                location = self.storage.location
+                reason = f"no such image in {location}"
+                if leaves_root(str(name)):
+                    reason = f"a '..' in the name reaches outside {location}; not trained"
+                skipped.append(SkippedFile(name, f"{where}: {reason}"))
             elif first_row[at] != row:
                 skipped.append(SkippedFile(files.ids[at], f"{where}: a second row for this file "
                                                           f"(first: row {first_row[at]}); ignored"))

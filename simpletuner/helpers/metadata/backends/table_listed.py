@@ -3,14 +3,15 @@
 For object stores where listing millions of keys (or a prefix shared with other data) is the
 slow part. Every file the table names is taken to exist and to be unchanged: a missing one
 fails when its latent is cached and is dropped on every rank alike (as a truncated file is),
-and a changed one is not re-encoded while its cached latent exists.
+and a changed one is not re-encoded while its cached latent exists. Rows are confined to the
+dataset's folder or prefix as a listing is: one whose name holds '..' is skipped, saying so.
 """
 
 from __future__ import annotations
 
 import logging
 
-from simpletuner.helpers.data_backend.storage import FileVersion, Listing, Storage
+from simpletuner.helpers.data_backend.storage import FileVersion, Listing, Storage, leaves_root
 from simpletuner.helpers.metadata.backends.table_columns import read_file_names
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ class TableListedStorage:
         self.max_connections = storage.max_connections
 
     def list_files(self) -> Listing:
-        names = read_file_names(self.config.path, self.config.filename_column)
+        names = [name for name in read_file_names(self.config.path, self.config.filename_column)
+                 if not leaves_root(name)]  # their rows are skipped as unlisted, saying why
         if names:  # one request: a wrong bucket, credentials or endpoint is named now
             try:
                 self.storage.read_range(names[0], 0, 1)
