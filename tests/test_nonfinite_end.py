@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from simpletuner.models.builtin import ensure_builtin_model
-from training_fixtures import make_shapes, read_jsonl, read_report, run_training, write_config
+from training_fixtures import make_shapes, read_events, read_report, run_training, write_config
 
 
 class NonFiniteEndTest(unittest.TestCase):
@@ -38,7 +38,7 @@ class NonFiniteEndTest(unittest.TestCase):
         self.assertIn("training diverged", result.stderr)
         self.assertFalse((out / "pipeline").exists())
         self.assertEqual(read_report(out).status, "diverged")
-        return [r["step"] for r in read_jsonl(out / "training_steps.jsonl") if r["skipped"]]
+        return [r["step"] for r in read_events(out, "step") if r["skipped"]]
 
     def test_a_blown_up_first_step_ends_diverged_blaming_the_learning_rate(self):
         # Step 1 is finite and its update blows the weights up; steps 2 and 3 are NaN.
