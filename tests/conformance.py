@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import shutil
 import tempfile
 import unittest
@@ -90,8 +91,8 @@ STEPS, RESUME_STEP = 4, 2
 
 def case_name(case: Case) -> str:
     """A class name for the row: FluxKontextConformanceTest, WanI2v480p14b21ConformanceTest."""
-    words = [case.family, *(case.flavour or "").replace("-", "_").split("_")]
-    return "".join(w.capitalize() for part in words for w in part.split("_")) + "ConformanceTest"
+    words = re.split(r"[^0-9a-zA-Z]+", f"{case.family}_{case.flavour or ''}")
+    return "".join(word.capitalize() for word in words) + "ConformanceTest"
 
 
 def is_video_model(case: Case) -> bool:
@@ -126,7 +127,7 @@ def load_pipeline(case: Case, folder: Path):
 def generate(case: Case, pipeline) -> np.ndarray:
     """What the pipeline makes of a fixed prompt (and reference or first frame), seed 0, as
     float64 pixels: an image [H, W, 3] or a clip [F, H, W, 3]."""
-    call = dict(width=96, height=64, num_inference_steps=2, **GENERATION.get(case.model, {}))
+    call = {"width": 96, "height": 64, "num_inference_steps": 2, **GENERATION.get(case.model, {})}
     if case.dataset == "edit":
         reference = circle("red", "blue", (call["width"], call["height"]))
         call["image"] = [reference] if case.flavour == "edit-v2" else reference
