@@ -2,10 +2,10 @@
 process, as tests/test_trainer_in_process.py does; ./train.sh and `python -m simpletuner.train`
 are tested once per launcher path, in test_train_sh.py and the TrainingRuns classes):
 
-- a tiny full run of 4 steps, checkpointed at 2, changes the trained network, and resumed from
-  checkpoint-2 ends with bit-equal weights;
+- a tiny full run of 4 steps, checkpointed at 2 and validated at the end, changes the trained
+  network, and resumed from checkpoint-2 ends with bit-equal weights;
 - its export loads with the family's own pipeline class (the base model's model_index.json
-  names it) and generates;
+  names it), holds the trained weights and generates;
 - a LoRA run, resumed the same way, ends with the bit-equal adapter, and its export loads onto
   the base pipeline and changes what it generates.
 
