@@ -3,9 +3,9 @@ references): the transformer and the text encoder get each pair as QwenImageEdit
 QwenImageEditPlusPipeline) gives them (the prompt read with its references, their packed
 latents appended, img_shapes listing them all), and text entries are keyed by caption and
 references; a full edit-v1 run leaves orphans out, resumes with the rest of its trace, and
-exports what the pipeline loads (given the processor built here, which needs no torchvision)
-and runs with a reference image; an edit-v2 LoRA trains on two references per target and loads
-onto the Plus pipeline. Training, resume and export in general: the conformance suite
+exports its processor as Qwen2VLProcessor reads it (the tests load it with the processor built
+here, which needs no torchvision); an edit-v2 LoRA trains on two references per target and
+changes the Plus pipeline's transformer. Training, resume and export in general: the conformance suite
 (tests/conformance.py)."""
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ class QwenEditTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestC
         self.assertEqual(len(resumed), 2)  # steps 3 and 4, each with its references
         self.assertEqual(resumed, whole[2:])
 
-    def test_the_export_loads_and_edits_a_reference_image(self):
+    def test_the_export_saves_the_processor_as_qwen2vlprocessor_reads_it(self):
         folder = self.root / "full-out" / "pipeline"
         index = json.loads((folder / "model_index.json").read_text())
         self.assertEqual(index["processor"], ["transformers", "Qwen2VLProcessor"])
@@ -266,13 +266,9 @@ class QwenEditTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestC
         self.assertEqual(json.loads((processor / "preprocessor_config.json").read_text())[
             "image_processor_type"], "Qwen2VLImageProcessor")
         self.assertTrue((processor / "tokenizer.json").is_file())
-        pipeline = QwenImageEditPipeline.from_pretrained(folder,
-                                                         processor=load_processor(folder))
-        # (that the edit depends on its reference: QwenEditAdapterTest, without the 1 MP
-        # resize each pipeline call makes of its reference)
-        edited = self.sample_image(pipeline, 64, 64, image=circle("red", "blue", (64, 64)),
-                                   true_cfg_scale=1.0)
-        self.assertGreater(edited.std(), 0.0)
+        # (that the pipeline loads with it and edits a reference: the conformance suite; that
+        # the edit depends on its reference: QwenEditAdapterTest, without the 1 MP resize each
+        # pipeline call makes of its reference)
 
     def test_the_edit_v2_lora_trains_on_two_references_and_loads_onto_the_plus_pipeline(self):
         for record in read_jsonl(self.root / "lora-out" / "trace" / "rank-0.jsonl"):
@@ -283,9 +279,6 @@ class QwenEditTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestC
         before = self.transformer_output(pipeline)
         pipeline.load_lora_weights(self.root / "lora-out" / "lora")
         self.assertGreater((self.transformer_output(pipeline) - before).abs().mean().item(), 1e-3)
-        edited = self.sample_image(pipeline, 64, 64, image=[circle("red", "blue", (64, 64))],
-                                   true_cfg_scale=1.0)
-        self.assertGreater(edited.std(), 0.0)
 
     @staticmethod
     def transformer_output(pipeline) -> torch.Tensor:
