@@ -1,5 +1,6 @@
-"""The data options through real training runs: ./train.sh on CPU with every one of them, and
-a resumed run with caption dropout that ends exactly where the uninterrupted run ends."""
+"""The data options through real training runs, in the test process (the launchers are tested
+in their own tests): a run with every one of them, random crop aspects, and a resumed run with
+caption dropout that ends exactly where the uninterrupted run ends."""
 
 from __future__ import annotations
 
@@ -14,25 +15,28 @@ from safetensors.torch import load_file
 from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index_cache import load_cache
 
+from trained_outputs import TrainedOutputAssertions
 from training_fixtures import (
-    ResumedRunPair, make_shapes, read_jsonl, run_train_sh, run_training, write_config,
+    ResumedRunPair, make_shapes, read_jsonl, run_in_process, write_config,
 )
 
 
-class CaptionDropoutResumeTest(ResumedRunPair, unittest.TestCase):
+class CaptionDropoutResumeTest(TrainedOutputAssertions, ResumedRunPair, unittest.TestCase):
+    """Both runs in the test process: what they test is the data, not the launcher."""
+
     tmp_prefix, per_size, resume_step = "st-dropout-", 4, 3
+    launch = staticmethod(run_in_process)
     options = dict(max_train_steps=6, checkpointing_steps=3, caption_dropout_probability=0.5)
 
     def test_resumed_run_ends_with_the_uninterrupted_weights(self):
-        self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
-        self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
+        self.assert_resumed_at(self.resumed_out, 3)
         full = load_file(str(self.full_out / "checkpoint-6" / "model.safetensors"))
         resumed = load_file(str(self.resumed_out / "checkpoint-6" / "model.safetensors"))
         worst = max((full[k] - resumed[k]).abs().max().item() for k in full)
         self.assertLessEqual(worst, 1e-6)
 
 
-class DataOptionsThroughTrainShTest(unittest.TestCase):
+class DataOptionsTrainingTest(unittest.TestCase):
     def test_every_data_option_trains(self):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
@@ -48,8 +52,7 @@ class DataOptionsThroughTrainShTest(unittest.TestCase):
                        "prepend_instance_prompt": True}
             config = write_config(root, root / "data", datasets=[dataset],
                                   caption_dropout_probability=0.2, max_train_steps=3)
-            result = run_train_sh(config, tmp, timeout=300)
-            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            run_in_process(config)
             out = root / "config-out"
             self.assertEqual(json.loads((out / "training_summary.json").read_text())["steps"], 3)
             skipped = json.loads((out / "skipped_files.json").read_text())["shapes"]
@@ -75,8 +78,7 @@ class RandomCropAspectTrainingTest(unittest.TestCase):
                        "crop_aspect_buckets": [0.75, {"aspect_bucket": 1.5, "weight": 1}]}
             config = write_config(root, root / "data", datasets=[dataset], max_train_steps=6,
                                   trace_samples=True)
-            result = run_training(config, tmp)
-            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            run_in_process(config)
             out = root / "config-out"
             cache = load_cache(out / "cache" / "metadata" / "shapes.index")
             members = {key: set(ids) for key, ids in cache.buckets.items()}

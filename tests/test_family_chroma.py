@@ -1,8 +1,7 @@
 """Chroma: the adapter learns and gives the transformer what ChromaPipeline gives it (packed
-latents, ids, sigma, the pipeline's T5 embeddings and attention mask); full and LoRA runs of
-builtin:tiny-chroma through ./train.sh export what ChromaPipeline loads, and a resumed run (full
-or LoRA) ends with the uninterrupted run's weights; plan --memory counts the published 8.9 B
-parameters."""
+latents, ids, sigma, the pipeline's T5 embeddings and attention mask); plan --memory counts the
+published 8.9 B parameters. Training, resume and export: the conformance suite
+(tests/conformance.py)."""
 
 from __future__ import annotations
 
@@ -11,19 +10,17 @@ import tempfile
 import unittest
 from pathlib import Path
 
-import numpy as np
 import torch
-from diffusers import ChromaPipeline, DiffusionPipeline
+from diffusers import ChromaPipeline
 
 from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.base import LossSettings
 from simpletuner.models.layout import ModelFolderError
-from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
+from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.registry import get_adapter_class
 from test_memory_plan_command import GIB, plan_in_process, row
-from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import TrainingRuns, make_shapes, write_config
+from training_fixtures import make_shapes, write_config
 
 # "Chroma is a 8.9 billion parameter rectified flow transformer" (the model card,
 # huggingface.co/lodestones/Chroma; Chroma1-HD and Chroma1-Base share its architecture).
@@ -140,51 +137,6 @@ class ChromaConfigTest(unittest.TestCase):
         self.assertIn("flux_guidance_value", self.problems(flux_guidance_value=3.5))
         self.assertIn("Qwen-Image and Chroma: their true classifier-free guidance",
                       self.problems(validation_guidance_real=4.0))
-
-
-class ChromaTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
-    """Through ./train.sh, Chroma's full run (4 steps, checkpoint-2, a validation grid) and a LoRA
-    (no validation: no test looks at it), each resumed from a copy of its checkpoint-2 through
-    the trainer's entry point."""
-
-    tmp_prefix = "st-chroma-"
-    options = dict(model_family="chroma", pretrained_model_name_or_path="builtin:tiny-chroma",
-                   max_train_steps=4, checkpointing_steps=2, validation_prompt="a red circle",
-                   validation_num_inference_steps=2, validation_resolution="96x64")
-
-    @classmethod
-    def start_runs(cls):
-        make_shapes(cls.root / "data", per_size=2)
-        cls.train_full_and_lora(lora_rank=4, learning_rate=1e-2, validation_prompt=None)
-
-    def test_the_full_run_exports_a_chroma_pipeline_that_generates(self):
-        self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
-        out = self.root / "full-out"
-        self.assertTrue((out / "validation" / "step-4" / "grid.png").is_file())
-        pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
-        self.assertIsInstance(pipeline, ChromaPipeline)
-        self.assertGreater(self.sample_image(pipeline).std(), 0.0)
-
-    def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
-        self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
-        self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
-        whole = self.root / "full-out" / TRANSFORMER_WEIGHTS
-        self.assert_same_tensors(whole, self.root / "resumed-out" / TRANSFORMER_WEIGHTS)
-        self.assert_some_tensor_changed(resolve_model_path("builtin:tiny-chroma") /
-                                        TRANSFORMER_WEIGHTS.removeprefix("pipeline/"), whole)
-
-    def test_the_lora_export_loads_onto_the_base_pipeline_and_changes_its_output(self):
-        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
-        out = self.root / "lora-out"
-        self.assertFalse((out / "pipeline").exists())
-        pipeline = ChromaPipeline.from_pretrained(resolve_model_path("builtin:tiny-chroma"))
-        before = self.sample_image(pipeline)
-        pipeline.load_lora_weights(out / "lora")
-        self.assertGreater(np.abs(self.sample_image(pipeline) - before).mean(), 0.1)
-
-    def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
-        self.assert_resumed_lora_matches(self.root, ("lora", self.lora),
-                                         ("lora-resumed", self.lora_resumed))
 
 
 class ChromaMemoryPlanTest(unittest.TestCase):

@@ -1,8 +1,7 @@
 """Qwen-Image (model_family qwen_image): the adapter learns, trains on what QwenImagePipeline
-would give its transformer, keeps a padded batch's prediction unchanged; ./train.sh runs of
-builtin:tiny-qwen_image (full and LoRA, each also resumed from its checkpoint to the
-uninterrupted run's weights) export what the pipeline class loads; plan --memory sizes the
-published 20B transformer; its config mistakes are named."""
+would give its transformer, keeps a padded batch's prediction unchanged; plan --memory sizes
+the published 20B transformer; its config mistakes are named. Training, resume and export: the
+conformance suite (tests/conformance.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import unittest
 from contextlib import redirect_stdout
 from pathlib import Path
 
-import numpy as np
 import torch
 from diffusers import DiffusionPipeline, QwenImagePipeline
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
@@ -29,8 +27,7 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.flow_objective import shift_sigmas
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.memory.sharding import repeated_blocks
-from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import TrainingRuns, make_shapes, read_events, write_config
+from training_fixtures import make_shapes, write_config
 
 # Qwen/Qwen-Image's published configs (transformer/, vae/, text_encoder/config.json on the Hub),
 # the values that size the tensors.
@@ -179,65 +176,6 @@ class QwenAdapterTest(QwenCase):
                                            weight_dtype=torch.float32,
                                            loss_settings=LossSettings())
         self.assertIn("says it is qwen_image", str(caught.exception))
-
-
-class QwenTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
-    """./train.sh: full (4 steps, checkpoints every 2, EMA, gradient checkpointing, eval loss,
-    validation) and a lean LoRA (int8 base, bf16, adamw_bf16, no validation: no test looks at
-    it); each of the two resumed from a copy of its checkpoint-2 (the trainer's entry point)."""
-
-    tmp_prefix = "st-qwen-"
-    options = dict(model_family="qwen_image",
-                   pretrained_model_name_or_path="builtin:tiny-qwen_image", max_train_steps=4,
-                   checkpointing_steps=2, gradient_checkpointing=True,
-                   validation_prompt="a red circle", validation_num_inference_steps=1,
-                   validation_guidance_scale=4.0)
-
-    @classmethod
-    def start_runs(cls):
-        root = cls.root
-        make_shapes(root / "data", per_size=2)
-        make_shapes(root / "held-out", per_size=1, sizes=((64, 64),))
-        cls.datasets = [
-            {"id": "shapes", "instance_data_dir": str(root / "data"),
-             "caption_strategy": "textfile"},
-            {"id": "held-out", "dataset_type": "eval", "instance_data_dir": str(root / "held-out"),
-             "caption_strategy": "textfile"}]
-        cls.train_full_and_lora(dict(use_ema=True, eval_steps_interval=2), lora_rank=4,
-                                learning_rate=1e-2, base_model_precision="int8-torchao",
-                                mixed_precision="bf16", optimizer="adamw_bf16",
-                                validation_prompt=None)
-
-    def test_full_run_exports_a_qwen_image_pipeline_and_validates(self):
-        self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
-        out = self.root / "full-out"
-        self.assertTrue((out / "validation/step-4/grid.png").is_file())
-        losses = read_events(out, "eval")
-        self.assertEqual([line["step"] for line in losses], [2, 4])
-        self.assertTrue(all(np.isfinite(line["eval_loss"]) for line in losses))
-        pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
-        self.assertIsInstance(pipeline, QwenImagePipeline)
-        self.assertGreater(self.sample_image(pipeline).std(), 0.0)
-
-    def test_resumed_run_ends_with_the_uninterrupted_runs_weights(self):
-        self.assertEqual(self.resumed.returncode, 0, self.resumed.stderr[-3000:])
-        whole = self.root / "full-out" / TRANSFORMER_WEIGHTS
-        self.assert_same_tensors(whole, self.root / "resumed-out" / TRANSFORMER_WEIGHTS)
-        self.assert_some_tensor_changed(ensure_builtin_model("tiny-qwen_image") /
-                                        TRANSFORMER_WEIGHTS.removeprefix("pipeline/"), whole)
-
-    def test_lora_export_loads_onto_the_base_pipeline_and_changes_it(self):
-        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
-        out = self.root / "lora-out"
-        self.assertFalse((out / "pipeline").exists())
-        pipeline = QwenImagePipeline.from_pretrained(ensure_builtin_model("tiny-qwen_image"))
-        before = self.sample_image(pipeline)
-        pipeline.load_lora_weights(out / "lora")
-        self.assertGreater(np.abs(self.sample_image(pipeline) - before).mean(), 0.1)
-
-    def test_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
-        self.assert_resumed_lora_matches(self.root, ("lora", self.lora),
-                                         ("lora-resumed", self.lora_resumed))
 
 
 class QwenMemoryPlanTest(unittest.TestCase):

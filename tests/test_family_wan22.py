@@ -1,11 +1,11 @@
 """Wan 2.2 T2V-A14B, one expert trained per run: the noise levels drawn stay in the trained
 expert's range and follow the configured distribution there; the trained expert gets, in
 training, the inputs WanPipeline gives it in its own slot, and the frozen expert is the one
-loaded; a two-expert folder needs an expert flavour; a LoRA run of the low-noise expert through
-./train.sh resumes to the same adapter and loads into transformer_2, and a full run of the
-high-noise expert exports a WanPipeline with both experts that generates a clip. TI2V-5B as
-text-to-video: the network gets the pipeline's per-token timesteps and the Wan 2.2 VAE's
-normalised latents, and a full run exports a pipeline that generates a clip."""
+loaded; a two-expert folder needs an expert flavour; a LoRA of the low-noise expert loads into
+transformer_2, and a full run of the high-noise expert exports the low-noise one as loaded.
+TI2V-5B as text-to-video: the network gets the pipeline's per-token timesteps and the Wan 2.2
+VAE's normalised latents. Training, resume and export (A14B's high-noise expert, TI2V-5B): the
+conformance suite (tests/conformance.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from simpletuner.models.sigma_range import sample_sigmas_in_range
 from test_family_wan import SHARED_CONFIGS, WAN_PARAMETERS, transformer_config
 from test_memory_plan_command import GIB, plan_in_process, row
 from trained_outputs import TRANSFORMER_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import TrainingRuns, make_shapes, write_config
+from training_fixtures import TrainingRuns, make_shapes, run_in_process, write_config
 
 BOUNDARY = 0.875  # tiny-wan22's model_index.json, as Wan2.2-T2V-A14B-Diffusers'
 EXPERT_WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -206,28 +206,20 @@ class WanExpertMemoryPlanTest(unittest.TestCase):
         self.assertAlmostEqual(ddp_gradients / (WAN_PARAMETERS["14b"] * 4 / GIB), 1, delta=0.01)
 
 
-class Wan22TrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
-    """Three launches of ./train.sh: a LoRA run of the low-noise expert checkpointed at 2 of 4
-    steps (then resumed from a copy of its checkpoint-2 through the trainer's entry point), a
-    full run of the high-noise expert for 2 steps with a validation clip, and a full TI2V-5B
-    run of 2 steps. Only the high-noise run validates: no test looks at the others'."""
+class Wan22ExpertTrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase):
+    """In this process: a LoRA run of the low-noise expert (4 steps) and a full run of the
+    high-noise expert (2 steps)."""
 
     tmp_prefix = "st-wan22-"
-    options = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan22",
-                   validation_prompt="a red circle", validation_num_inference_steps=4,
-                   validation_resolution="64x64", validation_num_video_frames=5)
+    launch = staticmethod(run_in_process)
+    options = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan22")
 
     @classmethod
     def start_runs(cls):
         make_shapes(cls.root / "data", per_size=2, sizes=((64, 64),))
-        lora = dict(model_flavour="t2v-14b-2.2-low", model_type="lora", lora_rank=4,
-                    learning_rate=3e-2, max_train_steps=4, checkpointing_steps=2,
-                    validation_prompt=None)
-        cls.lora, cls.lora_resumed = cls.train_and_resume("lora", **lora)
-        cls.full = cls.train("full", model_flavour="t2v-14b-2.2-high", max_train_steps=2)
-        cls.ti2v = cls.train("ti2v", pretrained_model_name_or_path="builtin:tiny-wan22-ti2v",
-                             model_flavour="ti2v-5b-2.2", max_train_steps=2,
-                             aspect_bucket_alignment=32, validation_prompt=None)
+        cls.train("lora", model_flavour="t2v-14b-2.2-low", model_type="lora", lora_rank=4,
+                  learning_rate=3e-2, max_train_steps=4)
+        cls.train("full", model_flavour="t2v-14b-2.2-high", max_train_steps=2)
 
     def sample(self, pipeline) -> np.ndarray:
         pipeline.set_progress_bar_config(disable=True)
@@ -237,12 +229,7 @@ class Wan22TrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase
         self.assertEqual(frames.shape, (5, 64, 64, 3))
         return frames.astype(np.float64)
 
-    def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
-        self.assert_resumed_lora_matches(self.root, ("lora", self.lora),
-                                         ("lora-resumed", self.lora_resumed))
-
     def test_the_low_expert_lora_loads_into_transformer_2_and_changes_the_clip(self):
-        self.assertEqual(self.lora.returncode, 0, self.lora.stderr[-3000:])
         pipeline = WanPipeline.from_pretrained(resolve_model_path("builtin:tiny-wan22"))
         before = self.sample(pipeline)
         pipeline.load_lora_weights(self.root / "lora-out" / "lora", load_into_transformer_2=True)
@@ -252,10 +239,8 @@ class Wan22TrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase
                              pipeline.transformer.named_parameters()))
         self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 1e-4)
 
-    def test_the_full_run_exports_both_experts_and_the_pipeline_generates_a_clip(self):
-        self.assertEqual(self.full.returncode, 0, self.full.stderr[-3000:])
+    def test_the_full_run_of_the_high_expert_exports_the_low_expert_as_loaded(self):
         out, base = self.root / "full-out", resolve_model_path("builtin:tiny-wan22")
-        self.assertTrue((out / "validation" / "step-2" / "clip-00.webp").is_file())
         pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
         self.assertIsInstance(pipeline, WanPipeline)
         self.assertEqual(pipeline.config.boundary_ratio, BOUNDARY)
@@ -263,19 +248,6 @@ class Wan22TrainingTest(TrainingRuns, TrainedOutputAssertions, unittest.TestCase
                                         out / TRANSFORMER_WEIGHTS)
         self.assert_same_tensors(base / "transformer_2" / EXPERT_WEIGHTS,
                                  out / "pipeline" / "transformer_2" / EXPERT_WEIGHTS)
-        self.assertGreater(self.sample(pipeline).std(), 0.0)
-
-    def test_the_ti2v_run_exports_a_pipeline_that_expands_timesteps_and_generates_a_clip(self):
-        self.assertEqual(self.ti2v.returncode, 0, self.ti2v.stderr[-3000:])
-        out = self.root / "ti2v-out"
-        pipeline = DiffusionPipeline.from_pretrained(out / "pipeline")
-        self.assertIsInstance(pipeline, WanPipeline)
-        self.assertTrue(pipeline.config.expand_timesteps)
-        self.assertEqual(pipeline.vae.config.z_dim, 48)
-        self.assert_some_tensor_changed(
-            resolve_model_path("builtin:tiny-wan22-ti2v") / "transformer" / EXPERT_WEIGHTS,
-            out / TRANSFORMER_WEIGHTS)
-        self.assertGreater(self.sample(pipeline).std(), 0.0)
 
 
 if __name__ == "__main__":

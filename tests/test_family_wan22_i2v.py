@@ -3,13 +3,12 @@ transformer what WanImageToVideoPipeline with expand_timesteps gives it (latent 
 clean latents of the first frame encoded alone, the prepare_latents condition; per-token
 timesteps 0 on that frame, t elsewhere, as the pipeline builds them) and leaves that frame out
 of the loss; a text-to-video dataset of the same model is unchanged; is_i2v for a model that
-trains text-to-video only is refused; a LoRA run on is_i2v clips through ./train.sh caches the
-condition, resumes to the same adapter, and the adapter loads into the image-to-video pipeline
-and changes the clip it animates from an image."""
+trains text-to-video only is refused; a LoRA run on is_i2v clips caches the condition, and the
+adapter loads into the image-to-video pipeline and changes the clip it animates from an
+image."""
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import unittest
 from pathlib import Path
@@ -27,8 +26,7 @@ from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.builtin import ensure_builtin_model, resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.preflight import run_preflight
-from trained_outputs import LORA_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import copy_checkpoint, run_train_sh, write_config
+from training_fixtures import TrainingRuns, run_in_process, write_config
 from video_fixtures import shapes_frame, write_clip
 
 PROMPTS = ["a square walking", "a bar falling"]
@@ -150,45 +148,27 @@ class IsI2VPreflightTest(unittest.TestCase):
 
 
 TI2V = dict(model_family="wan", pretrained_model_name_or_path="builtin:tiny-wan22-ti2v",
-            model_flavour=FLAVOUR, resolution=64, train_batch_size=1, checkpointing_steps=2,
-            max_train_steps=4, model_type="lora", lora_rank=4, learning_rate=3e-2)
+            model_flavour=FLAVOUR, resolution=64, train_batch_size=1, max_train_steps=4,
+            model_type="lora", lora_rank=4, learning_rate=3e-2)
 
 
-class WanTI2VImageToVideoTrainingTest(TrainedOutputAssertions, unittest.TestCase):
-    """./train.sh on two is_i2v clips (two epochs): a LoRA run checkpointed at 2, and the same
-    run resumed from a copy of its checkpoint-2."""
+class WanTI2VImageToVideoTrainingTest(TrainingRuns, unittest.TestCase):
+    """A LoRA run of 4 steps on two is_i2v clips (two epochs), in this process."""
+
+    tmp_prefix, options = "st-ti2v-i2v-", TI2V
+    launch = staticmethod(run_in_process)
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="st-ti2v-i2v-")
-        cls.root = root = Path(cls.tmp)
+    def start_runs(cls):
         for i in range(2):
-            write_clip(root / "clips" / f"walk{i}.mp4", 64, 64, 9, seed=i,
+            write_clip(cls.root / "clips" / f"walk{i}.mp4", 64, 64, 9, seed=i,
                        caption=f"a square walking, take {i}")
         cls.datasets = [{"id": "clips", "dataset_type": "video",
-                         "instance_data_dir": str(root / "clips"),
+                         "instance_data_dir": str(cls.root / "clips"),
                          "video": {"bucket_strategy": "resolution_frames", "is_i2v": True}}]
-        cls.lora = cls.train("lora")
-        cls.resumed = None
-        if copy_checkpoint(root, "lora", "lora-resumed"):
-            cls.resumed = cls.train("lora-resumed", resume_from_checkpoint="latest")
-
-    @classmethod
-    def train(cls, name: str, **options):
-        config = write_config(cls.root, cls.root, name, cls.datasets, **{**TI2V, **options})
-        return run_train_sh(config, cls.tmp)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    def assert_succeeded(self, *results):
-        for result in results:
-            self.assertIsNotNone(result)
-            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        cls.train("lora")
 
     def test_each_clip_is_cached_with_its_first_frame_latents(self):
-        self.assert_succeeded(self.lora)
         entries = [load_file(p) for p in
                    (self.root / "lora-out" / "cache" / "vae" / "clips").rglob("*.safetensors")]
         self.assertEqual(len(entries), 2)
@@ -199,17 +179,7 @@ class WanTI2VImageToVideoTrainingTest(TrainedOutputAssertions, unittest.TestCase
             torch.testing.assert_close(entry["first_frame_latents"][:, 0], entry["latent"][:, 0],
                                        rtol=1e-4, atol=1e-4)
 
-    def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(self):
-        self.assert_succeeded(self.lora, self.resumed)
-        self.assertIn("resumed from", self.resumed.stderr)
-        self.assert_same_tensors(self.root / "lora-out" / LORA_WEIGHTS,
-                                 self.root / "lora-resumed-out" / LORA_WEIGHTS)
-        start, end = (self.root / "lora-out" / f"checkpoint-{step}" / "lora_adapter.safetensors"
-                      for step in (2, 4))
-        self.assert_some_tensor_changed(start, end)
-
     def test_the_lora_loads_into_the_image_to_video_pipeline_and_changes_its_clip(self):
-        self.assert_succeeded(self.lora)
         pipeline = WanImageToVideoPipeline.from_pretrained(
             resolve_model_path("builtin:tiny-wan22-ti2v"))
         self.assertTrue(pipeline.config.expand_timesteps)

@@ -1,8 +1,9 @@
-"""Validation of an edit model with its references (eval_dataset_id, SimpleTuner's key): a
-Kontext LoRA on an int8-torchao base, trained through ./train.sh on edit pairs, edits the first
-num_eval_images references with their targets' captions at every validation; the result and
-reference | result land in validation/step-N/ and the report's grid; the run resumes exactly,
-validation included. eval_dataset_id's problems are all reported before launch."""
+"""Validation of an edit model with its references (eval_dataset_id, SimpleTuner's key): a Kontext
+LoRA on an int8-torchao base, trained on edit pairs (`python -m simpletuner.train`: the
+launchers are tested in their own tests), edits the first num_eval_images references with their
+targets' captions at every validation; the result and reference | result land in
+validation/step-N/ and the report's grid; the run resumes exactly, validation included.
+eval_dataset_id's problems are all reported before launch."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from simpletuner.training.reporting.report_data import read_report_data
 from simpletuner.training.reporting.validation_edits import EditPairs, run_edit_validation
 from simpletuner.training.settings import ValidationSettings
 from trained_outputs import LORA_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import copy_checkpoint, run_train_sh, write_config
+from training_fixtures import copy_checkpoint, run_training, write_config
 
 EDIT_VALIDATION = dict(
     model_family="flux", model_flavour="kontext", model_type="lora", lora_rank=4,
@@ -57,7 +58,7 @@ class KontextEditValidationTest(TrainedOutputAssertions, unittest.TestCase):
         config = write_config(cls.root, cls.targets, name,
                               datasets=edit_datasets(cls.targets, cls.references),
                               **EDIT_VALIDATION, **options)
-        return run_train_sh(config, cls.tmp)
+        return run_training(config, cls.tmp)
 
     @classmethod
     def tearDownClass(cls):

@@ -1,7 +1,7 @@
-"""./train.sh on CPU over a dataset indexed from a parquet table, captions from the table:
-training runs, and the trace shows exactly the table's usable rows (a row naming a missing
-file is reported in skipped_files.json, not trained on). The audit on 2 real processes over
-the same table finds every occurrence exactly once."""
+"""The trainer's entry point on CPU over a dataset indexed from a parquet table, captions from the
+table: training runs, and the trace shows exactly the table's usable rows (a row naming a
+missing file is reported in skipped_files.json, not trained on). The audit on 2 real processes
+over the same table finds every occurrence exactly once."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pyarrow.parquet
 from PIL import Image
 
 import test_distributed
-from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
+from training_fixtures import make_shapes, read_jsonl, run_training, write_config
 
 
 def shapes_with_a_table(root: Path, **parquet) -> tuple[list[str], dict]:
@@ -49,7 +49,7 @@ class ParquetTrainingTest(unittest.TestCase):
         cls.ids, dataset = shapes_with_a_table(root)
         config = write_config(root, root, "parquet", datasets=[dataset], trace_samples=True,
                               num_train_epochs=1, max_train_steps=None)
-        cls.result = run_train_sh(config, cls.tmp)
+        cls.result = run_training(config, cls.tmp)
         cls.audit_dir = root / "audit"
         (root / "tmp").mkdir()
         cls.audit = test_distributed.launch(
@@ -96,7 +96,7 @@ class TrustedTableTrainingTest(unittest.TestCase):
         cls.ids, dataset = shapes_with_a_table(root, trust_table=True)
         config = write_config(root, root, "trusted", datasets=[dataset], trace_samples=True,
                               num_train_epochs=1, max_train_steps=None)
-        cls.result = run_train_sh(config, cls.tmp)
+        cls.result = run_training(config, cls.tmp)
         cls.out = root / "trusted-out"
 
     @classmethod

@@ -1,7 +1,7 @@
-"""./train.sh with SimpleTuner's dataset scheduling and prior preservation (tiny sd1x LoRA): a
-regularisation dataset, a subject dataset drawn with probability 0.2, and a dataset that starts
-at step 5; then a run resumed from the checkpoint of step 5, whose samples and losses must be
-the uninterrupted run's."""
+"""The trainer's entry point with SimpleTuner's dataset scheduling and prior preservation (tiny
+sd1x LoRA): a regularisation dataset, a subject dataset drawn with probability 0.2, and a
+dataset that starts at step 5; then a run resumed from the checkpoint of step 5, whose samples
+and losses must be the uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training_fixtures import make_shapes, read_jsonl, run_train_sh, write_config
+from training_fixtures import make_shapes, read_jsonl, run_training, write_config
 
 START_STEP = 5
 
@@ -31,18 +31,18 @@ def step_datasets(trace: list[dict]) -> dict[int, str]:
 
 
 def run_then_resume(case: type, data_dir: Path, options: dict, step: int) -> None:
-    """For setUpClass: ./train.sh in case.tmp (case.full, output case.full_out), then a run in
+    """For setUpClass: a run in case.tmp (case.full, output case.full_out), then a run in
     case.resumed_out from a copy of its checkpoint of ``step`` (case.resumed; None if the first
     failed)."""
     root = Path(case.tmp)
-    case.full = run_train_sh(write_config(root, data_dir, "full", **options), case.tmp)
+    case.full = run_training(write_config(root, data_dir, "full", **options), case.tmp)
     case.full_out, case.resumed_out = root / "full-out", root / "resumed-out"
     case.resumed = None
     if case.full.returncode == 0:
         case.resumed_out.mkdir()
         shutil.copytree(case.full_out / f"checkpoint-{step}",
                         case.resumed_out / f"checkpoint-{step}")
-        case.resumed = run_train_sh(write_config(
+        case.resumed = run_training(write_config(
             root, data_dir, "resumed", resume_from_checkpoint="latest", **options), case.tmp)
 
 
@@ -121,7 +121,7 @@ class NeverJoinsTest(unittest.TestCase):
                                   datasets=[
                 {"id": "a", "instance_data_dir": str(root / "a")},
                 {"id": "b", "instance_data_dir": str(root / "b"), "start_step": 20}])
-            result = run_train_sh(config, tmp)
+            result = run_training(config, tmp)
             self.assertEqual(result.returncode, 2, result.stderr[-3000:])
             self.assertIn("dataset 'b': start_epoch 1, start_step 20 come after the last of the "
                           "8 optimizer steps", result.stderr)

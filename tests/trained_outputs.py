@@ -4,6 +4,7 @@ pipeline samples for a fixed prompt and seed, and a tiny SD 1.x UNet's output fo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from unittest import mock
@@ -61,6 +62,12 @@ class TrainedOutputAssertions:
         one, other = load_file(str(before)), load_file(str(after))
         self.assertFalse(all(torch.equal(one[name], other[name]) for name in one),
                          f"every tensor of {before} is unchanged in {after}")
+
+    def assert_resumed_at(self, output_dir: Path, step: int):
+        """The run that wrote ``output_dir`` resumed from its checkpoint-<step> (and did not
+        train from the start, which with the same seed would end with the same weights)."""
+        status = json.loads((Path(output_dir) / "training_status.json").read_text())
+        self.assertEqual((status["resume_step"], status["status"]), (step, "finished"))
 
     def assert_resumed_lora_matches(self, root: Path, run, resumed, steps=(2, 4)):
         """``resumed`` (run "<run.name>-resumed" from a copy of checkpoint-<steps[0]>) ends with

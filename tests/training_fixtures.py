@@ -81,6 +81,19 @@ def run_train_sh(config: Path, tmpdir: str, timeout: int = 400,
                        env=environment(tmpdir, fresh_model_cache), timeout=timeout)
 
 
+def run_in_process(config: Path, tmpdir: str | None = None):
+    """The run of ``config`` by a Trainer built in this process: its TrainingResult, or the
+    run's own exception. For tests of what a run does, not of how it is launched (no
+    interpreter, torch or launcher start-up; the launchers have their own tests:
+    test_train_sh.py, and the TrainingRuns classes that launch through ./train.sh)."""
+    from accelerate import Accelerator
+
+    from simpletuner.configuration import load_configuration
+    from simpletuner.training.recipe import Trainer
+
+    return Trainer(load_configuration(config), Accelerator(cpu=True)).run()
+
+
 def check_recording_torch(config: Path, tmpdir: str | Path) -> subprocess.CompletedProcess:
     """``python -m simpletuner check`` in a fresh interpreter that prints, on its stdout,
     whether torch got imported and check's status (train.sh runs check before accelerate, so

@@ -1,0 +1,32 @@
+"""The conformance suite (tests/conformance.py) for the UNet families and SD3; the other rows of
+its table run in test_family_conformance_<group>.py, one file per worker's share."""
+
+from __future__ import annotations
+
+import importlib
+import unittest
+
+from conformance import CASES, case_classes
+
+FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3")
+FILES = ("test_family_conformance", "test_family_conformance_flux",
+         "test_family_conformance_qwen", "test_family_conformance_wan")
+
+globals().update(case_classes(__name__, FAMILIES))
+
+
+class EveryCaseRunsTest(unittest.TestCase):
+    def test_every_row_of_the_table_runs_in_exactly_one_file(self):
+        runs = {}
+        for module_name in FILES:
+            module = importlib.import_module(module_name)
+            for value in vars(module).values():
+                case = getattr(value, "case", None)
+                if isinstance(value, type) and case is not None:
+                    runs.setdefault(case, []).append(module_name)
+        self.assertEqual(set(runs), set(CASES), "rows no file runs, or runs twice")
+        self.assertTrue(all(len(files) == 1 for files in runs.values()), runs)
+
+
+if __name__ == "__main__":
+    unittest.main()
