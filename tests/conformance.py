@@ -31,6 +31,7 @@ from PIL import Image
 
 from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from simpletuner.configuration import load_configuration
+from simpletuner.families import family_spec
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.training.recipe import Trainer
 from training_fixtures import make_shapes, write_config
@@ -44,8 +45,9 @@ class Case(NamedTuple):
     dataset: str  # "image", "video" (clips) or "edit" (targets with their references)
 
 
-# Every family and flavour the trainer supports. This table will later be read from the family
-# registry (simpletuner.families, being built beside this work); until then it is kept here.
+# Every family and flavour the trainer supports, by its built-in tiny model: a family's row is
+# its part of this suite (test_family_conformance.py checks that every registered family and
+# every built-in model its spec names has one).
 CASES = (
     Case("sd1x", None, "tiny-sd1x", "image"),
     Case("sd2x", None, "tiny-sd2x", "image"),
@@ -58,6 +60,7 @@ CASES = (
     Case("qwen_image", "edit-v1", "tiny-qwen_image-edit", "edit"),
     Case("qwen_image", "edit-v2", "tiny-qwen_image-edit-plus", "edit"),
     Case("z_image", None, "tiny-z_image", "image"),
+    Case("lumina2", None, "tiny-lumina2", "image"),
     Case("flux2", None, "tiny-flux2", "image"),
     Case("wan", None, "tiny-wan", "image"),  # images as one-frame clips
     Case("wan", "i2v-480p-14b-2.1", "tiny-wan-i2v", "video"),
@@ -100,7 +103,7 @@ def case_name(case: Case) -> str:
 
 
 def is_video_model(case: Case) -> bool:
-    return case.family == "wan"
+    return family_spec(case.family).frame_rule is not None
 
 
 def is_image_to_video(case: Case) -> bool:
@@ -120,7 +123,7 @@ def load_pipeline(case: Case, folder: Path):
     here: transformers' own needs torchvision)."""
     extra = {}
     if case.model.startswith("tiny-qwen_image-edit"):
-        from simpletuner.models.qwen_processor import load_processor
+        from simpletuner.families.qwen_image.processor import load_processor
 
         extra["processor"] = load_processor(folder)
     pipeline = pipeline_class(case).from_pretrained(folder, **extra)

@@ -6,6 +6,7 @@ and each row is set beside its mode's adamw/no_change row."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 import unittest
 
 from simpletuner.models.registry import get_adapter_class
@@ -15,7 +16,10 @@ from training_fixtures import REPO
 
 
 def _load_benchmark():
-    """benchmarks/ is a folder of scripts, not a package: load the file itself."""
+    """benchmarks/ is a folder of scripts, not a package: load the file itself, with its folder
+    importable as when it runs as a script (its helpers are in benchlib.py)."""
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location("bench_memory",
                                                   REPO / "benchmarks" / "bench_memory.py")
     module = importlib.util.module_from_spec(spec)

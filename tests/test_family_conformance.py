@@ -1,5 +1,5 @@
-"""The conformance suite (tests/conformance.py) for the UNet families and SD3; the other rows of
-its table run in test_family_conformance_<group>.py, one file per worker's share."""
+"""The conformance suite (tests/conformance.py) for the UNet families, SD3 and Lumina 2; the
+other rows of its table run in test_family_conformance_<group>.py, one file per worker's share."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import importlib
 import unittest
 
 from conformance import CASES, case_classes
+from simpletuner.families import builtin_recipes, family_names
 
-FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3")
+FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "lumina2")
 FILES = ("test_family_conformance", "test_family_conformance_flux",
          "test_family_conformance_qwen", "test_family_conformance_wan")
 
@@ -26,6 +27,10 @@ class EveryCaseRunsTest(unittest.TestCase):
                     runs.setdefault(case, []).append(module_name)
         self.assertEqual(set(runs), set(CASES), "rows no file runs, or runs twice")
         self.assertTrue(all(len(files) == 1 for files in runs.values()), runs)
+
+    def test_every_registered_family_and_built_in_model_has_a_row(self):
+        self.assertEqual({case.family for case in CASES}, set(family_names()))
+        self.assertEqual({case.model for case in CASES}, set(builtin_recipes()))
 
 
 if __name__ == "__main__":
