@@ -4,9 +4,11 @@ back."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import tempfile
+import time
 import unittest
 from pathlib import Path
 
@@ -15,7 +17,8 @@ from simpletuner.ui.events import LineTail, RunEvents
 from simpletuner.ui.option_form import COMMON, form_options, options_html
 from simpletuner.ui.queue_db import RunQueue
 from simpletuner.ui.run_request import BadRequest, read_request
-from simpletuner.ui.settings import ServerSettings
+from simpletuner.ui.scheduler import Scheduler
+from simpletuner.ui.settings import ServerSettings, device_sets
 from simpletuner.ui.workspace import Workspace
 
 
@@ -88,6 +91,66 @@ class RunQueueTest(TempFolder):
         self.assertTrue(queue.requeue("a"))
         self.assertEqual([run.id for run in queue.in_state("queued")], ["b", "a"])
         self.assertFalse(queue.requeue("b"))  # already queued
+
+
+# A stand-in for the repository's train.sh: records the GPU set its run was given, then ends.
+RECORDING_TRAIN_SH = """#!/usr/bin/env bash
+echo "${CUDA_VISIBLE_DEVICES-unset}" > "$(dirname "$1")/devices.txt"
+sleep 0.5
+"""
+RUNS = ("a00000000001", "a00000000002", "a00000000003")  # run ids as the workspace makes them
+
+
+class DeviceSetsTest(TempFolder):
+    """--devices: a slot per GPU set, each run launched with its set alone, a set taken again
+    only once its run has ended."""
+
+    def scheduler(self, devices: tuple[str, ...]) -> tuple[Scheduler, RunQueue, Workspace]:
+        repo = self.root / "repo"
+        repo.mkdir()
+        (repo / "train.sh").write_text(RECORDING_TRAIN_SH)
+        (repo / "train.sh").chmod(0o755)
+        workspace = Workspace(self.root / "workspace")
+        workspace.prepare()
+        queue = RunQueue(workspace.queue_path)
+        for run_id in RUNS:
+            workspace.run_folder(run_id).mkdir(parents=True)
+            queue.add(run_id, run_id)
+        return Scheduler(workspace, queue, len(devices), repo, devices), queue, workspace
+
+    def until_ended(self, scheduler: Scheduler, queue: RunQueue, count: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(queue.in_state("finished", "failed")) < count:
+            self.assertLess(time.monotonic(), deadline, queue.all())
+            time.sleep(0.1)
+            scheduler.tick()
+
+    def test_each_run_trains_on_a_free_set_of_its_own(self):
+        scheduler, queue, workspace = self.scheduler(("0,1", "2,3"))
+        scheduler.tick()
+        first, second, third = RUNS
+        running = {run.id: run.devices for run in queue.in_state("running")}
+        self.assertEqual(running, {first: "0,1", second: "2,3"})  # both sets are taken
+        self.assertEqual([run.id for run in queue.in_state("queued")], [third])
+        self.until_ended(scheduler, queue, 3)
+        seen = [(workspace.run_folder(run_id) / "devices.txt").read_text().strip()
+                for run_id in RUNS]
+        self.assertEqual(seen[:2], ["0,1", "2,3"])
+        self.assertIn(seen[2], ("0,1", "2,3"))
+
+    def test_without_sets_runs_see_the_servers_own_devices(self):
+        scheduler, queue, workspace = self.scheduler(())
+        scheduler.slots = 3
+        scheduler.tick()
+        self.until_ended(scheduler, queue, 3)
+        self.assertEqual((workspace.run_folder(RUNS[0]) / "devices.txt").read_text().strip(),
+                         "unset")
+
+    def test_the_argument_takes_disjoint_sets_of_indices(self):
+        self.assertEqual(device_sets("0,1|2, 3"), ("0,1", "2,3"))
+        for wrong in ("0,1|1,2", "0|a", "0||1"):
+            with self.subTest(wrong=wrong), self.assertRaises(argparse.ArgumentTypeError):
+                device_sets(wrong)
 
 
 class HostNamesTest(unittest.TestCase):

@@ -28,7 +28,7 @@ def build_app(settings: ServerSettings) -> Starlette:
     workspace = Workspace(settings.workspace)
     secret = workspace.prepare()
     queue = RunQueue(workspace.queue_path)
-    scheduler = Scheduler(workspace, queue, settings.slots, settings.repo)
+    scheduler = Scheduler(workspace, queue, settings.slots, settings.repo, settings.devices)
 
     @asynccontextmanager
     async def lifespan(app):

@@ -32,6 +32,7 @@ class UiContext:
             elapsed = round((ended if ended and ended >= started else time.time()) - started, 1)
         return {"id": record.id, "name": record.name, "status": record.state,
                 "exit_status": record.exit_status, "message": record.message, "pid": record.pid,
+                "devices": record.devices,
                 "step": run_files.last_step(folder), "max_steps": run_files.max_steps(folder),
                 "queue_index": queue_index, "created_at": record.created_at,
                 "started_at": started, "ended_at": ended, "elapsed": elapsed}

@@ -19,7 +19,9 @@ ACTIVE = (QUEUED, STARTING, RUNNING)
 _SCHEMA = """CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, position INTEGER NOT NULL, state TEXT NOT NULL,
     pid INTEGER, process_start TEXT, exit_status INTEGER, message TEXT,
-    created_at REAL NOT NULL, started_at REAL, ended_at REAL)"""
+    created_at REAL NOT NULL, started_at REAL, ended_at REAL, devices TEXT)"""
+# A queue written before --devices existed gains the column (NULL: no GPU set).
+_COLUMNS_ADDED = {"devices": "ALTER TABLE runs ADD COLUMN devices TEXT"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class RunRecord:
     created_at: float
     started_at: float | None
     ended_at: float | None
+    devices: str | None = None  # the GPU set it trains on (--devices), as CUDA_VISIBLE_DEVICES
 
 
 class RunQueue:
@@ -42,6 +45,10 @@ class RunQueue:
         self.path = Path(path)
         with self._transaction() as db:
             db.execute(_SCHEMA)
+            present = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+            for column, statement in _COLUMNS_ADDED.items():
+                if column not in present:
+                    db.execute(statement)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -90,10 +97,11 @@ class RunQueue:
         return self._change("UPDATE runs SET state = ? WHERE id = ? AND state = ?",
                             (STARTING, run_id, QUEUED))
 
-    def mark_running(self, run_id: str, pid: int, process_start: str | None) -> None:
+    def mark_running(self, run_id: str, pid: int, process_start: str | None,
+                     devices: str | None = None) -> None:
         self._change("UPDATE runs SET state = ?, pid = ?, process_start = ?, started_at = ?, "
-                     "exit_status = NULL, message = NULL, ended_at = NULL WHERE id = ?",
-                     (RUNNING, pid, process_start, time.time(), run_id))
+                     "exit_status = NULL, message = NULL, ended_at = NULL, devices = ? "
+                     "WHERE id = ?", (RUNNING, pid, process_start, time.time(), devices, run_id))
 
     def mark_ended(self, run_id: str, state: str, exit_status: int | None,
                    message: str | None) -> None:

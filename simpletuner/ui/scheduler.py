@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import subprocess
 from pathlib import Path
 
@@ -19,8 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, workspace: Workspace, queue: RunQueue, slots: int, repo: Path):
+    def __init__(self, workspace: Workspace, queue: RunQueue, slots: int, repo: Path,
+                 devices: tuple[str, ...] = ()):
+        """``devices``: a GPU set per slot (--devices); each run gets a free one."""
         self.workspace, self.queue, self.slots, self.repo = workspace, queue, slots, repo
+        self.devices = devices
         self._children: dict[str, subprocess.Popen] = {}  # runs this server started
 
     async def run_forever(self, interval: float = 0.5) -> None:
@@ -61,15 +65,22 @@ class Scheduler:
         logger.info("run %s (%s) ended: %s, exit status %s", run.id, run.name, state, exit_status)
 
     def _start_queued(self) -> None:
-        free = self.slots - len(self.queue.in_state(RUNNING, STARTING))
+        active = self.queue.in_state(RUNNING, STARTING)
+        free = self.slots - len(active)
+        # a run STARTING holds no set yet: claimed and launched within this pass only
+        free_sets = [d for d in self.devices if d not in {run.devices for run in active}]
         for run in self.queue.in_state(QUEUED)[:max(0, free)]:
             if not self.queue.claim(run.id):
                 continue  # cancelled meanwhile
+            devices = free_sets.pop(0) if free_sets else None
+            env = None if devices is None else {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
             try:
-                child = processes.launch(self.repo, self.workspace.run_folder(run.id))
+                child = processes.launch(self.repo, self.workspace.run_folder(run.id), env)
             except OSError as exc:  # no bash, a full disk for console.log
                 self.queue.mark_ended(run.id, "failed", None, f"could not start it: {exc}")
                 continue
             self._children[run.id] = child
-            self.queue.mark_running(run.id, child.pid, processes.process_start(child.pid))
-            logger.info("started run %s (%s) as process group %d", run.id, run.name, child.pid)
+            self.queue.mark_running(run.id, child.pid, processes.process_start(child.pid),
+                                    devices)
+            logger.info("started run %s (%s) as process group %d%s", run.id, run.name,
+                        child.pid, "" if devices is None else f" on GPUs {devices}")

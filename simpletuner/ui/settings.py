@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -25,11 +25,28 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0: any free port")
     parser.add_argument("--workspace", default="ui-workspace",
                         help="folder of the runs, the queue and workspace.json")
-    parser.add_argument("--slots", type=int, default=1,
-                        help="runs that train at once (0: queue only, start nothing)")
+    slots = parser.add_mutually_exclusive_group()
+    slots.add_argument("--slots", type=int, default=1,
+                       help="runs that train at once (0: queue only, start nothing)")
+    slots.add_argument("--devices", type=device_sets, default=(), metavar="0,1|2,3",
+                       help="one slot per GPU set, '|' between sets: each run trains on its "
+                       "set alone (CUDA_VISIBLE_DEVICES)")
     token = parser.add_mutually_exclusive_group()
     token.add_argument("--token", help="access token every request must carry")
     token.add_argument("--token-file", help="file holding the access token")
+
+
+def device_sets(value: str) -> tuple[str, ...]:
+    """'0,1|2,3' -> ('0,1', '2,3'): GPU indices, each in one set only (argparse reports the
+    message)."""
+    sets = tuple(part.strip() for part in value.split("|"))
+    indices = [index.strip() for part in sets for index in part.split(",")]
+    if not all(index.isdigit() for index in indices):
+        raise argparse.ArgumentTypeError(f"'{value}': GPU indices separated by ',' within a set "
+                                         "and '|' between sets, e.g. 0,1|2,3")
+    if len(set(indices)) != len(indices):
+        raise argparse.ArgumentTypeError(f"'{value}': a GPU is in more than one set")
+    return tuple(",".join(index.strip() for index in part.split(",")) for part in sets)
 
 
 def is_loopback(host: str) -> bool:
@@ -49,6 +66,7 @@ class ServerSettings:
     slots: int
     token: str | None
     repo: Path         # where train.sh is
+    devices: tuple[str, ...] = ()  # --devices: a GPU set per slot ('0,1'); () when not given
 
     @classmethod
     def from_arguments(cls, args: argparse.Namespace, repo: Path) -> ServerSettings:
@@ -68,11 +86,12 @@ class ServerSettings:
                 "bind 127.0.0.1 and reach it through an SSH tunnel")
         if args.slots < 0:
             raise SettingsError("--slots must be 0 or more")
-        return cls(args.host, args.port, Path(args.workspace).resolve(), args.slots, token,
-                   repo)
+        slots = len(args.devices) if args.devices else args.slots
+        return cls(args.host, args.port, Path(args.workspace).resolve(), slots, token, repo,
+                   args.devices)
 
     def bound_to(self, port: int) -> ServerSettings:
-        return ServerSettings(self.host, port, self.workspace, self.slots, self.token, self.repo)
+        return replace(self, port=port)
 
     def answers_host(self, host_header: str) -> bool:
         """Whether this server answers a request naming ``host_header`` (a name another site
