@@ -25,7 +25,8 @@ from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.training.recipe import Trainer
 from simpletuner.training.run.leftovers import leftovers
 from simpletuner.training.run.outcomes import Preempted
-from training_fixtures import make_shapes, write_config
+from simpletuner.training.run.requests import request
+from training_fixtures import make_shapes, read_events, write_config
 
 
 def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -144,6 +145,39 @@ class ResumedScheduleTest(TrainerCase):
             self.trainer("same", resume_from_checkpoint="latest")
         self.assertTrue(any("resumed from" in line for line in logs.output), logs.output)
         self.assertFalse(any("resuming at step" in line for line in logs.output), logs.output)
+
+
+class RunRequestsTest(TrainerCase):
+    """A checkpoint or a validation asked for from outside (the UI's buttons: a file in
+    output_dir/requests/) happens after the next step, once."""
+
+    def test_a_checkpoint_asked_for_is_saved_after_the_next_step_once(self):
+        trainer = self.trainer("asked-checkpoint", max_train_steps=3, checkpointing_steps=100,
+                               use_ema=False)
+        asked = request(trainer.output_dir, "checkpoint")
+        trainer.train()
+        self.assertEqual(sorted(p.name for p in trainer.output_dir.glob("checkpoint-*")),
+                         ["checkpoint-1", "checkpoint-3"])  # asked, and the last step's
+        self.assertFalse(asked.exists())
+
+    def test_a_validation_asked_for_writes_its_images_after_the_next_step(self):
+        trainer = self.trainer("asked-validation", max_train_steps=2, use_ema=False,
+                               validation_prompt="a red circle",
+                               validation_num_inference_steps=1, validation_steps=100)
+        request(trainer.output_dir, "validate")
+        trainer.train()
+        self.assertEqual([event["step"] for event in read_events(trainer.output_dir,
+                                                                 "validation")], [1, 2])
+
+    def test_a_validation_asked_of_a_run_without_prompts_is_dropped_with_a_warning(self):
+        trainer = self.trainer("asked-nothing", max_train_steps=1, use_ema=False)
+        asked = request(trainer.output_dir, "validate")
+        with self.assertLogs("simpletuner.training.recipe", "WARNING") as logs:
+            trainer.train()
+        self.assertIn("validates nothing (no validation_prompt)", "\n".join(logs.output))
+        self.assertEqual(read_events(trainer.output_dir, "validation"), [])
+        self.assertFalse(asked.exists())
+
 
 class EveryOptimizerResumesTest(TrainerCase):
     """Each optimizer the trainer accepts on this machine saves, verifies and resumes to the

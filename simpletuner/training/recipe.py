@@ -48,6 +48,7 @@ from simpletuner.training.reporting.validation_edits import EditPairs
 from simpletuner.training.run.leftovers import remove_leftovers
 from simpletuner.training.run.outcomes import Preempted
 from simpletuner.training.run.preemption import PreemptionWatcher
+from simpletuner.training.run.requests import RunRequests
 from simpletuner.training.run.run_warnings import resumed_lr_warning, run_warnings
 from simpletuner.training.run_state import RunState, noise_generator, total_steps
 from simpletuner.training.settings import RunSettings
@@ -88,6 +89,7 @@ class Trainer:
         self.weight_dtype = weight_dtype(self.training.mixed_precision)
         self.watcher = watcher or PreemptionWatcher(self.training.preemption_signals)
         self.run_log = new_run_log(self.output_dir, main=accelerator.is_main_process)
+        self.requests = RunRequests(self.output_dir, main=accelerator.is_main_process)
         # is_regularisation_data: their targets are the base model's predictions
         self.regularisation = {ds.id for ds in configuration.datasets if ds.is_regularisation_data}
 
@@ -269,7 +271,8 @@ class Trainer:
                                   self.training.max_grad_norm,
                                   self.training.grad_clip_method)
             local, totals = reduce_step(self.accelerator, pack_step(
-                loss_sum, self.accumulation, norm, stopping=self.watcher.requested is not None))
+                loss_sum, self.accumulation, norm, stopping=self.watcher.requested is not None,
+                asked=self.requests.pending()))
         self.state.step += 1
         self.state.epoch = self.sampler.epoch
         if self.guard.should_apply(totals, self.state.step):
@@ -325,10 +328,11 @@ class Trainer:
         """Log, checkpoint, stop on a signal (with a checkpoint), validate, evaluate."""
         step = self.state.step
         self._log_step(totals)
+        self.requests.answered(totals)
         saved = None
         every = self.training.checkpointing_steps
         # The last step is always saved: a finished run can be continued with more steps.
-        if (every and step % every == 0) or step == self.total_steps:
+        if (every and step % every == 0) or step == self.total_steps or totals.checkpoint_asked:
             saved = self.checkpoint()
             self.run_log.render()  # (a preemption's checkpoint: by Trainer.run, outside the save)
         if totals.stopping:
@@ -336,10 +340,21 @@ class Trainer:
                 saved = saved or self.checkpoint()
             raise Preempted(self.watcher.requested or "a stop signal on another rank", step,
                             saved)
-        if is_validation_step(self.settings.validation, step, self.total_steps):
+        if self._validation_due(step, totals):
             self.validate()
         if self.evaluator is not None and self.evaluator.is_due(step):
             self.run_log.events.eval(step, self.evaluator.run(step))
+
+    def _validation_due(self, step: int, totals: StepTotals) -> bool:
+        """On its schedule, or asked for from outside (training/run/requests.py)."""
+        settings = self.settings.validation
+        if totals.validation_asked and not settings.enabled:
+            if self.accelerator.is_main_process:
+                logger.warning("a validation was asked for at step %d, but this run validates "
+                               "nothing (no validation_prompt)", step)
+            return False
+        return is_validation_step(settings, step, self.total_steps) or bool(
+            totals.validation_asked)
 
     def _stop_if_signalled_after_the_last_step(self) -> None:
         """A signal during the last step's validation or evaluation reached no step's reduce:

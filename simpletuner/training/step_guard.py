@@ -1,8 +1,9 @@
 """The optimizer step's one collective and what every rank decides from it.
 
 Each rank packs its accumulated loss, its micro-batch count, whether its loss and gradient norm
-were finite, and whether it received a stop signal into one small tensor; one sum-reduce gives
-every rank the same totals, so every rank skips, stops or diverges at the same step. The loss
+were finite, whether it received a stop signal, and the run requests the main rank found
+(training/run/requests.py) into one small tensor; one sum-reduce gives every rank the same
+totals, so every rank skips, stops, diverges, checkpoints or validates at the same step. The loss
 stays on the device until then: one host read per optimizer step, none per micro-batch.
 """
 
@@ -31,6 +32,8 @@ class StepTotals:
     nonfinite_loss: float   # ranks whose loss was NaN/inf
     nonfinite_grad: float   # ranks whose gradient norm was NaN/inf
     stopping: float         # ranks that received a stop signal
+    checkpoint_asked: float = 0.0  # a checkpoint requested from outside (the main rank's look)
+    validation_asked: float = 0.0  # a validation requested from outside
 
     @property
     def finite(self) -> bool:
@@ -57,13 +60,15 @@ def clip_gradients(accelerator, parameters: Iterable[torch.Tensor], max_grad_nor
 
 
 def pack_step(loss_sum: torch.Tensor, micro_batches: int, grad_norm: torch.Tensor,
-              stopping: bool) -> torch.Tensor:
-    """This rank's part of the reduce, in StepTotals' field order, built without a host sync."""
+              stopping: bool, asked: tuple[bool, bool] = (False, False)) -> torch.Tensor:
+    """This rank's part of the reduce, in StepTotals' field order, built without a host sync.
+    ``asked``: (checkpoint, validation) requested from outside."""
     loss_sum = loss_sum.detach().float().reshape(())
     grad_norm = grad_norm.detach().float().reshape(()).to(loss_sum.device)
-    return torch.stack([loss_sum, torch.full_like(loss_sum, micro_batches),
-                        (~torch.isfinite(loss_sum)).float(), (~torch.isfinite(grad_norm)).float(),
-                        torch.full_like(loss_sum, float(stopping))])
+    flags = torch.tensor([float(stopping), *map(float, asked)], device=loss_sum.device)
+    return torch.cat([torch.stack([loss_sum, torch.full_like(loss_sum, micro_batches),
+                                   (~torch.isfinite(loss_sum)).float(),
+                                   (~torch.isfinite(grad_norm)).float()]), flags])
 
 
 def reduce_step(accelerator, packed: torch.Tensor) -> tuple[StepTotals, StepTotals]:

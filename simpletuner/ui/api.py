@@ -13,6 +13,8 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
 from simpletuner.common.atomic import atomic_write_json
+from simpletuner.training.run.requests import CHECKPOINT, VALIDATE
+from simpletuner.training.run.requests import request as ask_run
 from simpletuner.ui import processes, run_files
 from simpletuner.ui.browse import list_folder
 from simpletuner.ui.checking import CONFIG_NAME, problems_of
@@ -206,8 +208,23 @@ async def run_image(request: Request):
 
 
 async def checkpoint_run(request: Request) -> JSONResponse:
-    return _error(501, "the trainer has no 'checkpoint now' trigger yet: a run checkpoints "
-                  "every checkpointing_steps and when stopped (POST /api/runs/{id}/stop)")
+    return await _ask_run(request, CHECKPOINT)
+
+
+async def validate_run(request: Request) -> JSONResponse:
+    return await _ask_run(request, VALIDATE)
+
+
+async def _ask_run(request: Request, name: str) -> JSONResponse:
+    """A request file the running trainer acts on after its next step (requests.py)."""
+    record = _record_or_404(request)
+    if record is None:
+        return _error(404, "no such run")
+    if record.state != RUNNING:
+        return _error(409, f"run {record.id} is {record.state}, not running")
+    output = run_files.output_of(_ui(request).workspace.run_folder(record.id))
+    await run_in_threadpool(ask_run, output, name)
+    return JSONResponse({"id": record.id, "requested": name}, status_code=202)
 
 
 async def run_events(request: Request):
@@ -240,6 +257,7 @@ ROUTES = [
     Route("/api/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
     Route("/api/runs/{run_id}/move", move_run, methods=["POST"]),
     Route("/api/runs/{run_id}/checkpoint", checkpoint_run, methods=["POST"]),
+    Route("/api/runs/{run_id}/validate", validate_run, methods=["POST"]),
     Route("/api/runs/{run_id}/delete", delete_run, methods=["POST"]),
     Route("/api/runs/{run_id}/file", run_image, methods=["GET"]),
     Route("/api/runs/{run_id}/events", run_events, methods=["GET"]),

@@ -103,6 +103,8 @@ async def run_page(request: Request) -> HTMLResponse:
             '</span></p>'
             f'<pre data-field=message>{escape(run["message"] or "")}</pre>'
             '<button data-action=stop>stop</button> <button data-action=resume>resume</button> '
+            '<button data-action=checkpoint>checkpoint now</button> '
+            '<button data-action=validate>validate now</button> '
             '<button data-action=cancel>cancel</button> <button data-action=delete>delete'
             f'</button> <a href="/new?{escape(urlencode({"from": run_id}))}">duplicate as a '
             'new run</a><div class=charts>'
