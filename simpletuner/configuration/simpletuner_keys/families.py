@@ -1,11 +1,13 @@
 """SimpleTuner's options that apply to one model family.
 
 Options of a family not supported here are accepted with any value: SimpleTuner itself ignores
-them for every other family, and model_family already refuses theirs."""
+them for every other family, and model_family already refuses theirs. A supported family's
+own options are named by its spec (FamilySpec.simpletuner_keys), in its folder."""
 
 from __future__ import annotations
 
-from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
+from simpletuner.configuration.simpletuner_keys.entries import Foreign, ignored, refused
+from simpletuner.families import family_specs
 
 _OTHER_FAMILIES = {
     "ace_step": "validation_lyrics validation_audio_duration lyrics_embedder_train "
@@ -49,7 +51,6 @@ _OTHER_FAMILIES = {
                   "moss_image_uncond_skip_layers",
     "pixart_sigma": "pixart_validation_pipeline_mode pixart_validation_stage1_model "
                     "pixart_validation_stage2_model",
-    "sana": "sana_complex_human_instruction",
 }
 
 
@@ -61,8 +62,15 @@ def _other_family_keys() -> dict:
     return keys
 
 
+def _supported_family_keys() -> dict:
+    """Each supported family's own options, as its spec words them."""
+    return {key: Foreign(advice) for spec in family_specs()
+            for key, advice in spec.simpletuner_keys.items()}
+
+
 FAMILY_KEYS = {
     **_other_family_keys(),
+    **_supported_family_keys(),
     # Flux
     **refused("flux_lora_target", "use lora_target_modules (module name suffixes); unset = "
               "the attention projections", (None, "all")),

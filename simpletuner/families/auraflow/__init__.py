@@ -1,0 +1,1 @@
+"""AuraFlow: spec.py, adapter.py, tiny.py."""

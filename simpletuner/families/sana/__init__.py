@@ -1,0 +1,1 @@
+"""Sana: spec.py, adapter.py, tiny.py."""
