@@ -1,4 +1,4 @@
-"""The conformance suite (tests/conformance.py) for the UNet families, SD3 and Lumina 2; the
+"""The conformance suite (tests/conformance.py) for the UNet families, SD3, Lumina 2, Sana and AuraFlow; the
 other rows of its table run in test_family_conformance_<group>.py, one file per worker's share."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import unittest
 from conformance import CASES, case_classes
 from simpletuner.families import builtin_recipes, family_names
 
-FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "lumina2")
+FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "lumina2", "sana", "auraflow")
 FILES = ("test_family_conformance", "test_family_conformance_flux",
          "test_family_conformance_qwen", "test_family_conformance_wan")
 
