@@ -24,7 +24,6 @@ _OTHER_FAMILIES = {
                 "ideogram_fp8_base_upcast ideogram_prompt_enhancer_head_id ideogram_schedule_mu "
                 "ideogram_schedule_std ideogram_load_unconditional_transformer "
                 "ideogram_uncond_ramtorch",
-    "krea2": "krea2_reference_latents",
     "ltxvideo": "ltx_train_mode ltx_i2v_prob ltx_partial_noise_fraction ltx_protect_first_frame",
     "ltxvideo2": "ltx2_validation_pipeline_mode ltx2_validation_spatial_upsampler_model "
                  "ltx2_validation_spatial_upsampler_filename ltx2_validation_audio_guidance "
@@ -78,6 +77,9 @@ FAMILY_KEYS = {
     **refused("custom_text_encoder_intermediary_layers", "remove it; FLUX.2 stacks its "
               "pipeline's text encoder layers (dev: 10, 20, 30; klein: 9, 18, 27), as "
               "validation and the exported pipeline do"),
+    # Krea 2
+    **refused("krea2_reference_latents", "remove it; Krea 2 trains text-to-image here, "
+              "without reference latents"),
     # SD3
     **refused("sd3_clip_uncond_behaviour sd3_t5_uncond_behaviour", "remove it; the "
               "unconditional embedding is the empty prompt's", (None, "empty_string")),
