@@ -38,7 +38,18 @@ class DataFree(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
             return True if args[0].dtype == torch.bool else 1
-        return func(*args, **(kwargs or {}))
+        try:
+            return func(*args, **(kwargs or {}))
+        except RuntimeError:
+            # Host tensors that a family builds from shapes alone (token layouts, which the
+            # meta device could not size) meet the meta tensors: as meta tensors.
+            if not any(isinstance(arg, torch.Tensor) and arg.is_meta for arg in args):
+                raise
+            return func(*(_as_meta(arg) for arg in args), **(kwargs or {}))
+
+
+def _as_meta(value):
+    return value.to(META) if isinstance(value, torch.Tensor) and value.dim() else value
 
 
 class _FusedAttention(torch.autograd.Function):
