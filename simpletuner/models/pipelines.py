@@ -36,7 +36,7 @@ def _eval_mode(pipeline):
 
 
 def generate_validation_images(pipeline, prompts: list[str], *, resolution: int | tuple[int, int],
-                               num_inference_steps: int, guidance_scale: float = 7.5,
+                               num_inference_steps: int, guidance_scale: float | None = 7.5,
                                seed: int = 0, autocast_dtype: torch.dtype | None = None,
                                negative_prompt: str | None = None, keep=None,
                                input_images: list[Image.Image] | None = None,
@@ -49,6 +49,8 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
     ``negative_prompt`` and ``pipeline_arguments`` (guidance_rescale, skip_guidance_layers...)
     are passed only when given (pipelines differ in what they accept)."""
     extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
+    if guidance_scale is not None:  # None: the pipeline has no such argument (Qwen-Image 2.1)
+        extra["guidance_scale"] = guidance_scale
     extra.update(pipeline_arguments)
     width, height = (resolution, resolution) if isinstance(resolution, int) else resolution
     device = pipeline.device
@@ -62,8 +64,7 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
             given = {} if input_images is None else {"image": input_images[index]}
             result = pipeline(prompt=prompt, height=height, width=width,
                               num_inference_steps=num_inference_steps,
-                              guidance_scale=guidance_scale, generator=generator, **given,
-                              **extra)
+                              generator=generator, **given, **extra)
             images.append((keep or first_image)(result))
     return images
 

@@ -22,11 +22,6 @@ _OTHER_FAMILIES = {
                  "deepfloyd_validation_stage3_guidance deepfloyd_validation_stage3_noise_level",
     "flux3_image": "flux3_prompt_upsample",
     "hidream": "hidream_use_load_balancing_loss hidream_load_balancing_loss_weight",
-    "ideogram": "ideogram_auto_json ideogram_validation ideogram_prompt_upsample "
-                "ideogram_fp8_base_upcast ideogram_prompt_enhancer_head_id ideogram_schedule_mu "
-                "ideogram_schedule_std ideogram_load_unconditional_transformer "
-                "ideogram_uncond_ramtorch",
-    "krea2": "krea2_reference_latents",
     "ltxvideo": "ltx_train_mode ltx_i2v_prob ltx_partial_noise_fraction ltx_protect_first_frame",
     "ltxvideo2": "ltx2_validation_pipeline_mode ltx2_validation_spatial_upsampler_model "
                  "ltx2_validation_spatial_upsampler_filename ltx2_validation_audio_guidance "
@@ -86,6 +81,19 @@ FAMILY_KEYS = {
     **refused("custom_text_encoder_intermediary_layers", "remove it; FLUX.2 stacks its "
               "pipeline's text encoder layers (dev: 10, 20, 30; klein: 9, 18, 27), as "
               "validation and the exported pipeline do"),
+    # Ideogram 4
+    **refused("ideogram_auto_json ideogram_prompt_upsample ideogram_prompt_enhancer_head_id",
+              "remove it; Ideogram 4 trains on the captions as written, without its prompt "
+              "enhancer"),
+    **refused("ideogram_validation ideogram_schedule_mu ideogram_schedule_std "
+              "ideogram_fp8_base_upcast ideogram_uncond_ramtorch", "remove it; validation "
+              "calls Ideogram4Pipeline with its own defaults, and the unconditional "
+              "transformer stays frozen as loaded"),
+    **ignored("ideogram_load_unconditional_transformer", "accepted; the unconditional "
+              "transformer is always loaded, as the pipeline needs it"),
+    # Krea 2
+    **refused("krea2_reference_latents", "remove it; Krea 2 trains text-to-image here, "
+              "without reference latents"),
     # SD3
     **refused("sd3_clip_uncond_behaviour sd3_t5_uncond_behaviour", "remove it; the "
               "unconditional embedding is the empty prompt's", (None, "empty_string")),

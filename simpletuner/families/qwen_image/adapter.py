@@ -22,10 +22,13 @@ from simpletuner.models.model_index import pipeline_class_name
 from simpletuner.models.training_batch import TrainingBatch
 
 NO_NEGATIVE_PROMPT = " "  # what Qwen-Image's own examples pass for "no negative prompt"
-# model_flavour -> the pipeline class of the folders it trains (SimpleTuner's edit flavours)
-EDIT_FLAVOURS = {"edit-v1": "QwenImageEditPipeline", "edit-v2": "QwenImageEditPlusPipeline"}
-EDIT_BUILTINS = {"edit-v1": "builtin:tiny-qwen_image-edit",
-                 "edit-v2": "builtin:tiny-qwen_image-edit-plus"}
+# model_flavour -> the pipeline class of the folders it trains: SimpleTuner's edit flavours
+# (trained on edit pairs) and Qwen-Image 2.1.
+FLAVOUR_PIPELINES = {"edit-v1": "QwenImageEditPipeline", "edit-v2": "QwenImageEditPlusPipeline",
+                     "v2.1": "QwenImage21Pipeline"}
+FLAVOUR_BUILTINS = {"edit-v1": "builtin:tiny-qwen_image-edit",
+                    "edit-v2": "builtin:tiny-qwen_image-edit-plus",
+                    "v2.1": "builtin:tiny-qwen_image-v2.1"}
 
 
 class QwenImageAdapter(FlowFamilyAdapter):
@@ -45,18 +48,23 @@ class QwenImageAdapter(FlowFamilyAdapter):
 
     @classmethod
     def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
-        """Only the edit flavours change what is trained (edit pairs), so only they are
-        checked against the folder's pipeline class."""
-        found, wanted = pipeline_class_name(folder), EDIT_FLAVOURS.get(flavour)
-        if found == wanted or (wanted is None and found not in EDIT_FLAVOURS.values()):
+        """The flavours that change what is trained (edit pairs, Qwen-Image 2.1) are checked
+        against the folder's pipeline class; a folder of one of them needs its flavour."""
+        found, wanted = pipeline_class_name(folder), FLAVOUR_PIPELINES.get(flavour)
+        if found == wanted or (wanted is None and found not in FLAVOUR_PIPELINES.values()):
             return None
         if wanted is not None:
             return (f"{flavour!r} trains a {wanted} model, but the model_index.json of {folder} "
-                    f"names {found}; use such a folder (or {EDIT_BUILTINS[flavour]}), or remove "
-                    "model_flavour")
-        edit = next(name for name, pipeline in EDIT_FLAVOURS.items() if pipeline == found)
-        return (f"{folder} is a {found} model; set model_flavour {edit!r} (and give its "
-                "datasets conditioning_data)")
+                    f"names {found}; use such a folder (or {FLAVOUR_BUILTINS[flavour]}), or "
+                    "remove model_flavour")
+        needed = next(name for name, pipeline in FLAVOUR_PIPELINES.items() if pipeline == found)
+        datasets = " (and give its datasets conditioning_data)" if needed.startswith("edit") else ""
+        return f"{folder} is a {found} model; set model_flavour {needed!r}{datasets}"
+
+    @classmethod
+    def check_folder(cls, folder: Path) -> None:
+        """Against the layout of the folder's own flavour (2.1 has processor/, no tokenizer/)."""
+        super(QwenImageAdapter, cls.for_folder(folder)).check_folder(folder)
 
     @classmethod
     def load(cls, folder: Path, **settings) -> "QwenImageAdapter":

@@ -14,7 +14,7 @@ its half dtype (autocast keeps a few results, norms and softmax, in float32: not
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +38,18 @@ class DataFree(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
             return True if args[0].dtype == torch.bool else 1
-        return func(*args, **(kwargs or {}))
+        try:
+            return func(*args, **(kwargs or {}))
+        except RuntimeError:
+            # Host tensors that a family builds from shapes alone (token layouts, which the
+            # meta device could not size) meet the meta tensors: as meta tensors.
+            if not any(isinstance(arg, torch.Tensor) and arg.is_meta for arg in args):
+                raise
+            return func(*(_as_meta(arg) for arg in args), **(kwargs or {}))
+
+
+def _as_meta(value):
+    return value.to(META) if isinstance(value, torch.Tensor) and value.dim() else value
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -168,6 +179,7 @@ def activation_bytes(adapter_class, folder: Path, training, network: torch.nn.Mo
         for block in adapter.swappable_blocks(network):
             counter.watch(block, stack)
         stack.enter_context(every_element_selected())
+        stack.enter_context(autocast_on_meta_is_nothing())
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t))
         stack.enter_context(DataFree())
         stack.enter_context(FusedAttentionCounted())
@@ -176,6 +188,24 @@ def activation_bytes(adapter_class, folder: Path, training, network: torch.nn.Mo
     return ActivationBytes(saved=counter.total, blocks_saved=sum(inside),
                            blocks_inputs=sum(inputs for _, inputs in counter.blocks),
                            largest_block=max(inside, default=0))
+
+
+@contextmanager
+def autocast_on_meta_is_nothing():
+    """torch.autocast refuses the meta device, where a forward may switch autocast off around
+    a part it keeps in float32 (ERNIE-Image's rotary positions): there it changes nothing."""
+    original = torch.autocast
+
+    def autocast(device_type, *args, **kwargs):
+        if device_type == META.type:
+            return nullcontext()
+        return original(device_type, *args, **kwargs)
+
+    torch.autocast = autocast
+    try:
+        yield
+    finally:
+        torch.autocast = original
 
 
 @contextmanager

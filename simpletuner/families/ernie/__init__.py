@@ -1,0 +1,1 @@
+"""ERNIE-Image: spec.py, adapter.py, tiny.py."""

@@ -1,0 +1,1 @@
+"""Ideogram 4: spec.py, adapter.py, tiny.py."""

@@ -1,0 +1,1 @@
+"""Krea 2: spec.py, adapter.py, tiny.py."""
