@@ -63,6 +63,10 @@ CASES = (
     Case("lumina2", None, "tiny-lumina2", "image"),
     Case("sana", None, "tiny-sana", "image"),
     Case("auraflow", None, "tiny-auraflow", "image"),
+    Case("krea2", None, "tiny-krea2", "image"),
+    Case("ernie", None, "tiny-ernie", "image"),
+    Case("ideogram", None, "tiny-ideogram", "image"),
+    Case("qwen_image", "v2.1", "tiny-qwen_image-v2.1", "image"),
     Case("flux2", None, "tiny-flux2", "image"),
     Case("wan", None, "tiny-wan", "image"),  # images as one-frame clips
     Case("wan", "i2v-480p-14b-2.1", "tiny-wan-i2v", "video"),
@@ -83,13 +87,16 @@ LORA_OPTIONS = {model: dict(base_model_precision="int8-torchao")
                 for model in ("tiny-qwen_image", "tiny-z_image", "tiny-flux2")}
 # The untrained tiny AuraFlow's decoder flattens what a few steps change (0.006 of 255 per pixel
 # at this rate, 0.0014 at 1e-2): a larger step, and LORA_CHANGE's smaller bound, show it.
-LORA_OPTIONS["tiny-auraflow"] = dict(learning_rate=5e-2)
+LORA_OPTIONS.update({model: dict(learning_rate=5e-2) for model in (
+    "tiny-auraflow", "tiny-ernie", "tiny-ideogram", "tiny-qwen_image-v2.1")})
 GENERATION = {
     "tiny-flux-kontext": dict(width=64, height=64, _auto_resize=False, max_area=64 * 64),
     "tiny-qwen_image-edit": dict(width=64, height=64, true_cfg_scale=1.0),
     "tiny-qwen_image-edit-plus": dict(width=64, height=64, true_cfg_scale=1.0),
     "tiny-z_image": dict(guidance_scale=0.0),
     "tiny-sana": dict(use_resolution_binning=False),  # the size asked for, not a bin's
+    # its 2048-token default padding through a 36-layer encoder takes minutes on a CPU
+    "tiny-ideogram": dict(max_sequence_length=64, guidance_scale=3.0, guidance_schedule=None),
     "tiny-flux2": dict(width=48, height=32, guidance_scale=1.0),
     "tiny-wan": dict(num_frames=1),
     "tiny-wan-i2v": dict(width=64, height=48, num_frames=5),
@@ -100,6 +107,9 @@ LORA_CHANGE = {"tiny-wan": 1e-3, "tiny-wan-i2v": 1e-3, "tiny-wan22": 1e-4,
                "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3}  # an unchanged output is 0.0
 IMAGE_LORA_CHANGE = 0.1
 STEPS, RESUME_STEP = 4, 2
+# Ideogram's validation pads prompts to 2048 tokens for a 36-layer encoder (minutes on a CPU);
+# its pipeline is run by generate() with shorter prompts instead.
+UNVALIDATED = ("tiny-ideogram",)
 
 
 def case_name(case: Case) -> str:
@@ -132,6 +142,11 @@ def load_pipeline(case: Case, folder: Path):
         from simpletuner.families.qwen_image.processor import load_processor
 
         extra["processor"] = load_processor(folder)
+    if case.model == "tiny-qwen_image-v2.1":
+        from simpletuner.families.qwen_image.v21_processor import ImageTextQwen3VLProcessor
+
+        extra["processor"] = ImageTextQwen3VLProcessor.from_pretrained(folder,
+                                                                       subfolder="processor")
     pipeline = pipeline_class(case).from_pretrained(folder, **extra)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
@@ -175,7 +190,7 @@ def make_dataset(case: Case, root: Path) -> tuple[Path, list[dict]]:
 def validation_options(case: Case) -> dict:
     """A one-step validation at the end of the full run where a prompt alone can be validated
     (an edit model edits references, an image-to-video model animates training clips')."""
-    if case.dataset == "edit":
+    if case.dataset == "edit" or case.model in UNVALIDATED:
         return {}
     options = dict(validation_prompt="a red circle", validation_num_inference_steps=1,
                    validation_resolution=64)
