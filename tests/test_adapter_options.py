@@ -95,6 +95,14 @@ class AdapterOptionsTest(unittest.TestCase):
         self.assertIn("lora_format", message)
         self.assertIn("'comfyui'", message)
 
+    def test_lora_format_comfyui_with_lycoris_is_refused_at_lora_format(self):
+        path = self.lycoris_file("comfy", {"algo": "lokr", "factor": 4})
+        message = self.problems("comfy-lycoris", **LYCORIS, lycoris_config=path,
+                                lora_format="comfyui")
+        self.assertIn("key 'lora_format' is 'comfyui', but lora_type 'lycoris' exports "
+                      "LyCORIS's own file", message)
+        self.assertTrue(self.passes("diffusers-lycoris", **LYCORIS, lycoris_config=path))
+
     def test_init_lora_needs_a_lora_run_and_a_file(self):
         message = self.problems("init-full", init_lora=str(self.root / "absent.safetensors"))
         self.assertIn("key 'init_lora' is set but model_type is 'full'", message)

@@ -97,6 +97,11 @@ def adapter_problems(training, where: Location) -> list[Problem]:
         problems.append(where.problem(
             "lora_type", f"key 'lora_type' is 'lycoris' but model_type is '{training.model_type}'",
             "set model_type to 'lora'"))
+    if training.lora_format == "comfyui":
+        problems.append(where.problem(
+            "lora_format", "key 'lora_format' is 'comfyui', but lora_type 'lycoris' exports "
+            "LyCORIS's own file (lycoris_<module> keys, which ComfyUI reads as it is), never "
+            "the comfyui layout", "remove lora_format or set it to 'diffusers'"))
     if importlib.util.find_spec("lycoris") is None:
         problems.append(where.problem(
             "lora_type", "lora_type 'lycoris' needs the lycoris-lora library: pip install "
