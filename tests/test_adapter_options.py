@@ -72,6 +72,28 @@ class AdapterOptionsTest(unittest.TestCase):
                                 lycoris_config=self.lycoris_file("notjson", "{algo: lokr"))
         self.assertIn("is not JSON", message)
 
+    def test_lycoris_numbers_out_of_range_are_records_at_their_key_in_its_file(self):
+        from simpletuner.configuration import ConfigError, load_configuration
+        from simpletuner.training.preflight import run_preflight
+
+        path = self.lycoris_file("ranges", {"algo": "loha", "linear_dim": 0, "dropout": 2.0,
+                                            "rank_dropout": -0.1, "module_dropout": 1,
+                                            "conv_dim": 2.5})
+        config = write_config(self.root, self.root / "data", "ranges", **LYCORIS,
+                              lycoris_config=path)
+        with self.assertRaises(ConfigError) as caught:
+            run_preflight(load_configuration(config))
+        found = {record.path: record.message for record in caught.exception.records
+                 if record.file == path}
+        self.assertEqual(sorted(found), ["conv_dim", "dropout", "linear_dim", "module_dropout",
+                                         "rank_dropout"])
+        self.assertIn("'dropout' is 2.0; a dropout rate must be at least 0 and below 1",
+                      found["dropout"])
+        self.assertIn("'linear_dim' is 0; LyCORIS takes a whole number of at least 1",
+                      found["linear_dim"])
+        self.assertTrue(self.passes("in-range", **LYCORIS, lycoris_config=self.lycoris_file(
+            "in-range", {"algo": "loha", "linear_dim": 1, "dropout": 0.5, "conv_dim": 0})))
+
     def test_lycoris_on_a_torchao_base_without_bypass_mode_is_refused(self):
         path = self.lycoris_file("good", {"algo": "lokr", "factor": 4})
         message = self.problems("torchao", **LYCORIS, lycoris_config=path,
