@@ -48,6 +48,10 @@ class FamilySpec:
     refused_options: Mapping[str, str] = field(default_factory=dict)
     # What is wrong with flux_lora_target 'all' for this family, if anything.
     lora_target_all_problem: str | None = None
+    # The trained network's config.json keys that add up to its adapter's swappable_blocks
+    # (a key twice where two block lists have its length), so check refuses a
+    # musubi_blocks_to_swap beyond them before loading; empty: the run's own check decides.
+    swappable_block_keys: tuple[str, ...] = ()
 
     @property
     def trains_unet(self) -> bool:

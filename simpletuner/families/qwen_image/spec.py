@@ -17,4 +17,5 @@ SPEC = FamilySpec(
     variant_adapters={"QwenImageEditPipeline": EDIT + "QwenImageEditAdapter",
                       "QwenImageEditPlusPipeline": EDIT + "QwenImageEditPlusAdapter"},
     reference_flavours={"edit-v1": 1, "edit-v2": 3},
-    edits_need_references=True)
+    edits_need_references=True,
+    swappable_block_keys=("num_layers",))
