@@ -94,6 +94,25 @@ class AdapterOptionsTest(unittest.TestCase):
         self.assertTrue(self.passes("in-range", **LYCORIS, lycoris_config=self.lycoris_file(
             "in-range", {"algo": "loha", "linear_dim": 1, "dropout": 0.5, "conv_dim": 0})))
 
+    def test_an_adapter_larger_than_the_hosts_ram_is_refused_before_the_model_loads(self):
+        import re
+
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        path = self.lycoris_file("huge", {"algo": "loha", "linear_dim": 100_000_000})
+        message = self.problems("huge", **LYCORIS, lycoris_config=path)
+        found = re.search(r"key 'lycoris_config': the lycoris adapter has ([\d,]+) parameters, "
+                          r"([\d.]+) GiB in float32 as it is built on the host \(before its "
+                          r"gradients and optimizer state\), more than this machine's "
+                          r"([\d.]+) GiB of RAM; lower linear_dim in lycoris_config", message)
+        self.assertIsNotNone(found, message)
+        parameters = int(found.group(1).replace(",", ""))
+        # a LoHa holds four rank-wide factors per adapted layer: billions at rank 1e8
+        self.assertGreater(parameters * 4, ram)
+        self.assertEqual(found.group(2), f"{parameters * 4 / 2**30:.1f}")
+        self.assertEqual(found.group(3), f"{ram / 2**30:.1f}")
+        self.assertTrue(self.passes("small", **LYCORIS, lycoris_config=self.lycoris_file(
+            "small", {"algo": "loha", "linear_dim": 4})))
+
     def test_lycoris_on_a_torchao_base_without_bypass_mode_is_refused(self):
         path = self.lycoris_file("good", {"algo": "lokr", "factor": 4})
         message = self.problems("torchao", **LYCORIS, lycoris_config=path,
