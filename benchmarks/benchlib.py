@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from simpletuner.models.builtin import cache_root
+from simpletuner.models.model_path import cache_root
 
 
 def parse_with_smoke(parser: argparse.ArgumentParser, **smallest: Any) -> argparse.Namespace:

@@ -15,7 +15,7 @@ from simpletuner.models.base import LossSettings
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.ema import EMAWeights
-from simpletuner.training.adapters.lora import add_lora
+from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
 from simpletuner.training.memory.sharding import shard_network
@@ -82,8 +82,7 @@ def measure(case: dict, sharded: bool = False, step: bool = True) -> dict[str, i
     quantize_frozen_weights(adapter, PrecisionSettings.from_config(training), dtype)
     network = adapter.trainable
     if training.model_type == "lora":
-        add_lora(network, adapter_class, rank=training.lora_rank, alpha=training.lora_alpha,
-                 dropout=training.lora_dropout, target_modules=training.lora_target_modules)
+        add_adapter(network, adapter_class, training)
     caching = module_bytes([network, adapter.vae, *adapter.text_encoders])
     if not step:
         return {"while_caching": caching}

@@ -72,6 +72,47 @@ class AdapterOptionsTest(unittest.TestCase):
                                 lycoris_config=self.lycoris_file("notjson", "{algo: lokr"))
         self.assertIn("is not JSON", message)
 
+    def test_lycoris_numbers_out_of_range_are_records_at_their_key_in_its_file(self):
+        from simpletuner.configuration import ConfigError, load_configuration
+        from simpletuner.training.preflight import run_preflight
+
+        path = self.lycoris_file("ranges", {"algo": "loha", "linear_dim": 0, "dropout": 2.0,
+                                            "rank_dropout": -0.1, "module_dropout": 1,
+                                            "conv_dim": 2.5})
+        config = write_config(self.root, self.root / "data", "ranges", **LYCORIS,
+                              lycoris_config=path)
+        with self.assertRaises(ConfigError) as caught:
+            run_preflight(load_configuration(config))
+        found = {record.path: record.message for record in caught.exception.records
+                 if record.file == path}
+        self.assertEqual(sorted(found), ["conv_dim", "dropout", "linear_dim", "module_dropout",
+                                         "rank_dropout"])
+        self.assertIn("'dropout' is 2.0; a dropout rate must be at least 0 and below 1",
+                      found["dropout"])
+        self.assertIn("'linear_dim' is 0; LyCORIS takes a whole number of at least 1",
+                      found["linear_dim"])
+        self.assertTrue(self.passes("in-range", **LYCORIS, lycoris_config=self.lycoris_file(
+            "in-range", {"algo": "loha", "linear_dim": 1, "dropout": 0.5, "conv_dim": 0})))
+
+    def test_an_adapter_larger_than_the_hosts_ram_is_refused_before_the_model_loads(self):
+        import re
+
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        path = self.lycoris_file("huge", {"algo": "loha", "linear_dim": 100_000_000})
+        message = self.problems("huge", **LYCORIS, lycoris_config=path)
+        found = re.search(r"key 'lycoris_config': the lycoris adapter has ([\d,]+) parameters, "
+                          r"([\d.]+) GiB in float32 as it is built on the host \(before its "
+                          r"gradients and optimizer state\), more than this machine's "
+                          r"([\d.]+) GiB of RAM; lower linear_dim in lycoris_config", message)
+        self.assertIsNotNone(found, message)
+        parameters = int(found.group(1).replace(",", ""))
+        # a LoHa holds four rank-wide factors per adapted layer: billions at rank 1e8
+        self.assertGreater(parameters * 4, ram)
+        self.assertEqual(found.group(2), f"{parameters * 4 / 2**30:.1f}")
+        self.assertEqual(found.group(3), f"{ram / 2**30:.1f}")
+        self.assertTrue(self.passes("small", **LYCORIS, lycoris_config=self.lycoris_file(
+            "small", {"algo": "loha", "linear_dim": 4})))
+
     def test_lycoris_on_a_torchao_base_without_bypass_mode_is_refused(self):
         path = self.lycoris_file("good", {"algo": "lokr", "factor": 4})
         message = self.problems("torchao", **LYCORIS, lycoris_config=path,
@@ -94,6 +135,14 @@ class AdapterOptionsTest(unittest.TestCase):
         message = self.problems("kohya", model_type="lora", lora_format="kohya")
         self.assertIn("lora_format", message)
         self.assertIn("'comfyui'", message)
+
+    def test_lora_format_comfyui_with_lycoris_is_refused_at_lora_format(self):
+        path = self.lycoris_file("comfy", {"algo": "lokr", "factor": 4})
+        message = self.problems("comfy-lycoris", **LYCORIS, lycoris_config=path,
+                                lora_format="comfyui")
+        self.assertIn("key 'lora_format' is 'comfyui', but lora_type 'lycoris' exports "
+                      "LyCORIS's own file", message)
+        self.assertTrue(self.passes("diffusers-lycoris", **LYCORIS, lycoris_config=path))
 
     def test_init_lora_needs_a_lora_run_and_a_file(self):
         message = self.problems("init-full", init_lora=str(self.root / "absent.safetensors"))

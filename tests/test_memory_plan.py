@@ -128,6 +128,19 @@ class PlanAgreesWithMeasuredTest(AgreementCase):
             with self.subTest(**case):
                 self.assert_agrees(planned(case), measure(case, step=False))
 
+    def test_a_lycoris_adapter_on_convolutions(self):
+        """LoHa and LoKr on SD 1.x's ResNet convolutions too (LyCORIS reads their kernel sizes
+        through a tensor, which the meta device cannot answer)."""
+        with tempfile.TemporaryDirectory() as folder:
+            for algo in ("loha", "lokr"):
+                path = Path(folder) / f"{algo}.json"
+                path.write_text(json.dumps({"algo": algo, "linear_dim": 4, "factor": 4}))
+                case = {"family": "sd1x", "model_type": "lora", "lora_type": "lycoris",
+                        "lycoris_config": str(path), "optimizer": "adamw",
+                        "frozen_components_after_caching": "free"}
+                with self.subTest(algo=algo):
+                    self.assert_agrees(planned(case), measure(case))
+
     def test_frozen_parts_leave_the_training_total(self):
         kept, freed = ({**UNSHARDED[0], "frozen_components_after_caching": mode}
                        for mode in ("keep", "free"))

@@ -65,7 +65,8 @@ class TrainingConfig:
     lora_format: Literal["diffusers", "comfyui"] = option(
         "diffusers", help="the exported LoRA file's key layout: diffusers (peft keys) or "
         "comfyui (kohya lora_unet_ for SD 1.x/2.x/XL, the transformer./diffusion_model. layout "
-        "ComfyUI reads for the DiT families, alpha beside each module)")
+        "ComfyUI reads for the DiT families, alpha beside each module); lora_type lycoris writes "
+        "LyCORIS's own file, and refuses comfyui")
     init_lora: str | None = option(
         None, help="a LoRA file the adapter starts from (any layout diffusers' "
         "load_lora_weights reads: diffusers, comfyui, kohya; a LyCORIS file for lora_type "

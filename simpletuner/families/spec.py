@@ -51,6 +51,10 @@ class FamilySpec:
     # SimpleTuner's config.json options of this family alone that have no field here -> what
     # to do instead; refused unless their value asks for nothing (simpletuner_keys/).
     simpletuner_keys: Mapping[str, str] = field(default_factory=dict)
+    # The trained network's config.json keys that add up to its adapter's swappable_blocks
+    # (a key twice where two block lists have its length), so check refuses a
+    # musubi_blocks_to_swap beyond them before loading; empty: the run's own check decides.
+    swappable_block_keys: tuple[str, ...] = ()
 
     @property
     def trains_unet(self) -> bool:

@@ -16,7 +16,7 @@ import torch
 from simpletuner.common.atomic import give_umask_modes, staging_folder
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.model_path import (
-    BUILTIN_NAMES, BUILTIN_PREFIX, known_builtins, model_path_problem,
+    BUILTIN_NAMES, BUILTIN_PREFIX, builtin_folder, known_builtins, model_path_problem,
 )
 from simpletuner.models.tiny import recipe
 
@@ -36,15 +36,6 @@ def _library_versions() -> dict[str, str]:
 
 class UnknownBuiltinError(ModelFolderError):
     pass
-
-
-def cache_root() -> Path:
-    """$SIMPLETUNER_CACHE, else the user's cache directory (XDG) / simpletuner."""
-    configured = os.environ.get("SIMPLETUNER_CACHE")
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "simpletuner"
 
 
 def _unknown(name: str) -> UnknownBuiltinError:
@@ -101,8 +92,8 @@ def ensure_builtin_model(name: str) -> Path:
     never see a partial model."""
     if name not in BUILTIN_NAMES:
         raise _unknown(name)
-    root = cache_root() / "builtin"
-    final = root / name
+    final = builtin_folder(name)
+    root = final.parent
     if _is_current(final):
         return final
     root.mkdir(parents=True, exist_ok=True)

@@ -4,12 +4,27 @@ traceback. builtin.py builds the built-in models; layout.py checks a folder's su
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from simpletuner.families import builtin_recipes, family_names, family_spec
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_NAMES = tuple(builtin_recipes())
+
+
+def cache_root() -> Path:
+    """$SIMPLETUNER_CACHE, else the user's cache directory (XDG) / simpletuner."""
+    configured = os.environ.get("SIMPLETUNER_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "simpletuner"
+
+
+def builtin_folder(name: str) -> Path:
+    """Where built-in model ``name`` is built (builtin.py builds it there)."""
+    return cache_root() / "builtin" / name
 
 
 def known_builtins() -> str:

@@ -24,6 +24,7 @@ from simpletuner.models.model_path import model_path_problem
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.checkpointing.checkpointer import read_run_state
 from simpletuner.training.checkpointing.folders import resolve_resume
+from simpletuner.training.memory.meta_network import adapter_ram_problem
 from simpletuner.training.run.launch_checks import launch_warnings, static_problems
 from simpletuner.training.optimization.optimizers import optimizer_problems
 from simpletuner.training.reporting.validation_inputs import validation_input_problems
@@ -95,6 +96,8 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
         except (ModelFolderError, ValueError) as exc:
             problems.append(where.problem(
                 "pretrained_model_name_or_path", f"key 'pretrained_model_name_or_path': {exc}"))
+    if model_folder is not None and not problems:  # the adapter's options are sound
+        problems += _adapter_ram_problems(model_folder, training, where)
 
     if main_result is not None:
         if problems:
@@ -122,6 +125,18 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
         raise ConfigError(problems)
     assert model_folder is not None
     return Preflight(model_folder, resume_from, seed, resume_step)
+
+
+def _adapter_ram_problems(model_folder: Path, training, where: Location) -> list[Problem]:
+    """A LoRA run's adapter larger than the host's RAM, counted on the meta network."""
+    if training.model_type != "lora":
+        return []
+    adapter_class = get_adapter_class(training.model_family).for_folder(model_folder)
+    problem = adapter_ram_problem(adapter_class, model_folder, training)
+    if problem is None:
+        return []
+    key = "lycoris_config" if training.lora_type == "lycoris" else "lora_rank"
+    return [where.problem(key, f"key '{key}': {problem}")]
 
 
 def _is_i2v_problems(adapter_class, model_folder: Path,

@@ -7,6 +7,7 @@ SPEC = FamilySpec(
     name="chroma", objective=FLOW, adapter="simpletuner.families.chroma.adapter.ChromaAdapter",
     pipeline_prefixes=(("Chroma", "chroma"),), comfyui_layout=TRANSFORMER,
     tiny_models={"tiny-chroma": "simpletuner.families.chroma.tiny.build_chroma"},
+    swappable_block_keys=("num_layers", "num_single_layers"),  # double, then single blocks
     # flux_lora_target 'all' is accepted as the default targets, which for Chroma (as in
     # SimpleTuner) leave out the text-stream projections that SimpleTuner's 'all' adds.
     lora_target_all_problem=(

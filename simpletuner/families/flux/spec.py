@@ -13,5 +13,7 @@ SPEC = FamilySpec(
         "FluxKontextPipeline": "simpletuner.families.flux.kontext.FluxKontextAdapter"},
     reference_flavours={"kontext": None},
     guidance_input=True,
+    # the double-stream blocks, then the single-stream ones
+    swappable_block_keys=("num_layers", "num_single_layers"),
     # Flux's guidance is an input of the network, not an unconditional pass
     guidance_scale_without_cfg=None)

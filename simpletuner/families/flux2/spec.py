@@ -11,6 +11,7 @@ SPEC = FamilySpec(
     variant_adapters={
         "Flux2KleinPipeline": "simpletuner.families.flux2.adapter.Flux2KleinAdapter"},
     guidance_input=True,
+    swappable_block_keys=("num_layers", "num_single_layers"),  # double, then single blocks
     refused_options={"validation_negative_prompt": (
         "the FLUX.2 pipelines take no negative prompt (klein's guidance uses the empty "
         "prompt). Remove it.")})

@@ -11,4 +11,6 @@ SPEC = FamilySpec(
     # diffusers' converter of Lumina's own layout needs the real model's fused q/k/v sizes and
     # every module; its transformer. keys without alpha load exactly, as SD3's do.
     comfyui_layout=TRANSFORMER_ALPHA_FOLDED,
-    tiny_models={"tiny-lumina2": "simpletuner.families.lumina2.tiny.build_lumina2"})
+    tiny_models={"tiny-lumina2": "simpletuner.families.lumina2.tiny.build_lumina2"},
+    # the caption refiner, the image refiner (num_refiner_layers each), the joint blocks
+    swappable_block_keys=("num_refiner_layers", "num_refiner_layers", "num_layers"))

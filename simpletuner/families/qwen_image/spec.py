@@ -22,4 +22,5 @@ SPEC = FamilySpec(
                       "QwenImage21Pipeline": "simpletuner.families.qwen_image.v21."
                                              "QwenImage21Adapter"},
     reference_flavours={"edit-v1": 1, "edit-v2": 3},
-    edits_need_references=True)
+    edits_need_references=True,
+    swappable_block_keys=("num_layers",))

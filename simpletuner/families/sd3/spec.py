@@ -7,4 +7,5 @@ SPEC = FamilySpec(
     name="sd3", objective=FLOW, adapter="simpletuner.families.sd3.adapter.SD3Adapter",
     pipeline_prefixes=(("StableDiffusion3", "sd3"),), comfyui_layout=TRANSFORMER_ALPHA_FOLDED,
     tiny_models={"tiny-sd3": "simpletuner.families.sd3.tiny.build_sd3"},
-    skip_layer_guidance=True)
+    skip_layer_guidance=True,
+    swappable_block_keys=("num_layers",))

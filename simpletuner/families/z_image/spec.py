@@ -10,4 +10,6 @@ SPEC = FamilySpec(
     comfyui_layout=DIFFUSION_MODEL,
     tiny_models={"tiny-z_image": "simpletuner.families.z_image.tiny.build_z_image"},
     # ZImagePipeline runs the unconditional pass whenever guidance_scale > 0.
-    guidance_scale_without_cfg=0.0)
+    guidance_scale_without_cfg=0.0,
+    # the noise and context refiners (n_refiner_layers each), the main layers
+    swappable_block_keys=("n_refiner_layers", "n_refiner_layers", "n_layers"))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from simpletuner.training.adapters.by_type import add_adapter
+from simpletuner.training.memory.meta_network import meta_network, network_class
 from simpletuner.training.memory.optimizer_bytes import Trained, optimizer_state_bytes
 from simpletuner.training.memory.shards import WHOLE, RankPart
 from simpletuner.training.memory.weight_bytes import dtype_name, frozen_bytes
@@ -78,21 +78,6 @@ class RankBytes:
     @property
     def peak(self) -> int:
         return max(self.while_caching, self.while_training)
-
-
-def network_class(adapter_class) -> type:
-    from diffusers import UNet2DConditionModel
-    return getattr(adapter_class, "transformer_class", UNet2DConditionModel)
-
-
-def meta_network(adapter_class, folder: Path, training) -> torch.nn.Module:
-    """The trained network on the meta device, a LoRA added as the trainer adds it."""
-    cls = network_class(adapter_class)
-    with torch.device("meta"):
-        network = cls.from_config(cls.load_config(folder / adapter_class.trainable_component))
-        if training.model_type == "lora":
-            add_adapter(network, adapter_class, training)
-    return network
 
 
 def frozen_component_bytes(adapter_class, folder: Path, training) -> dict[str, int]:

@@ -11,6 +11,7 @@ import textwrap
 
 from simpletuner.training.memory.device_report import byte_size, device_report
 from simpletuner.training.memory.model import MemoryPlan, RankBytes, memory_plan
+from simpletuner.training.run.adapter_checks import read_lycoris_config
 
 NOT_COUNTED = ("Not counted above: activations (below), FSDP2's gathered blocks while they run, "
                "DDP's gradient buckets (up to one more copy of the gradients), the CUDA context "
@@ -59,8 +60,15 @@ def _rows(held: RankBytes, training) -> list[tuple[str, str]]:
     ]
 
 
+def _adapter(training) -> str:
+    if training.lora_type == "lycoris":
+        config = read_lycoris_config(training.lycoris_config)
+        return f"LyCORIS {config['algo']} linear_dim {config.get('linear_dim', 4)}"
+    return f"LoRA rank {training.lora_rank}"
+
+
 def _heading(training, world: int, plan: MemoryPlan) -> list[str]:
-    mode = (f"LoRA rank {training.lora_rank}, base {training.base_model_precision}"
+    mode = (f"{_adapter(training)}, base {training.base_model_precision}"
             if training.model_type == "lora" else "full fine-tune")
     processes = f"{world} process" + ("es" if world > 1 else "")
     return [f"memory per rank at {processes}: {training.model_family}, {mode}, "

@@ -1,5 +1,6 @@
 """The adapter options checked before launch, torch-free: lora_type 'lycoris' and its
-lycoris_config file (and the quantized bases it needs bypass_mode on), init_lora's file."""
+lycoris_config file (its numbers within LyCORIS's ranges, the quantized bases it needs
+bypass_mode on), init_lora's file."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ KNOWN_KEYS = ("algo", "multiplier", "linear_dim", "linear_alpha", "apply_preset"
               "disable_conv_cp", "dora_wd", "full_matrix", "rescaled", "train_llm_adapter",
               "train_norm", "unbalanced_factorization", "use_conv_cp", "use_cp", "use_scalar",
               "use_tucker", "wd_on_output", "weight_decompose")
+# lycoris-lora hands these rates to torch's Dropout (or compares them with torch.rand), which
+# takes [0, 1]; at 1 every update is dropped and nothing trains.
+RATES = ("dropout", "rank_dropout", "module_dropout")
+# The smallest rank LyCORIS builds a module with: a linear layer gets one only for linear_dim
+# > 0 (LycorisNetwork's create_modules); conv_dim 0 means linear_dim's, below that no conv module.
+SMALLEST_DIMS = {"linear_dim": 1, "conv_dim": 0}
 _NUMBERS = ("multiplier", "linear_dim", "linear_alpha", "conv_dim", "conv_alpha", "factor",
             "dropout", "rank_dropout", "module_dropout", "block_size", "constraint")
 
@@ -97,6 +104,11 @@ def adapter_problems(training, where: Location) -> list[Problem]:
         problems.append(where.problem(
             "lora_type", f"key 'lora_type' is 'lycoris' but model_type is '{training.model_type}'",
             "set model_type to 'lora'"))
+    if training.lora_format == "comfyui":
+        problems.append(where.problem(
+            "lora_format", "key 'lora_format' is 'comfyui', but lora_type 'lycoris' exports "
+            "LyCORIS's own file (lycoris_<module> keys, which ComfyUI reads as it is), never "
+            "the comfyui layout", "remove lora_format or set it to 'diffusers'"))
     if importlib.util.find_spec("lycoris") is None:
         problems.append(where.problem(
             "lora_type", "lora_type 'lycoris' needs the lycoris-lora library: pip install "
@@ -107,11 +119,31 @@ def adapter_problems(training, where: Location) -> list[Problem]:
             "it at a JSON file with algo, linear_dim, linear_alpha, ..."))
     else:
         try:
+            config = read_lycoris_config(training.lycoris_config)
             problems += [where.problem("lycoris_config", problem) for problem in
-                         _quantized_base_problems(training.base_model_precision,
-                                                  read_lycoris_config(training.lycoris_config))]
+                         _quantized_base_problems(training.base_model_precision, config)]
+            problems += range_problems(config, Location(training.lycoris_config))
         except LycorisConfigError as exc:
             problems.append(where.problem("lycoris_config", f"key 'lycoris_config': {exc}"))
+    return problems
+
+
+def range_problems(config: dict[str, Any], where: Location) -> list[Problem]:
+    """lycoris_config's numbers outside what LyCORIS builds a working adapter from, each at
+    its key in the lycoris_config file (``where``)."""
+    problems = []
+    for key in RATES:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not 0 <= value < 1:
+            problems.append(where.problem(
+                key, f"'{key}' is {value}; a dropout rate must be at least 0 and below 1",
+                f"set {key} to a rate such as 0.1, or 0 for none"))
+    for key, smallest in SMALLEST_DIMS.items():
+        value = config.get(key)
+        if isinstance(value, (int, float)) and (not float(value).is_integer() or value < smallest):
+            problems.append(where.problem(
+                key, f"'{key}' is {value}; LyCORIS takes a whole number of at least {smallest} "
+                "(the adapter's rank)", f"set {key} to a rank such as 16"))
     return problems
 
 

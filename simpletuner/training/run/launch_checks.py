@@ -19,6 +19,7 @@ from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.pairs import pair_references
 from simpletuner.helpers.metadata.split import UndersizedBucketsError, check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
+from simpletuner.models.block_count import TRAINED_SUBFOLDER, swappable_block_count
 from simpletuner.models.model_path import family_folder_problem, model_path_problem
 from simpletuner.training.run.adapter_checks import adapter_problems
 from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
@@ -117,11 +118,25 @@ def static_problems(configuration: Configuration) -> list[Problem]:
         problems.append(where.problem(
             "pretrained_model_name_or_path", "key 'pretrained_model_name_or_path': "
             f"{model_problem}"))
-    problems += output_dir_problems(configuration)
+    problems += output_dir_problems(configuration) + block_swap_problems(training, where)
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
         problems.append(where.problem("resume_from_checkpoint", fresh_problem))
     return problems + huggingface_problems(configuration)
+
+
+def block_swap_problems(training, where: Location) -> list[Problem]:
+    """musubi_blocks_to_swap beyond the blocks the model folder's config.json shows (checked
+    again on the loaded network, for a built-in model not built yet)."""
+    count = training.musubi_blocks_to_swap
+    if not count:
+        return []
+    most = swappable_block_count(training.model_family, training.pretrained_model_name_or_path)
+    if most is None or count <= most:
+        return []
+    return [where.problem(
+        "musubi_blocks_to_swap", f"key 'musubi_blocks_to_swap' is {count}, but the model's "
+        f"{TRAINED_SUBFOLDER} has {most} blocks to swap", f"set it to {most} or less")]
 
 
 def huggingface_problems(configuration: Configuration) -> list[Problem]:
