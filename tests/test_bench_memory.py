@@ -35,7 +35,7 @@ PARTS = {"frozen": "frozen", "trainable": "trainable", "gradients": "gradients",
 class BenchmarkRowsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        build, parts = bench_memory.tiny_models()["tiny-flux"]
+        build, parts = bench_memory.tiny_models(("flux",))["tiny-flux"]
         cls.result = bench_memory.model_rows("tiny-flux", build, parts,
                                              get_adapter_class("flux"), rank=4)
 
