@@ -140,10 +140,7 @@ def run_audit(accelerator: Accelerator, config_path: str, output: Path, epochs: 
     try:
         return 0 if _audit(accelerator, config_path, output, epochs) else 1
     except SHARED_ERRORS as exc:
-        # Every rank raises the same error (a RankFailure names the ranks it came from), so
-        # the main rank says it once; the others only exit with the same status.
-        if accelerator.is_main_process:
-            print(f"audit stopped: {exc}", file=sys.stderr)
+        print(f"[rank {accelerator.process_index}] audit stopped: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
 
 
