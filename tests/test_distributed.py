@@ -23,7 +23,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from launching import REPO, Launch
+from launching import REPO, Launch, run_bounded
 
 WORLD = 4
 TIMEOUT_S = 120
@@ -184,6 +184,24 @@ class DistributedAuditTest(unittest.TestCase):
                           "gradient_accumulation_steps)", err)
             self.assertIn("needs repeats >= ", err)
         self.assertFalse((self.root / "audit-big" / "plan.json").exists())
+
+    def test_through_the_launcher_a_stopped_audit_shows_no_traceback(self):
+        config = write_config(self.root, "big-launched.json", gradient_accumulation_steps=16,
+                              seed=3)
+        env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(REPO)}
+        result = run_bounded(
+            [sys.executable, "-m", "simpletuner.launch", "--multi_gpu", "--num_processes", "2",
+             "--main_process_port", "0", "-m", "simpletuner.audit", "--config", str(config),
+             "--output", str(self.root / "audit-launched")],
+            tmpdir=self.private_tmp, timeout=TIMEOUT_S, env=env)
+        said = result.stdout + result.stderr
+        self.assertEqual(result.returncode, 1, said[-3000:])
+        for rank in (0, 1):
+            self.assertEqual(said.count(f"[rank {rank}] audit stopped: Dataset 'photos'"), 1,
+                             said[-3000:])
+        self.assertNotIn("Traceback", said)
+        self.assertNotIn("ChildFailedError", said)
 
     def test_a_rank_that_cannot_load_the_index_fails_every_rank(self):
         # Rank 1 is pointed at another output_dir, where the main rank wrote no index cache.
