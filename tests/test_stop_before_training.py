@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import tempfile
-import time
 import unittest
 from pathlib import Path
 
@@ -17,11 +15,8 @@ from accelerate import Accelerator
 
 from simpletuner.configuration import load_configuration
 from simpletuner.training.recipe import Trainer
-from simpletuner.training.run.leftovers import leftovers
-from simpletuner.training.run.outcomes import EXIT_PREEMPTED
 from simpletuner.training.run.preemption import StopRequested
-from launching import Launch
-from training_fixtures import environment, make_shapes, write_config
+from training_fixtures import make_shapes, write_config
 
 
 class CountingTrainer(Trainer):
@@ -72,31 +67,6 @@ class StopWhileCachingTest(unittest.TestCase):
         self.assertEqual(rerun.encoded, [8])
         self.assertEqual(rerun.state.step, 0)
 
-
-class StopDuringDiscoveryTest(unittest.TestCase):
-    """A real SIGTERM while discovery waits on a read that never completes (a FIFO named like an
-    image: an NFS mount that hangs reads the same way) stops the run at once with 75."""
-
-    def test_a_signal_while_a_header_read_hangs_stops_the_run(self):
-        with tempfile.TemporaryDirectory(prefix="st-stop-discovery-") as tmp:
-            root = Path(tmp)
-            make_shapes(root / "data", per_size=2, sizes=((64, 64),))
-            os.mkfifo(root / "data" / "zz-hangs.png")
-            config = write_config(root, root / "data", "hangs")
-            with Launch([sys.executable, "-m", "simpletuner.train", "--config", config],
-                        tmpdir=tmp, env=environment(tmp)) as run:
-                deadline = time.monotonic() + 180
-                while "reading image headers" not in run.stderr():
-                    self.assertIsNone(run.process.poll(), run.stderr()[-3000:])
-                    self.assertLess(time.monotonic(), deadline, "discovery did not start")
-                    time.sleep(0.1)
-                time.sleep(1)  # the read of the FIFO is now blocked
-                run.process.send_signal(signal.SIGTERM)
-                status = run.wait(60)
-            self.assertEqual(status, EXIT_PREEMPTED, run.stderr()[-3000:])
-            self.assertIn("[rank 0] training stopped (exit status 75): stopped by SIGTERM before "
-                          "the first step", run.stderr())
-            self.assertEqual(leftovers(root / "hangs-out"), [])
 
 
 if __name__ == "__main__":
