@@ -1,33 +1,19 @@
 """Ideogram 4 (model_family ideogram): the adapter trains on exactly what Ideogram4Pipeline gives
 its conditional transformer (the pipeline's caption features, ids and 2x2 token packing,
-timestep 1 - sigma, its sign); full and LoRA runs of builtin:tiny-ideogram through the Trainer
-in-process export what Ideogram4Pipeline.from_pretrained loads, with the trained weights and the
-unconditional transformer as loaded, and the LoRA changes the base pipeline's image. The
-Trainer's validation is not run here: the pipeline pads every prompt to 2048 tokens for a
-36-layer text encoder, minutes on two CPU cores; the test samples with a shorter padding."""
+timestep 1 - sigma, its sign); its full and LoRA runs, resumed, exported and loaded by the
+pipeline class, are the conformance suite's (tests/conformance.py)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import unittest
-from pathlib import Path
 
-import numpy as np
 import torch
-from accelerate import Accelerator
-from diffusers import Ideogram4Pipeline
 
 from model_fixtures import CPU, TinyModelCase, random_batch
-from simpletuner.configuration import load_configuration
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import guess_family
-from simpletuner.training.recipe import Trainer
-from trained_outputs import LORA_WEIGHTS
-from training_fixtures import make_shapes, write_config
 
 PROMPTS = ("a red circle", "a small blue square standing on a long wooden table at dusk")
-FAMILY = dict(model_family="ideogram", pretrained_model_name_or_path="builtin:tiny-ideogram")
 
 
 class IdeogramAdapterTest(TinyModelCase):
@@ -98,59 +84,6 @@ class IdeogramAdapterTest(TinyModelCase):
         network = self.adapter.transformer
         self.assertEqual(self.adapter.swappable_blocks(network), list(network.layers))
         self.assertEqual(guess_family(ensure_builtin_model("tiny-ideogram")), "ideogram")
-
-
-class IdeogramTrainerTest(TinyModelCase):
-    """A full run and a LoRA run of two steps, in this process."""
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.root = Path(tempfile.mkdtemp(prefix="st-ideogram-"))
-        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
-        make_shapes(cls.root / "data", per_size=2, sizes=((64, 64),))
-        accelerator = Accelerator(cpu=True)
-        cls.trained = {}
-        for name, options in (("full", {}),
-                              # a rate at which two steps move the tiny image visibly
-                              ("lora", dict(model_type="lora", lora_rank=4,
-                                            learning_rate=5e-2))):
-            settings = {"learning_rate": 1e-2, "validation_prompt": None, **options}
-            config = write_config(cls.root, cls.root / "data", name, max_train_steps=2,
-                                  **FAMILY, **settings)
-            trainer = Trainer(load_configuration(config), accelerator)
-            trainer.run()
-            cls.trained[name] = {key: value.detach().clone() for key, value
-                                 in trainer.parts.network.state_dict().items()}
-
-    def sample(self, pipeline) -> np.ndarray:
-        pipeline.set_progress_bar_config(disable=True)
-        image = pipeline(prompt="a red circle", width=64, height=64, num_inference_steps=2,
-                         max_sequence_length=64, guidance_scale=3.0, guidance_schedule=None,
-                         generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (64, 64))
-        return np.asarray(image).astype(np.float64)
-
-    def test_the_full_run_exports_the_trained_weights_as_an_ideogram4pipeline(self):
-        loaded = Ideogram4Pipeline.from_pretrained(self.root / "full-out" / "pipeline")
-        base = Ideogram4Pipeline.from_pretrained(ensure_builtin_model("tiny-ideogram"))
-        exported = loaded.transformer.state_dict()
-        self.assertTrue(any(not torch.equal(value, exported[key])
-                            for key, value in base.transformer.state_dict().items()))
-        for key, value in exported.items():
-            self.assertTrue(torch.equal(value, self.trained["full"][key]), key)
-        unconditional = loaded.unconditional_transformer.state_dict()
-        for key, value in base.unconditional_transformer.state_dict().items():
-            self.assertTrue(torch.equal(value, unconditional[key]), key)
-        self.assertGreater(self.sample(loaded).std(), 0.0)
-
-    def test_the_lora_file_loads_onto_the_base_pipeline_and_changes_its_image(self):
-        out = self.root / "lora-out"
-        self.assertFalse((out / "pipeline").exists())
-        pipeline = Ideogram4Pipeline.from_pretrained(ensure_builtin_model("tiny-ideogram"))
-        before = self.sample(pipeline)
-        pipeline.load_lora_weights((out / LORA_WEIGHTS).parent)
-        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
 
 
 if __name__ == "__main__":

@@ -1,31 +1,20 @@
 """Krea 2 (model_family krea2): the adapter trains on exactly what Krea2Pipeline gives its
 transformer (the pipeline's stacked caption features and mask, its 2x2 packing and positions,
-timestep sigma, target noise - latents); full and LoRA runs of builtin:tiny-krea2 through the
-Trainer in-process export what Krea2Pipeline.from_pretrained loads, with the trained weights,
-and the LoRA changes the base pipeline's image."""
+timestep sigma, target noise - latents); its full and LoRA runs, resumed, exported and loaded by
+the pipeline class, are the conformance suite's (tests/conformance.py)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import unittest
-from pathlib import Path
 
-import numpy as np
 import torch
-from accelerate import Accelerator
 from diffusers import Krea2Pipeline
 
 from model_fixtures import CPU, TinyModelCase, random_batch
-from simpletuner.configuration import load_configuration
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import guess_family
-from simpletuner.training.recipe import Trainer
-from trained_outputs import LORA_WEIGHTS
-from training_fixtures import make_shapes, write_config
 
 PROMPTS = ("a red circle", "a small blue square standing on a long wooden table at dusk")
-FAMILY = dict(model_family="krea2", pretrained_model_name_or_path="builtin:tiny-krea2")
 
 
 class Krea2AdapterTest(TinyModelCase):
@@ -77,56 +66,6 @@ class Krea2AdapterTest(TinyModelCase):
         network = self.adapter.transformer
         self.assertEqual(self.adapter.swappable_blocks(network), list(network.transformer_blocks))
         self.assertEqual(guess_family(ensure_builtin_model("tiny-krea2")), "krea2")
-
-
-class Krea2TrainerTest(TinyModelCase):
-    """A full run (with validation) and a LoRA run of two steps, in this process."""
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.root = Path(tempfile.mkdtemp(prefix="st-krea2-"))
-        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
-        make_shapes(cls.root / "data", per_size=2, sizes=((64, 64),))
-        accelerator = Accelerator(cpu=True)
-        cls.trained = {}
-        for name, options in (("full", dict(validation_prompt="a red circle",
-                                            validation_num_inference_steps=2)),
-                              ("lora", dict(model_type="lora", lora_rank=4))):
-            config = write_config(cls.root, cls.root / "data", name, max_train_steps=2,
-                                  learning_rate=1e-2, **FAMILY, **options)
-            trainer = Trainer(load_configuration(config), accelerator)
-            trainer.run()
-            cls.trained[name] = {key: value.detach().clone() for key, value
-                                 in trainer.parts.network.state_dict().items()}
-
-    def sample(self, pipeline) -> np.ndarray:
-        pipeline.set_progress_bar_config(disable=True)
-        image = pipeline(prompt="a red circle", width=64, height=64, num_inference_steps=2,
-                         generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (64, 64))
-        return np.asarray(image).astype(np.float64)
-
-    def test_the_full_run_exports_the_trained_weights_as_a_krea2pipeline(self):
-        out = self.root / "full-out"
-        self.assertTrue((out / "validation" / "step-2" / "grid.png").is_file())
-        loaded = Krea2Pipeline.from_pretrained(out / "pipeline")
-        base = Krea2Pipeline.from_pretrained(ensure_builtin_model("tiny-krea2"))
-        self.assertEqual(loaded.text_encoder_select_layers, base.text_encoder_select_layers)
-        exported = loaded.transformer.state_dict()
-        self.assertTrue(any(not torch.equal(value, exported[key])
-                            for key, value in base.transformer.state_dict().items()))
-        for key, value in exported.items():
-            self.assertTrue(torch.equal(value, self.trained["full"][key]), key)
-        self.assertGreater(self.sample(loaded).std(), 0.0)
-
-    def test_the_lora_file_loads_onto_the_base_pipeline_and_changes_its_image(self):
-        out = self.root / "lora-out"
-        self.assertFalse((out / "pipeline").exists())
-        pipeline = Krea2Pipeline.from_pretrained(ensure_builtin_model("tiny-krea2"))
-        before = self.sample(pipeline)
-        pipeline.load_lora_weights((out / LORA_WEIGHTS).parent)
-        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,18 @@
-"""Lumina 2 (model_family lumina2): the adapter learns and trains on exactly what
-Lumina2Pipeline gives its transformer (the pipeline's own caption features and mask, timestep
-1 - sigma, its sign); full and LoRA training of builtin:tiny-lumina2 in-process export what
-Lumina2Pipeline.from_pretrained loads, with the trained weights."""
+"""Lumina 2 (model_family lumina2): the adapter learns and trains on exactly what Lumina2Pipeline
+gives its transformer (the pipeline's own caption features and mask, timestep 1 - sigma, its
+sign); its full and LoRA runs, resumed, exported and loaded by the pipeline class, are the
+conformance suite's (tests/conformance.py)."""
 
 from __future__ import annotations
 
-import tempfile
 import unittest
-from pathlib import Path
 
 import torch
-from diffusers import Lumina2Pipeline
 
-from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch, train_adapter
+from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import guess_family
-from simpletuner.models.pipelines import export_pipeline
-from simpletuner.training.adapters.lora import add_lora, export_lora
+from simpletuner.training.adapters.lora import add_lora
 
 PROMPTS = ("a red circle", "a small blue square standing on a long wooden table at dusk")
 
@@ -76,47 +72,6 @@ class Lumina2AdapterTest(TinyModelCase):
     def test_the_builtin_folder_is_told_apart_as_lumina2(self):
         self.assertEqual(guess_family(ensure_builtin_model("tiny-lumina2")), "lumina2")
 
-
-class Lumina2ExportTest(TinyModelCase):
-    def setUp(self):
-        torch.manual_seed(0)
-        self.adapter = self.load("lumina2")
-        self.batch = random_batch(self.adapter, 2, prompts=PROMPTS)
-        self.output = Path(self.enterContext(tempfile.TemporaryDirectory()))
-
-    def prediction(self, network) -> torch.Tensor:
-        noisy = torch.randn(self.batch.latents.shape, generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            return self.adapter._predict(network, noisy, torch.tensor([0.3, 0.8]), self.batch,
-                                         torch.float32)
-
-    def test_full_training_exports_what_lumina2pipeline_loads(self):
-        train_adapter(self.adapter, self.batch)
-        folder = export_pipeline(self.adapter.build_pipeline(), self.output)
-        loaded = Lumina2Pipeline.from_pretrained(folder)
-        trained = self.adapter.transformer.state_dict()
-        untrained = self.load("lumina2").transformer.state_dict()
-        self.assertTrue(any(not torch.equal(untrained[key], value)
-                            for key, value in trained.items()))
-        for key, value in loaded.transformer.state_dict().items():
-            self.assertTrue(torch.equal(value, trained[key]), key)
-        loaded.set_progress_bar_config(disable=True)
-        image = loaded(prompt="a red circle", width=64, height=48, num_inference_steps=2,
-                       generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (64, 48))
-
-    def test_lora_training_exports_a_file_lumina2pipeline_loads(self):
-        network = self.adapter.transformer
-        base = self.prediction(network)
-        add_lora(network, type(self.adapter), rank=4, alpha=8)
-        train_adapter(self.adapter, self.batch)
-        trained = self.prediction(network)
-        self.assertGreater((trained - base).abs().max().item(), 1e-3, "the LoRA does nothing")
-        path = export_lora(type(self.adapter), network, self.output)
-        pipeline = Lumina2Pipeline.from_pretrained(ensure_builtin_model("tiny-lumina2"))
-        pipeline.load_lora_weights(path.parent)
-        self.assertTrue(torch.allclose(self.prediction(pipeline.transformer), trained,
-                                       atol=1e-5))
 
 
 if __name__ == "__main__":

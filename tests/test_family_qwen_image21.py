@@ -1,29 +1,20 @@
 """Qwen-Image 2.1 (model_family qwen_image, model_flavour v2.1): the folder's model_index.json
 picks the flavour's adapter, which trains on exactly what QwenImage21Pipeline gives its
-transformer (the pipeline's caption features and mask, its unpatched latents after the text,
-one image slot per 2x2 tokens, timestep sigma, target noise - latents); full and LoRA runs of
-builtin:tiny-qwen_image-v2.1 through the Trainer in-process export what
-QwenImage21Pipeline.from_pretrained loads, with the trained weights, and the LoRA changes the
-base pipeline's image."""
+transformer (the pipeline's caption features and mask, its unpatched latents after the text, one
+image slot per 2x2 tokens, timestep sigma, target noise - latents); its full and LoRA runs,
+resumed, exported and loaded by the pipeline class, are the conformance suite's
+(tests/conformance.py)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import unittest
-from pathlib import Path
 from unittest import mock
 
-import numpy as np
 import torch
-from accelerate import Accelerator
-from diffusers import QwenImage21Pipeline
 
 from model_fixtures import CPU, TinyModelCase, random_batch
-from simpletuner.configuration import load_configuration
 from simpletuner.configuration.options import TrainingConfig
 from simpletuner.families.qwen_image.v21 import QwenImage21Adapter
-from simpletuner.families.qwen_image.v21_processor import ImageTextQwen3VLProcessor
 from simpletuner.models.base import PLANNED_CAPTION, LossSettings
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import guess_family
@@ -31,22 +22,10 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.memory.activations import activation_bytes
 from simpletuner.training.memory.model import meta_network
-from simpletuner.training.recipe import Trainer
 from test_memory_activations import HEIGHT, TOLERANCE, WIDTH, measured_saved_bytes
-from trained_outputs import LORA_WEIGHTS
-from training_fixtures import make_shapes, write_config
 
 PROMPTS = ("a red circle", "a small blue square standing on a long wooden table at dusk")
 TINY = "tiny-qwen_image-v2.1"
-FAMILY = dict(model_family="qwen_image", model_flavour="v2.1",
-              pretrained_model_name_or_path=f"builtin:{TINY}")
-
-
-def load_pipeline(folder: Path) -> QwenImage21Pipeline:
-    """Without torchvision, transformers cannot build Qwen3VLProcessor's video part: the
-    processor is passed in (v21_processor.py)."""
-    return QwenImage21Pipeline.from_pretrained(folder, processor=(
-        ImageTextQwen3VLProcessor.from_pretrained(folder, subfolder="processor")))
 
 
 class QwenImage21AdapterTest(TinyModelCase):
@@ -132,58 +111,6 @@ class QwenImage21AdapterTest(TinyModelCase):
     def test_blocks_swap_in_forward_order(self):
         network = self.adapter.transformer
         self.assertEqual(self.adapter.swappable_blocks(network), list(network.transformer_blocks))
-
-
-class QwenImage21TrainerTest(TinyModelCase):
-    """A full run (with validation) and a LoRA run of two steps, in this process."""
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.root = Path(tempfile.mkdtemp(prefix="st-qwen21-"))
-        cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
-        make_shapes(cls.root / "data", per_size=2, sizes=((64, 64),))
-        accelerator = Accelerator(cpu=True)
-        cls.trained = {}
-        for name, options in (("full", dict(validation_prompt="a red circle",
-                                            validation_num_inference_steps=2)),
-                              # a rate at which two steps move the tiny image visibly
-                              ("lora", dict(model_type="lora", lora_rank=4,
-                                            learning_rate=5e-2))):
-            settings = {"learning_rate": 1e-2, **options}
-            config = write_config(cls.root, cls.root / "data", name, max_train_steps=2,
-                                  aspect_bucket_alignment=32, **FAMILY, **settings)
-            trainer = Trainer(load_configuration(config), accelerator)
-            trainer.run()
-            cls.trained[name] = {key: value.detach().clone() for key, value
-                                 in trainer.parts.network.state_dict().items()}
-
-    def sample(self, pipeline) -> np.ndarray:
-        pipeline.set_progress_bar_config(disable=True)
-        image = pipeline(prompt="a red circle", width=64, height=64, num_inference_steps=2,
-                         generator=torch.Generator().manual_seed(0)).images[0]
-        self.assertEqual(image.size, (64, 64))
-        return np.asarray(image).astype(np.float64)
-
-    def test_the_full_run_exports_the_trained_weights_as_a_qwenimage21pipeline(self):
-        out = self.root / "full-out"
-        self.assertTrue((out / "validation" / "step-2" / "grid.png").is_file())
-        loaded = load_pipeline(out / "pipeline")
-        base = load_pipeline(ensure_builtin_model(TINY))
-        exported = loaded.transformer.state_dict()
-        self.assertTrue(any(not torch.equal(value, exported[key])
-                            for key, value in base.transformer.state_dict().items()))
-        for key, value in exported.items():
-            self.assertTrue(torch.equal(value, self.trained["full"][key]), key)
-        self.assertGreater(self.sample(loaded).std(), 0.0)
-
-    def test_the_lora_file_loads_onto_the_base_pipeline_and_changes_its_image(self):
-        out = self.root / "lora-out"
-        self.assertFalse((out / "pipeline").exists())
-        pipeline = load_pipeline(ensure_builtin_model(TINY))
-        before = self.sample(pipeline)
-        pipeline.load_lora_weights((out / LORA_WEIGHTS).parent)
-        self.assertGreater(np.abs(self.sample(pipeline) - before).mean(), 0.1)
 
 
 if __name__ == "__main__":
