@@ -45,7 +45,7 @@ class UiRunsTest(unittest.TestCase):
     def test_the_queue_survives_the_server_and_runs_in_order(self):
         first_server = Server(self.workspace, self.tmp)
         self.addCleanup(first_server.close)  # and the runs it started, if still going
-        first = self.queue_run(first_server, "first")
+        first = self.queue_run(first_server, "first", trace_samples=True)
         # Long enough that the stop arrives before its end on any machine.
         second = self.queue_run(first_server, "second", max_train_steps=LONG_RUN_STEPS,
                                 checkpointing_steps=0)
@@ -65,6 +65,9 @@ class UiRunsTest(unittest.TestCase):
             self.assertEqual((ended["status"], ended["exit_status"], ended["step"]),
                              ("finished", 0, 3), ended["message"])
             self.assertGreater(ended["ended_at"], running["started_at"])
+            page = server.request("GET", f"/runs/{first}").text  # its trace, checked once ended
+            self.assertIn('<p class="ok" id="exactly-once">', page)
+            self.assertIn("0 missing, 0 duplicated", page)
 
             started = server.wait_for_run(second, lambda run: run["step"], RUN_TIMEOUT_S,
                                           "training")

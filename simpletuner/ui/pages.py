@@ -5,6 +5,7 @@ workspace secret is in a meta tag, for the pages' own state-changing requests.""
 from __future__ import annotations
 
 import json
+from functools import partial
 from html import escape
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode
@@ -18,6 +19,7 @@ from simpletuner.ui import run_files
 from simpletuner.ui.browse import list_folder
 from simpletuner.ui.checking import CONFIG_NAME, DATASETS_NAME
 from simpletuner.ui.context import UiContext
+from simpletuner.ui.queue_db import ACTIVE
 from simpletuner.ui.run_details import details_html
 from simpletuner.ui.option_form import SERVER_SET, option_names, options_html
 from simpletuner.ui.security import TOKEN_COOKIE, same
@@ -92,7 +94,8 @@ async def run_page(request: Request) -> HTMLResponse:
         return page(ui, "No such run", "", status_code=404)
     run = await run_in_threadpool(ui.run_view, record)
     folder = ui.workspace.run_folder(run_id)
-    details = await run_in_threadpool(details_html, run_id, run_files.output_of(folder))
+    details = await run_in_threadpool(partial(details_html, ended=record.state not in ACTIVE),
+                                      run_id, run_files.output_of(folder))
     body = (f'<div id=run data-run="{escape(run_id)}" data-name="{escape(run["name"])}" '
             f'data-folder="{escape(str(folder))}">'
             f'<p>status <b data-field=status>{escape(run["status"])}</b>, step '

@@ -11,7 +11,8 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from simpletuner.training.reporting.report_data import ReportData, read_report_data
-from simpletuner.training.reporting.report_sections import skipped_section
+from simpletuner.training.reporting.report_sections import (exactly_once_section,
+                                                              skipped_section)
 from simpletuner.ui.workspace import PathRefused
 
 SERVED_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
@@ -51,8 +52,11 @@ def _checkpoints(data: ReportData) -> str:
     return f"<h2>Checkpoints</h2><ul id=checkpoints>{items}</ul>"
 
 
-def details_html(run_id: str, output_dir: Path) -> str:
-    """The sections below the curves; empty parts for a run that has not started."""
-    data = read_report_data(output_dir, verify_hashes=False, check_trace=False)
+def details_html(run_id: str, output_dir: Path, *, ended: bool) -> str:
+    """The sections below the curves; empty parts for a run that has not started. A traced
+    run's exactly-once check once it has ended (its cost grows with the samples; while it
+    trains the section says when it is checked)."""
+    data = read_report_data(output_dir, verify_hashes=False, check_trace=ended)
     return (_validation(run_id, data) + _checkpoints(data) + skipped_section(data.skipped)
+            + exactly_once_section(data.exactly_once, deferred=data.exactly_once_deferred)
             + _settings(data))
