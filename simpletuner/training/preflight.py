@@ -79,23 +79,7 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
     if output_problem:
         problems.append(where.problem("output_dir", f"key 'output_dir': {output_problem}"))
 
-    model_folder = None
-    if model_path_problem(training.pretrained_model_name_or_path) is None:  # else named above
-        try:
-            adapter_class = get_adapter_class(training.model_family)
-            model_folder = resolve_model_path(training.pretrained_model_name_or_path)
-            adapter_class.check_folder(model_folder)
-            flavour_problem = adapter_class.flavour_problem(model_folder, training.model_flavour)
-            if flavour_problem:
-                problems.append(where.problem(
-                    "model_flavour", f"key 'model_flavour': {flavour_problem}"))
-            problems += validation_input_problems(adapter_class.for_folder(model_folder),
-                                                  training, str(where))
-            problems += _is_i2v_problems(adapter_class.for_folder(model_folder), model_folder,
-                                         configuration)
-        except (ModelFolderError, ValueError) as exc:
-            problems.append(where.problem(
-                "pretrained_model_name_or_path", f"key 'pretrained_model_name_or_path': {exc}"))
+    model_folder = _model_folder(configuration, where, problems)
     if model_folder is not None and not problems:  # the adapter's options are sound
         problems += _adapter_ram_problems(model_folder, training, where)
 
@@ -125,6 +109,36 @@ def run_preflight(configuration: Configuration, main_result: Preflight | None = 
         raise ConfigError(problems)
     assert model_folder is not None
     return Preflight(model_folder, resume_from, seed, resume_step)
+
+
+def _model_folder(configuration: Configuration, where: Location,
+                  problems: list[Problem | str]) -> Path | None:
+    """The model's folder, checked for the family, its flavour and what validation and a
+    video.is_i2v dataset need of it (problems appended); None when there is none to check."""
+    training = configuration.training
+    if model_path_problem(training.pretrained_model_name_or_path) is not None:
+        return None  # named by static_problems
+    try:
+        adapter_class = get_adapter_class(training.model_family)
+        model_folder = resolve_model_path(training.pretrained_model_name_or_path)
+        adapter_class.check_folder(model_folder)
+    except (ModelFolderError, ValueError) as exc:
+        problems.append(where.problem(
+            "pretrained_model_name_or_path", f"key 'pretrained_model_name_or_path': {exc}"))
+        return None
+    try:
+        flavour_problem = adapter_class.flavour_problem(model_folder, training.model_flavour)
+        if flavour_problem:
+            problems.append(where.problem(
+                "model_flavour", f"key 'model_flavour': {flavour_problem}"))
+        problems += validation_input_problems(adapter_class.for_folder(model_folder),
+                                              training, str(where))
+        problems += _is_i2v_problems(adapter_class.for_folder(model_folder), model_folder,
+                                     configuration)
+    except (ModelFolderError, ValueError) as exc:
+        problems.append(where.problem(
+            "pretrained_model_name_or_path", f"key 'pretrained_model_name_or_path': {exc}"))
+    return model_folder
 
 
 def _adapter_ram_problems(model_folder: Path, training, where: Location) -> list[Problem]:
