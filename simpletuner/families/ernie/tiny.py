@@ -9,6 +9,8 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+from simpletuner.models.tiny.parts import flux2_vae
+
 TEXT_WIDTH = 24  # not the transformer's width, so its text projection exists as in the real one
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 
@@ -41,28 +43,13 @@ def tiny_mistral3(staging: Path):
     return AutoTokenizer.from_pretrained(staging / "tokenizer"), Mistral3Model(config)
 
 
-def _vae():
-    import torch
-    from diffusers import AutoencoderKLFlux2
-
-    vae = AutoencoderKLFlux2(in_channels=3, out_channels=3, layers_per_block=1,
-                             block_out_channels=(8, 16, 32, 32), latent_channels=8,
-                             norm_num_groups=8, sample_size=64)
-    # Running statistics away from (0, 1), so the latent normalisation is not an identity.
-    channels = vae.bn.running_mean.shape[0]
-    generator = torch.Generator().manual_seed(0)
-    vae.bn.running_mean.copy_(0.1 * torch.randn(channels, generator=generator))
-    vae.bn.running_var.copy_(0.5 + torch.rand(channels, generator=generator))
-    return vae
-
-
 def build_ernie(staging: Path):
     import torch
     from diffusers import (ErnieImagePipeline, ErnieImageTransformer2DModel,
                            FlowMatchEulerDiscreteScheduler)
 
     tokenizer, text_encoder = tiny_mistral3(staging)
-    vae = _vae()
+    vae = flux2_vae()
     channels = 4 * vae.config.latent_channels  # the pipeline's 2x2 patchify
     # Two heads of 16 = the rope axes (text position, row, column) 4 + 6 + 6.
     transformer = ErnieImageTransformer2DModel(

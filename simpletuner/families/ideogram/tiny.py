@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from simpletuner.models.tiny.parts import flux2_vae
 from simpletuner.models.tiny.tokenizers import write_tiny_qwen2_tokenizer
 
 TEXT_WIDTH = 16
@@ -42,28 +43,13 @@ def tiny_qwen3_vl(staging: Path, layers: int):
     return tokenizer, Qwen3VLModel(config)
 
 
-def _vae():
-    import torch
-    from diffusers import AutoencoderKLFlux2
-
-    vae = AutoencoderKLFlux2(in_channels=3, out_channels=3, layers_per_block=1,
-                             block_out_channels=(8, 16, 32, 32), latent_channels=8,
-                             norm_num_groups=8, sample_size=64)
-    # Running statistics away from (0, 1), so the latent normalisation is not an identity.
-    channels = vae.bn.running_mean.shape[0]
-    generator = torch.Generator().manual_seed(0)
-    vae.bn.running_mean.copy_(0.1 * torch.randn(channels, generator=generator))
-    vae.bn.running_var.copy_(0.5 + torch.rand(channels, generator=generator))
-    return vae
-
-
 def build_ideogram(staging: Path):
     from diffusers import (FlowMatchEulerDiscreteScheduler, Ideogram4Pipeline,
                            Ideogram4Transformer2DModel)
     from diffusers.pipelines.ideogram4.pipeline_ideogram4 import QWEN3_VL_ACTIVATION_LAYERS
 
     tokenizer, text_encoder = tiny_qwen3_vl(staging, max(QWEN3_VL_ACTIVATION_LAYERS) + 1)
-    vae = _vae()
+    vae = flux2_vae()
 
     def transformer():
         # Heads of 16: mrope's interleaved (t, h, w) sections cover its 8 frequencies.

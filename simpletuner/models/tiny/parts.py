@@ -1,5 +1,5 @@
 """Pieces several tiny models share: CLIP and T5 text encoders with their locally written
-tokenizers, the untrained KL VAEs of the flow models, and the DDPM betas of the UNet models."""
+tokenizers, the untrained KL VAEs of the flow models and FLUX.2's, and the DDPM betas of the UNet models."""
 
 from __future__ import annotations
 
@@ -41,6 +41,23 @@ def flow_vae(scaling_factor: float, shift_factor: float):
     """Like the SD3 and Flux VAEs: 16 latent channels, shifted and scaled, no quant convs."""
     return tiny_kl_vae(scaling_factor, latent_channels=16, shift_factor=shift_factor,
                        use_quant_conv=False, use_post_quant_conv=False)
+
+
+def flux2_vae():
+    """Like FLUX.2's VAE (ERNIE-Image and Ideogram 4 encode with it): 8 latent channels and a
+    batch-norm over the packed latents, whose running statistics are drawn (seeded) away from
+    (0, 1) so the latent normalisation is not an identity."""
+    import torch
+    from diffusers import AutoencoderKLFlux2
+
+    vae = AutoencoderKLFlux2(in_channels=3, out_channels=3, layers_per_block=1,
+                             block_out_channels=(8, 16, 32, 32), latent_channels=8,
+                             norm_num_groups=8, sample_size=64)
+    channels = vae.bn.running_mean.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    vae.bn.running_mean.copy_(0.1 * torch.randn(channels, generator=generator))
+    vae.bn.running_var.copy_(0.5 + torch.rand(channels, generator=generator))
+    return vae
 
 
 def tiny_t5(staging: Path, subfolder: str, width: int):
