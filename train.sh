@@ -38,11 +38,8 @@ extra_args=(${ACCELERATE_EXTRA_ARGS:-})
 if [ -n "${ACCELERATE_CONFIG_FILE:-}" ]; then
     launch_args+=(--config_file "$ACCELERATE_CONFIG_FILE")
 else
-    launch_args+=(--num_machines 1 --dynamo_backend no --mixed_precision no)
-    if ! python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-        # On CPU, '--cpu --num_processes N' silently starts one process; gloo needs --multi_gpu.
-        export ACCELERATE_USE_CPU=true
-    fi
+    # Without CUDA the launcher sets ACCELERATE_USE_CPU (gloo needs --multi_gpu below).
+    launch_args+=(--cpu-without-cuda --num_machines 1 --dynamo_backend no --mixed_precision no)
     if [ "$num_processes" -gt 1 ]; then
         launch_args+=(--multi_gpu --num_processes "$num_processes")
         case " ${ACCELERATE_EXTRA_ARGS:-} " in
