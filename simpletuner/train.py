@@ -15,7 +15,9 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import (DistributedDataParallelKwargs, InitProcessGroupKwargs,
                                ProjectConfiguration)
+from diffusers.utils import logging as diffusers_logging
 from tqdm.contrib.logging import logging_redirect_tqdm
+from transformers.utils import logging as transformers_logging
 
 from simpletuner.configuration import ConfigError
 from simpletuner.configuration.command_line import load_with_option_args
@@ -86,6 +88,10 @@ def configure_logging(level_name: str) -> None:
     logging.basicConfig(level=max(level, logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("simpletuner").setLevel(level)
+    # The libraries' own progress bars (transformers' "Loading weights" and "Writing model
+    # shards", diffusers' "Loading pipeline components") are not the run's progress.
+    transformers_logging.disable_progress_bar()
+    diffusers_logging.disable_progress_bar()
 
 
 def train(configuration, accelerator, watcher: PreemptionWatcher) -> None:

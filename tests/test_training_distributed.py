@@ -44,6 +44,11 @@ class TwoProcessTrainingTest(unittest.TestCase):
         self.assertEqual(self.result.returncode, 0, self.result.stderr[-4000:])
         self.assertIn("2 processes", self.result.stderr)
 
+    def test_the_console_shows_no_library_progress_bar(self):
+        # Loading the text encoder and writing the exported pipeline showed transformers' own.
+        for bar in ("Loading weights", "Writing model shards", "Loading pipeline components"):
+            self.assertNotIn(bar, self.result.stderr)
+
     def test_every_sample_once_per_epoch(self):
         records = [r for trace in self.traces() for r in trace]
         for epoch in (0, 1):
