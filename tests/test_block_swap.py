@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from trained_outputs import LORA_WEIGHTS, TRANSFORMER_WEIGHTS
-from training_fixtures import copy_checkpoint, make_shapes, run_training, write_config
+from training_fixtures import copy_checkpoint, make_shapes, run_in_process_logged, write_config
 
 
 class SwappedRunTriple:
@@ -37,14 +37,14 @@ class SwappedRunTriple:
                        lora_rank=4, gradient_checkpointing=True, max_train_steps=4,
                        checkpointing_steps=2, learning_rate=5e-3, **cls.extra)
         swapped = dict(options, musubi_blocks_to_swap=cls.blocks_to_swap)
-        cls.runs = {"plain": run_training(write_config(root, root / "data", "plain", **options),
-                                          cls.tmp),
-                    "swapped": run_training(write_config(root, root / "data", "swapped",
-                                                         **swapped), cls.tmp)}
+        # In this process: what block swap does to a run, not how a run is launched.
+        cls.runs = {"plain": run_in_process_logged(
+                        write_config(root, root / "data", "plain", **options)),
+                    "swapped": run_in_process_logged(
+                        write_config(root, root / "data", "swapped", **swapped))}
         if copy_checkpoint(root, "swapped", "resumed", 2):
-            cls.runs["resumed"] = run_training(write_config(
-                root, root / "data", "resumed", resume_from_checkpoint="latest", **swapped),
-                cls.tmp)
+            cls.runs["resumed"] = run_in_process_logged(write_config(
+                root, root / "data", "resumed", resume_from_checkpoint="latest", **swapped))
 
     @classmethod
     def tearDownClass(cls):

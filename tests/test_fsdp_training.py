@@ -1,5 +1,5 @@
-"""FSDP2 on CPU: two real gloo processes through ./train.sh, against two DDP processes on the
-same data and seed. Weights after the same optimizer steps must agree (fp32), a sharded
+"""FSDP2 on CPU: two real gloo processes, against two DDP processes on the same data and seed
+(both runs by the processes of one launch; a resumed run through ./train.sh). Weights after the same optimizer steps must agree (fp32), a sharded
 checkpoint holds one shard per rank of about half the bytes, a resumed run ends where the
 uninterrupted one did, and the export loads and generates."""
 
@@ -14,7 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from training_fixtures import make_shapes, read_events, read_jsonl, run_train_sh, write_config
+from training_fixtures import (make_shapes, read_events, read_jsonl, run_sequence,
+                               run_train_sh, write_config)
 
 UNET_WEIGHTS = "pipeline/unet/diffusion_pytorch_model.safetensors"
 TRANSFORMER_WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
@@ -35,7 +36,8 @@ def tensor_bytes(path: Path) -> int:
 
 
 class DdpFsdpPair:
-    """Mixed into a TestCase: a DDP run and an FSDP2 run of ``options``, two processes each."""
+    """Mixed into a TestCase: a DDP run and an FSDP2 run of ``options``, two processes each,
+    trained one after the other by the two processes of one launch."""
 
     options: dict
     weights: str
@@ -56,19 +58,20 @@ class DdpFsdpPair:
                             {"id": "held-out", "dataset_type": "eval",
                              "instance_data_dir": str(cls.root / "held-out")}]
             common["eval_steps_interval"] = 2
-        cls.ddp = cls.train("ddp", **common)
-        cls.fsdp = cls.train("fsdp", fsdp_enable=True, **common)
-        if cls.extra_fsdp_runs and cls.fsdp.returncode == 0:
+        cls.pair = run_sequence([cls.config("ddp", **common),
+                                 cls.config("fsdp", fsdp_enable=True, **common)], cls.tmp)
+        if cls.extra_fsdp_runs and cls.pair.returncode == 0:
+            # Through ./train.sh: FSDP2's launch as users start it.
             resumed = cls.root / "resumed-out"
             resumed.mkdir()
             shutil.copytree(cls.root / "fsdp-out/checkpoint-2", resumed / "checkpoint-2")
-            cls.resumed = cls.train("resumed", fsdp_enable=True, resume_from_checkpoint="latest",
-                                    **common)
+            cls.resumed = run_train_sh(cls.config("resumed", fsdp_enable=True,
+                                                  resume_from_checkpoint="latest", **common),
+                                       cls.tmp)
 
     @classmethod
-    def train(cls, name: str, **options):
-        return run_train_sh(write_config(cls.root, cls.root / "data", name,
-                                         datasets=cls.datasets, **options), cls.tmp)
+    def config(cls, name: str, **options) -> Path:
+        return write_config(cls.root, cls.root / "data", name, datasets=cls.datasets, **options)
 
     @classmethod
     def tearDownClass(cls):
@@ -78,8 +81,9 @@ class DdpFsdpPair:
         return self.root / f"{name}-out"
 
     def test_both_runs_succeed(self):
-        for result in (self.ddp, self.fsdp):
-            self.assertEqual(result.returncode, 0, result.stderr[-4000:])
+        self.assertEqual(self.pair.returncode, 0, self.pair.stderr[-4000:])
+        for name in ("ddp", "fsdp"):
+            self.assertTrue((self.out(name) / self.weights).is_file(), name)
 
     def test_fsdp_weights_equal_ddp_weights(self):
         difference = largest_difference(self.out("ddp") / self.weights,

@@ -3,7 +3,9 @@ bounded launch of the real entry point (`python -m simpletuner.train` or ./train
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -81,6 +83,20 @@ def run_train_sh(config: Path, tmpdir: str, timeout: int = 400,
                        env=environment(tmpdir, fresh_model_cache), timeout=timeout)
 
 
+SEQUENCE_RUNNER = Path(__file__).with_name("training_sequence_runner.py")
+
+
+def run_sequence(configs: list[Path], tmpdir: str, num_processes: int = 2,
+                 timeout: int = 400) -> subprocess.CompletedProcess:
+    """The runs of ``configs``, one after the other, by the ``num_processes`` processes of one
+    torchrun launch (training_sequence_runner.py): for runs compared with each other, which
+    need not each pay for a launch (the launchers are tested in test_train_sh.py)."""
+    env = dict(environment(tmpdir), ACCELERATE_USE_CPU="true")
+    return run_bounded([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", str(num_processes), SEQUENCE_RUNNER,
+                        *map(str, configs)], tmpdir=tmpdir, env=env, timeout=timeout)
+
+
 def run_in_process(config: Path, tmpdir: str | None = None):
     """The run of ``config`` by a Trainer built in this process: its TrainingResult, or the
     run's own exception. For tests of what a run does, not of how it is launched (no
@@ -92,6 +108,28 @@ def run_in_process(config: Path, tmpdir: str | None = None):
     from simpletuner.training.recipe import Trainer
 
     return Trainer(load_configuration(config), Accelerator(cpu=True)).run()
+
+
+def run_in_process_logged(config: Path, tmpdir: str | None = None) -> subprocess.CompletedProcess:
+    """``run_in_process`` told as a process's outcome, for tests written against one: status 0,
+    or 1 with the run's exception last in ``stderr``; ``stderr`` holds the trainer's log lines
+    (its loggers at INFO, as a run prints them)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    trainer_logger = logging.getLogger("simpletuner")
+    level = trainer_logger.level
+    trainer_logger.addHandler(handler)
+    trainer_logger.setLevel(logging.INFO)
+    status = 0
+    try:
+        run_in_process(config)
+    except Exception as exc:  # the run's own failure, reported as the process would
+        stream.write(f"{type(exc).__name__}: {exc}\n")
+        status = 1
+    finally:
+        trainer_logger.removeHandler(handler)
+        trainer_logger.setLevel(level)
+    return subprocess.CompletedProcess([str(config)], status, "", stream.getvalue())
 
 
 def check_recording_torch(config: Path, tmpdir: str | Path) -> subprocess.CompletedProcess:
