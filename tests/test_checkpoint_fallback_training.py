@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from simpletuner.training.checkpointing.manifest import verify_checkpoint
-from training_fixtures import make_shapes, run_training, write_config
+from training_fixtures import make_shapes, run_in_process_logged, write_config
 
 OPTIONS = dict(max_train_steps=4, checkpointing_steps=2)
 
@@ -30,7 +30,7 @@ class ResumeAfterCorruptionTest(unittest.TestCase):
         root = Path(cls.tmp)
         make_shapes(root / "data", per_size=4, sizes=((64, 64),))
         cls.out = root / "run-out"
-        cls.first = run_training(write_config(root, root / "data", "run", **OPTIONS), cls.tmp)
+        cls.first = run_in_process_logged(write_config(root, root / "data", "run", **OPTIONS), cls.tmp)
         if cls.first.returncode != 0:
             return
         cls.undamaged = unet_weights(cls.out)
@@ -38,7 +38,7 @@ class ResumeAfterCorruptionTest(unittest.TestCase):
         with open(cls.damaged, "r+b") as handle:  # tensor data, not the header: loads "fine"
             handle.seek(cls.damaged.stat().st_size - 4000)
             handle.write(os.urandom(2000))
-        cls.resumed = run_training(write_config(root, root / "data", "run",
+        cls.resumed = run_in_process_logged(write_config(root, root / "data", "run",
                                                 resume_from_checkpoint="latest", **OPTIONS),
                                    cls.tmp)
 

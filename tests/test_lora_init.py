@@ -17,7 +17,7 @@ from model_fixtures import TinyModelCase, network_prediction, random_batch, trai
 from simpletuner.training.adapters.lora import add_lora, export_lora
 from simpletuner.training.adapters.lora_init import LoraInitError, init_adapter
 from simpletuner.training.adapters.lycoris_adapter import add_lycoris, write_lycoris
-from training_fixtures import make_shapes, run_training, write_config
+from training_fixtures import make_shapes, run_in_process_logged, write_config
 
 LOKR = {"algo": "lokr", "linear_dim": 10000, "linear_alpha": 1, "factor": 4,
         "apply_preset": {"target_module": ["Attention"]}}
@@ -92,11 +92,11 @@ class InitLoraRunTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, root, ignore_errors=True)
         make_shapes(root / "data", per_size=2, sizes=((64, 64),))
         lora = dict(model_type="lora", lora_rank=4, lora_alpha=8, max_train_steps=2)
-        first = run_training(write_config(root, root / "data", "first", **lora,
+        first = run_in_process_logged(write_config(root, root / "data", "first", **lora,
                                           lora_format="comfyui"), str(root))
         self.assertEqual(first.returncode, 0, first.stderr[-3000:])
         started = root / "first-out" / "lora" / "pytorch_lora_weights.safetensors"
-        second = run_training(write_config(root, root / "data", "second", **{
+        second = run_in_process_logged(write_config(root, root / "data", "second", **{
             **lora, "learning_rate": 0.0, "max_train_steps": 1, "init_lora": str(started)}),
             str(root))
         self.assertEqual(second.returncode, 0, second.stderr[-3000:])

@@ -16,7 +16,7 @@ import pyarrow.parquet
 from PIL import Image
 
 import test_distributed
-from training_fixtures import make_shapes, read_jsonl, run_training, write_config
+from training_fixtures import make_shapes, read_jsonl, run_in_process_logged, write_config
 
 
 def shapes_with_a_table(root: Path, **parquet) -> tuple[list[str], dict]:
@@ -49,7 +49,7 @@ class ParquetTrainingTest(unittest.TestCase):
         cls.ids, dataset = shapes_with_a_table(root)
         config = write_config(root, root, "parquet", datasets=[dataset], trace_samples=True,
                               num_train_epochs=1, max_train_steps=None)
-        cls.result = run_training(config, cls.tmp)
+        cls.result = run_in_process_logged(config, cls.tmp)
         cls.audit_dir = root / "audit"
         (root / "tmp").mkdir()
         cls.audit = test_distributed.launch(
@@ -96,7 +96,7 @@ class TrustedTableTrainingTest(unittest.TestCase):
         cls.ids, dataset = shapes_with_a_table(root, trust_table=True)
         config = write_config(root, root, "trusted", datasets=[dataset], trace_samples=True,
                               num_train_epochs=1, max_train_steps=None)
-        cls.result = run_training(config, cls.tmp)
+        cls.result = run_in_process_logged(config, cls.tmp)
         cls.out = root / "trusted-out"
 
     @classmethod

@@ -16,7 +16,7 @@ from unittest import mock
 import numpy as np
 
 from discovery_fixtures import dataset_config, encode, image, touch_later, training_config, write
-from training_fixtures import make_shapes, run_training, write_config
+from training_fixtures import make_shapes, run_in_process_logged, write_config
 from simpletuner.helpers.metadata.backends import probe_pool
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.data_changes import describe_file_changes
@@ -204,13 +204,13 @@ class ResumedTrainingTest(unittest.TestCase):
         root = Path(cls.tmp)
         make_shapes(root / "data", per_size=4)
         options = dict(checkpointing_steps=2, max_train_steps=2)
-        cls.first = run_training(write_config(root, root / "data", **options), cls.tmp)
+        cls.first = run_in_process_logged(write_config(root, root / "data", **options), cls.tmp)
         (root / "data" / "64x64-01.png").unlink()
         make_shapes(root / "more", per_size=2, sizes=((32, 32),))
         for path in (root / "more").iterdir():
             shutil.copy(path, root / "data" / f"new-{path.name}")
         options.update(max_train_steps=4, resume_from_checkpoint="latest")
-        cls.resumed = run_training(write_config(root, root / "data", **options), cls.tmp)
+        cls.resumed = run_in_process_logged(write_config(root, root / "data", **options), cls.tmp)
         cls.out = root / "config-out"
 
     @classmethod
