@@ -1,5 +1,6 @@
 """The 4-channel VAE of the built-in tiny SD 1.x/2.x/SDXL models, pretrained briefly at build
-time as an autoencoder on generated coloured-shape images.
+time as an autoencoder on generated coloured-shape images, once per cache folder (its parts/
+keeps the result for the builds of other processes).
 
 A randomly initialised VAE does not decode what it encodes, so a diffusion model trained on its
 latents can only ever show noise. A few hundred AdamW steps on shapes like the demo's make it a
@@ -9,12 +10,19 @@ diffusion noise schedule assumes. Everything here is deterministic: private seed
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 from functools import cache
+from importlib.metadata import version
+from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw
+
+from simpletuner.common.atomic import atomic_write_with
+from simpletuner.models.model_path import cache_root
 
 VAE_SEED = 1
 DATA_SEED = 2
@@ -103,6 +111,33 @@ def _init_for_fast_training(vae: torch.nn.Module) -> None:
 
 @cache  # deterministic and costly: SD 1.x, 2.x and SDXL builds in one process train it once
 def _pretrained_state() -> tuple[dict[str, torch.Tensor], float]:
+    """The trained weights and scaling_factor, kept beside the built-in models (their cache
+    folder's parts/) so that builds in other processes load them instead of training again;
+    the file's name carries everything that decides them."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = _state_file()
+    if path.is_file():
+        with safe_open(str(path), framework="pt") as handle:
+            state = {key: handle.get_tensor(key) for key in handle.keys()}
+            return state, float(handle.metadata()["scaling_factor"])
+    state, scaling_factor = _trained_state()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_with(path, lambda temporary: save_file(
+        state, temporary, metadata={"scaling_factor": repr(scaling_factor)}))
+    return state, scaling_factor
+
+
+def _state_file() -> Path:
+    settings = [VAE_SEED, DATA_SEED, SCALE_SEED, TRAIN_IMAGES, TRAIN_SIZE, SCALE_SIZE, STEPS,
+                BATCH_SIZE, LEARNING_RATE, WARMUP_STEPS, KL_WEIGHT, SHAPES,
+                tiny_sd_vae_config(), [version(name) for name in ("torch", "diffusers")]]
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "parts" / f"tiny-sd-vae-{digest}.safetensors"
+
+
+def _trained_state() -> tuple[dict[str, torch.Tensor], float]:
     from diffusers import AutoencoderKL
     from tqdm.auto import tqdm
 
