@@ -27,6 +27,7 @@ from simpletuner.helpers.metadata.backends.table import TableFormatError, TableS
 from simpletuner.helpers.metadata.backends.table_columns import (
     arrow_strings, caption_text,
 )
+from simpletuner.plan_report import skip_summary
 from simpletuner.helpers.metadata.backends.table_lookup import (
     NOT_LISTED, positions_in, positions_in_sorted,
 )
@@ -185,17 +186,21 @@ class TableIndexTest(unittest.TestCase):
             {"filename": "gone.png", "width": 64, "height": 64, "caption": "x"},      # row 6
             {"filename": "a.png", "width": 64, "height": 64, "caption": "again"},     # row 7
             {"filename": ["a.png"], "width": 64, "height": 64, "caption": "x"},       # row 8
+            {"filename": "gone2.png", "width": 64, "height": 64, "caption": "x"},     # row 9
         ]
         write(self.data, "norow.png", encode(image(64, 64), "PNG"))
         table = write_table(self.tmp / "meta.jsonl", rows)
         index = self.backend(table).refresh_index(False)
         reasons = {s.path: s.reason for s in index.skipped}
-        self.assertIn("row 2: 'filename' is empty, missing or not text", reasons["<row 2>"])
-        self.assertIn("row 8: 'filename' is empty, missing or not text", reasons["<row 8>"])
+        self.assertIn("'filename' is empty, missing or not text", reasons["<row 2>"])
+        self.assertIn("'filename' is empty, missing or not text", reasons["<row 8>"])
         self.assertIn("row 3: 'width' x 'height' is None x 48", reasons["d.png"])
         self.assertIn("row 4: 'width' x 'height' is 64 x -96", reasons["rot.jpg"])
         self.assertIn("row 5: 'width' x 'height' is '64' x 96", reasons["sub/ünï.webp"])
-        self.assertIn("row 6: no such image in", reasons["gone.png"])
+        self.assertIn("no such image in", reasons["gone.png"])
+        # Absent rows share one reason: plan counts them on one line, however many they are.
+        self.assertEqual(reasons["gone2.png"], reasons["gone.png"])
+        self.assertIn(f"       2  {reasons['gone.png']}", skip_summary(index).splitlines())
         self.assertIn("row 7: a second row for this file (first: row 0)", reasons["a.png"])
         self.assertIn("no row in the metadata table", reasons["norow.png"])
         self.assertEqual(sorted(s for ids in index.buckets.values() for s in ids),
@@ -223,7 +228,7 @@ class TableIndexTest(unittest.TestCase):
         table = write_table(self.tmp / "unnamed.parquet", unnamed)
         reasons = {s.path: s.reason for s in
                    self.backend(table, output="unnamed").refresh_index(False).skipped}
-        self.assertIn("row 1: 'filename' is empty, missing or not text", reasons["<row 1>"])
+        self.assertIn("'filename' is empty, missing or not text", reasons["<row 1>"])
         self.assertIn("no row in the metadata table", reasons[listed[1]["filename"]])
 
     def test_arrow_column_types(self):

@@ -190,20 +190,21 @@ class TableSource:
         """What is wrong with each unusable row; a listed file's own problem goes to its
         FileTable row (reported as a skip of that file), the others are skips of their own."""
         c = self.config
+        location = self.storage.location
+        # The reasons of rows without a name or without a file do not repeat their row (the
+        # sample names it), so a table of millions of absent rows is one reason, counted.
+        no_name = f"{self.path}: {c.filename_column!r} is empty, missing or not text"
+        absent = f"{self.path}: no such image in {location}"
+        escaping = f"{self.path}: a '..' in the name reaches outside {location}; not trained"
         skipped: list[SkippedFile] = []
         for row in bad_rows.tolist():
             where = f"{self.path} row {row}"
             at = int(position[row])
             if at == NO_NAME:
-                skipped.append(SkippedFile(f"<row {row}>", f"{where}: {c.filename_column!r} is "
-                                                           "empty, missing or not text"))
+                skipped.append(SkippedFile(f"<row {row}>", no_name))
             elif at == NOT_LISTED:
                 name = table.value_of(c.filename_column, row)
-                location = self.storage.location
-                reason = f"no such image in {location}"
-                if leaves_root(str(name)):
-                    reason = f"a '..' in the name reaches outside {location}; not trained"
-                skipped.append(SkippedFile(name, f"{where}: {reason}"))
+                skipped.append(SkippedFile(name, escaping if leaves_root(str(name)) else absent))
             elif first_row[at] != row:
                 skipped.append(SkippedFile(files.ids[at], f"{where}: a second row for this file "
                                                           f"(first: row {first_row[at]}); ignored"))
