@@ -12,7 +12,7 @@ import numpy as np
 from simpletuner.helpers.metadata.split import SortedIds, canonical_ids
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a dataset may skip millions of rows
 class SkippedFile:
     path: str    # sample id (path relative to the dataset root, '/' separators)
     reason: str  # human-readable, e.g. "truncated or unreadable header"
