@@ -176,7 +176,10 @@ class Trainer:
         optimizer = build_optimizer(network, self.settings.optimizer)
         lr_scheduler = build_lr_scheduler(self.settings.schedule, optimizer, self.total_steps)
         prepared, optimizer = prepare(self.accelerator, network, optimizer)
-        ema = EMAWeights(network, self.training.ema_decay) if self.training.use_ema else None
+        ema = (EMAWeights(network, self.training.ema_decay,
+                          update_interval=self.training.ema_update_interval,
+                          warmup_steps=self.training.ema_warmup_steps)
+               if self.training.use_ema else None)
         return TrainedParts(network, optimizer, lr_scheduler, self.sampler, ema), prepared
 
     def _resume_or_start(self) -> RunState:
@@ -313,7 +316,7 @@ class Trainer:
         self.parts.optimizer.step()
         self.parts.lr_scheduler.step()
         if self.parts.ema is not None:
-            self.parts.ema.update(self.parts.network)
+            self.parts.ema.update(self.parts.network, self.state.step)
         self.state.final_loss = totals.mean_loss
 
     def _skip(self, totals: StepTotals, local: StepTotals, samples: list[str],
