@@ -135,6 +135,13 @@ class TrainingConfig:
     gradient_checkpointing: bool = option(False)
     use_ema: bool = option(False)
     ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
+    ema_update_interval: int | None = option(
+        None, minimum=1, help="update the EMA only after optimizer steps that are multiples of "
+        "this (as SimpleTuner: step % interval == 0, each update with the step's decay); none = "
+        "every step")
+    ema_warmup_steps: int = option(
+        0, minimum=0, help="the EMA copies the weights at updates before this optimizer step, "
+        "then decays with ema_decay (as SimpleTuner); 0 = ema_decay from the first step")
     max_nonfinite_steps: int = option(
         3, minimum=1, help="stop with exit status 3 after this many optimizer steps in a row whose "
         "loss or gradient norm was NaN/inf (each one is skipped on every rank)")
@@ -156,9 +163,15 @@ class TrainingConfig:
     flow_logit_mean: float = option(0.0, help="logit_normal centre; > 0 favours more noise")
     flow_logit_std: float = option(1.0, minimum=0.0001, help="logit_normal spread")
     flow_shift: float | None = option(
-        None, minimum=0.0001, help="sigma -> shift*sigma / (1 + (shift-1)*sigma); > 1 moves "
-        "samples toward noise; 1 = off; none = the model scheduler's shift (SD3: 3.0, Flux: "
-        "its resolution-dependent shift)")
+        None, minimum=0.0, help="sigma -> shift*sigma / (1 + (shift-1)*sigma); > 1 moves "
+        "samples toward noise; 1 or 0 = off (0: SimpleTuner's 'no static shift'); none = the "
+        "model scheduler's shift (SD3: 3.0, Flux: its resolution-dependent shift); "
+        "flow_schedule_auto_shift overrides it")
+    flow_schedule_auto_shift: bool = option(
+        False, help="shift each sample's noise levels by its resolution, as SimpleTuner: "
+        "exp(mu), mu linear in the latent tokens frames x (h/2) x (w/2) from (base_image_seq_len, "
+        "base_shift) to (max_image_seq_len, max_shift) of the model scheduler (diffusers' "
+        "defaults 256, 0.5, 4096, 1.15 where it has none); wins over flow_shift")
     flux_guidance_value: float = option(
         1.0, minimum=0.0, help="guidance input while training guidance-distilled Flux models")
 
