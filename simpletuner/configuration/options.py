@@ -89,6 +89,12 @@ class TrainingConfig:
     train_batch_size: int = option(1, minimum=1)
     gradient_accumulation_steps: int = option(1, minimum=1)
     seed: int | None = option(None, minimum=0, help="shared shuffle seed; none = broadcast")
+    data_backend_sampling: Literal["auto-weighting", "uniform"] = option(
+        "auto-weighting", help="how each optimizer step's dataset is drawn among the groups an "
+        "epoch still holds, as SimpleTuner: auto-weighting: odds probability x its groups left "
+        "(datasets mix in proportion to their size); uniform: odds probability among the "
+        "datasets with groups left, whatever their size (a small one comes early and runs out "
+        "first); either way every sample is trained once per pass")
     resolution: float = option(1024, minimum=0.0001)
     resolution_type: Literal["pixel", "area", "pixel_area"] = option(
         "pixel", help="pixel: short edge in pixels; area: megapixels; pixel_area: resolution in "

@@ -55,8 +55,6 @@ DATA_KEYS = {
               "nsfw_check_sample_types nsfw_check_video_frame_count "
               "nsfw_check_video_frame_selection nsfw_check_video_min_flagged_frames",
               "used only with enable_nsfw_check, which is refused here"),
-    **refused("data_backend_sampling", "remove it; each dataset's samples are used repeats + 1 "
-              "times per epoch, SimpleTuner's auto-weighting by size", (None, "auto-weighting")),
     **ignored("data_aesthetic_score", "accepted; no aesthetic score is used"),
     **ignored("audio_max_duration_seconds audio_min_duration_seconds audio_channels "
               "audio_duration_interval audio_truncation_mode audio_flow_schedule_shift",
