@@ -71,6 +71,21 @@ class TrainingConfig:
         None, help="a LoRA file the adapter starts from (any layout diffusers' "
         "load_lora_weights reads: diffusers, comfyui, kohya; a LyCORIS file for lora_type "
         "lycoris); its rank and modules must be the run's; a resumed run ignores it")
+    assistant_lora_path: str | None = option(
+        None, help="a frozen LoRA applied with the trained one (model_type lora, lora_type "
+        "standard), as SimpleTuner's assistant adapters for distilled models (Z-Image Turbo's "
+        "training adapter): a .safetensors file, or a folder with assistant_lora_weight_name "
+        "(any layout diffusers' load_lora_weights reads); loaded again on resume, never part of "
+        "a checkpoint or the export")
+    assistant_lora_weight_name: str | None = option(
+        None, help="the file in the assistant_lora_path folder; none = the folder's one "
+        ".safetensors file")
+    assistant_lora_strength: float = option(
+        1.0, minimum=0.0, help="the assistant's scale while training (and evaluating); 0 = off")
+    assistant_lora_inference_strength: float = option(
+        0.0, minimum=0.0, help="the assistant's scale in validation; 0 = off (SimpleTuner's "
+        "default: validation shows the trained LoRA alone)")
+    disable_assistant_lora: bool = option(False, help="true: assistant_lora_path is not loaded")
     base_model_precision: Precision = option(
         "no_change", help="quantize the frozen network under a LoRA (torchao, optimum-quanto or "
         "bitsandbytes); no_change = mixed_precision's dtype for LoRA, float32 for full")

@@ -31,6 +31,7 @@ from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
+from simpletuner.training.adapters.assistant import assistant_in_validation
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
 from simpletuner.training.memory.block_swap import network_to_device
@@ -388,7 +389,8 @@ class Trainer:
             ema.swap(network)
         try:
             trained = network_on_main(self.accelerator, self.prepared)
-            with failing_together(f"validation at step {self.state.step}"):
+            with (failing_together(f"validation at step {self.state.step}"),
+                  assistant_in_validation(network, self.training)):
                 if self.accelerator.is_main_process:
                     self.run_log.events.validation(self.state.step, validate_model(
                         self.adapter, self.settings.validation, self.state.step,

@@ -87,9 +87,6 @@ MODEL_KEYS = {
               "refused here"),
     **refused("init_lora_step init_lora_ema", "remove it; init_lora names the one LoRA file "
               "the adapter starts from"),
-    **refused("assistant_lora_path", "remove it; assistant LoRAs are not supported here"),
-    **ignored("assistant_lora_strength assistant_lora_inference_strength disable_assistant_lora",
-              "used only with assistant_lora_path, which is refused here"),
     **refused("train_text_encoder", NO_TEXT_ENCODER_TRAINING),
     **ignored("text_encoder_lr freeze_encoder freeze_encoder_before freeze_encoder_after "
               "freeze_encoder_strategy "
