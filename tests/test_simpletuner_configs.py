@@ -136,7 +136,12 @@ class SimpleTunerConfigTest(unittest.TestCase):
         self.assertTrue(training.gradient_checkpointing)
         problems = self.problems({"checkpoint_step_interval": 25, "checkpointing_steps": 5},
                                  [self.image_dataset()])
-        self.assertIn("given twice", problems[0])
+        self.assertIn("given twice ('checkpoint_step_interval' and 'checkpointing_steps') with "
+                      "different values (25 and 5)", problems[0])
+        # Both names with the same value, as SimpleTuner's own examples write them: one option.
+        training = self.load({"validation_steps": 50, "validation_step_interval": 50},
+                             [self.image_dataset()]).training
+        self.assertEqual(training.validation_steps, 50)
         # instance_data_root: the older name SimpleTuner's factory still reads
         (dataset,) = self.load({}, [{"id": "photos", "instance_data_root": str(
             self.root / "images")}]).datasets
