@@ -147,6 +147,20 @@ class SimpleTunerConfigTest(unittest.TestCase):
             self.root / "images")}]).datasets
         self.assertEqual(dataset.instance_data_dir, str(self.root / "images"))
 
+    def test_values_of_simpletuners_examples_that_ask_for_nothing_here(self):
+        """init_lora_step 0 (a fresh start), vae_cache_ondemand (the same latents, cached), a
+        component path naming the model folder itself: accepted; other values still refused."""
+        ondemand = self.image_dataset(vae_cache_ondemand=True)
+        self.load({"init_lora_step": 0, "vae_cache_ondemand": True,
+                   "pretrained_t5_model_name_or_path": "builtin:tiny-sd1x"}, [ondemand])
+        problems = self.problems({"init_lora_step": 5,
+                                  "pretrained_t5_model_name_or_path": "google/t5-v1_1-xxl"},
+                                 [self.image_dataset()])
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("SimpleTuner option 'init_lora_step' is not supported here (accepted as "
+                      "null or 0)", problems[0])
+        self.assertIn("'pretrained_t5_model_name_or_path' is not supported here", problems[1])
+
     def test_simpletuners_placeholders_in_dataset_paths(self):
         with mock.patch.dict(os.environ, {"ST_TEST_ROOT": "/data"}):
             config = self.load({}, [

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
 
+ONDEMAND = ("accepted; the latents are the same whether encoded as each step needs them or "
+            "before training: here they are cached before training (each dataset's "
+            "cache_dir_vae), and reused by the next run")
+
 PER_DATASET = "set it per dataset in multidatabackend.json"
 FIXED_CACHES = "accepted; caches are built once before training, checked against the files, " \
                "and reused by the next run"
@@ -34,9 +38,10 @@ DATA_KEYS = {
               "a cache_dir"),
     **refused("cache_dir_vae", "set cache_dir_vae per dataset in multidatabackend.json",
               (None, "")),
-    **refused("vae_cache_ondemand vae_cache_disable text_cache_ondemand text_cache_disable "
+    **refused("vae_cache_disable text_cache_ondemand text_cache_disable "
               "text_embed_full_cache", "remove it; latents and text embeddings are cached "
               "before training"),
+    **ignored("vae_cache_ondemand", ONDEMAND),
     **ignored("vae_cache_scan_behaviour skip_file_discovery preserve_data_backend_cache "
               "override_dataset_config compress_disk_cache metadata_update_interval "
               "aspect_bucket_disable_rebuild", FIXED_CACHES),
