@@ -137,6 +137,26 @@ class AssistantOptionsTest(unittest.TestCase):
                 message = self.problems(root, model_type="lora", assistant_lora_path=tmp)
                 self.assertIn("without exactly one .safetensors file", message)
 
+    def test_a_flavour_simpletuner_assists_by_default_is_warned_about_without_one(self):
+        import tempfile
+
+        from simpletuner.configuration import load_configuration
+        from simpletuner.training.run.launch_checks import launch_warnings
+
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            make_shapes(root / "data", per_size=2, sizes=((64, 64),))
+            turbo = dict(model_family=FAMILY, pretrained_model_name_or_path=f"builtin:tiny-{FAMILY}",
+                         model_type="lora", model_flavour="turbo")
+            warned = [warning for options in ({}, {"disable_assistant_lora": True},
+                                              {"model_flavour": "base"})
+                      for warning in launch_warnings(load_configuration(write_config(
+                          root, root / "data", "check", **{**turbo, **options})))
+                      if "assistant" in warning]
+        self.assertEqual(len(warned), 1, warned)
+        self.assertIn("ostris/zimage_turbo_training_adapter", warned[0])
+        self.assertIn("set assistant_lora_path", warned[0])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -33,6 +33,8 @@ SPEC = FamilySpec(
     reference_flavours={"kontext": None},
     guidance_input=True,
     lora_target_presets=LORA_TARGET_PRESETS,
+    # SimpleTuner's training adapter of the distilled schnell (assistant_lora_path)
+    default_assistants={"schnell": "ostris/FLUX.1-schnell-training-adapter"},
     # the double-stream blocks, then the single-stream ones
     swappable_block_keys=("num_layers", "num_single_layers"),
     # Flux's guidance is an input of the network, not an unconditional pass

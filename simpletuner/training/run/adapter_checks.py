@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.errors import Location, Problem
+from simpletuner.configuration.families import known_spec
 
 LYCORIS_ALGOS = ("lora", "locon", "loha", "lokr", "full")
 # What LyCORIS's apply_preset accepts (lycoris.wrapper.VALID_PRESET_KEYS, less the
@@ -156,6 +157,20 @@ def _assistant_problems(training, where: Location) -> list[Problem]:
         return [where.problem(key, f"key '{key}': {file} does not exist; point it at the "
                               "assistant's LoRA .safetensors file (nothing is downloaded)")]
     return []
+
+
+def assistant_warnings(training) -> list[str]:
+    """A flavour SimpleTuner trains with an assistant LoRA by default, without one here."""
+    spec = known_spec(training.model_family)
+    default = spec.default_assistants.get(training.model_flavour) if spec else None
+    if (default is None or training.model_type != "lora" or training.disable_assistant_lora
+            or training.assistant_lora_path is not None):
+        return []
+    return [f"model_flavour '{training.model_flavour}': SimpleTuner trains a LoRA on it with "
+            f"its assistant LoRA ({default}) unless disable_assistant_lora; nothing is "
+            "downloaded here, so this run trains without one. Download it and set "
+            "assistant_lora_path (and assistant_lora_weight_name) to keep the distillation, "
+            "or set disable_assistant_lora: true to silence this"]
 
 
 def range_problems(config: dict[str, Any], where: Location) -> list[Problem]:
