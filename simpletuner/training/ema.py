@@ -31,6 +31,12 @@ class EMAWeights:
         self.shadow = {name: p.detach().clone().float()
                        for name, p in module.named_parameters() if p.requires_grad}
 
+    @classmethod
+    def for_run(cls, module: torch.nn.Module, training) -> "EMAWeights":
+        """With ``training``'s (a TrainingConfig's) ema_decay, interval and warm-up."""
+        return cls(module, training.ema_decay, update_interval=training.ema_update_interval,
+                   warmup_steps=training.ema_warmup_steps)
+
     @torch.no_grad()
     def update(self, module: torch.nn.Module, step: int) -> None:
         """After optimizer step ``step`` (from 1): moved toward the weights, or left."""

@@ -177,10 +177,7 @@ class Trainer:
         optimizer = build_optimizer(network, self.settings.optimizer)
         lr_scheduler = build_lr_scheduler(self.settings.schedule, optimizer, self.total_steps)
         prepared, optimizer = prepare(self.accelerator, network, optimizer)
-        ema = (EMAWeights(network, self.training.ema_decay,
-                          update_interval=self.training.ema_update_interval,
-                          warmup_steps=self.training.ema_warmup_steps)
-               if self.training.use_ema else None)
+        ema = EMAWeights.for_run(network, self.training) if self.training.use_ema else None
         return TrainedParts(network, optimizer, lr_scheduler, self.sampler, ema), prepared
 
     def _resume_or_start(self) -> RunState:
