@@ -269,6 +269,9 @@ class TrainingConfig:
         "aspect_bucket_alignment")
     validation_guidance_scale: float = option(7.5, minimum=0.0)
     validation_seed: int = option(0, minimum=0)
+    num_validation_images: int = option(
+        1, minimum=1, help="images (or clips) per validation prompt and size, as SimpleTuner; "
+        "the k-th with seed validation_seed + k (an edit model edits each reference once)")
 
     # SimpleTuner options (issue 15)
     caption_dropout_probability: float = option(
