@@ -92,11 +92,13 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
                               config.training.gradient_accumulation_steps,
                               schedule_first_epochs(config.datasets, split_specs, num_processes,
                                                     config.training.gradient_accumulation_steps,
-                                                    config.training.seed))
+                                                    config.training.seed,
+                                                    config.training.data_backend_sampling))
     schedule = dataset_schedule(config.datasets, split_specs, processes,
                                 config.training.gradient_accumulation_steps,
                                 config.training.max_train_steps,
-                                config.training.num_train_epochs, config.training.seed)
+                                config.training.num_train_epochs, config.training.seed,
+                                config.training.data_backend_sampling)
     _print_plan(indexes, sizing, as_json, (schedule, processes,
                                            config.training.gradient_accumulation_steps))
     if sizing is not None and sizing["problem"]:

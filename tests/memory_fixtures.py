@@ -91,7 +91,7 @@ def measure(case: dict, sharded: bool = False, step: bool = True) -> dict[str, i
     if sharded:
         shard_network(network, ShardingSettings.from_config(training), "cpu")
     optimizer = build_optimizer(network, OptimizerSettings.from_config(training))
-    ema = EMAWeights(network, training.ema_decay) if training.use_ema else None
+    ema = EMAWeights.for_run(network, training) if training.use_ema else None
     with _autocast(training):
         loss = adapter.compute_loss(batch, torch.Generator().manual_seed(0))
     loss.backward()

@@ -109,7 +109,7 @@ class QwenAdapterTest(QwenCase):
         self.assertTrue(torch.allclose(shift_sigmas(sigmas, adapter.sigma_shift(64, 64)),
                                        adapter.scheduler.time_shift(mu, 1.0, sigmas),
                                        atol=1e-6))
-        self.assertEqual(self.load(flow_shift=1.73).sigma_shift(64, 64), 1.73)
+        self.assertEqual(self.load(flow_shift=1.73).shift_for(torch.zeros(1, 16, 64, 64)), 1.73)
 
     def test_cached_rows_of_different_lengths_predict_as_the_unpadded_batch(self):
         """Captions cached one by one have their own lengths; stacked, the shorter is padded

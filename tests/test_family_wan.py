@@ -114,7 +114,8 @@ class WanAdapterTest(TinyModelCase):
         sigmas = torch.as_tensor(scheduler.sigmas[:-1], dtype=torch.float64)
         torch.testing.assert_close(sigmas, shifted, rtol=0, atol=2e-6)
         self.assertTrue(torch.equal(scheduler.timesteps, (sigmas * 1000).long()))
-        self.assertEqual(self.load("wan", flow_shift=5.0).sigma_shift(8, 8), 5.0)
+        self.assertEqual(self.load("wan", flow_shift=5.0).shift_for(torch.zeros(1, 16, 2, 8, 8)),
+                         5.0)
 
     def test_clips_of_several_latent_frames_train_too(self):
         adapter = self.load("wan")

@@ -84,7 +84,32 @@ class FlowObjectiveTest(FlowCase):
         # Flux shifts by resolution: 64 x 64 latents are 1024 packed tokens.
         expected = np.exp(calculate_shift(1024, 256, 4096, 0.5, 1.15))
         self.assertAlmostEqual(flux.sigma_shift(64, 64), expected, places=6)
-        self.assertEqual(self.load("flux", flow_shift=2.0).sigma_shift(64, 64), 2.0)
+        self.assertEqual(self.load("flux", flow_shift=2.0).shift_for(torch.zeros(1, 16, 64, 64)),
+                         2.0)
+
+    def test_flow_shift_0_is_no_shift_and_auto_shift_goes_by_tokens_over_flow_shift(self):
+        """SimpleTuner's order: flow_schedule_auto_shift, then a static flow_shift (0: none)."""
+        self.assertEqual(self.load("sd3", flow_shift=0.0).shift_for(torch.zeros(1, 16, 64, 64)),
+                         1.0)
+        auto = self.load("sd3", flow_shift=3.0, flow_schedule_auto_shift=True)
+        for shape, tokens in (((2, 16, 64, 64), 32 * 32), ((1, 16, 32, 96), 16 * 48),
+                              ((1, 16, 3, 8, 8), 3 * 4 * 4)):  # a clip: frames count
+            self.assertAlmostEqual(auto.shift_for(torch.zeros(shape)),
+                                   np.exp(calculate_shift(tokens, 256, 4096, 0.5, 1.15)),
+                                   places=6, msg=str(shape))
+
+    def test_auto_shift_reaches_the_network(self):
+        """The same draws as a static flow_shift of the latents' auto shift."""
+        auto = self.load("sd3", flow_shift=1000.0, flow_schedule_auto_shift=True)
+        batch = self.fixed_batch(auto)
+        _, seen = self.capture_network_inputs(auto, batch)
+        height, width = batch.latents.shape[-2:]
+        tokens = (height // 2) * (width // 2)
+        static = self.load("sd3", flow_shift=float(np.exp(calculate_shift(tokens, 256, 4096,
+                                                                           0.5, 1.15))))
+        _, expected = self.capture_network_inputs(static, batch)
+        torch.testing.assert_close(seen["timestep"], expected["timestep"])
+        self.assertLess(seen["timestep"].min().item(), 990)
 
 
 class TimestepSamplingTest(unittest.TestCase):

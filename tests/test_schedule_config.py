@@ -107,7 +107,7 @@ class PlanShowsTheScheduleTest(unittest.TestCase):
             make_shapes(root / "a", per_size=8, sizes=((64, 64),))
             make_shapes(root / "b", per_size=4, sizes=((64, 64),))
             config = write_config(root, root / "a", model_type="lora", max_train_steps=20,
-                                  train_batch_size=1, datasets=[
+                                  train_batch_size=1, data_backend_sampling="uniform", datasets=[
                 {"id": "a", "instance_data_dir": str(root / "a"), "probability": 0.25},
                 {"id": "b", "instance_data_dir": str(root / "b"), "start_step": 11,
                  "is_regularisation_data": True}])
@@ -115,6 +115,7 @@ class PlanShowsTheScheduleTest(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr[-2000:])
             schedule = json.loads(result.stdout)["schedule"]
             self.assertEqual(schedule["a"]["share"], 0.2)  # 0.25 / (0.25 + 1)
+            self.assertEqual(schedule["a"]["sampling"], "uniform")
             # a: 8 steps per epoch; b may start at step 11: epoch 2 (steps 9..) at its step 3
             self.assertEqual(schedule["b"]["joins"],
                              {"epoch": 2, "step_of_epoch": 3, "optimizer_step": 11})
@@ -122,9 +123,12 @@ class PlanShowsTheScheduleTest(unittest.TestCase):
             self.assertEqual(json.loads(run_plan(config, "--json", "--num-processes", "1").stdout)
                              ["split"]["micro_batches_per_epoch"], [8, 12, 12])  # b from epoch 1
             text = run_plan(config).stdout
-            self.assertIn("dataset 'a': probability 0.25 (20.0% of the odds), start_epoch 1, "
+            self.assertIn("gradient accumulation 1, data_backend_sampling uniform:", text)
+            self.assertIn("dataset 'a': probability 0.25 (20.0% of the odds per step while it has "
+                          "groups left), start_epoch 1, "
                           "start_step 0: joins epoch 1 (trace epoch 0) at its step 1 (optimizer step 1)", text)
-            self.assertIn("dataset 'b': probability 1 (80.0% of the odds), start_epoch 1, "
+            self.assertIn("dataset 'b': probability 1 (80.0% of the odds per step while it has "
+                          "groups left), start_epoch 1, "
                           "start_step 11: joins epoch 2 (trace epoch 1) at its step 3 (optimizer step 11); "
                           "regularisation (target: the base model's prediction)", text)
 

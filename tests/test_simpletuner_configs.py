@@ -136,11 +136,69 @@ class SimpleTunerConfigTest(unittest.TestCase):
         self.assertTrue(training.gradient_checkpointing)
         problems = self.problems({"checkpoint_step_interval": 25, "checkpointing_steps": 5},
                                  [self.image_dataset()])
-        self.assertIn("given twice", problems[0])
+        self.assertIn("given twice ('checkpoint_step_interval' and 'checkpointing_steps') with "
+                      "different values (25 and 5)", problems[0])
+        # Both names with the same value, as SimpleTuner's own examples write them: one option.
+        training = self.load({"validation_steps": 50, "validation_step_interval": 50},
+                             [self.image_dataset()]).training
+        self.assertEqual(training.validation_steps, 50)
         # instance_data_root: the older name SimpleTuner's factory still reads
         (dataset,) = self.load({}, [{"id": "photos", "instance_data_root": str(
             self.root / "images")}]).datasets
         self.assertEqual(dataset.instance_data_dir, str(self.root / "images"))
+
+    def test_values_of_simpletuners_examples_that_ask_for_nothing_here(self):
+        """init_lora_step 0 (a fresh start), vae_cache_ondemand (the same latents, cached), a
+        component path naming the model folder itself: accepted; other values still refused."""
+        ondemand = self.image_dataset(vae_cache_ondemand=True)
+        self.load({"init_lora_step": 0, "vae_cache_ondemand": True,
+                   "pretrained_t5_model_name_or_path": "builtin:tiny-sd1x"}, [ondemand])
+        problems = self.problems({"init_lora_step": 5,
+                                  "pretrained_t5_model_name_or_path": "google/t5-v1_1-xxl"},
+                                 [self.image_dataset()])
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("SimpleTuner option 'init_lora_step' is not supported here (accepted as "
+                      "null or 0)", problems[0])
+        self.assertIn("'pretrained_t5_model_name_or_path' is not supported here", problems[1])
+
+    def test_flux_lora_target_names_the_modules_of_simpletuners_sets(self):
+        flux = {"model_family": "flux", "pretrained_model_name_or_path": "builtin:tiny-flux",
+                "model_type": "lora"}
+        training = self.load({**flux, "flux_lora_target": "all+ffs"}, [self.image_dataset()]
+                             ).training
+        self.assertEqual(training.lora_target_modules, [
+            "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
+            "to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+            "ff_context.net.2", "proj_mlp", "proj_out"])
+        training = self.load({**flux, "flux_lora_target": "context",  # SimpleTuner's order
+                              "peft_lora_target_modules": ["to_q"]}, [self.image_dataset()]
+                             ).training
+        self.assertEqual(training.lora_target_modules, ["to_q"])
+        for options in ({**flux, "flux_lora_target": "controlnet"},
+                        {"model_type": "lora", "flux_lora_target": "all+ffs"}):  # sd1x
+            with self.subTest(options=options):
+                (problem,) = self.problems(options, [self.image_dataset()])
+                self.assertIn("SimpleTuner option 'flux_lora_target' is not supported here",
+                              problem)
+                self.assertIn("model_family 'flux' reads mmdit, all, context", problem)
+
+    def test_every_flux_lora_target_set_names_modules_flux_has(self):
+        """Each set adapts modules of FluxTransformer2DModel (tiny and nano name blocks 7 and
+        20 of the full model's 38 single blocks, which the tiny model does not have)."""
+        from diffusers import FluxTransformer2DModel
+
+        from simpletuner.families.flux.spec import LORA_TARGET_PRESETS
+        from simpletuner.models.builtin import ensure_builtin_model
+        from simpletuner.training.adapters.lora import check_target_modules
+
+        folder = ensure_builtin_model("tiny-flux") / "transformer"
+        network = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(folder))
+        for name, modules in LORA_TARGET_PRESETS.items():
+            if name not in ("tiny", "nano"):
+                with self.subTest(preset=name):
+                    check_target_modules(network, list(modules), "flux")  # raises if absent
+        self.assertTrue(all(module.startswith("single_transformer_blocks.")
+                            for name in ("tiny", "nano") for module in LORA_TARGET_PRESETS[name]))
 
     def test_simpletuners_placeholders_in_dataset_paths(self):
         with mock.patch.dict(os.environ, {"ST_TEST_ROOT": "/data"}):

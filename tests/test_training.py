@@ -26,6 +26,7 @@ class ResumeTest(ResumedRunPair, unittest.TestCase):
     tmp_prefix, per_size, resume_step = "st-resume-", 8, 6
     options = dict(max_train_steps=12, checkpointing_steps=6, gradient_accumulation_steps=2,
                    lr_scheduler="cosine", lr_warmup_steps=3, use_ema=True, ema_decay=0.9,
+                   ema_update_interval=4, ema_warmup_steps=8,
                    trace_samples=True)
 
     def test_runs_succeed(self):

@@ -134,6 +134,23 @@ class ValidationImagesTest(TinyModelCase):
             sizes = [Image.open(path).size for path in paths[:-1]]
         self.assertEqual(sizes, [(64, 32), (64, 32), (32, 64), (32, 64)])
 
+    def test_num_validation_images_per_prompt_each_with_the_next_seed(self):
+        """Two prompts, three images each: the first of each is the one-image run's (seed
+        validation_seed), the others differ (seeds + 1, + 2); each PNG names its prompt."""
+        with tempfile.TemporaryDirectory() as tmp:
+            one = self.validate("sd1x", Path(tmp) / "one")
+            three = self.validate("sd1x", Path(tmp) / "three", num_validation_images=3)
+            pixels = [np.asarray(Image.open(path)) for path in three[:-1]]
+            prompts = [Image.open(path).text.get("prompt", "") for path in three[:-1]]
+            first = [np.asarray(Image.open(path)) for path in one[:-1]]
+        self.assertEqual(len(pixels), 6)
+        self.assertEqual([("red" in p, "square" in p) for p in prompts],
+                         [(True, False)] * 3 + [(False, True)] * 3)
+        self.assertTrue(np.array_equal(pixels[0], first[0]))
+        self.assertTrue(np.array_equal(pixels[3], first[1]))
+        self.assertFalse(np.array_equal(pixels[0], pixels[1]))
+        self.assertFalse(np.array_equal(pixels[1], pixels[2]))
+
     def test_guidance_rescale_and_skip_layers_reach_the_pipelines(self):
         for family, option in (("sd1x", {"validation_guidance_rescale": 0.9}),
                                ("sd3", {"validation_guidance_skip_layers": [1],

@@ -185,9 +185,10 @@ class DatasetConfig:
         """The merged, checked ``huggingface`` block (type 'huggingface')."""
         return HuggingFaceConfig(**(self.huggingface or {}))
 
-    def video_settings(self, model_family: str) -> VideoSettings:
-        """The checked ``video`` block with its defaults, for a ``dataset_type: video`` dataset."""
-        return VideoSettings.for_dataset(self.video, model_family)
+    def video_settings(self, model_family: str, framerate: int | None = None) -> VideoSettings:
+        """The checked ``video`` block with its defaults, for a ``dataset_type: video`` dataset
+        (``framerate``: config.json's, for the default num_frames)."""
+        return VideoSettings.for_dataset(self.video, model_family, framerate)
 
     def parquet_config(self) -> ParquetConfig:
         """The checked ``parquet`` block (the loader reported any problem in it)."""

@@ -173,8 +173,11 @@ def parse_fields(cls: type, raw: dict[str, Any], where: Location, problems: list
         key = normalise_key(raw_key)
         key = vocabulary.canonical(key) if vocabulary else key
         if key in seen:
-            problems.append(where.problem(
-                key, f"key '{key}' is given twice ('{seen[key]}' and '{raw_key}')"))
+            first = raw[seen[key]]
+            if type(first) is not type(value) or first != value:  # the same value twice is one
+                problems.append(where.problem(
+                    key, f"key '{key}' is given twice ('{seen[key]}' and '{raw_key}') with "
+                    f"different values ({first!r} and {value!r})"))
             continue
         seen[key] = raw_key
         if vocabulary is not None:

@@ -22,10 +22,12 @@ from simpletuner.configuration.fields import normalise_key, parse_fields
 from simpletuner.configuration.memory_checks import (check_block_swap_options,
                                                      check_group_offload_options)
 from simpletuner.configuration.options import LogLevel, TrainingConfig
+from simpletuner.configuration.simpletuner_keys.model import without_the_model_folder
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON
 from simpletuner.configuration.training_checks import (check_fsdp_options,
                                                        check_lora_target_all,
-                                                       check_loss_options_fit_the_family)
+                                                       check_loss_options_fit_the_family,
+                                                       with_lora_target_preset)
 from simpletuner.configuration.validation_options import check_validation_options
 from simpletuner.dataset_kinds import kind_of
 
@@ -95,7 +97,8 @@ def parse_training(raw: Any, where: Location, problems: list[Problem],
             "", f"expected a JSON object of options, found {type(raw).__name__}"))
         return None
     before = len(problems)
-    values = parse_fields(TrainingConfig, raw, where, problems, CONFIG_JSON)
+    values = parse_fields(TrainingConfig, with_lora_target_preset(without_the_model_folder(raw)),
+                          where, problems, CONFIG_JSON)
     resolution_type = values.get("resolution_type", "pixel")
     if resolution_type in PIXEL_TYPES and "resolution" in values:
         if not float(values["resolution"]).is_integer():

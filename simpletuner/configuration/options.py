@@ -71,6 +71,21 @@ class TrainingConfig:
         None, help="a LoRA file the adapter starts from (any layout diffusers' "
         "load_lora_weights reads: diffusers, comfyui, kohya; a LyCORIS file for lora_type "
         "lycoris); its rank and modules must be the run's; a resumed run ignores it")
+    assistant_lora_path: str | None = option(
+        None, help="a frozen LoRA applied with the trained one (model_type lora, lora_type "
+        "standard), as SimpleTuner's assistant adapters for distilled models (Z-Image Turbo's "
+        "training adapter): a .safetensors file, or a folder with assistant_lora_weight_name "
+        "(any layout diffusers' load_lora_weights reads); loaded again on resume, never part of "
+        "a checkpoint or the export")
+    assistant_lora_weight_name: str | None = option(
+        None, help="the file in the assistant_lora_path folder; none = the folder's one "
+        ".safetensors file")
+    assistant_lora_strength: float = option(
+        1.0, minimum=0.0, help="the assistant's scale while training (and evaluating); 0 = off")
+    assistant_lora_inference_strength: float = option(
+        0.0, minimum=0.0, help="the assistant's scale in validation; 0 = off (SimpleTuner's "
+        "default: validation shows the trained LoRA alone)")
+    disable_assistant_lora: bool = option(False, help="true: assistant_lora_path is not loaded")
     base_model_precision: Precision = option(
         "no_change", help="quantize the frozen network under a LoRA (torchao, optimum-quanto or "
         "bitsandbytes); no_change = mixed_precision's dtype for LoRA, float32 for full")
@@ -89,6 +104,12 @@ class TrainingConfig:
     train_batch_size: int = option(1, minimum=1)
     gradient_accumulation_steps: int = option(1, minimum=1)
     seed: int | None = option(None, minimum=0, help="shared shuffle seed; none = broadcast")
+    data_backend_sampling: Literal["auto-weighting", "uniform"] = option(
+        "auto-weighting", help="how each optimizer step's dataset is drawn among the groups an "
+        "epoch still holds, as SimpleTuner: auto-weighting: odds probability x its groups left "
+        "(datasets mix in proportion to their size); uniform: odds probability among the "
+        "datasets with groups left, whatever their size (a small one comes early and runs out "
+        "first); either way every sample is trained once per pass")
     resolution: float = option(1024, minimum=0.0001)
     resolution_type: Literal["pixel", "area", "pixel_area"] = option(
         "pixel", help="pixel: short edge in pixels; area: megapixels; pixel_area: resolution in "
@@ -135,6 +156,13 @@ class TrainingConfig:
     gradient_checkpointing: bool = option(False)
     use_ema: bool = option(False)
     ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
+    ema_update_interval: int | None = option(
+        None, minimum=1, help="update the EMA only after optimizer steps that are multiples of "
+        "this (as SimpleTuner: step % interval == 0, each update with the step's decay); none = "
+        "every step")
+    ema_warmup_steps: int = option(
+        0, minimum=0, help="the EMA copies the weights at updates before this optimizer step, "
+        "then decays with ema_decay (as SimpleTuner); 0 = ema_decay from the first step")
     max_nonfinite_steps: int = option(
         3, minimum=1, help="stop with exit status 3 after this many optimizer steps in a row whose "
         "loss or gradient norm was NaN/inf (each one is skipped on every rank)")
@@ -156,9 +184,15 @@ class TrainingConfig:
     flow_logit_mean: float = option(0.0, help="logit_normal centre; > 0 favours more noise")
     flow_logit_std: float = option(1.0, minimum=0.0001, help="logit_normal spread")
     flow_shift: float | None = option(
-        None, minimum=0.0001, help="sigma -> shift*sigma / (1 + (shift-1)*sigma); > 1 moves "
-        "samples toward noise; 1 = off; none = the model scheduler's shift (SD3: 3.0, Flux: "
-        "its resolution-dependent shift)")
+        None, minimum=0.0, help="sigma -> shift*sigma / (1 + (shift-1)*sigma); > 1 moves "
+        "samples toward noise; 1 or 0 = off (0: SimpleTuner's 'no static shift'); none = the "
+        "model scheduler's shift (SD3: 3.0, Flux: its resolution-dependent shift); "
+        "flow_schedule_auto_shift overrides it")
+    flow_schedule_auto_shift: bool = option(
+        False, help="shift each sample's noise levels by its resolution, as SimpleTuner: "
+        "exp(mu), mu linear in the latent tokens frames x (h/2) x (w/2) from (base_image_seq_len, "
+        "base_shift) to (max_image_seq_len, max_shift) of the model scheduler (diffusers' "
+        "defaults 256, 0.5, 4096, 1.15 where it has none); wins over flow_shift")
     flux_guidance_value: float = option(
         1.0, minimum=0.0, help="guidance input while training guidance-distilled Flux models")
 
@@ -235,6 +269,9 @@ class TrainingConfig:
         "aspect_bucket_alignment")
     validation_guidance_scale: float = option(7.5, minimum=0.0)
     validation_seed: int = option(0, minimum=0)
+    num_validation_images: int = option(
+        1, minimum=1, help="images (or clips) per validation prompt and size, as SimpleTuner; "
+        "the k-th with seed validation_seed + k (an edit model edits each reference once)")
 
     # SimpleTuner options (issue 15)
     caption_dropout_probability: float = option(

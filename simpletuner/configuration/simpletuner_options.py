@@ -48,9 +48,11 @@ _DATASET_DIFFERENT: dict[str, str] = {
                  "cache (SimpleTuner sets it on the text_embeds entry, which is accepted too)",
     "maximum_image_size": "alone it skips larger images here; SimpleTuner requires "
                           "target_downsample_size with it (and then both mean the same here)",
-    "probability": "SimpleTuner draws a dataset with odds p among those not yet exhausted; here "
-                   "each of its remaining steps is drawn with odds p, so with equal "
-                   "probabilities datasets mix in proportion to their size",
+    "probability": "weighs as data_backend_sampling says: uniform, a dataset with odds p among "
+                   "those not yet exhausted, as SimpleTuner; auto-weighting (the default), "
+                   "each of its remaining steps with odds p (SimpleTuner: p x its size, its "
+                   "remaining steps here), so with equal probabilities datasets mix in "
+                   "proportion to their size",
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from simpletuner.configuration.errors import Location, Problem
 from simpletuner.configuration.families import FLOW_FAMILIES, families_where, known_spec
 from simpletuner.configuration.fields import normalise_key
+from simpletuner.configuration.simpletuner_options import CONFIG_JSON
 from simpletuner.families import spoken_list
 from simpletuner.families.spec import NOISE
 
@@ -37,6 +38,23 @@ def check_loss_options_fit_the_family(values: dict[str, Any], where: Location,
         problems.append(where.problem(
             "flux_guidance_value", f"key 'flux_guidance_value' applies to model_families "
             f"{guided} only; '{family}' has no guidance input. Remove it."))
+
+
+def with_lora_target_preset(raw: dict) -> dict:
+    """``raw`` (config.json's options) with SimpleTuner's flux_lora_target read as the
+    lora_target_modules it names, for a family whose spec has that preset (Flux); as in
+    SimpleTuner, lora_target_modules (peft_lora_target_modules) given too wins. Any other value
+    stays, for the refusal."""
+    options = {normalise_key(key): (key, value) for key, value in raw.items()}
+    spec = known_spec(options.get("model_family", (None, None))[1])
+    key, preset = options.get("flux_lora_target", (None, None))
+    if spec is None or not isinstance(preset, str) or preset not in spec.lora_target_presets:
+        return raw
+    given = {CONFIG_JSON.canonical(name) for name in options}
+    rest = {k: v for k, v in raw.items() if k != key}
+    if "lora_target_modules" in given:
+        return rest
+    return {**rest, "lora_target_modules": list(spec.lora_target_presets[preset])}
 
 
 def check_lora_target_all(raw: dict, values: dict[str, Any], where: Location,

@@ -3,7 +3,8 @@
 SimpleTuner's meanings: ``num_frames`` is the frame count every clip trains at (its first
 frames); clips shorter than it are skipped. ``min_frames`` / ``max_frames`` skip clips with
 fewer / more frames (``min_frames`` defaults to ``num_frames``). ``bucket_strategy``
-``aspect_ratio`` (its default) buckets by size only, so it needs ``num_frames``;
+``aspect_ratio`` (its default) buckets by size only, every clip at ``num_frames``: unset, as
+SimpleTuner, 5 seconds at config.json's ``framerate`` (or the family's, Wan 15: 75 frames);
 ``resolution_frames`` buckets by size and frame count: without ``num_frames`` each clip trains
 at its own length, rounded down to a multiple of ``frame_interval`` (when set). Either way the
 count is then snapped down to the family's VAE rule (its spec's frame_rule: Wan 4n+1), as
@@ -35,7 +36,8 @@ class VideoConfig:
     num_frames: int | None = option(
         None, minimum=1, help="frames every clip trains at (its first ones; snapped down to the "
         "family's rule, Wan 4n+1); shorter clips are skipped. Unset: each clip's own length "
-        "(bucket_strategy 'resolution_frames' only)")
+        "(bucket_strategy 'resolution_frames'), or 5 s at config.json's framerate (the "
+        "family's, Wan 15, when unset; bucket_strategy 'aspect_ratio'), as SimpleTuner")
     min_frames: int | None = option(
         None, minimum=1, help="clips with fewer frames are skipped; unset: num_frames (or 1)")
     max_frames: int | None = option(None, minimum=1, help="clips with more frames are skipped")
@@ -68,12 +70,18 @@ class VideoSettings:
     fps: int | None = None  # the rate clips are re-timed to; None: their own
 
     @classmethod
-    def for_dataset(cls, video: dict | None, model_family: str) -> "VideoSettings":
-        """From the checked block (``DatasetConfig.video``) of a dataset the loader accepted."""
+    def for_dataset(cls, video: dict | None, model_family: str,
+                    framerate: int | None = None) -> "VideoSettings":
+        """From the checked block (``DatasetConfig.video``) of a dataset the loader accepted;
+        ``framerate``: config.json's (SimpleTuner's name), for the default num_frames."""
         block = VideoConfig(**(video or {}))
-        floor = block.min_frames or block.num_frames or 1
-        return cls(rule=frame_rule(model_family), num_frames=block.num_frames,
-                   min_frames=max(floor, block.num_frames or 1), max_frames=block.max_frames,
+        rule = frame_rule(model_family)
+        frames = block.num_frames
+        if frames is None and block.bucket_strategy == "aspect_ratio":
+            frames = default_num_frames(rule, framerate)
+        floor = block.min_frames or frames or 1
+        return cls(rule=rule, num_frames=frames,
+                   min_frames=max(floor, frames or 1), max_frames=block.max_frames,
                    frame_interval=block.frame_interval, is_i2v=block.is_i2v,
                    bucket_strategy=block.bucket_strategy, fps=block.fps)
 
@@ -84,6 +92,12 @@ class VideoSettings:
                 "frame_interval": self.frame_interval, "bucket_strategy": self.bucket_strategy,
                 # only when set, so an index cached without re-timing stays valid
                 **({"fps": self.fps} if self.fps is not None else {})}
+
+
+def default_num_frames(rule: FrameRule, framerate: int | None) -> int:
+    """SimpleTuner's num_frames for a video dataset that sets none: 5 seconds at
+    ``framerate`` (the family's when None), as the family's VAE encodes it."""
+    return max(rule.snap_down(5 * (framerate or rule.fps)), rule.remainder)
 
 
 def parse_video_block(raw: Any, where: Location, problems: list[Problem]) -> dict | None:
@@ -113,11 +127,6 @@ def _check_combinations(block: VideoConfig, where: Location, problems: list[Prob
         problems.append(where.problem(
             "num_frames", f"'num_frames' ({frames}) is larger than 'max_frames' ({high}): a clip "
             "long enough to train is skipped as too long"))
-    if block.bucket_strategy == "aspect_ratio" and frames is None:
-        problems.append(where.problem(
-            "num_frames", "bucket_strategy 'aspect_ratio' trains every clip at one frame count; "
-            "set 'num_frames' (e.g. 81, 5 s at Wan's 16 fps), or bucket_strategy "
-            "'resolution_frames' to train each clip at its length"))
     if block.frame_interval is not None and (block.bucket_strategy != "resolution_frames"
                                              or frames is not None):
         problems.append(where.problem(

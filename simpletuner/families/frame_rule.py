@@ -14,6 +14,9 @@ from dataclasses import dataclass
 class FrameRule:
     multiple: int   # the VAE's temporal compression
     remainder: int  # frames encoded on their own (the first one)
+    # SimpleTuner's ``framerate`` for the family when config.json sets none (Wan: 15): a video
+    # dataset without num_frames trains 5 s at it (video_block.py)
+    fps: int = 30
 
     def describe(self) -> str:
         return f"{self.multiple}n+{self.remainder}"

@@ -48,6 +48,12 @@ class FamilySpec:
     refused_options: Mapping[str, str] = field(default_factory=dict)
     # What is wrong with flux_lora_target 'all' for this family, if anything.
     lora_target_all_problem: str | None = None
+    # SimpleTuner's flux_lora_target names -> the module name suffixes each adapts (the
+    # lora_target_modules they stand for); empty: only 'all', the family's default, is read.
+    lora_target_presets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # model_flavour -> the assistant LoRA SimpleTuner loads for it when assistant_lora_path is
+    # unset (a Hub id and file: nothing is downloaded here, so check warns and names it).
+    default_assistants: Mapping[str, str] = field(default_factory=dict)
     # SimpleTuner's config.json options of this family alone that have no field here -> what
     # to do instead; refused unless their value asks for nothing (simpletuner_keys/).
     simpletuner_keys: Mapping[str, str] = field(default_factory=dict)

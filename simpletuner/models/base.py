@@ -36,7 +36,8 @@ class LossSettings:
     flow_timestep_sampling: str = "logit_normal"
     flow_logit_mean: float = 0.0
     flow_logit_std: float = 1.0
-    flow_shift: float | None = None         # None: the model scheduler's own shift
+    flow_shift: float | None = None         # None: the model scheduler's own shift; 0: none
+    flow_schedule_auto_shift: bool = False  # resolution-dependent shift, as SimpleTuner's
     flux_guidance_value: float = 1.0        # guidance input of guidance-distilled Flux models
     model_flavour: str | None = None        # Wan 2.2 A14B: which expert's noise range trains
 

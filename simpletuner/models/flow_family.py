@@ -16,7 +16,7 @@ from simpletuner.models.base import LossSettings, ModelAdapter
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.flow_objective import (
-    flow_noisy_and_target, resolution_shift, sample_sigmas)
+    auto_shift, flow_noisy_and_target, resolution_shift, sample_sigmas)
 from simpletuner.models.prior_preservation import BaseModel, base_model_target
 from simpletuner.models.loss_types import flow_noise_ratio, huber_thresholds, objective_loss
 from simpletuner.models.noise_objective import draw_noise
@@ -95,11 +95,20 @@ class FlowFamilyAdapter(ModelAdapter):
         return self._token_ids(tokenizer, prompts,
                                min(self.t5_max_length, tokenizer.model_max_length))
 
+    def shift_for(self, latents: torch.Tensor) -> float:
+        """The shift of ``latents``' noise levels, in SimpleTuner's order:
+        flow_schedule_auto_shift (from the latents' token count), else flow_shift (0: none),
+        else the model's own (``sigma_shift``)."""
+        settings = self.loss_settings
+        if settings.flow_schedule_auto_shift:
+            return auto_shift(tuple(latents.shape), self.scheduler.config)
+        if settings.flow_shift is not None:
+            return settings.flow_shift or 1.0
+        return self.sigma_shift(*latents.shape[-2:])
+
     def sigma_shift(self, latent_height: int, latent_width: int) -> float:
-        """flow_shift when set; else the scheduler's: resolution-dependent when it shifts
-        dynamically (Flux), its fixed ``shift`` otherwise (SD3)."""
-        if self.loss_settings.flow_shift is not None:
-            return self.loss_settings.flow_shift
+        """The model scheduler's shift: resolution-dependent when it shifts dynamically (Flux),
+        its fixed ``shift`` otherwise (SD3)."""
         config = self.scheduler.config
         if config.get("use_dynamic_shifting", False):
             tokens = (latent_height // self.latent_patch) * (latent_width // self.latent_patch)
@@ -119,7 +128,7 @@ class FlowFamilyAdapter(ModelAdapter):
         return sample_sigmas(latents.shape[0], sampling=settings.flow_timestep_sampling,
                              logit_mean=settings.flow_logit_mean,
                              logit_std=settings.flow_logit_std,
-                             shift=self.sigma_shift(*latents.shape[-2:]),
+                             shift=self.shift_for(latents),
                              device=self.device, generator=generator)
 
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,

@@ -32,6 +32,16 @@ def resolution_shift(image_tokens: int, scheduler_config) -> float:
     return math.exp(base_shift + slope * (image_tokens - base_len))
 
 
+def auto_shift(latent_shape: tuple[int, ...], scheduler_config) -> float:
+    """SimpleTuner's flow_schedule_auto_shift: ``resolution_shift`` of the latents' token
+    count, frames x (height // p) x (width // p) with p the scheduler's patch_size or 2, one
+    frame for 4-D image latents, 5-D (..., frames, height, width) for clips."""
+    frames = latent_shape[-3] if len(latent_shape) == 5 else 1
+    patch = scheduler_config.get("patch_size") or 2
+    height, width = latent_shape[-2:]
+    return resolution_shift(frames * (height // patch) * (width // patch), scheduler_config)
+
+
 def sample_sigmas(count: int, *, sampling: str, logit_mean: float = 0.0, logit_std: float = 1.0,
                   shift: float = 1.0, device: torch.device,
                   generator: torch.Generator | None = None) -> torch.Tensor:

@@ -37,14 +37,16 @@ def _eval_mode(pipeline):
 
 def generate_validation_images(pipeline, prompts: list[str], *, resolution: int | tuple[int, int],
                                num_inference_steps: int, guidance_scale: float | None = 7.5,
-                               seed: int = 0, autocast_dtype: torch.dtype | None = None,
+                               seed: int | list[int] = 0,
+                               autocast_dtype: torch.dtype | None = None,
                                negative_prompt: str | None = None, keep=None,
                                input_images: list[Image.Image] | None = None,
                                **pipeline_arguments) -> list:
     """One image per prompt at ``resolution`` (a side, or (width, height)); ``keep`` picks what
     is kept of each pipeline output (default ``first_image``; ``first_clip``). ``input_images``:
     each prompt's input image, for image-to-video pipelines. Each prompt gets its
-    own CPU generator seeded with ``seed``: identical on every device and run. Pass the frozen
+    own CPU generator seeded with ``seed`` (or its own of a list of seeds, one per prompt):
+    identical on every device and run. Pass the frozen
     components' dtype as ``autocast_dtype`` when it differs from the trainable network's.
     ``negative_prompt`` and ``pipeline_arguments`` (guidance_rescale, skip_guidance_layers...)
     are passed only when given (pipelines differ in what they accept)."""
@@ -58,9 +60,10 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
                 if autocast_dtype not in (None, torch.float32) else nullcontext())
     pipeline.set_progress_bar_config(disable=True)
     images = []
+    seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
     with _eval_mode(pipeline), torch.no_grad(), autocast:
         for index, prompt in enumerate(tqdm(prompts, desc="validation images", leave=False)):
-            generator = torch.Generator(device="cpu").manual_seed(seed)
+            generator = torch.Generator(device="cpu").manual_seed(seeds[index])
             given = {} if input_images is None else {"image": input_images[index]}
             result = pipeline(prompt=prompt, height=height, width=width,
                               num_inference_steps=num_inference_steps,

@@ -20,12 +20,17 @@ BaseModel = Callable[[], ContextManager]  # a context in which the network predi
 
 @contextmanager
 def adapter_turned_off(network: torch.nn.Module) -> Iterator[None]:
-    """``network`` (a diffusers model holding peft adapters) as the base model for the block."""
+    """``network`` (a diffusers model holding peft adapters) as the base model for the block.
+    peft's enable_adapters marks every active adapter trainable: what required grad before
+    (not a frozen assistant LoRA) is restored."""
+    trainable = [p.requires_grad for p in network.parameters()]
     network.disable_adapters()
     try:
         yield
     finally:
         network.enable_adapters()
+        for parameter, flag in zip(network.parameters(), trainable):
+            parameter.requires_grad_(flag)
 
 
 def base_model_target(base_model: BaseModel, predict: Callable[[], torch.Tensor]) -> torch.Tensor:

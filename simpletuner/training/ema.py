@@ -9,19 +9,44 @@ import torch
 from simpletuner.training.checkpointing.tensor_files import load_tensors, save_tensors
 
 
-class EMAWeights:
-    """Shadow copies of a module's trainable parameters, updated after each optimizer step."""
+def decay_at(step: int, decay: float, *, update_interval: int | None = None,
+             warmup_steps: int = 0) -> float | None:
+    """The EMA's decay after optimizer step ``step`` (counted from 1), or None where it is not
+    updated, as SimpleTuner's: only steps that are multiples of ``update_interval``; 0 (the
+    weights copied) at steps before ``warmup_steps``, then ``decay``. A pure function of the
+    step, so a resumed run updates exactly as the uninterrupted one did."""
+    if update_interval is not None and step % update_interval != 0:
+        return None
+    return 0.0 if step < warmup_steps else decay
 
-    def __init__(self, module: torch.nn.Module, decay: float):
+
+class EMAWeights:
+    """Shadow copies of a module's trainable parameters, updated after optimizer steps."""
+
+    def __init__(self, module: torch.nn.Module, decay: float, *,
+                 update_interval: int | None = None, warmup_steps: int = 0):
         self.decay = decay
+        self.update_interval = update_interval
+        self.warmup_steps = warmup_steps
         self.shadow = {name: p.detach().clone().float()
                        for name, p in module.named_parameters() if p.requires_grad}
 
+    @classmethod
+    def for_run(cls, module: torch.nn.Module, training) -> "EMAWeights":
+        """With ``training``'s (a TrainingConfig's) ema_decay, interval and warm-up."""
+        return cls(module, training.ema_decay, update_interval=training.ema_update_interval,
+                   warmup_steps=training.ema_warmup_steps)
+
     @torch.no_grad()
-    def update(self, module: torch.nn.Module) -> None:
+    def update(self, module: torch.nn.Module, step: int) -> None:
+        """After optimizer step ``step`` (from 1): moved toward the weights, or left."""
+        decay = decay_at(step, self.decay, update_interval=self.update_interval,
+                         warmup_steps=self.warmup_steps)
+        if decay is None:
+            return
         for name, p in module.named_parameters():
             if name in self.shadow:
-                self.shadow[name].lerp_(p.detach().float(), 1.0 - self.decay)
+                self.shadow[name].lerp_(p.detach().float(), 1.0 - decay)
 
     @torch.no_grad()
     def copy_to(self, module: torch.nn.Module) -> None:

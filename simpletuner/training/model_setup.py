@@ -1,6 +1,7 @@
 """The model as a run trains it: loaded, cast and quantized on the CPU, the frozen parts under
 group offload's hooks when asked, placed on the device (block swap's host blocks and
-group-offloaded parts left behind), the adapter added with the run's seed, init_lora."""
+group-offloaded parts left behind), the adapter added with the run's seed, init_lora, the
+assistant LoRA."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.models.base import LossSettings
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.adapters.assistant import add_assistant, wants_assistant
 from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.adapters.lora_init import init_adapter
 from simpletuner.training.memory.block_swap import place_network
@@ -36,5 +38,7 @@ def load_trained_model(training, settings, *, model_folder, resume_from, seed: i
                 add_adapter(adapter.trainable, type(adapter), training)
         if training.init_lora is not None and resume_from is None:
             init_adapter(adapter, training.init_lora)
+        if training.model_type == "lora" and wants_assistant(training):
+            add_assistant(adapter, training)  # after init_lora, which activates its own alone
         adapter.set_gradient_checkpointing(training.gradient_checkpointing)
     return adapter, block_swap

@@ -31,6 +31,7 @@ from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
+from simpletuner.training.adapters.assistant import assistant_in_validation
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
 from simpletuner.training.memory.block_swap import network_to_device
@@ -176,7 +177,7 @@ class Trainer:
         optimizer = build_optimizer(network, self.settings.optimizer)
         lr_scheduler = build_lr_scheduler(self.settings.schedule, optimizer, self.total_steps)
         prepared, optimizer = prepare(self.accelerator, network, optimizer)
-        ema = EMAWeights(network, self.training.ema_decay) if self.training.use_ema else None
+        ema = EMAWeights.for_run(network, self.training) if self.training.use_ema else None
         return TrainedParts(network, optimizer, lr_scheduler, self.sampler, ema), prepared
 
     def _resume_or_start(self) -> RunState:
@@ -313,7 +314,7 @@ class Trainer:
         self.parts.optimizer.step()
         self.parts.lr_scheduler.step()
         if self.parts.ema is not None:
-            self.parts.ema.update(self.parts.network)
+            self.parts.ema.update(self.parts.network, self.state.step)
         self.state.final_loss = totals.mean_loss
 
     def _skip(self, totals: StepTotals, local: StepTotals, samples: list[str],
@@ -385,7 +386,8 @@ class Trainer:
             ema.swap(network)
         try:
             trained = network_on_main(self.accelerator, self.prepared)
-            with failing_together(f"validation at step {self.state.step}"):
+            with (failing_together(f"validation at step {self.state.step}"),
+                  assistant_in_validation(network, self.training)):
                 if self.accelerator.is_main_process:
                     self.run_log.events.validation(self.state.step, validate_model(
                         self.adapter, self.settings.validation, self.state.step,

@@ -120,6 +120,7 @@ class ValidationSettings(_FromConfig):
     validation_framerate: int | None
     validation_using_datasets: bool
     validation_seed: int
+    num_validation_images: int
     validation_negative_prompt: str | None
     validation_on_startup: bool
     validation_disable: bool

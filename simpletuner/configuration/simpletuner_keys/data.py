@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
 
+ONDEMAND = ("accepted; the latents are the same whether encoded as each step needs them or "
+            "before training: here they are cached before training (each dataset's "
+            "cache_dir_vae), and reused by the next run")
+
 PER_DATASET = "set it per dataset in multidatabackend.json"
 FIXED_CACHES = "accepted; caches are built once before training, checked against the files, " \
                "and reused by the next run"
@@ -34,9 +38,10 @@ DATA_KEYS = {
               "a cache_dir"),
     **refused("cache_dir_vae", "set cache_dir_vae per dataset in multidatabackend.json",
               (None, "")),
-    **refused("vae_cache_ondemand vae_cache_disable text_cache_ondemand text_cache_disable "
+    **refused("vae_cache_disable text_cache_ondemand text_cache_disable "
               "text_embed_full_cache", "remove it; latents and text embeddings are cached "
               "before training"),
+    **ignored("vae_cache_ondemand", ONDEMAND),
     **ignored("vae_cache_scan_behaviour skip_file_discovery preserve_data_backend_cache "
               "override_dataset_config compress_disk_cache metadata_update_interval "
               "aspect_bucket_disable_rebuild", FIXED_CACHES),
@@ -55,8 +60,6 @@ DATA_KEYS = {
               "nsfw_check_sample_types nsfw_check_video_frame_count "
               "nsfw_check_video_frame_selection nsfw_check_video_min_flagged_frames",
               "used only with enable_nsfw_check, which is refused here"),
-    **refused("data_backend_sampling", "remove it; each dataset's samples are used repeats + 1 "
-              "times per epoch, SimpleTuner's auto-weighting by size", (None, "auto-weighting")),
     **ignored("data_aesthetic_score", "accepted; no aesthetic score is used"),
     **ignored("audio_max_duration_seconds audio_min_duration_seconds audio_channels "
               "audio_duration_interval audio_truncation_mode audio_flow_schedule_shift",

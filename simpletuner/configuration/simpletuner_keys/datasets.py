@@ -3,7 +3,7 @@ simpletuner_options.py's dataset table)."""
 
 from __future__ import annotations
 
-from simpletuner.configuration.simpletuner_keys.data import NO_ASPECT_ROUNDING
+from simpletuner.configuration.simpletuner_keys.data import NO_ASPECT_ROUNDING, ONDEMAND
 from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
 
 # type 'huggingface' reads these at the top of an entry, as SimpleTuner does, when they are
@@ -47,9 +47,9 @@ DATASET_KEYS = {
               "shared seed", (None, True)),
     **refused("disable_after_epoch_step", "use end_step: the dataset is no longer drawn after "
               "it (SimpleTuner also lowers its odds step by step until then)"),
-    **refused("text_cache_ondemand text_cache_disable vae_cache_ondemand vae_cache_disable "
-              "disable_vae_cache", "remove it; latents and text embeddings are cached before "
-              "training"),
+    **refused("text_cache_ondemand text_cache_disable vae_cache_disable disable_vae_cache",
+              "remove it; latents and text embeddings are cached before training"),
+    **ignored("vae_cache_ondemand", ONDEMAND),
     **ignored("vae_cache_scan_behaviour compress_cache shorten_filenames hash_filenames "
               "skip_file_discovery preserve_data_backend_cache", "accepted; caches are named "
               "by sample id, checked against the files and reused by the next run"),

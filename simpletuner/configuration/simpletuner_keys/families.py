@@ -57,6 +57,14 @@ def _other_family_keys() -> dict:
     return keys
 
 
+def _presets() -> str:
+    """Which families read which of SimpleTuner's flux_lora_target names."""
+    named = [f"model_family '{spec.name}' reads {', '.join(spec.lora_target_presets)}"
+             for spec in family_specs() if spec.lora_target_presets]
+    return f" ({'; '.join(named)}; 'controlnet' needs ControlNet, not supported here)" if (
+        named) else ""
+
+
 def _supported_family_keys() -> dict:
     """Each supported family's own options, as its spec words them."""
     return {key: Foreign(advice) for spec in family_specs()
@@ -68,7 +76,7 @@ FAMILY_KEYS = {
     **_supported_family_keys(),
     # Flux
     **refused("flux_lora_target", "use lora_target_modules (module name suffixes); unset = "
-              "the attention projections", (None, "all")),
+              "the attention projections" + _presets(), (None, "all")),
     **refused("flux_guidance_mode", "use flux_guidance_value (a constant)", (None, "constant")),
     **ignored("flux_guidance_min flux_guidance_max", "used only with flux_guidance_mode "
               "'random-range', which is refused here"),

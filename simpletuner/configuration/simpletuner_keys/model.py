@@ -5,7 +5,23 @@ from __future__ import annotations
 from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
 
 SINGLE_MODEL_FOLDER = ("remove it; every component comes from the diffusers folder in "
-                       "pretrained_model_name_or_path (assemble one folder with the parts you want)")
+                       "pretrained_model_name_or_path (assemble one folder with the parts you "
+                       "want); the same path as pretrained_model_name_or_path is accepted")
+# SimpleTuner's paths of single components: the model's own path asks for nothing (its
+# examples name the model folder again for its T5).
+COMPONENT_PATHS = ("pretrained_vae_model_name_or_path", "pretrained_transformer_model_name_or_path",
+                   "pretrained_unet_model_name_or_path", "pretrained_t5_model_name_or_path",
+                   "pretrained_gemma_model_name_or_path", "qwen_text_encoder_model_name_or_path")
+
+
+def without_the_model_folder(raw: dict) -> dict:
+    """``raw`` (config.json's options) less the component paths that name
+    pretrained_model_name_or_path itself: the component comes from that folder anyway."""
+    model = {key.removeprefix("--"): value for key, value in raw.items()}.get(
+        "pretrained_model_name_or_path")
+    return {key: value for key, value in raw.items()
+            if not (key.removeprefix("--") in COMPONENT_PATHS and model is not None
+                    and value == model)}
 STANDARD_LORA = ("remove it; LoRA here is peft LoRA (model_type 'lora', lora_rank, ...) or "
                  "LyCORIS (lora_type 'lycoris')")
 NO_TEXT_ENCODER_TRAINING = "remove it; text encoders are frozen and their embeddings cached"
@@ -25,10 +41,7 @@ MODEL_KEYS = {
               "controlnet, which is refused here"),
     **refused("prediction_type", "remove it; the prediction type comes from the model's "
               "scheduler config"),
-    **refused("pretrained_vae_model_name_or_path pretrained_transformer_model_name_or_path "
-              "pretrained_unet_model_name_or_path pretrained_t5_model_name_or_path "
-              "pretrained_gemma_model_name_or_path qwen_text_encoder_model_name_or_path "
-              "revision variant", SINGLE_MODEL_FOLDER),
+    **refused(" ".join(COMPONENT_PATHS) + " revision variant", SINGLE_MODEL_FOLDER),
     **refused("pretrained_transformer_subfolder", SINGLE_MODEL_FOLDER, (None, "transformer")),
     **refused("pretrained_unet_subfolder", SINGLE_MODEL_FOLDER, (None, "unet")),
     **ignored("vae_dtype", "accepted; the VAE runs in float32 while latents are cached"),
@@ -85,11 +98,10 @@ MODEL_KEYS = {
     **refused("peft_lora_mode", STANDARD_LORA, (None, "standard")),
     **ignored("singlora_ramp_up_steps", "used only with peft_lora_mode 'singlora', which is "
               "refused here"),
-    **refused("init_lora_step init_lora_ema", "remove it; init_lora names the one LoRA file "
+    **refused("init_lora_step", "remove it; a run started from init_lora starts at step 0 "
+              "(SimpleTuner's init_lora_step 0)", (None, 0)),
+    **refused("init_lora_ema", "remove it; init_lora names the one LoRA file "
               "the adapter starts from"),
-    **refused("assistant_lora_path", "remove it; assistant LoRAs are not supported here"),
-    **ignored("assistant_lora_strength assistant_lora_inference_strength disable_assistant_lora",
-              "used only with assistant_lora_path, which is refused here"),
     **refused("train_text_encoder", NO_TEXT_ENCODER_TRAINING),
     **ignored("text_encoder_lr freeze_encoder freeze_encoder_before freeze_encoder_after "
               "freeze_encoder_strategy "

@@ -5,7 +5,6 @@ from __future__ import annotations
 from simpletuner.configuration.simpletuner_keys.entries import ignored, refused
 
 NO_HUB = "remove it; nothing is uploaded: push the exported output_dir/pipeline or lora/ yourself"
-ONE_IMAGE = "remove it; validation makes one image per prompt and validation_resolution"
 HUB_ONLY = "accepted; used only for uploads, and nothing is uploaded here"
 
 REPORTING_KEYS = {
@@ -17,7 +16,6 @@ REPORTING_KEYS = {
     **ignored("validation_preview_steps", "used only with validation_preview, which is refused "
               "here"),
     **refused("validation_input", "remove it; validation is text-to-image here"),
-    **refused("num_validation_images", ONE_IMAGE, (None, 1)),
     **refused("validation_image_format", "remove it; validation images are PNG files",
               (None, "png")),
     **ignored("validation_image_quality", "accepted; validation images are lossless PNG files"),

@@ -23,10 +23,6 @@ TRAINING_KEYS = {
     **refused("use_soft_min_snr", "remove it; snr_gamma is the Min-SNR weighting offered"),
     **ignored("soft_min_snr_sigma_data", "used only with use_soft_min_snr, which is refused here"),
     **refused("snr_weight", "remove it; snr_gamma is the loss weighting offered", (None, 1)),
-    **refused("ema_update_interval", "remove it; the EMA is updated every optimizer step",
-              (None, 1)),
-    **refused("ema_warmup_steps", "remove it; the EMA has no warm-up here (ema_decay from the "
-              "first step)", (None, 0)),
     **ignored("ema_device ema_cpu_only ema_foreach_disable", "accepted; where the EMA copy lives "
               "does not change its weights"),
     **ignored("ema_validation", "accepted; validation uses the EMA weights when use_ema is on"),
@@ -58,8 +54,6 @@ TRAINING_KEYS = {
               "and flow_shift"),
     **ignored("flow_timesteps_mode", "used only with flow_custom_timesteps, which is refused "
               "here"),
-    **refused("flow_schedule_auto_shift", "remove it; flow_shift unset uses the model "
-              "scheduler's own shift (Flux: its resolution-dependent shift)"),
     **refused("t5_padding", "remove it; T5 embeddings keep the tokenizer's padding (Wan's are "
               "zero past the prompt, as in WanPipeline)", (None, "unmodified")),
     **refused("masked_loss_probability", "remove it; masked loss is not supported here",

@@ -95,6 +95,9 @@ CONFIG_DIFFERENT: dict[str, str] = {
                     "noise_offset_probability of the samples; here it applies to every sample "
                     "whenever it is above 0",
     "validation_seed": "SimpleTuner's null draws a random seed; here null keeps the default 0",
+    "ema_warmup_steps": "its 0 (the default) means SimpleTuner's decay ramp, min(ema_decay, "
+                        "(1 + s) / (10 + s)) at update s; here 0 is ema_decay from the first "
+                        "update (a warm-up above 0 is SimpleTuner's: the weights copied until it)",
     "grad_clip_method": "left out it is 'norm' here (this trainer's clipping before the option "
                         "existed); SimpleTuner's default is 'value'",
 }

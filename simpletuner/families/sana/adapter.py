@@ -34,9 +34,7 @@ class SanaAdapter(FlowFamilyAdapter):
         return 2 ** (len(self.vae.config.encoder_block_out_channels) - 1)
 
     def sigma_shift(self, latent_height: int, latent_width: int) -> float:
-        """flow_shift when set; else the scheduler's own flow_shift."""
-        if self.loss_settings.flow_shift is not None:
-            return self.loss_settings.flow_shift
+        """The scheduler's own flow_shift."""
         return float(self.scheduler.config.get("flow_shift") or 1.0)
 
     @torch.no_grad()

@@ -75,9 +75,7 @@ class WanAdapter(FlowFamilyAdapter):
         return self.transformer.config.patch_size[-1]
 
     def sigma_shift(self, latent_height: int, latent_width: int) -> float:
-        """flow_shift when set, else the scheduler's flow_shift (3.0 in Wan 2.1's)."""
-        if self.loss_settings.flow_shift is not None:
-            return self.loss_settings.flow_shift
+        """The scheduler's flow_shift (3.0 in Wan 2.1's)."""
         return float(self.scheduler.config.flow_shift)
 
     def _latent_statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

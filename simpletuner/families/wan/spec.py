@@ -19,5 +19,5 @@ SPEC = FamilySpec(
                       "ti2v": HERE + "wan22.WanTI2VAdapter"},
     folder_problem=unsupported_folder,
     # The VAE compresses time 4x and keeps the first frame on its own: 4n+1 frames.
-    frame_rule=FrameRule(multiple=4, remainder=1),
+    frame_rule=FrameRule(multiple=4, remainder=1, fps=15),  # SimpleTuner's Wan framerate
     swappable_block_keys=("num_layers",))

@@ -81,7 +81,7 @@ class WanExpertAdapter(WanAdapter):
         return sample_sigmas_in_range(
             latents.shape[0], low=low, high=high, sampling=settings.flow_timestep_sampling,
             logit_mean=settings.flow_logit_mean, logit_std=settings.flow_logit_std,
-            shift=self.sigma_shift(*latents.shape[-2:]), device=self.device,
+            shift=self.shift_for(latents), device=self.device,
             generator=generator)
 
     def build_pipeline(self, trainable: torch.nn.Module | None = None):

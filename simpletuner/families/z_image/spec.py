@@ -12,4 +12,10 @@ SPEC = FamilySpec(
     # ZImagePipeline runs the unconditional pass whenever guidance_scale > 0.
     guidance_scale_without_cfg=0.0,
     # the noise and context refiners (n_refiner_layers each), the main layers
-    swappable_block_keys=("n_refiner_layers", "n_refiner_layers", "n_layers"))
+    swappable_block_keys=("n_refiner_layers", "n_refiner_layers", "n_layers"),
+    # SimpleTuner's training adapters of the distilled Turbo (assistant_lora_path)
+    default_assistants={
+        "turbo": "ostris/zimage_turbo_training_adapter, zimage_turbo_training_adapter_v1"
+                 ".safetensors",
+        "turbo-ostris-v2": "ostris/zimage_turbo_training_adapter, "
+                           "zimage_turbo_training_adapter_v2.safetensors"})

@@ -137,7 +137,8 @@ def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *
                                        backend.index_version()))
     return MultiAspectSampler(
         datasets, seed=startup.seed, processes=accelerator.num_processes, rank=accelerator.process_index,
-        accumulation=training.gradient_accumulation_steps, evaluation=evaluation)
+        accumulation=training.gradient_accumulation_steps, evaluation=evaluation,
+        sampling=training.data_backend_sampling)
 
 
 def skipped_files(indexes: Mapping[str, DatasetIndex]) -> dict[str, list[dict]]:

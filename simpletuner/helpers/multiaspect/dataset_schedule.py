@@ -11,12 +11,19 @@ SimpleTuner's dataset keys, with its meanings:
   null or 0: no end): a dataset is no longer drawn after either. A dataset that ends mid-epoch
   leaves that epoch's remaining steps, which are drawn again from what the others still hold;
   the rest of its pass is never trained (the audit reports it as ended).
-- ``probability``: a relative weight. Each next group (one optimizer step) is drawn from the
-  groups the epoch still holds, a group of dataset ``d`` with odds proportional to ``p_d``
-  (Efraimidis-Spirakis keys: sorting exponential variates of rate ``p_d``). A low probability
-  pushes a dataset's steps towards the end of the epoch; it never drops or repeats one, so every
-  occurrence of a pass is still trained exactly once. With equal probabilities the order is the
-  plain shuffle of the groups (the schedule of runs that set none).
+- ``probability``: a relative weight, used as config.json's ``data_backend_sampling`` says
+  (SimpleTuner's two methods). Each next group (one optimizer step) is drawn from the groups
+  the epoch still holds:
+  - ``auto-weighting`` (the default): a group of dataset ``d`` with odds proportional to
+    ``p_d``, so dataset ``d`` with odds ``p_d`` x its groups still held: datasets mix in
+    proportion to their size (Efraimidis-Spirakis keys: sorting exponential variates of rate
+    ``p_d``). With equal probabilities the order is the plain shuffle of the groups (the
+    schedule of runs that set none).
+  - ``uniform``: dataset ``d`` with odds ``p_d`` among the datasets that still hold groups,
+    whatever their size, its groups in a shuffled order (each dataset a Poisson clock of rate
+    ``p_d``, merged by time): a small dataset's steps come early and it runs out first.
+  Neither drops nor repeats a group, so every occurrence of a pass is still trained exactly
+  once; a low probability pushes a dataset's steps towards the end of the epoch.
 
 Everything is decided from ``(seed, epoch)`` and the bucket sizes, epoch by epoch from epoch 0,
 so every rank computes the same schedule and a resume recomputes it without replaying steps.
@@ -34,6 +41,7 @@ from simpletuner.configuration.errors import ConfigError
 from simpletuner.helpers.metadata.permutation import stable_argsort, stable_permutation, stable_seed
 
 _UNIT = 2.0 ** -53  # 53 random bits -> a float in (0, 1)
+SAMPLINGS = ("auto-weighting", "uniform")  # config.json's data_backend_sampling
 NEVER = np.iinfo(np.int64).max  # a leave step: the dataset is drawn to the epoch's end
 
 
@@ -111,10 +119,11 @@ class DatasetTimeline:
     An epoch's length is that of its group order, which an end within it shortens."""
 
     def __init__(self, schedules: Mapping[str, DatasetSchedule], groups_of: GroupsOf, *,
-                 seed: int):
+                 seed: int, sampling: str = SAMPLINGS[0]):
         self.schedules = dict(sorted(schedules.items()))
         self.groups_of = groups_of
         self.seed = seed
+        self.sampling = sampling
         self._entries: list[EpochEntry] = []
 
     def entry(self, epoch: int) -> EpochEntry:
@@ -158,17 +167,19 @@ class DatasetTimeline:
     def _order(self, epoch: int, joins: Mapping[str, int], leaves: Mapping[str, int],
                first: Mapping[str, int]) -> np.ndarray:
         """group_order over every bucket; a dataset the epoch does not hold has no groups."""
-        groups, weights, join_steps, leave_steps = [], [], [], []
-        for dataset_id, schedule in self.schedules.items():
+        groups, weights, owners, join_steps, leave_steps = [], [], [], [], []
+        for owner, (dataset_id, schedule) in enumerate(self.schedules.items()):
             per_bucket = self.groups_of(dataset_id, epoch, first.get(dataset_id, epoch))
             held = dataset_id in joins
             groups.extend(per_bucket if held else [0] * len(per_bucket))
             weights.extend([schedule.probability] * len(per_bucket))
+            owners.extend([owner] * len(per_bucket))
             join_steps.extend([joins.get(dataset_id, -1)] * len(per_bucket))
             leave_steps.extend([leaves.get(dataset_id, NEVER)] * len(per_bucket))
         return group_order(np.array(groups, dtype=np.int64), np.array(weights),
                            np.array(join_steps, dtype=np.int64),
-                           np.array(leave_steps, dtype=np.int64), seed=self.seed, epoch=epoch)
+                           np.array(leave_steps, dtype=np.int64), seed=self.seed, epoch=epoch,
+                           owners=np.array(owners, dtype=np.int64), sampling=self.sampling)
 
     def _walk(self, total_steps: int):
         """The entries from epoch 0 while they start within ``total_steps`` and are worked
@@ -230,10 +241,33 @@ def weighted_permutation(weights: np.ndarray, *parts: object) -> np.ndarray:
     return stable_argsort(-np.log(uniform) / weights)
 
 
+def paced_permutation(weights: np.ndarray, owners: np.ndarray, *parts: object) -> np.ndarray:
+    """``uniform`` sampling's order of ``range(len(weights))``: each next item from owner
+    ``o`` with odds proportional to its weight among the owners with items left, whatever
+    their count; each owner's items in a shuffled order. Each owner is a Poisson clock of rate
+    its weight (the sums of its items' exponential gaps, memoryless), the items merged by time;
+    fixed by ``parts``."""
+    n = len(weights)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    raw = np.random.PCG64(stable_seed("paced", *parts)).random_raw(n)
+    gaps = -np.log(((raw >> np.uint64(11)).astype(np.float64) + 0.5) * _UNIT) / weights
+    shuffled = stable_permutation(n, "paced-order", *parts)
+    order = shuffled[np.argsort(owners[shuffled], kind="stable")]  # by owner, shuffled within
+    times = np.cumsum(gaps[order])
+    starts = np.flatnonzero(np.r_[True, owners[order][1:] != owners[order][:-1]])
+    before = np.repeat(np.r_[0.0, times][starts], np.diff(np.r_[starts, n]))
+    keys = np.empty(n)
+    keys[order] = times - before  # each owner's clock from 0
+    return stable_argsort(keys)
+
+
 def group_order(per_bucket: np.ndarray, weights: np.ndarray, joins: np.ndarray,
-                leaves: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
+                leaves: np.ndarray, *, seed: int, epoch: int, owners: np.ndarray | None = None,
+                sampling: str = SAMPLINGS[0]) -> np.ndarray:
     """The bucket of each group (optimizer step) of ``epoch``. ``per_bucket``: each bucket's
-    groups; ``weights``: its dataset's probability; ``joins``: the step from which its dataset
+    groups; ``weights``: its dataset's probability; ``owners``: its dataset's number (for
+    ``uniform`` sampling); ``joins``: the step from which its dataset
     is drawn; ``leaves``: the step from which it no longer is (``NEVER``: to the end). At each
     join or leave step the groups still to come, with those of the datasets that joined and
     without those of the datasets that left, are ordered again by a permutation fixed by
@@ -250,7 +284,10 @@ def group_order(per_bucket: np.ndarray, weights: np.ndarray, joins: np.ndarray,
         pool[leaves == step] = 0
         canonical = np.repeat(np.arange(len(per_bucket)), pool)
         parts = ("schedule", seed, epoch) + ((step,) if k else ())
-        drawn = canonical[weighted_permutation(weights[canonical], *parts)]
+        if sampling == "uniform":
+            drawn = canonical[paced_permutation(weights[canonical], owners[canonical], *parts)]
+        else:
+            drawn = canonical[weighted_permutation(weights[canonical], *parts)]
         upto = steps[k + 1] - done if k + 1 < len(steps) else len(drawn)
         order.append(drawn[:upto])
         pool -= np.bincount(drawn[:upto], minlength=len(per_bucket))

@@ -30,7 +30,8 @@ from simpletuner.helpers.metadata.split import (SPLIT_VERSION, BucketSlice, Data
                                                 check_bucket_sizes, split_bucket)
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 from simpletuner.helpers.multiaspect.captions import CaptionPolicy
-from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule, DatasetTimeline
+from simpletuner.helpers.multiaspect.dataset_schedule import (SAMPLINGS, DatasetSchedule,
+                                                              DatasetTimeline)
 
 logger = logging.getLogger(__name__)
 # Each epoch's split line: a training run sends these to a file (training/reporting/epoch_log.py).
@@ -86,7 +87,8 @@ class MultiAspectSampler:
     rank."""
 
     def __init__(self, datasets: Sequence[SamplerDataset], *, seed: int, processes: int,
-                 rank: int, accumulation: int, evaluation: bool = False):
+                 rank: int, accumulation: int, evaluation: bool = False,
+                 sampling: str = SAMPLINGS[0]):
         chosen = [d for d in datasets if d.evaluation == evaluation]
         if not chosen:
             kind = "evaluation" if evaluation else "training"
@@ -100,11 +102,12 @@ class MultiAspectSampler:
         # Evaluation steps one sample per rank, without accumulation (see EffectiveBatch).
         self.accumulation = 1 if evaluation else accumulation
         self.evaluation = evaluation
+        self.sampling = sampling  # data_backend_sampling (dataset_schedule.py)
         # Same data on every rank, so an undersized bucket raises the same error everywhere.
         self.notes = check_bucket_sizes([d.spec for d in self.datasets], processes, accumulation)
         self.buckets = [(d, key) for d in self.datasets for key in sorted(d.index.buckets)]
         self.timeline = DatasetTimeline({d.index.dataset_id: d.schedule for d in self.datasets},
-                                        self._dataset_groups, seed=seed)
+                                        self._dataset_groups, seed=seed, sampling=sampling)
         self._counts_by_epoch: dict[int, list[BucketCounts]] = {}
         self.epoch = 0
         self.step = 0
@@ -161,6 +164,8 @@ class MultiAspectSampler:
             "accumulation": self.accumulation,
             "seed": self.seed,
             "evaluation": self.evaluation,
+            # only when not the default: a run that sets none keeps its fingerprint
+            **({} if self.sampling == SAMPLINGS[0] else {"sampling": self.sampling}),
             "datasets": {
                 d.index.dataset_id: {
                     "batch_size": d.batch_size,

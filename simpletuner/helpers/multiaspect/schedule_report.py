@@ -10,8 +10,8 @@ from typing import Sequence
 from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.metadata.epoch_counts import bucket_counts
 from simpletuner.helpers.metadata.split import DatasetSpec
-from simpletuner.helpers.multiaspect.dataset_schedule import (DatasetSchedule, DatasetTimeline,
-                                                              probability_share)
+from simpletuner.helpers.multiaspect.dataset_schedule import (SAMPLINGS, DatasetSchedule,
+                                                              DatasetTimeline, probability_share)
 
 
 def _groups_of(specs: dict[str, DatasetSpec], processes: int, accumulation: int):
@@ -26,20 +26,22 @@ def _groups_of(specs: dict[str, DatasetSpec], processes: int, accumulation: int)
 
 
 def _timeline(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
-              accumulation: int, seed: int | None) -> DatasetTimeline:
+              accumulation: int, seed: int | None, sampling: str = SAMPLINGS[0]
+              ) -> DatasetTimeline:
     """The sampler's timeline of the training datasets, from their specs. Without a configured
     seed (broadcast at run time) it assumes 0: only a join after another dataset's end_step
     depends on it."""
     schedules = {ds.id: DatasetSchedule.of(ds) for ds in datasets if kind_of(ds).trains}
     by_id = {spec.dataset_id: spec for spec in specs if spec.dataset_id in schedules}
-    return DatasetTimeline(schedules, _groups_of(by_id, processes, accumulation), seed=seed or 0)
+    return DatasetTimeline(schedules, _groups_of(by_id, processes, accumulation), seed=seed or 0,
+                           sampling=sampling)
 
 
 def schedule_first_epochs(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
-                          accumulation: int, seed: int | None):
+                          accumulation: int, seed: int | None, sampling: str = SAMPLINGS[0]):
     """(dataset id, epoch) -> the epoch it first joined, None before and after: for `plan
     --num-processes` (evaluation datasets: 0)."""
-    timeline = _timeline(datasets, specs, processes, accumulation, seed)
+    timeline = _timeline(datasets, specs, processes, accumulation, seed, sampling)
 
     def first_epoch(dataset_id: str, epoch: int) -> int | None:
         if dataset_id not in timeline.schedules:
@@ -59,12 +61,13 @@ def _steps_of_epochs(timeline: DatasetTimeline, epochs: int) -> int | float:
 
 def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes: int,
                      accumulation: int, max_train_steps: int | None,
-                     num_train_epochs: int | None, seed: int | None) -> dict:
-    """dataset id -> its schedule keys, odds share, regularisation flag, and where it joins:
-    epoch (from 1, as start_epoch counts), that epoch's step and the optimizer step (from 1);
-    joins None when it would not start within the run's steps."""
+                     num_train_epochs: int | None, seed: int | None,
+                     sampling: str = SAMPLINGS[0]) -> dict:
+    """dataset id -> its schedule keys, odds share, data_backend_sampling, regularisation
+    flag, and where it joins: epoch (from 1, as start_epoch counts), that epoch's step and the
+    optimizer step (from 1); joins None when it would not start within the run's steps."""
     training = [ds for ds in datasets if kind_of(ds).trains]
-    timeline = _timeline(datasets, specs, processes, accumulation, seed)
+    timeline = _timeline(datasets, specs, processes, accumulation, seed, sampling)
     limit = max_train_steps
     if limit is None:  # num_train_epochs (launch_checks asks for one of the two)
         limit = _steps_of_epochs(timeline, max(num_train_epochs or 1, 1))
@@ -80,6 +83,7 @@ def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes
             joins = {"epoch": epoch + 1, "step_of_epoch": step + 1,
                      "optimizer_step": entry.steps_before + step + 1}
         found[ds.id] = {"probability": ds.probability, "share": share[ds.id],
+                        "sampling": sampling,
                         "start_epoch": ds.start_epoch, "start_step": ds.start_step,
                         "end_epoch": ds.end_epoch or None, "end_step": ds.end_step or None,
                         "is_regularisation_data": ds.is_regularisation_data, "joins": joins}
@@ -87,7 +91,11 @@ def dataset_schedule(datasets: Sequence, specs: Sequence[DatasetSpec], processes
 
 
 def schedule_table(schedule: dict, processes: int, accumulation: int) -> str:
-    lines = [f"schedule over {processes} processes, gradient accumulation {accumulation}:"]
+    sampling = next(iter(schedule.values()))["sampling"] if schedule else SAMPLINGS[0]
+    odds = {"auto-weighting": "of the odds per step, times its groups left",
+            "uniform": "of the odds per step while it has groups left"}[sampling]
+    lines = [f"schedule over {processes} processes, gradient accumulation {accumulation}, "
+             f"data_backend_sampling {sampling}:"]
     for dataset_id, d in schedule.items():
         where = "never within the training steps"
         if d["joins"] is not None:
@@ -99,6 +107,6 @@ def schedule_table(schedule: dict, processes: int, accumulation: int) -> str:
         kind = "; regularisation (target: the base model's prediction)" if (
             d["is_regularisation_data"]) else ""
         lines.append(f"  dataset '{dataset_id}': probability {d['probability']:g} "
-                     f"({100 * d['share']:.1f}% of the odds), start_epoch {d['start_epoch']}, "
+                     f"({100 * d['share']:.1f}% {odds}), start_epoch {d['start_epoch']}, "
                      f"start_step {d['start_step']}{ends}: {where}{kind}")
     return "\n".join(lines)

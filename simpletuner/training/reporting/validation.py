@@ -37,10 +37,14 @@ def clip_frames(adapter, settings: ValidationSettings) -> int | None:
 
 def run_validation(adapter, settings: ValidationSettings, step: int, *, trainable=None,
                    accelerator=None, autocast_dtype=None, images=None) -> list[Path]:
-    """Generate and save one image (or clip) per prompt and validation size into
-    output_dir/validation/step-<n>/ (by size, then prompt); ``images``: each prompt's input
-    image (validation_inputs.py), for an image-to-video model."""
-    prompts = settings.prompts
+    """Generate and save num_validation_images images (or clips) per prompt and validation
+    size into output_dir/validation/step-<n>/ (by size, then prompt, then seed); ``images``:
+    each prompt's input image (validation_inputs.py), for an image-to-video model."""
+    copies = settings.num_validation_images
+    prompts = [prompt for prompt in settings.prompts for _ in range(copies)]
+    seeds = [settings.validation_seed + k for _ in settings.prompts for k in range(copies)]
+    if images is not None:
+        images = [image for image in images for _ in range(copies)]
     frames = clip_frames(adapter, settings)
     arguments = settings.pipeline_arguments()
     if frames is not None:
@@ -52,7 +56,7 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
             outputs += generate_validation_images(
                 pipeline, prompts, resolution=size,
                 num_inference_steps=settings.validation_num_inference_steps,
-                seed=settings.validation_seed, autocast_dtype=autocast_dtype,
+                seed=seeds, autocast_dtype=autocast_dtype,
                 input_images=images,
                 **adapter.validation_arguments(arguments),
                 **adapter.size_arguments(size))

@@ -1,6 +1,6 @@
 """The adapter options checked before launch, torch-free: lora_type 'lycoris' and its
 lycoris_config file (its numbers within LyCORIS's ranges, the quantized bases it needs
-bypass_mode on), init_lora's file."""
+bypass_mode on), init_lora's file, assistant_lora_path's."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.errors import Location, Problem
+from simpletuner.configuration.families import known_spec
 
 LYCORIS_ALGOS = ("lora", "locon", "loha", "lokr", "full")
 # What LyCORIS's apply_preset accepts (lycoris.wrapper.VALID_PRESET_KEYS, less the
@@ -94,6 +95,7 @@ def adapter_problems(training, where: Location) -> list[Problem]:
             problems.append(where.problem(
                 "init_lora", f"key 'init_lora': {training.init_lora} is not a file; point it at "
                 "a LoRA .safetensors file"))
+    problems += _assistant_problems(training, where)
     if training.lora_type != "lycoris":
         if training.lycoris_config is not None and training.model_type == "lora":
             problems.append(where.problem(
@@ -126,6 +128,49 @@ def adapter_problems(training, where: Location) -> list[Problem]:
         except LycorisConfigError as exc:
             problems.append(where.problem("lycoris_config", f"key 'lycoris_config': {exc}"))
     return problems
+
+
+def _assistant_problems(training, where: Location) -> list[Problem]:
+    """assistant_lora_path: a file, or a folder with its weight file, on a standard LoRA run."""
+    path = training.assistant_lora_path
+    if path is None or training.disable_assistant_lora:
+        return []
+    key = "assistant_lora_path"
+    if training.model_type != "lora" or training.lora_type != "standard":
+        return [where.problem(key, f"key '{key}' is set but model_type is "
+                              f"'{training.model_type}' and lora_type '{training.lora_type}'; "
+                              "the assistant LoRA is applied beside a standard LoRA only",
+                              "set model_type 'lora' and lora_type 'standard', or remove it")]
+    if training.fsdp_enable:
+        return [where.problem(key, f"key '{key}' with fsdp_enable: the sharded network holds "
+                              "the run's adapter only", "remove one of them")]
+    file = Path(path)
+    if file.is_dir():
+        name = training.assistant_lora_weight_name
+        if name is not None:
+            file = file / name
+        elif len(list(file.glob("*.safetensors"))) != 1:
+            return [where.problem(key, f"key '{key}': {path} is a folder without exactly one "
+                                  ".safetensors file", "set assistant_lora_weight_name to the "
+                                  "file in it, or point assistant_lora_path at the file")]
+    if not file.exists():
+        return [where.problem(key, f"key '{key}': {file} does not exist; point it at the "
+                              "assistant's LoRA .safetensors file (nothing is downloaded)")]
+    return []
+
+
+def assistant_warnings(training) -> list[str]:
+    """A flavour SimpleTuner trains with an assistant LoRA by default, without one here."""
+    spec = known_spec(training.model_family)
+    default = spec.default_assistants.get(training.model_flavour) if spec else None
+    if (default is None or training.model_type != "lora" or training.disable_assistant_lora
+            or training.assistant_lora_path is not None):
+        return []
+    return [f"model_flavour '{training.model_flavour}': SimpleTuner trains a LoRA on it with "
+            f"its assistant LoRA ({default}) unless disable_assistant_lora; nothing is "
+            "downloaded here, so this run trains without one. Download it and set "
+            "assistant_lora_path (and assistant_lora_weight_name) to keep the distillation, "
+            "or set disable_assistant_lora: true to silence this"]
 
 
 def range_problems(config: dict[str, Any], where: Location) -> list[Problem]:

@@ -21,7 +21,7 @@ from simpletuner.helpers.metadata.split import UndersizedBucketsError, check_buc
 from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.models.block_count import TRAINED_SUBFOLDER, swappable_block_count
 from simpletuner.models.model_path import family_folder_problem, model_path_problem
-from simpletuner.training.run.adapter_checks import adapter_problems
+from simpletuner.training.run.adapter_checks import adapter_problems, assistant_warnings
 from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
 from simpletuner.training.run.output_dir_lock import OutputDirLock
 from simpletuner.training.reporting.trackers import tracker_problems
@@ -85,7 +85,7 @@ def _cached_indexes(datasets: list, training) -> dict[str, tuple[MetadataBackend
 def launch_warnings(configuration: Configuration) -> list[str]:
     """What will work, but cost more than the config's author probably expects (``check``
     prints them, and the main process again at start-up)."""
-    return shared_folder_warnings(configuration)
+    return shared_folder_warnings(configuration) + assistant_warnings(configuration.training)
 
 
 def static_problems(configuration: Configuration) -> list[Problem]:

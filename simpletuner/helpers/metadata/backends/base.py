@@ -102,7 +102,9 @@ class MetadataBackend:
         self.bucket_settings = BucketSettings.for_dataset(dataset, training)
         self.filters = SizeFilters.for_dataset(dataset, training)
         kind = kind_of(dataset)
-        self.video = dataset.video_settings(training.model_family) if kind.has_clips else None
+        self.video = (dataset.video_settings(training.model_family,
+                                             training.validation_framerate)
+                      if kind.has_clips else None)
         self.bucketing = Bucketing(dataset.id, self.bucket_settings, self.filters, self.video,
                                    dataset.caption_strategy == "textfile"
                                    and kind.reads_caption_files)
