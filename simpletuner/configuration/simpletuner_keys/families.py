@@ -22,7 +22,6 @@ _OTHER_FAMILIES = {
                  "deepfloyd_validation_stage3_guidance deepfloyd_validation_stage3_noise_level",
     "flux3_image": "flux3_prompt_upsample",
     "hidream": "hidream_use_load_balancing_loss hidream_load_balancing_loss_weight",
-    "ltxvideo": "ltx_train_mode ltx_i2v_prob ltx_partial_noise_fraction ltx_protect_first_frame",
     "ltxvideo2": "ltx2_validation_pipeline_mode ltx2_validation_spatial_upsampler_model "
                  "ltx2_validation_spatial_upsampler_filename ltx2_validation_audio_guidance "
                  "ltx2_intrinsic_conditioning ltx2_first_frame_conditioning_probability "

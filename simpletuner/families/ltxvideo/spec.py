@@ -19,4 +19,9 @@ SPEC = FamilySpec(
     guidance_rescale=True,
     # The VAE compresses time 8x and keeps the first frame on its own: 8n+1 frames.
     frame_rule=FrameRule(multiple=8, remainder=1),
-    swappable_block_keys=("num_layers",))
+    swappable_block_keys=("num_layers",),
+    simpletuner_keys={key: "remove it; LTX-Video trains text-to-video here, every frame noised "
+                      "(SimpleTuner's image-to-video share and first-frame conditioning are "
+                      "not supported)" for key in ("ltx_train_mode", "ltx_i2v_prob",
+                                                   "ltx_partial_noise_fraction",
+                                                   "ltx_protect_first_frame")})
