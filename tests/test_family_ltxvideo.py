@@ -13,7 +13,6 @@ import tempfile
 import unittest
 from pathlib import Path
 
-import numpy as np
 import torch
 from diffusers import LTXPipeline
 
