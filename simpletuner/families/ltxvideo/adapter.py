@@ -38,8 +38,7 @@ class LTXVideoAdapter(FlowFamilyAdapter):
 
     def validation_arguments(self, arguments: dict) -> dict:
         """PIL frames; one frame unless ``arguments`` set num_frames (validation's clips do)."""
-        return {"num_frames": 1, **arguments, "output_type": "pil",
-                "max_sequence_length": self.max_sequence_length}
+        return {"num_frames": 1, **arguments, "output_type": "pil"}
 
     @property
     def vae_factor(self) -> int:
