@@ -1,4 +1,4 @@
-"""The conformance suite (tests/conformance.py) for LTX-Video 0.9.x."""
+"""The conformance suite (tests/conformance.py) for LTX-Video 0.9.x and LTX-2."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import unittest
 
 from conformance import case_classes
 
-FAMILIES = ("ltxvideo",)
+FAMILIES = ("ltxvideo", "ltxvideo2")
 
 globals().update(case_classes(__name__, FAMILIES))
 
