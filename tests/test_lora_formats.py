@@ -51,6 +51,10 @@ REFERENCE_LAYOUTS = {
     "ltxvideo": (r"diffusion_model\.transformer_blocks\.\d+\.attn[12]\."
                  r"(to_q|to_k|to_v|to_out\.0)",
                  (r"\.lora_A\.weight", r"\.lora_B\.weight")),
+    # _convert_non_diffusers_ltx2_lora_to_diffusers: the attention projections keep their names
+    "ltxvideo2": (r"diffusion_model\.transformer_blocks\.\d+\.(audio_)?(attn[12]|"
+                  r"audio_to_video_attn|video_to_audio_attn)\.(to_q|to_k|to_v|to_out\.0)",
+                  (r"\.lora_A\.weight", r"\.lora_B\.weight")),
 }
 # Modules whose LoRA the file holds inside another's: FLUX.2 fuses k and v into q's img_attn.qkv.
 MERGED = {"flux2": r"transformer_blocks\.\d+\.attn\.to_(k|v)"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -65,8 +66,9 @@ class LTX2Adapter(LTXVideoAdapter):
                  "vocoder": vocoder_class}
         loaded = {}
         for name, part_class in parts.items():
-            part = load_component(part_class.from_pretrained, folder, name)
-            loaded[name] = part.to(device, dtype=weight_dtype).requires_grad_(False).eval()
+            part = load_component(partial(part_class.from_pretrained, torch_dtype=weight_dtype),
+                                  folder, name)
+            loaded[name] = part.to(device).requires_grad_(False).eval()
         return loaded
 
     def move_to(self, device: torch.device,
