@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.configuration.families import video_families
 from simpletuner.configuration.video_block import VideoSettings
 from simpletuner.families import family_spec
 from simpletuner.families.frame_rule import FrameRule
@@ -93,8 +94,9 @@ class VideoConfigTest(unittest.TestCase):
     def test_a_video_dataset_needs_a_family_that_trains_on_clips(self):
         problems = self.problems("flux", self.clips(video={"num_frames": 17}))
         self.assertEqual(len(problems), 1, problems)
-        self.assertIn("'dataset_type': 'video' needs a model family that trains on clips (wan); "
-                      "model_family 'flux' trains on images", problems[0])
+        self.assertIn("'dataset_type': 'video' needs a model family that trains on clips "
+                      f"({', '.join(video_families())}); model_family 'flux' trains on images",
+                      problems[0])
 
     def test_num_frames_must_be_a_count_the_family_vae_encodes(self):
         problems = self.problems("wan", self.clips(video={"num_frames": 80}))

@@ -12,6 +12,8 @@ SimpleTuner trims to it; a clip left below ``min_frames`` is skipped.
 ``fps`` (SimpleTuner reads it only to print it): when set, every clip is re-timed to it before
 its frame count is decided (clip_timing.py), so all of the above see the re-timed clip; unset,
 clips train at the rate they were recorded at.
+
+``missing_audio`` (ours): what a family that trains sound does with a clip that has none.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class VideoConfig:
         None, minimum=1, help="re-time every clip to this frame rate (frames picked by their "
         "timestamps; Wan trains at 16) before its frame count is decided; unset: each clip "
         "at its own rate")
+    missing_audio: Literal["video_only", "skip"] = option(
+        "video_only", help="a family that trains sound (ltxvideo2): a clip without an audio "
+        "stream trains video-only (its audio loss off; the cache step names them) or, 'skip', "
+        "is left out as a failed sample")
 
 
 @dataclass(frozen=True)

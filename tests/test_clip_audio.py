@@ -1,0 +1,61 @@
+"""A clip's sound over a time span (multiaspect/clip_audio.py), on real clips written with
+PyAV: the samples of a span are the same samples as the whole stream's at that offset,
+resampled to the asked rate and layout; sound missing at the end is silence; a clip without an
+audio stream has none; prepare_clip's span is its trained frames' (re-timed ones' too)."""
+
+from __future__ import annotations
+
+import tempfile
+import unittest
+from pathlib import Path
+
+import torch
+
+from simpletuner.helpers.multiaspect.clip import prepare_clip
+from simpletuner.helpers.multiaspect.clip_audio import AudioRequest, ClipSpan, decode_audio
+from video_fixtures import write_clip, write_clip_with_sound
+
+STEREO_16K = AudioRequest(16000, 2)
+
+
+class ClipAudioTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = Path(cls.enterClassContext(tempfile.TemporaryDirectory()))
+        cls.clip = write_clip_with_sound(cls.tmp / "tone.mp4", 32, 32, 24, 24, sample_rate=44100)
+
+    def test_a_span_is_the_whole_streams_samples_at_its_offset(self):
+        whole = decode_audio(self.clip, ClipSpan(0.0, 1.0), STEREO_16K)
+        part = decode_audio(self.clip, ClipSpan(0.125, 0.25), STEREO_16K)
+        self.assertEqual(tuple(part.shape), (2, 4000))
+        self.assertTrue(torch.equal(part, whole[:, 2000:6000]))
+        self.assertGreater(part.abs().max().item(), 0.05)  # the tone, not silence
+        mono = decode_audio(self.clip, ClipSpan(0.125, 0.25), AudioRequest(8000, 1))
+        self.assertEqual(tuple(mono.shape), (1, 2000))
+
+    def test_sound_missing_at_the_end_is_silence(self):
+        tail = decode_audio(self.clip, ClipSpan(0.9, 0.5), STEREO_16K)  # the sound ends at 1 s
+        self.assertEqual(tuple(tail.shape), (2, 8000))
+        self.assertGreater(tail[:, :1000].abs().max().item(), 0.05)
+        self.assertEqual(tail[:, 2000:].abs().max().item(), 0.0)
+
+    def test_a_clip_without_an_audio_stream_has_no_sound(self):
+        silent = write_clip(self.tmp / "silent.mp4", 32, 32, 9, 24)
+        self.assertIsNone(decode_audio(silent, ClipSpan(0.0, 0.25), STEREO_16K))
+        self.assertIsNone(prepare_clip(silent.read_bytes(), (32, 32), 9, crop=False,
+                                       audio=STEREO_16K).audio)
+
+    def test_prepared_clips_carry_their_frames_span_and_its_sound(self):
+        clip = prepare_clip(self.clip.read_bytes(), (32, 32), 9, crop=False, audio=STEREO_16K)
+        self.assertEqual((clip.span.start, clip.span.duration), (0.0, 9 / 24))
+        self.assertEqual(tuple(clip.audio.shape), (2, 6000))
+        retimed = prepare_clip(self.clip.read_bytes(), (32, 32), 9, crop=False, fps=12,
+                               audio=STEREO_16K)  # 9 frames at 12 fps are shown 0.75 s
+        self.assertEqual(retimed.span.duration, 0.75)
+        whole = decode_audio(self.clip, ClipSpan(0.0, 1.0), STEREO_16K)
+        self.assertTrue(torch.equal(retimed.audio, whole[:, :12000]))
+        self.assertIsNone(prepare_clip(self.clip.read_bytes(), (32, 32), 9, crop=False).audio)
+
+
+if __name__ == "__main__":
+    unittest.main()
