@@ -99,6 +99,14 @@ class LTX2AdapterTest(TinyModelCase):
         loud, _ = self.record(batch, audio_output=torch.full((2, 9, 4), 5.0))
         self.assertEqual(silent.item(), loud.item())
 
+    def test_a_clip_with_audio_adds_its_audio_loss(self):
+        batch = clip_batch(self.adapter)
+        batch.conditioning = {"audio_latents": torch.randn(2, 9, 4),
+                              "has_audio": torch.tensor([1.0, 0.0])}
+        quiet, _ = self.record(batch)
+        loud, _ = self.record(batch, audio_output=torch.full((2, 9, 4), 5.0))
+        self.assertGreater(loud.item(), quiet.item() + 1.0)
+
     def test_validation_keeps_the_pipelines_guidance_blocks_the_model_has(self):
         default = inspect.signature(LTX2Pipeline.__call__).parameters[
             "spatio_temporal_guidance_blocks"].default

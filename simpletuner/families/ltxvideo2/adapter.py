@@ -21,6 +21,8 @@ from diffusers.pipelines.ltx2 import LTX2TextConnectors, vocoder as vocoders
 from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
 
 from simpletuner.families.ltxvideo.adapter import LTXVideoAdapter
+from simpletuner.families.ltxvideo2.audio import audio_latents
+from simpletuner.helpers.multiaspect.clip_audio import AudioRequest
 from simpletuner.models.components import load_component
 from simpletuner.models.flow_family import FLOW_TIMESTEPS
 from simpletuner.models.flow_objective import flow_noisy_and_target
@@ -86,6 +88,38 @@ class LTX2Adapter(LTXVideoAdapter):
         guidance = ({"spatio_temporal_guidance_blocks": blocks} if blocks
                     else {"stg_scale": 0.0, "audio_stg_scale": 0.0})
         return {"num_frames": 1, **guidance, **arguments, "output_type": "pil"}
+
+    @property
+    def validation_sample_rate(self) -> int:
+        """The vocoder's output rate: the pipeline's sound."""
+        return self.vocoder.config.output_sampling_rate
+
+    @property
+    def audio_input(self) -> AudioRequest:
+        """What the audio VAE encodes: its sample rate and channels."""
+        config = self.audio_vae.config
+        return AudioRequest(config.sample_rate, config.in_channels)
+
+    @torch.no_grad()
+    def encode_for_cache(self, pixels: torch.Tensor, first_frame_condition: bool = False,
+                         audio: list[torch.Tensor | None] | None = None
+                         ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The latents, and for clips (``audio`` given: each one's sound over its frames, or
+        None) their audio latents as long as the pipeline makes them for those frames, with
+        ``has_audio`` 1 for a clip with sound, 0 for one trained video-only."""
+        latents = self.encode_images(pixels)
+        if audio is None:
+            return latents
+        length = self.audio_latent_length(latents.shape[2])
+        width = max((len(sound[0]) for sound in audio if sound is not None), default=0)
+        waveforms = torch.zeros(len(audio), self.audio_input.channels, max(width, 1))
+        for row, sound in enumerate(audio):
+            if sound is not None:
+                waveforms[row, :, :sound.shape[1]] = sound
+        present = torch.tensor([sound is not None for sound in audio], dtype=torch.float32)
+        encoded = audio_latents(self.audio_vae, waveforms.to(self.device), length)
+        return {"latent": latents, "audio_latents": encoded * present.view(-1, 1, 1).to(encoded),
+                "has_audio": present}
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:

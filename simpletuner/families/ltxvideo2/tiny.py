@@ -69,7 +69,7 @@ def tiny_audio_vae_and_vocoder():
     from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 
     audio_vae = AutoencoderKLLTX2Audio(
-        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1,
+        base_channels=4, output_channels=2, ch_mult=(1, 1, 1), num_res_blocks=1,
         attn_resolutions=None, in_channels=2, resolution=32,
         latent_channels=AUDIO_LATENT_CHANNELS, norm_type="pixel", causality_axis="height",
         dropout=0.0, mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160,
