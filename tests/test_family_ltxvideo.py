@@ -42,6 +42,7 @@ SHARED_CONFIGS = {
 
 
 def clip_batch(adapter, frames: int = 9, height: int = 32, width: int = 48) -> TrainingBatch:
+    """Two seeded random clips with PROMPTS (LTX-2's tests too)."""
     pixels = torch.rand(2, 3, frames, height, width, generator=torch.Generator().manual_seed(7))
     return TrainingBatch(latents=adapter.encode_images(pixels * 2 - 1),
                          prompt_embeds=adapter.encode_prompts(list(PROMPTS)),

@@ -18,11 +18,10 @@ from diffusers import LTX2Pipeline
 from model_fixtures import CPU, TinyModelCase
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import guess_family
-from simpletuner.models.training_batch import TrainingBatch
+from test_family_ltxvideo import PROMPTS, clip_batch
 from test_memory_plan_command import GIB, plan_in_process, row
 from training_fixtures import make_shapes, write_config
 
-PROMPTS = ("a red circle", "a small blue square standing on a long wooden table at dusk")
 # Lightricks/LTX-2's transformer, "19B": its config (LTX-2.0's, as diffusers converts it)
 # counts 18.88 B parameters, video and audio streams together.
 LTX2_PARAMETERS = 19e9
@@ -38,14 +37,6 @@ GEMMA3_12B = {"model_type": "gemma3", "text_config": {
     "head_dim": 256, "vocab_size": 262208}, "vision_config": {
     "model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
     "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 896, "patch_size": 14}}
-
-
-def clip_batch(adapter, frames: int = 9, height: int = 32, width: int = 48) -> TrainingBatch:
-    pixels = torch.rand(2, 3, frames, height, width, generator=torch.Generator().manual_seed(7))
-    return TrainingBatch(latents=adapter.encode_images(pixels * 2 - 1),
-                         prompt_embeds=adapter.encode_prompts(list(PROMPTS)),
-                         original_sizes=[(height, width)] * 2, crop_top_lefts=[(0, 0)] * 2,
-                         target_sizes=[(height, width)] * 2)
 
 
 class LTX2AdapterTest(TinyModelCase):
