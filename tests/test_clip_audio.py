@@ -1,7 +1,9 @@
 """A clip's sound over a time span (multiaspect/clip_audio.py), on real clips written with
 PyAV: the samples of a span are the same samples as the whole stream's at that offset,
 resampled to the asked rate and layout; sound missing at the end is silence; a clip without an
-audio stream has none; prepare_clip's span is its trained frames' (re-timed ones' too)."""
+audio stream has none; prepare_clip's span is its trained frames' (re-timed ones' too); the
+latent cache gives each clip's sound to the model and records its span, and trains a clip
+without sound video-only or skips it (video.missing_audio)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,12 @@ import unittest
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
+from simpletuner.helpers.caching.storage import load_entry
+from simpletuner.helpers.data_backend.local import LocalStorage
+from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
 from simpletuner.helpers.multiaspect.clip import prepare_clip
 from simpletuner.helpers.multiaspect.clip_audio import AudioRequest, ClipSpan, decode_audio
 from video_fixtures import write_clip, write_clip_with_sound
@@ -55,6 +62,43 @@ class ClipAudioTest(unittest.TestCase):
         whole = decode_audio(self.clip, ClipSpan(0.0, 1.0), STEREO_16K)
         self.assertTrue(torch.equal(retimed.audio, whole[:, :12000]))
         self.assertIsNone(prepare_clip(self.clip.read_bytes(), (32, 32), 9, crop=False).audio)
+
+
+def encode_with_sound(pixels: torch.Tensor, audio: list) -> dict[str, torch.Tensor]:
+    """A stand-in model: pooled pixels, and how many samples of sound each clip came with."""
+    counts = [0 if sound is None else sound.shape[1] for sound in audio]
+    return {"latent": F.avg_pool3d(pixels, (1, 8, 8)), "samples": torch.tensor(counts)}
+
+
+class SoundCachingTest(unittest.TestCase):
+    def cache(self, skip_silent: bool):
+        tmp = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        write_clip_with_sound(tmp / "clips" / "tone.mp4", 32, 32, 12, 24)
+        write_clip(tmp / "clips" / "silent.mp4", 32, 32, 12, 24)
+        names = ["silent.mp4", "tone.mp4"]
+        index = DatasetIndex("c", {"32x32@9": names}, {n: (32, 32) for n in names},
+                             clips={n: ClipPlan(9, "24/1", 12, "frames") for n in names})
+        settings = LatentSettings("c", LocalStorage(tmp / "clips"), tmp / "vae", "m",
+                                  audio=STEREO_16K, skip_silent=skip_silent)
+        result = cache_latents(index, settings, encode_with_sound, progress=False)
+        return result, {n: load_entry(p, n) for n, p in result.cache.paths.items()
+                        if p.exists()}
+
+    def test_clips_sound_is_encoded_and_its_span_recorded_a_silent_one_trains_video_only(self):
+        with self.assertLogs("simpletuner.helpers.caching.latents", "WARNING") as logs:
+            result, entries = self.cache(skip_silent=False)
+        self.assertEqual(result.failures, {})
+        self.assertEqual(result.silent, ["silent.mp4"])
+        self.assertIn("1 clips have no audio stream and train video-only (silent.mp4)",
+                      logs.output[0])
+        self.assertEqual(entries["tone.mp4"]["samples"].item(), 6000)  # 9 / 24 s at 16 kHz
+        self.assertEqual(entries["silent.mp4"]["samples"].item(), 0)
+        self.assertEqual(entries["tone.mp4"]["audio_span"].tolist(), [0.0, 0.375])
+
+    def test_missing_audio_skip_leaves_a_silent_clip_out(self):
+        result, entries = self.cache(skip_silent=True)
+        self.assertEqual(set(entries), {"tone.mp4"})
+        self.assertIn("missing_audio", result.failures["silent.mp4"])
 
 
 if __name__ == "__main__":
