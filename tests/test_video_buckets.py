@@ -98,6 +98,15 @@ class VideoConfigTest(unittest.TestCase):
                       f"({', '.join(video_families())}); model_family 'flux' trains on images",
                       problems[0])
 
+    def test_missing_audio_is_read_for_a_family_that_trains_sound_only(self):
+        video = {"num_frames": 17, "missing_audio": "skip"}
+        config = self.load("ltxvideo2", self.clips(video=video))
+        self.assertEqual(config.datasets[0].video["missing_audio"], "skip")
+        problems = self.problems("wan", self.clips(video=video))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("'missing_audio' applies to the families that train sound (ltxvideo2); "
+                      "model_family 'wan' trains clips without it", problems[0])
+
     def test_num_frames_must_be_a_count_the_family_vae_encodes(self):
         problems = self.problems("wan", self.clips(video={"num_frames": 80}))
         self.assertEqual(len(problems), 1, problems)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from simpletuner.configuration.errors import Location, Problem
-from simpletuner.configuration.families import frame_rule, video_families
+from simpletuner.configuration.families import (families_where, frame_rule, known_spec,
+                                                video_families)
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.dataset_kinds import kind_named
 from simpletuner.families.frame_rule import FrameRule
@@ -153,6 +154,7 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
             f"({', '.join(video_families())}); model_family '{model_family}' trains on images. "
             "Convert the clips to images or change model_family"))
         return
+    _check_sound_key(parsed, given, model_family, where, problems)
     # the given value too when the block was refused for another key: every problem at once
     frames = parsed.get("num_frames") if parsed is not None else (
         given.get("num_frames") if isinstance(given, dict) else None)
@@ -160,3 +162,17 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
             and (refusal := rule.refusal(model_family, frames))):
         problems.append(where.problem(
             "video.num_frames", f"key 'video': 'num_frames' ({frames}) {refusal}"))
+
+
+def _check_sound_key(parsed: dict | None, given: Any, model_family: str, where: Location,
+                     problems: list[Problem]) -> None:
+    """``missing_audio`` only for a family that trains sound: elsewhere it would change
+    nothing."""
+    block = parsed if parsed is not None else (given if isinstance(given, dict) else {})
+    spec = known_spec(model_family)
+    if "missing_audio" in block and spec is not None and not spec.trains_sound:
+        sounding = ", ".join(families_where(lambda spec: spec.trains_sound))
+        problems.append(where.problem(
+            "video.missing_audio", f"key 'video': 'missing_audio' applies to the families that "
+            f"train sound ({sounding}); model_family '{model_family}' trains clips without it. "
+            "Remove it"))

@@ -14,6 +14,7 @@ SPEC = FamilySpec(
     tiny_models={"tiny-ltxvideo2": HERE + "tiny.build_ltxvideo2"},
     guidance_rescale=True,
     frame_rule=FrameRule(multiple=8, remainder=1),
+    trains_sound=True,
     swappable_block_keys=("num_layers",),
     simpletuner_keys={
         **{key: "remove it; validation calls LTX2Pipeline itself, text-to-video with its own "
