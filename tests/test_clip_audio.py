@@ -71,10 +71,13 @@ def encode_with_sound(pixels: torch.Tensor, audio: list) -> dict[str, torch.Tens
 
 
 class SoundCachingTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        write_clip_with_sound(self.tmp / "clips" / "tone.mp4", 32, 32, 12, 24)
+        write_clip(self.tmp / "clips" / "silent.mp4", 32, 32, 12, 24)
+
     def cache(self, skip_silent: bool):
-        tmp = Path(self.enterContext(tempfile.TemporaryDirectory()))
-        write_clip_with_sound(tmp / "clips" / "tone.mp4", 32, 32, 12, 24)
-        write_clip(tmp / "clips" / "silent.mp4", 32, 32, 12, 24)
+        tmp = self.tmp
         names = ["silent.mp4", "tone.mp4"]
         index = DatasetIndex("c", {"32x32@9": names}, {n: (32, 32) for n in names},
                              clips={n: ClipPlan(9, "24/1", 12, "frames") for n in names})
@@ -95,7 +98,9 @@ class SoundCachingTest(unittest.TestCase):
         self.assertEqual(entries["silent.mp4"]["samples"].item(), 0)
         self.assertEqual(entries["tone.mp4"]["audio_span"].tolist(), [0.0, 0.375])
 
-    def test_missing_audio_skip_leaves_a_silent_clip_out(self):
+    def test_missing_audio_skip_leaves_a_silent_clip_out_even_after_a_video_only_run(self):
+        with self.assertLogs("simpletuner.helpers.caching.latents", "WARNING"):
+            self.cache(skip_silent=False)  # its entries stay in the same cache folder
         result, entries = self.cache(skip_silent=True)
         self.assertEqual(set(entries), {"tone.mp4"})
         self.assertIn("missing_audio", result.failures["silent.mp4"])

@@ -19,8 +19,8 @@ dataset.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
 import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +115,8 @@ class LatentSettings:
             **({"frames": frames} if frames is not None else {}),
             **({"fps": fps} if fps is not None else {}),
             **({"first_frame_condition": True} if self.first_frame_condition else {}),
-            **({"audio": [self.audio.sample_rate, self.audio.channels]}
+            # the skip policy too: an entry a video-only run left for a silent clip is not reused
+            **({"audio": [self.audio.sample_rate, self.audio.channels, self.skip_silent]}
                if self.audio is not None and frames is not None else {}),
         })
 
