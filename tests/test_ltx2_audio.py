@@ -7,6 +7,7 @@ track lasts as long as its frames (probed with PyAV)."""
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import tempfile
 import unittest
@@ -47,7 +48,7 @@ class LTX2SoundRunTest(unittest.TestCase):
             validation_prompt="a tone", validation_num_inference_steps=1,
             validation_num_video_frames=FRAMES)
         with cls().assertLogs("simpletuner.helpers.caching.latents", logging.WARNING) as logs:
-            run_in_process(config)
+            cls.result = run_in_process(config)
         cls.logged = "\n".join(logs.output)
         cls.out = cls.root / "sound-out"
         cls.entries = {}
@@ -55,6 +56,10 @@ class LTX2SoundRunTest(unittest.TestCase):
             entry = load_entry(path, path.name)
             cls.entries[int(entry["has_audio"].item())] = cls.entries.get(
                 int(entry["has_audio"].item()), []) + [entry]
+
+    def test_the_clips_with_and_without_sound_train(self):
+        self.assertEqual(self.result.steps, 3)
+        self.assertTrue(math.isfinite(self.result.final_loss))
 
     def test_each_cached_audio_latent_covers_its_frames_time_span(self):
         self.assertEqual(len(self.entries[1]), 2)
