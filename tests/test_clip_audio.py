@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
-from simpletuner.helpers.caching.storage import load_entry
+from simpletuner.helpers.caching.prepare import latent_components, text_components
+from simpletuner.helpers.caching.storage import load_entry, model_identity
 from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex
 from simpletuner.helpers.multiaspect.clip import prepare_clip
@@ -104,6 +105,27 @@ class SoundCachingTest(unittest.TestCase):
         result, entries = self.cache(skip_silent=True)
         self.assertEqual(set(entries), {"tone.mp4"})
         self.assertIn("missing_audio", result.failures["silent.mp4"])
+
+
+class SoundModelIdentityTest(unittest.TestCase):
+    def test_a_changed_audio_vae_or_text_connector_is_a_new_cache(self):
+        folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        for part in ("vae", "audio_vae", "text_encoder", "tokenizer", "connectors"):
+            (folder / part).mkdir()
+            (folder / part / "config.json").write_text("{}")
+
+        def identities():
+            return (model_identity(folder, latent_components(folder), "f"),
+                    model_identity(folder, text_components(folder), "f"))
+
+        latent, text = identities()
+        (folder / "audio_vae" / "config.json").write_text('{"mel_bins": 64}')
+        self.assertEqual(identities()[1], text)
+        self.assertNotEqual(identities()[0], latent)
+        latent = identities()[0]
+        (folder / "connectors" / "config.json").write_text('{"layers": 2}')
+        self.assertEqual(identities()[0], latent)
+        self.assertNotEqual(identities()[1], text)
 
 
 if __name__ == "__main__":

@@ -46,16 +46,19 @@ class PreparedCaches:
 
 
 def latent_components(model_folder: str | Path) -> list[str]:
-    """Sub-folders that shape latent entries: the VAE, and an image encoder with its processor
-    where the family caches image embeddings with the latents (Wan I2V)."""
-    return ["vae"] + [name for name in ("image_encoder", "image_processor")
+    """Sub-folders that shape latent entries: the VAE, an image encoder with its processor
+    where the family caches image embeddings with the latents (Wan I2V), and an audio VAE where
+    it caches clips' sound (LTX-2)."""
+    return ["vae"] + [name for name in ("image_encoder", "image_processor", "audio_vae")
                       if (Path(model_folder) / name).is_dir()]
 
 
 def text_components(model_folder: str | Path) -> list[str]:
-    """Sub-folders that shape text embeddings (text_encoder*, tokenizer*), for any family."""
+    """Sub-folders that shape text embeddings (text_encoder*, tokenizer*), for any family, and
+    the text connectors whose output LTX-2 caches."""
     return sorted(p.name for p in Path(model_folder).iterdir()
-                  if p.is_dir() and p.name.startswith(("text_encoder", "tokenizer")))
+                  if p.is_dir() and (p.name.startswith(("text_encoder", "tokenizer"))
+                                     or p.name == "connectors"))
 
 
 def read_captions(caption_for: Callable[[str], str], sample_ids: Sequence[str],
