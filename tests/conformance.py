@@ -72,6 +72,8 @@ CASES = (
     Case("wan", "i2v-480p-14b-2.1", "tiny-wan-i2v", "video"),
     Case("wan", "t2v-14b-2.2-high", "tiny-wan22", "image"),
     Case("wan", "ti2v-5b-2.2", "tiny-wan22-ti2v", "image"),
+    Case("ltxvideo", None, "tiny-ltxvideo", "image"),  # images as one-frame clips
+    Case("ltxvideo2", None, "tiny-ltxvideo2", "image"),  # likewise, video-only
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -102,9 +104,13 @@ GENERATION = {
     "tiny-wan-i2v": dict(width=64, height=48, num_frames=5),
     "tiny-wan22": dict(width=64, height=64, num_frames=5, num_inference_steps=4),
     "tiny-wan22-ti2v": dict(width=64, height=64, num_frames=5),
+    "tiny-ltxvideo": dict(num_frames=1),
+    # its default spatio-temporal guidance block (28) is past the tiny model's two
+    "tiny-ltxvideo2": dict(num_frames=1, stg_scale=0.0, audio_stg_scale=0.0),
 }
 LORA_CHANGE = {"tiny-wan": 1e-3, "tiny-wan-i2v": 1e-3, "tiny-wan22": 1e-4,
-               "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3}  # an unchanged output is 0.0
+               "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3, "tiny-ltxvideo": 1e-3,
+               "tiny-ltxvideo2": 1e-3}  # an unchanged output is 0.0
 IMAGE_LORA_CHANGE = 0.1
 STEPS, RESUME_STEP = 4, 2
 # Ideogram's validation pads prompts to 2048 tokens for a 36-layer encoder (minutes on a CPU);
@@ -196,8 +202,9 @@ def validation_options(case: Case) -> dict:
                    validation_resolution=64)
     if is_image_to_video(case):
         options.update(validation_using_datasets=True, validation_resolution="64x48")
-    if is_video_model(case):
-        options.update(validation_num_video_frames=5)
+    if is_video_model(case):  # the shortest clip of more than one frame its VAE encodes
+        rule = family_spec(case.family).frame_rule
+        options.update(validation_num_video_frames=rule.remainder + rule.multiple)
     return options
 
 

@@ -31,7 +31,7 @@ _FLUX = (r"transformer\.(transformer_blocks\.\d+\.attn\.(to_q|to_k|to_v|to_out\.
 # The module keys of each family's ComfyUI file and the suffixes beside them: kohya's SD
 # layout (diffusers' _convert_non_diffusers_lora_to_diffusers), Flux's transformer. layout with
 # alpha (FluxLoraLoaderMixin.lora_state_dict), the diffusion_model. layouts of Qwen-Image,
-# Z-Image and Wan (_convert_non_diffusers_{qwen,z_image,wan}_lora_to_diffusers).
+# Z-Image and Wan (_convert_non_diffusers_{qwen,z_image,wan}_lora_to_diffusers), LTX-Video's.
 REFERENCE_LAYOUTS = {
     "sd1x": (_UNET, _KOHYA), "sd2x": (_UNET, _KOHYA),
     "sdxl": (_UNET, _KOHYA),
@@ -47,6 +47,14 @@ REFERENCE_LAYOUTS = {
     "wan": (r"diffusion_model\.blocks\.\d+\.(self_attn|cross_attn)\.(q|k|v|o)", _DOWN_UP),
     "flux2": (r"diffusion_model\.(double_blocks\.\d+\.img_attn\.(qkv|proj)|single_blocks\.\d+\."
               r"linear1)", (r"\.lora_A\.weight", r"\.lora_B\.weight")),
+    # _convert_non_diffusers_ltxv_lora_to_diffusers: LTX's names are diffusers', no alpha
+    "ltxvideo": (r"diffusion_model\.transformer_blocks\.\d+\.attn[12]\."
+                 r"(to_q|to_k|to_v|to_out\.0)",
+                 (r"\.lora_A\.weight", r"\.lora_B\.weight")),
+    # _convert_non_diffusers_ltx2_lora_to_diffusers: the attention projections keep their names
+    "ltxvideo2": (r"diffusion_model\.transformer_blocks\.\d+\.(audio_)?(attn[12]|"
+                  r"audio_to_video_attn|video_to_audio_attn)\.(to_q|to_k|to_v|to_out\.0)",
+                  (r"\.lora_A\.weight", r"\.lora_B\.weight")),
 }
 # Modules whose LoRA the file holds inside another's: FLUX.2 fuses k and v into q's img_attn.qkv.
 MERGED = {"flux2": r"transformer_blocks\.\d+\.attn\.to_(k|v)"}

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.configuration.families import video_families
 from simpletuner.configuration.video_block import VideoSettings
 from simpletuner.families import family_spec
 from simpletuner.families.frame_rule import FrameRule
@@ -98,8 +99,18 @@ class VideoConfigTest(unittest.TestCase):
     def test_a_video_dataset_needs_a_family_that_trains_on_clips(self):
         problems = self.problems("flux", self.clips(video={"num_frames": 17}))
         self.assertEqual(len(problems), 1, problems)
-        self.assertIn("'dataset_type': 'video' needs a model family that trains on clips (wan); "
-                      "model_family 'flux' trains on images", problems[0])
+        self.assertIn("'dataset_type': 'video' needs a model family that trains on clips "
+                      f"({', '.join(video_families())}); model_family 'flux' trains on images",
+                      problems[0])
+
+    def test_missing_audio_is_read_for_a_family_that_trains_sound_only(self):
+        video = {"num_frames": 17, "missing_audio": "skip"}
+        config = self.load("ltxvideo2", self.clips(video=video))
+        self.assertEqual(config.datasets[0].video["missing_audio"], "skip")
+        problems = self.problems("wan", self.clips(video=video))
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("'missing_audio' applies to the families that train sound (ltxvideo2); "
+                      "model_family 'wan' trains clips without it", problems[0])
 
     def test_num_frames_must_be_a_count_the_family_vae_encodes(self):
         problems = self.problems("wan", self.clips(video={"num_frames": 80}))

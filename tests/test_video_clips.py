@@ -25,6 +25,7 @@ from launching import run_bounded
 from model_fixtures import TinyModelCase
 from settings_fixtures import settings
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.configuration.families import video_families
 from simpletuner.demo_clips import COLOURS, demo_clips, ensure_demo_clips
 from simpletuner.helpers.caching.latents import LatentSettings, cache_latents
 from simpletuner.helpers.data_backend.local import LocalStorage
@@ -192,8 +193,8 @@ class VideoValidationOptionsTest(unittest.TestCase):
         self.assertIn("key 'validation_num_video_frames' (16) is not a count wan's VAE encodes "
                       "(4n+1 frames); use 13 or 17",
                       self.problems("wan", validation_num_video_frames=16))
-        self.assertIn("key 'validation_num_video_frames' applies to the video families (wan); "
-                      "'sd1x' validates with images",
+        self.assertIn("key 'validation_num_video_frames' applies to the video families "
+                      f"({', '.join(video_families())}); 'sd1x' validates with images",
                       self.problems("sd1x", validation_num_video_frames=17))
         training = self.load("wan", validation_num_video_frames=17, framerate=8)
         self.assertEqual((training.validation_num_video_frames, training.validation_framerate),

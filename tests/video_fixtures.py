@@ -127,3 +127,31 @@ def decoded_frame_count(path: Path) -> int:
     """Frames of the first video stream, counted by decoding every one."""
     with av.open(str(path)) as container:
         return sum(1 for _ in container.decode(video=0))
+
+
+def write_clip_with_sound(path: Path, width: int, height: int, frames: int, fps: int = 24, *,
+                          seed: int = 0, sample_rate: int = 44100, seconds: float | None = None,
+                          caption: str | None = "moving shapes with a tone") -> Path:
+    """write_clip's picture with an AAC stereo track beside it: a 440 Hz tone whose loudness
+    rises linearly over ``seconds`` (default: the picture's duration), so each instant of it
+    sounds different."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seconds = frames / fps if seconds is None else seconds
+    with av.open(str(path), "w") as container:
+        video = container.add_stream(CODECS[path.suffix.lower()], rate=fps)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        audio = container.add_stream("aac", rate=sample_rate, layout="stereo")
+        for index in range(frames):
+            image = av.VideoFrame.from_ndarray(shapes_frame(width, height, index, seed),
+                                               format="rgb24")
+            container.mux(video.encode(image))
+        container.mux(video.encode())
+        times = np.arange(round(seconds * sample_rate)) / sample_rate
+        tone = (0.8 * times / seconds * np.sin(2 * np.pi * 440 * times)).astype(np.float32)
+        for start in range(0, len(tone), 1024):
+            piece = np.stack([tone[start:start + 1024]] * 2)
+            frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout="stereo")
+            frame.sample_rate, frame.pts = sample_rate, start
+            container.mux(audio.encode(frame))
+        container.mux(audio.encode())
+    return _captioned(path, caption)

@@ -308,8 +308,9 @@ class TrainingConfig:
     validation_guidance_skip_scale: float = option(
         2.8, minimum=0.0, help="sd3: the skip-layer guidance scale")
     validation_num_video_frames: int | None = option(
-        None, minimum=1, help="video families (wan): frames of each validation clip, a count "
-        "the VAE encodes (Wan 4n+1); none = the pipeline's default (Wan: 81)")
+        None, minimum=1, help="video families (wan, ltxvideo, ltxvideo2): frames of each "
+        "validation clip, a count the VAE encodes (Wan 4n+1, LTX 8n+1); none = the pipeline's "
+        "default (Wan: 81, LTX-Video: 161, LTX-2: 121)")
     validation_using_datasets: bool = option(
         False, help="image-to-video models (Wan I2V) need it to validate: each validation "
         "prompt animates the first frame of a training sample (the first training dataset's, "

@@ -13,6 +13,8 @@ SimpleTuner trims to it; a clip left below ``min_frames`` is skipped.
 ``fps`` (SimpleTuner reads it only to print it): when set, every clip is re-timed to it before
 its frame count is decided (clip_timing.py), so all of the above see the re-timed clip; unset,
 clips train at the rate they were recorded at.
+
+``missing_audio`` (ours): what a family that trains sound does with a clip that has none.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from simpletuner.configuration.errors import Location, Problem
-from simpletuner.configuration.families import frame_rule, video_families
+from simpletuner.configuration.families import (families_where, frame_rule, known_spec,
+                                                video_families)
 from simpletuner.configuration.fields import option, parse_fields
 from simpletuner.dataset_kinds import kind_named
 from simpletuner.families.frame_rule import FrameRule
@@ -54,6 +57,10 @@ class VideoConfig:
         None, minimum=1, help="re-time every clip to this frame rate (frames picked by their "
         "timestamps; Wan trains at 16) before its frame count is decided; unset: each clip "
         "at its own rate")
+    missing_audio: Literal["video_only", "skip"] = option(
+        "video_only", help="a family that trains sound (ltxvideo2): a clip without an audio "
+        "stream trains video-only (its audio loss off; the cache step names them) or, 'skip', "
+        "is left out as a failed sample")
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,7 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
             f"({', '.join(video_families())}); model_family '{model_family}' trains on images. "
             "Convert the clips to images or change model_family"))
         return
+    _check_sound_key(parsed, given, model_family, where, problems)
     # the given value too when the block was refused for another key: every problem at once
     frames = parsed.get("num_frames") if parsed is not None else (
         given.get("num_frames") if isinstance(given, dict) else None)
@@ -163,3 +171,17 @@ def check_video_dataset(dataset_type: str, given: Any, parsed: dict | None,
             and (refusal := rule.refusal(model_family, frames))):
         problems.append(where.problem(
             "video.num_frames", f"key 'video': 'num_frames' ({frames}) {refusal}"))
+
+
+def _check_sound_key(parsed: dict | None, given: Any, model_family: str, where: Location,
+                     problems: list[Problem]) -> None:
+    """``missing_audio`` only for a family that trains sound: elsewhere it would change
+    nothing."""
+    block = parsed if parsed is not None else (given if isinstance(given, dict) else {})
+    spec = known_spec(model_family)
+    if "missing_audio" in block and spec is not None and not spec.trains_sound:
+        sounding = ", ".join(families_where(lambda spec: spec.trains_sound))
+        problems.append(where.problem(
+            "video.missing_audio", f"key 'video': 'missing_audio' applies to the families that "
+            f"train sound ({sounding}); model_family '{model_family}' trains clips without it. "
+            "Remove it"))

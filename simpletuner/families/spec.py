@@ -33,6 +33,7 @@ class FamilySpec:
     # Why a local folder is a variant of the family that is not supported; None: it is.
     folder_problem: Callable[[str], str | None] | None = None
     frame_rule: FrameRule | None = None  # a video family: the frame counts its VAE encodes
+    trains_sound: bool = False  # a video family that trains each clip's audio too (LTX-2)
     # model_flavour -> the reference images per sample it trains on at most (None: any), for
     # the flavours that train on edit pairs (conditioning_data).
     reference_flavours: Mapping[str, int | None] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from diffusers import AutoencoderKL
 from simpletuner.families import family_spec, load_object
 from simpletuner.models.group_offload import is_group_offloaded
 from simpletuner.models.layout import check_model_folder
+from simpletuner.helpers.multiaspect.clip_audio import AudioRequest
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.transfer import to_device_except
 
@@ -74,6 +75,10 @@ class ModelAdapter(ABC):
     # An edit model whose text encoder reads each prompt with the sample's reference images:
     # encode_prompts(prompts, references), and text entries keyed by both.
     prompts_see_references: bool = False
+    # A model that trains sound: the rate and channels its audio encoder takes (each clip's
+    # audio is then decoded over its trained frames and given to encode_for_cache); None here.
+    audio_input: AudioRequest | None = None
+    validation_sample_rate: int | None = None  # its validation clips' sound: samples a second
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):
@@ -177,7 +182,8 @@ class ModelAdapter(ABC):
                          ) -> torch.Tensor | dict[str, torch.Tensor]:
         """What the latent cache keeps of a sample: its latents; a family that conditions on
         the sample itself returns {"latent": ..., <name>: ...} (TrainingBatch.conditioning).
-        ``first_frame_condition``: the dataset is ``video.is_i2v`` (read by TI2V-5B)."""
+        ``first_frame_condition``: the dataset is ``video.is_i2v`` (read by TI2V-5B). A family
+        with an ``audio_input`` also takes ``audio``: each clip's [channels, samples] or None."""
         return self.encode_images(pixels)
 
     @abstractmethod

@@ -12,6 +12,7 @@ import shutil
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
@@ -82,6 +83,12 @@ def first_image(result) -> Image.Image:
 def first_clip(result) -> list[Image.Image]:
     """The frames of a video pipeline's first clip (``output_type`` 'pil')."""
     return list(result.frames[0])
+
+
+def first_clip_and_sound(result) -> tuple[list[Image.Image], np.ndarray]:
+    """The first clip's frames and its sound, [channels, samples] float32 (an audio-video
+    pipeline's ``audio``)."""
+    return list(result.frames[0]), result.audio[0].float().cpu().numpy()
 
 
 def make_grid(images: list[Image.Image], columns: int | None = None) -> Image.Image:

@@ -22,15 +22,6 @@ _OTHER_FAMILIES = {
                  "deepfloyd_validation_stage3_guidance deepfloyd_validation_stage3_noise_level",
     "flux3_image": "flux3_prompt_upsample",
     "hidream": "hidream_use_load_balancing_loss hidream_load_balancing_loss_weight",
-    "ltxvideo": "ltx_train_mode ltx_i2v_prob ltx_partial_noise_fraction ltx_protect_first_frame",
-    "ltxvideo2": "ltx2_validation_pipeline_mode ltx2_validation_spatial_upsampler_model "
-                 "ltx2_validation_spatial_upsampler_filename ltx2_validation_audio_guidance "
-                 "ltx2_intrinsic_conditioning ltx2_first_frame_conditioning_probability "
-                 "ltx2_prefix_conditioning_probability ltx2_suffix_conditioning_probability "
-                 "ltx2_mask_conditioning_probability ltx2_prefix_conditioning_frames "
-                 "ltx2_suffix_conditioning_frames ltx2_reference_spatial_scale_factor "
-                 "ltx2_reference_temporal_scale_factor validation_audio_only "
-                 "validation_ltx2_video_conditioning",
     "minimax": "minimax_h3_reference_mode minimax_h3_target_mode minimax_h3_sparse_attention "
                "minimax_h3_sparse_block_shape minimax_h3_sparse_video_kv_fraction "
                "minimax_h3_sparse_share_heads minimax_h3_sparse_start_layer "

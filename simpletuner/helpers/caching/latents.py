@@ -3,7 +3,11 @@ changes its contents, so a warm start encodes nothing and a changed setting neve
 stale entry. A clip (a video dataset's sample) is decoded to its bucket's frames (clip.py) and
 its entry is [C, F', h, w]; a clip that decodes to fewer frames is a failed sample. A family
 that conditions on the sample itself (Wan I2V: its first frame's latents and CLIP embedding)
-returns them beside the latent, and they are kept in the same entry.
+returns them beside the latent, and they are kept in the same entry. For a model that trains
+sound (its ``audio_input``), each clip's audio over its trained frames' span is decoded too and
+given to the model with the frames; the entry records that span in the source
+(``audio_span``: start and duration in seconds). A clip without an audio stream trains
+video-only or is skipped, as its dataset's ``video.missing_audio`` says.
 
 Every rank plans the whole cache (file stats, no decoding), then encodes only its static share
 (``rank_share`` of the sorted sample ids). Images that were read but fail to decode, and files
@@ -15,6 +19,7 @@ dataset.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,6 +28,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from simpletuner.common.names import printable
 from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.caching.storage import (
     CACHE_FORMAT, digest, entry_path, load_entry, rank_share, save_entry,
@@ -33,13 +39,17 @@ from simpletuner.helpers.metadata.buckets import parse_bucket_key
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.video_buckets import bucket_frames
 from simpletuner.helpers.multiaspect.clip import PreparedClip, prepare_clip
+from simpletuner.helpers.multiaspect.clip_audio import AudioRequest
 from simpletuner.helpers.multiaspect.image import Downsample, PreparedImage, prepare_image
 
-# ModelAdapter.encode_for_cache (with first_frame_condition=True for a video.is_i2v dataset):
-# the latents, or {"latent": ..., <conditioning name>: ...},
-# each tensor batch-first.
+logger = logging.getLogger(__name__)
+
+# ModelAdapter.encode_for_cache (with first_frame_condition=True for a video.is_i2v dataset,
+# audio= each clip's [channels, samples] or None for a model that trains sound): the latents,
+# or {"latent": ..., <conditioning name>: ...}, each tensor batch-first.
 EncodeImages = Callable[[torch.Tensor], torch.Tensor | dict[str, torch.Tensor]]
-ENTRY_PARTS = ("latent", "geometry")  # what every entry holds besides a family's conditioning
+# What an entry holds besides a family's conditioning (which the batches carry).
+ENTRY_PARTS = ("latent", "geometry", "audio_span")
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,8 @@ class LatentSettings:
     # original (w, h)); each is resized to that size and cropped as its target, whose dataset
     # is ``dataset_id``.
     reference_of: Mapping[str, tuple[str, tuple[int, int]]] | None = None
+    audio: AudioRequest | None = None  # a clip dataset for a model that trains sound
+    skip_silent: bool = False          # video.missing_audio 'skip': a clip without audio
 
     def crop_id(self, sample_id: str) -> str:
         """The sample id a random crop is keyed by: an edit reference's is its target's."""
@@ -66,18 +78,21 @@ class LatentSettings:
 
     @classmethod
     def for_dataset(cls, dataset, *, output_dir: str | Path, model_identity: str,
-                    seed: int) -> "LatentSettings":
+                    seed: int, audio: AudioRequest | None = None) -> "LatentSettings":
         """From a configuration.DatasetConfig; the folder is ``cache_dir_vae`` if set, else
-        ``<output_dir>/cache/vae/<dataset id>``."""
+        ``<output_dir>/cache/vae/<dataset id>``. ``audio``: the model's audio input, which a
+        clip dataset's entries then hold."""
         folder = dataset.cache_dir_vae or Path(output_dir) / "cache" / "vae" / dataset.id
         downsample = None
         if dataset.crop and None not in (dataset.maximum_image_size,
                                          dataset.target_downsample_size):
             downsample = Downsample(dataset.resolution_type, dataset.maximum_image_size,
                                     dataset.target_downsample_size)
-        is_i2v = kind_of(dataset).has_clips and bool((dataset.video or {}).get("is_i2v"))
+        clips, video = kind_of(dataset).has_clips, dataset.video or {}
         return cls(dataset.id, open_storage(dataset), Path(folder), model_identity,
-                   dataset.crop, dataset.crop_style, seed, downsample, is_i2v)
+                   dataset.crop, dataset.crop_style, seed, downsample,
+                   clips and bool(video.get("is_i2v")), audio=audio if clips else None,
+                   skip_silent=video.get("missing_audio") == "skip")
 
     def key(self, sample_id: str, target: tuple[int, int], file_size: int,
             change_key: int | str, frames: int | None = None, fps: int | None = None) -> str:
@@ -100,6 +115,9 @@ class LatentSettings:
             **({"frames": frames} if frames is not None else {}),
             **({"fps": fps} if fps is not None else {}),
             **({"first_frame_condition": True} if self.first_frame_condition else {}),
+            # the skip policy too: an entry a video-only run left for a silent clip is not reused
+            **({"audio": [self.audio.sample_rate, self.audio.channels, self.skip_silent]}
+               if self.audio is not None and frames is not None else {}),
         })
 
 
@@ -163,6 +181,7 @@ class LatentCacheResult:
     cache: LatentCache
     failures: dict[str, str]   # sample id -> reason, found on this rank (merge before use)
     encoded: int               # entries this rank wrote
+    silent: list[str] = field(default_factory=list)  # clips it wrote without audio (video-only)
 
 
 def _planned_entries(index: DatasetIndex, settings: LatentSettings
@@ -206,7 +225,7 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
     chunks = [ids[i:i + batch_size] for _, ids in sorted(by_target.items())
               for i in range(0, len(ids), batch_size)]
 
-    encoded = 0
+    encoded, silent = 0, []
     bar = tqdm(total=len(todo), desc=f"caching latents [{settings.dataset_id}]", unit="file",
                disable=not progress or not todo)
     workers = max(1, decode_workers)
@@ -221,22 +240,40 @@ def cache_latents(index: DatasetIndex, settings: LatentSettings, encode_images: 
                 else:
                     failures[sample_id] = outcome
             if ready:
-                with torch.no_grad():
-                    pixels = torch.stack([p.pixels for _, p in ready])
-                    parts = (encode_images(pixels, first_frame_condition=True)
-                             if settings.first_frame_condition else encode_images(pixels))
-                if not isinstance(parts, dict):
-                    parts = {"latent": parts}
-                parts = {k: v.detach().to("cpu", torch.float32) for k, v in parts.items()}
-                for row, (sample_id, image) in enumerate(ready):
-                    geometry = torch.tensor(
-                        [*image.original_size, *image.crop_top_left, *image.target_size],
-                        dtype=torch.int64)
-                    save_entry(cache.paths[sample_id],
-                               {**{k: v[row] for k, v in parts.items()}, "geometry": geometry})
+                silent += _encode_and_save(ready, settings, encode_images, cache)
                 encoded += len(ready)
             bar.update(len(chunk))
-    return LatentCacheResult(cache, failures, encoded)
+    if silent:
+        named = ", ".join(printable(s) for s in silent[:3])
+        logger.warning("dataset %r: %d clips have no audio stream and train video-only (%s%s); "
+                       "video.missing_audio 'skip' leaves them out", settings.dataset_id,
+                       len(silent), named, " ..." if len(silent) > 3 else "")
+    return LatentCacheResult(cache, failures, encoded, silent)
+
+
+def _encode_and_save(ready: list[tuple[str, PreparedImage | PreparedClip]],
+                     settings: LatentSettings, encode_images: EncodeImages,
+                     cache: LatentCache) -> list[str]:
+    """Encode one batch of prepared samples (one target) and write each one's entry; return
+    the clips among them without audio (trained video-only)."""
+    options = {"first_frame_condition": True} if settings.first_frame_condition else {}
+    clips = settings.audio is not None and isinstance(ready[0][1], PreparedClip)
+    if clips:
+        options["audio"] = [clip.audio for _, clip in ready]
+    with torch.no_grad():
+        parts = encode_images(torch.stack([p.pixels for _, p in ready]), **options)
+    if not isinstance(parts, dict):
+        parts = {"latent": parts}
+    parts = {k: v.detach().to("cpu", torch.float32) for k, v in parts.items()}
+    for row, (sample_id, image) in enumerate(ready):
+        geometry = torch.tensor([*image.original_size, *image.crop_top_left, *image.target_size],
+                                dtype=torch.int64)
+        entry = {**{k: v[row] for k, v in parts.items()}, "geometry": geometry}
+        if clips:  # the source time the frames and their audio cover
+            entry["audio_span"] = torch.tensor([image.span.start, image.span.duration],
+                                               dtype=torch.float64)
+        save_entry(cache.paths[sample_id], entry)
+    return [sample_id for sample_id, clip in ready if clips and clip.audio is None]
 
 
 def _prefetched(pool: ThreadPoolExecutor, chunks: list[list[str]], settings: LatentSettings,
@@ -279,7 +316,11 @@ def _prepare(settings: LatentSettings, sample_id: str,
                    downsample=settings.downsample)
     try:
         if target.frames is not None:
-            return prepare_clip(data, target.size, target.frames, fps=target.fps, **fitting)
+            clip = prepare_clip(data, target.size, target.frames, fps=target.fps,
+                                audio=settings.audio, **fitting)
+            if settings.audio is not None and clip.audio is None and settings.skip_silent:
+                return "has no audio stream (video.missing_audio: 'skip')"
+            return clip
         return prepare_image(data, target.size, **fitting,
                              resize_first=(settings.reference_of[sample_id][1]
                                            if settings.reference_of else None))

@@ -23,6 +23,7 @@ from simpletuner.helpers.caching.text_embeds import (
 from simpletuner.helpers.metadata.backends.captions import CaptionError
 from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.multiaspect.captions import EMPTY_CAPTION, CaptionPolicy
+from simpletuner.helpers.multiaspect.clip_audio import AudioRequest
 from simpletuner.helpers.multiaspect.dataset import BatchAssembler
 from simpletuner.common.together import failing_together
 
@@ -45,16 +46,19 @@ class PreparedCaches:
 
 
 def latent_components(model_folder: str | Path) -> list[str]:
-    """Sub-folders that shape latent entries: the VAE, and an image encoder with its processor
-    where the family caches image embeddings with the latents (Wan I2V)."""
-    return ["vae"] + [name for name in ("image_encoder", "image_processor")
+    """Sub-folders that shape latent entries: the VAE, an image encoder with its processor
+    where the family caches image embeddings with the latents (Wan I2V), and an audio VAE where
+    it caches clips' sound (LTX-2)."""
+    return ["vae"] + [name for name in ("image_encoder", "image_processor", "audio_vae")
                       if (Path(model_folder) / name).is_dir()]
 
 
 def text_components(model_folder: str | Path) -> list[str]:
-    """Sub-folders that shape text embeddings (text_encoder*, tokenizer*), for any family."""
+    """Sub-folders that shape text embeddings (text_encoder*, tokenizer*), for any family, and
+    the text connectors whose output LTX-2 caches."""
     return sorted(p.name for p in Path(model_folder).iterdir()
-                  if p.is_dir() and p.name.startswith(("text_encoder", "tokenizer")))
+                  if p.is_dir() and (p.name.startswith(("text_encoder", "tokenizer"))
+                                     or p.name == "connectors"))
 
 
 def read_captions(caption_for: Callable[[str], str], sample_ids: Sequence[str],
@@ -81,12 +85,14 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    rank: int, world_size: int, vae_batch_size: int = 8,
                    progress: bool = True,
                    conditioning: Mapping[str, tuple] | None = None,
-                   prompts_see_references: bool = False) -> PreparedCaches:
+                   prompts_see_references: bool = False,
+                   audio: AudioRequest | None = None) -> PreparedCaches:
     """Call on every rank, after the Accelerator is built and every rank holds the same
     ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
     maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed;
     ``conditioning``: id -> (conditioning DatasetConfig, its paired index), for edit pairs,
-    whose references are cached first; ``prompts_see_references``: the text encoder reads
+    whose references are cached first; ``audio``: the model's audio input (clip datasets' entries
+    hold each clip's sound); ``prompts_see_references``: the text encoder reads
     each caption with its sample's references (``encode_prompts(captions, images)``).
     Each rank's work between two collectives is one ``failing_together`` block: an error on
     any rank (a model that cannot encode, an unreadable caption, a full disk) is a RankFailure
@@ -97,7 +103,8 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
     latent_caches, text_caches, kept, failures, reference_failures = {}, {}, {}, {}, {}
     for dataset in datasets:
         settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
-                                              model_identity=vae_identity, seed=seed)
+                                              model_identity=vae_identity, seed=seed,
+                                              audio=audio)
         index, references = indexes[dataset.id], None
         if dataset.conditioning_ids():
             references = cache_references(

@@ -7,7 +7,8 @@ be (image.py), with one crop for every frame.
 Pure PyAV + Pillow + torch and deterministic: a random crop comes from the sample's own RNG
 (``crop_rng``), drawn afresh for each frame so all frames share it. A clip that decodes to
 fewer frames than its bucket needs raises ``ShortClipError``, which the latent cache reports
-as that clip's skip reason."""
+as that clip's skip reason. A model that trains sound gets the clip's audio over exactly the
+decoded frames' time span (clip_audio.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from PIL import Image
 
 from simpletuner.helpers.metadata.backends.clip_probe import stream_rate
 from simpletuner.helpers.metadata.clip_timing import source_slot
+from simpletuner.helpers.multiaspect.clip_audio import AudioRequest, ClipSpan, decode_audio
 from simpletuner.helpers.multiaspect.image import (CropStyle, Downsample, crop_rng,
                                                    fit_to_target)
 
@@ -41,6 +43,9 @@ class PreparedClip:
     original_size: tuple[int, int]
     crop_top_left: tuple[int, int]
     target_size: tuple[int, int]
+    span: ClipSpan | None = None       # the frames' time span in the source
+    # [channels, samples] over ``span`` when asked for (None: not asked, or no audio stream)
+    audio: torch.Tensor | None = None
 
 
 def decode_frames(source: str | Path | bytes | BinaryIO, frames: int,
@@ -48,6 +53,13 @@ def decode_frames(source: str | Path | bytes | BinaryIO, frames: int,
     """The first ``frames`` frames of the first video stream as displayed RGB images, re-timed
     to ``fps`` when given. Raises ShortClipError when the stream ends before, PyAV's error when
     it cannot be decoded."""
+    return decode_trained_frames(source, frames, fps)[0]
+
+
+def decode_trained_frames(source: str | Path | bytes | BinaryIO, frames: int,
+                          fps: int | None = None) -> tuple[list[Image.Image], ClipSpan]:
+    """decode_frames' images and their time span in the source: from the first frame's
+    presentation time, ``frames`` over the rate they train at (``fps``, else the stream's)."""
     if isinstance(source, bytes):
         source = io.BytesIO(source)
     if isinstance(source, Path):
@@ -55,15 +67,26 @@ def decode_frames(source: str | Path | bytes | BinaryIO, frames: int,
     with av.open(source, "r") as container:
         if not container.streams.video:
             raise ShortClipError("no video stream")
-        decoded = container.decode(video=0)
+        rate = stream_rate(container.streams.video[0])
+        start: list[float] = []
+        decoded = _noting_start(container.decode(video=0), start)
         shown = (_displayed(frame) for frame in decoded) if fps is None else _retimed(
-            decoded, stream_rate(container.streams.video[0]), fps)
+            decoded, rate, fps)
         pictures = list(itertools.islice(shown, frames))
     if len(pictures) == frames:
-        return pictures
+        return pictures, ClipSpan(start[0], float(frames / Fraction(fps or rate)))
     timing = f" re-timed to {fps} fps" if fps is not None else ""
     raise ShortClipError(f"decoded {len(pictures)} frames{timing}, its bucket trains at {frames}; "
                          "the container's frame count was wrong (re-encode the clip)")
+
+
+def _noting_start(decoded: Iterator[av.VideoFrame], start: list[float]
+                  ) -> Iterator[av.VideoFrame]:
+    """``decoded`` unchanged; the first frame's presentation time (seconds) goes in ``start``."""
+    for frame in decoded:
+        if not start:
+            start.append(float(frame.pts * frame.time_base) if frame.pts is not None else 0.0)
+        yield frame
 
 
 def _displayed(frame: av.VideoFrame) -> Image.Image:
@@ -98,16 +121,19 @@ def _retimed(decoded: Iterator[av.VideoFrame], rate: Fraction, fps: int) -> Iter
 def prepare_clip(source: str | Path | bytes | BinaryIO, target: tuple[int, int], frames: int,
                  *, crop: bool, crop_style: CropStyle = "center", seed: int = 0,
                  dataset_id: str = "", sample_id: str = "",
-                 downsample: Downsample | None = None, fps: int | None = None) -> PreparedClip:
+                 downsample: Downsample | None = None, fps: int | None = None,
+                 audio: AudioRequest | None = None) -> PreparedClip:
     """Decode ``frames`` frames of ``source`` (re-timed to ``fps`` when given) and fit each to
     ``target`` (w, h); random crops are keyed by (seed, dataset_id, sample_id), the same for
-    every frame."""
+    every frame. ``audio``: also its sound over those frames' span (clip_audio.py)."""
     fitted = []
-    for image in decode_frames(source, frames, fps):
+    images, span = decode_trained_frames(source, frames, fps)
+    sound = decode_audio(source, span, audio) if audio is not None else None
+    for image in images:
         rng = crop_rng(seed, dataset_id, sample_id) if crop and crop_style == "random" else None
         fitted.append(fit_to_target(image, target, crop=crop, crop_style=crop_style, rng=rng,
                                     downsample=downsample))
     first = fitted[0]
     return PreparedClip(pixels=torch.stack([f.pixels for f in fitted], dim=1),
                         original_size=first.original_size, crop_top_left=first.crop_top_left,
-                        target_size=first.target_size)
+                        target_size=first.target_size, span=span, audio=sound)

@@ -1,5 +1,6 @@
 """Validation during training: main rank only, fixed seed. Image families write PNGs plus a
-grid; video families (Wan) write each prompt's clip (validation_clips.py). The trackers that
+grid; video families (Wan) write each prompt's clip (validation_clips.py), and one that makes
+sound (LTX-2) an MP4 with its audio track too (validation_sound.py). The trackers that
 show images (tensorboard, wandb) get the images, or each clip's frame strip."""
 
 from __future__ import annotations
@@ -7,12 +8,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from simpletuner.models.pipelines import (first_clip, generate_validation_images,
-                                          save_validation_images)
+from simpletuner.models.pipelines import (first_clip, first_clip_and_sound,
+                                          generate_validation_images, save_validation_images)
 from simpletuner.training.reporting.trackers import log_images
 from simpletuner.training.reporting.validation_clips import frame_strip, save_validation_clips
 from simpletuner.training.reporting.validation_edits import EditPairs, run_edit_validation
 from simpletuner.training.reporting.validation_inputs import validation_input_images
+from simpletuner.training.reporting.validation_sound import save_validation_mp4s
 from simpletuner.training.settings import ValidationSettings
 
 logger = logging.getLogger(__name__)
@@ -47,8 +49,9 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
         images = [image for image in images for _ in range(copies)]
     frames = clip_frames(adapter, settings)
     arguments = settings.pipeline_arguments()
+    sounding = frames is not None and adapter.audio_input is not None
     if frames is not None:
-        arguments.update(num_frames=frames, keep=first_clip)
+        arguments.update(num_frames=frames, keep=first_clip_and_sound if sounding else first_clip)
     outputs, labels = [], []
     with adapter.frozen_components_on_device():  # only for as long as sampling runs
         pipeline = adapter.build_pipeline(trainable)
@@ -65,8 +68,14 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
     if frames is None:
         paths, shown = save_validation_images(outputs, labels, folder), outputs
     else:
-        paths = save_validation_clips(outputs, labels, folder, settings.validation_framerate
-                                      or adapter.default_validation_framerate)
+        framerate = settings.validation_framerate or adapter.default_validation_framerate
+        sounds = None
+        if sounding:  # (frames, sound) each: an MP4 with its audio track besides
+            outputs, sounds = [clip for clip, _ in outputs], [sound for _, sound in outputs]
+        paths = save_validation_clips(outputs, labels, folder, framerate)
+        if sounds is not None:
+            paths += save_validation_mp4s(outputs, sounds, folder, framerate,
+                                          adapter.validation_sample_rate)
         shown = [frame_strip(clip) for clip in outputs]
     if accelerator is not None:
         log_images(accelerator, {f"validation/{i:02d}": image for i, image in enumerate(shown)},
