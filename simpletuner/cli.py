@@ -20,6 +20,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print only JSON on stdout")
     plan.add_argument("--num-processes", type=int, default=None,
                       help="also size the split for this many hypothetical ranks")
+    plan.add_argument("--context-parallel", type=int, default=None, metavar="C",
+                      help="with --num-processes: context_parallel_size (default: config.json's);"
+                      " the split is over num-processes / C data-parallel groups")
     plan.add_argument("--memory", action="store_true",
                       help="print the model's bytes per rank under DDP and FSDP2 instead, and "
                       "one device's peak with activations and block swap")
@@ -120,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         from simpletuner.planning import run_plan
 
-        return run_plan(args.config, as_json=args.json, num_processes=args.num_processes)
+        return run_plan(args.config, as_json=args.json, num_processes=args.num_processes,
+                        context_parallel=args.context_parallel)
     if args.command == "builtin":
         from simpletuner.models.builtin import run_builtin_command
 

@@ -1,6 +1,6 @@
 """Checks of config.json's options against each other: options the chosen family would
 ignore, flux_lora_target 'all' where it means more than the default (Chroma), and what FSDP2
-needs."""
+needs, and context_parallel_size against num_processes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from simpletuner.configuration.families import FLOW_FAMILIES, families_where, kn
 from simpletuner.configuration.fields import normalise_key
 from simpletuner.families import spoken_list
 from simpletuner.families.spec import NOISE
+from simpletuner.helpers.metadata.mesh import mesh_problem
 
 
 def check_loss_options_fit_the_family(values: dict[str, Any], where: Location,
@@ -63,3 +64,12 @@ def check_fsdp_options(values: dict[str, Any], where: Location, problems: list[P
         problems.append(where.problem(
             "mixed_precision", "fsdp_enable needs mixed_precision 'bf16' or 'no'; fp16's loss "
             "scaler does not handle sharded gradients"))
+
+
+def check_context_parallel_options(values: dict[str, Any], where: Location,
+                                   problems: list[Problem]) -> None:
+    """context_parallel_size must divide num_processes (the launch repeats this against the
+    processes it started)."""
+    problem = mesh_problem(values.get("num_processes", 1), values.get("context_parallel_size", 1))
+    if problem:
+        problems.append(where.problem("context_parallel_size", problem))

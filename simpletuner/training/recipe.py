@@ -211,7 +211,9 @@ class Trainer:
             return None
         resumed = self.preflight.resume_from is not None
         return TraceWriter(self.output_dir / "trace", self.accelerator.process_index,
-                           resume_at=(self.sampler.epoch, self.sampler.step) if resumed else None)
+                           resume_at=(self.sampler.epoch, self.sampler.step) if resumed else None,
+                           group=self.sampler.rank if self.sampler.context_parallel > 1
+                           else None)
 
     def _report_start(self) -> None:
         training, main = self.training, self.accelerator.is_main_process
@@ -303,7 +305,7 @@ class Trainer:
                 base_model = partial(adapter_turned_off, self.parts.network)
             with self.accelerator.autocast():
                 loss = self.adapter.compute_loss(
-                    batch, noise_generator(self.seed, self.accelerator.process_index,
+                    batch, noise_generator(self.seed, self.sampler.rank,  # the dp group
                                            micro_batch.epoch, micro_batch.step),
                     network=self.prepared, base_model=base_model)
             self.accelerator.backward(loss / self.accumulation)

@@ -60,7 +60,9 @@ def cached_bucket_problems(configuration: Configuration) -> list[Problem]:
             index = pair_references(index, [cached[c][1] for c in conditioning]).target
         specs.append(backend.split_spec(limit_samples(index, dataset.max_num_samples)))
     try:
-        check_bucket_sizes(specs, training.num_processes, training.gradient_accumulation_steps)
+        # over the data-parallel groups (context_parallel_size divides num_processes: checked)
+        check_bucket_sizes(specs, training.num_processes // training.context_parallel_size,
+                           training.gradient_accumulation_steps)
     except UndersizedBucketsError as exc:
         backend = training.data_backend_config
         shown = f"{backend} (as its index cache in output_dir shows)"
