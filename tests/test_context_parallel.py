@@ -27,10 +27,14 @@ from simpletuner.helpers.metadata.mesh import Mesh
 from simpletuner.helpers.metadata.startup import DataStartup, build_sampler, run_mesh
 from simpletuner.helpers.multiaspect.trace import trace_record
 from simpletuner.helpers.multiaspect.verify import verify
+from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.planning import run_plan
+from simpletuner.training.run.launch_checks import static_problems
 from simpletuner.training.run_state import noise_generator
 
 EPOCHS = 2
+# a family with sequence-parallel attention (its spec's attention_heads_key); 2 heads
+FLUX = dict(model_family="flux", pretrained_model_name_or_path="builtin:tiny-flux")
 GRID = [(w, c) for w in (1, 2, 3, 4, 6) for c in range(1, w + 1) if w % c == 0]
 
 
@@ -123,13 +127,36 @@ class MeshRefusalTest(unittest.TestCase):
     def test_check_and_launch_refuse_a_size_that_does_not_divide_the_processes(self):
         with self.assertRaises(ConfigError) as caught:
             configuration_from_data(
-                {"model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
-                 "output_dir": "out", "num_processes": 4, "context_parallel_size": 3},
+                {**FLUX, "output_dir": "out", "num_processes": 4, "context_parallel_size": 3},
                 [{"id": "a", "instance_data_dir": "a"}], base=Path(tempfile.gettempdir()))
         (record,) = [r for r in caught.exception.records if r.key == "context_parallel_size"]
         self.assertIn("context_parallel_size 3 does not divide the 4 processes", record.message)
         with self.assertRaisesRegex(ConfigError, "context_parallel_size 2 does not divide the 3"):
             run_mesh(training_config(Path("out"), context_parallel_size=2), 3)
+
+    def test_check_refuses_a_family_without_sequence_parallel_attention_or_heads_it_splits(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "data").mkdir()
+
+            def problems(**options) -> list[str]:
+                try:
+                    configuration = configuration_from_data(
+                        {"output_dir": str(Path(tmp) / "out"), "max_train_steps": 1,
+                         "data_backend_config": "datasets.json", **options},
+                        [{"id": "a", "instance_data_dir": str(Path(tmp) / "data")}],
+                        base=Path(tmp))
+                except ConfigError as exc:
+                    return exc.problems
+                return [str(p) for p in static_problems(configuration)]
+
+            self.assertIn("model_family 'sd1x' has no sequence-parallel attention here (it has "
+                          "for flux and wan)", " ".join(problems(
+                              model_family="sd1x", num_processes=2, context_parallel_size=2,
+                              pretrained_model_name_or_path="builtin:tiny-sd1x")))
+            ensure_builtin_model("tiny-flux")  # its transformer/config.json: 2 heads
+            self.assertIn("context_parallel_size 4 does not divide the 2 attention heads",
+                          " ".join(problems(num_processes=4, context_parallel_size=4, **FLUX)))
+            self.assertEqual(problems(num_processes=4, context_parallel_size=2, **FLUX), [])
 
     def test_plan_shows_the_data_parallel_groups(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -156,7 +183,7 @@ class ContextParallelAuditTest(unittest.TestCase):
             (root / "tmp").mkdir()
             make_datasets(root)
             config = write_config(root, "config.json", seed=3, context_parallel_size=2,
-                                  num_processes=4)
+                                  num_processes=4, **FLUX)
             output = root / "audit"
             results = launch(["--config", str(config), "--output", str(output), "--epochs", "2"],
                              4, str(root / "tmp"))

@@ -70,6 +70,20 @@ def check_context_parallel_options(values: dict[str, Any], where: Location,
                                    problems: list[Problem]) -> None:
     """context_parallel_size must divide num_processes (the launch repeats this against the
     processes it started)."""
-    problem = mesh_problem(values.get("num_processes", 1), values.get("context_parallel_size", 1))
+    size = values.get("context_parallel_size", 1)
+    problem = mesh_problem(values.get("num_processes", 1), size)
     if problem:
         problems.append(where.problem("context_parallel_size", problem))
+    if size == 1:
+        return
+    spec = known_spec(values.get("model_family"))
+    if spec is not None and spec.attention_heads_key is None:
+        problems.append(where.problem(
+            "context_parallel_size", f"context_parallel_size {size}: model_family "
+            f"'{spec.name}' has no sequence-parallel attention here (it has for "
+            f"{spoken_list(families_where(lambda s: s.attention_heads_key))})",
+            "set context_parallel_size to 1"))
+    if values.get("fsdp_enable", False):
+        problems.append(where.problem(
+            "context_parallel_size", f"context_parallel_size {size} with fsdp_enable is not "
+            "supported yet", "use one of them"))

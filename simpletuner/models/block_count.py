@@ -1,7 +1,7 @@
 """How many blocks block swap can move (musubi_blocks_to_swap's most), read from a model
 folder's trained network's config.json without torch: the family's spec names the config keys
 that add up to its adapter's swappable_blocks, so ``check`` refuses a count that is too large
-before anything loads."""
+before anything loads; and its attention heads, which context_parallel_size must divide."""
 
 from __future__ import annotations
 
@@ -24,6 +24,22 @@ def model_folder(name_or_path: str) -> Path | None:
     else:
         folder = Path(name_or_path).expanduser()
     return folder if (folder / "model_index.json").is_file() else None
+
+
+def attention_heads(model_family: str, name_or_path: str) -> int | None:
+    """The attention heads of the model's trained network, where the family's spec names the
+    key (context_parallel_size must divide them); None where not known before it loads."""
+    if model_family not in family_names():
+        return None
+    key = family_spec(model_family).attention_heads_key
+    folder = model_folder(name_or_path)
+    if key is None or folder is None:
+        return None
+    try:
+        config = json.loads((folder / TRAINED_SUBFOLDER / "config.json").read_text("utf-8"))
+        return int(config[key])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def swappable_block_count(model_family: str, name_or_path: str) -> int | None:
