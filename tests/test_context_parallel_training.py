@@ -2,7 +2,7 @@
 processes with context_parallel_size 2 (2 data-parallel groups, each rank holding half of the
 token sequence, Ulysses all-to-all attention) ends with the weights of the same run on 2
 processes without it (the same global batch), within float tolerance; the traces show each
-group's two ranks training the same samples."""
+group's two ranks training the same samples; its validation runs on the main rank alone."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from launching import REPO, Launch
 from test_distributed import free_port
-from training_fixtures import environment, make_shapes, read_jsonl, write_config
+from training_fixtures import environment, make_shapes, read_events, read_jsonl, write_config
 
 TIMEOUT_S = 400
 WEIGHTS = "pipeline/transformer/diffusion_pytorch_model.safetensors"
@@ -52,9 +52,11 @@ class ContextParallelTrainingTest(unittest.TestCase):
                        train_batch_size=1, max_train_steps=2, trace_samples=True,
                        learning_rate=1e-3, adam_epsilon=1e-3)
         cls.results = {}
-        for name, world, c in (("cp", 4, 2), ("dp", 2, 1)):
+        # The context-parallel run validates at its end too: the main rank alone, hooks off.
+        validation = dict(validation_prompt="a red circle", validation_num_inference_steps=1)
+        for name, world, c, more in (("cp", 4, 2, validation), ("dp", 2, 1, {})):
             config = write_config(root, root / "data", name, num_processes=world,
-                                  context_parallel_size=c, **options)
+                                  context_parallel_size=c, **options, **more)
             cls.results[name] = launch_training(config, world, str(root))
 
     @classmethod
@@ -90,6 +92,12 @@ class ContextParallelTrainingTest(unittest.TestCase):
         self.assertEqual([alike[0], alike[2]], dp)
         plan = json.loads((self.root / "cp-out" / "trace" / "plan.json").read_text())
         self.assertEqual((plan["world_size"], plan["context_parallel"]), (2, 2))
+
+    def test_the_main_rank_validates_alone(self):
+        (event,) = read_events(self.root / "cp-out", "validation")
+        self.assertEqual(event["step"], 2)
+        for name in event["files"]:
+            self.assertTrue((self.root / "cp-out" / name).is_file(), name)
 
 
 if __name__ == "__main__":
