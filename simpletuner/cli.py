@@ -21,8 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--num-processes", type=int, default=None,
                       help="also size the split for this many hypothetical ranks")
     plan.add_argument("--context-parallel", type=int, default=None, metavar="C",
-                      help="with --num-processes: context_parallel_size (default: config.json's);"
-                      " the split is over num-processes / C data-parallel groups")
+                      help="context_parallel_size (default: config.json's): the split is over "
+                      "num-processes / C data-parallel groups; with --memory, each rank holds 1/C"
+                      " of the sequence")
     plan.add_argument("--memory", action="store_true",
                       help="print the model's bytes per rank under DDP and FSDP2 instead, and "
                       "one device's peak with activations and block swap")
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         from simpletuner.training.memory.plan import run_memory_plan
 
         return run_memory_plan(args.config, args.num_processes, args.gpu_memory, args.frames,
-                               args.size)
+                               args.size, context_parallel=args.context_parallel)
     if args.command == "plan":
         from simpletuner.planning import run_plan
 

@@ -20,7 +20,11 @@ import torch
 
 from discovery_fixtures import dataset_config, encode, image, training_config, write
 from test_distributed import launch, make_datasets, write_config
+from test_memory_plan_command import row
+from training_fixtures import make_shapes
+from training_fixtures import write_config as write_training_config
 from simpletuner.audit import audit_plan
+from simpletuner.cli import main
 from simpletuner.configuration import ConfigError, configuration_from_data
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.mesh import Mesh
@@ -157,6 +161,27 @@ class MeshRefusalTest(unittest.TestCase):
             self.assertIn("context_parallel_size 4 does not divide the 2 attention heads",
                           " ".join(problems(num_processes=4, context_parallel_size=4, **FLUX)))
             self.assertEqual(problems(num_processes=4, context_parallel_size=2, **FLUX), [])
+            # SimpleTuner's +cp examples leave the processes to the launcher: checked at launch
+            self.assertEqual(problems(context_parallel_size=2, **FLUX), [])
+
+    def test_the_memory_plan_holds_a_part_of_the_sequence_per_rank(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+            config = write_training_config(root, root / "data", model_family="wan",
+                                           pretrained_model_name_or_path="builtin:tiny-wan",
+                                           gradient_checkpointing=False)
+            saved = {}
+            for c in (1, 2, 4):
+                printed = io.StringIO()
+                with redirect_stdout(printed):
+                    status = main(["plan", "--memory", "--config", str(config), "--frames", "9",
+                                   "--num-processes", "4", "--context-parallel", str(c)])
+                self.assertEqual(status, 0, printed.getvalue()[-2000:])
+                (saved[c],) = row(printed.getvalue(), "activations (saved for the backward)")
+        self.assertLess(saved[2], saved[1])
+        self.assertLess(saved[4], saved[2])
+        self.assertGreater(saved[4], saved[1] / 4)  # outside the blocks: the whole sequence
 
     def test_plan_shows_the_data_parallel_groups(self):
         with tempfile.TemporaryDirectory() as tmp:

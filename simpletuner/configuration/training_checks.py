@@ -68,10 +68,10 @@ def check_fsdp_options(values: dict[str, Any], where: Location, problems: list[P
 
 def check_context_parallel_options(values: dict[str, Any], where: Location,
                                    problems: list[Problem]) -> None:
-    """context_parallel_size must divide num_processes (the launch repeats this against the
-    processes it started)."""
+    """context_parallel_size must divide num_processes where config.json sets it (SimpleTuner's
+    configs leave it to the launcher; every rank checks it against the processes started)."""
     size = values.get("context_parallel_size", 1)
-    problem = mesh_problem(values.get("num_processes", 1), size)
+    problem = mesh_problem(values["num_processes"], size) if "num_processes" in values else None
     if problem:
         problems.append(where.problem("context_parallel_size", problem))
     if size == 1:
