@@ -33,6 +33,7 @@ from simpletuner.helpers.multiaspect.trace import trace_record
 from simpletuner.helpers.multiaspect.verify import verify
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.planning import run_plan
+from simpletuner.training.parallel.sequence import sequence_problem
 from simpletuner.training.run.launch_checks import static_problems
 from simpletuner.training.run_state import noise_generator
 
@@ -127,7 +128,7 @@ class MeshGridTest(unittest.TestCase):
         self.assertIn("context_parallel removed", message)
 
 
-class MeshRefusalTest(unittest.TestCase):
+class MeshChecksTest(unittest.TestCase):
     def test_check_and_launch_refuse_a_size_that_does_not_divide_the_processes(self):
         with self.assertRaises(ConfigError) as caught:
             configuration_from_data(
@@ -182,6 +183,25 @@ class MeshRefusalTest(unittest.TestCase):
         self.assertLess(saved[2], saved[1])
         self.assertLess(saved[4], saved[2])
         self.assertGreater(saved[4], saved[1] / 4)  # outside the blocks: the whole sequence
+
+    def test_a_sequence_that_does_not_split_is_named_before_diffusers_splits_it(self):
+        from diffusers import FluxTransformer2DModel, WanTransformer3DModel
+        from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+        flux = FluxTransformer2DModel._cp_plan[""]
+
+        def inputs(tokens: int) -> dict:
+            return {"hidden_states": torch.zeros(1, tokens, 4), "img_ids": torch.zeros(tokens, 3),
+                    "encoder_hidden_states": torch.zeros(1, 6, 8), "txt_ids": torch.zeros(6, 3)}
+
+        self.assertEqual(sequence_problem(flux, FluxTransformer2DModel, (), inputs(15), 2),
+                         "hidden_states holds 15")
+        self.assertIsNone(sequence_problem(flux, FluxTransformer2DModel, (), inputs(16), 2))
+        wan = WanTransformer3DModel._cp_plan["blocks.0"]  # its blocks take it by position
+        self.assertEqual(sequence_problem(wan, WanTransformerBlock, (torch.zeros(1, 27, 8),),
+                                          {}, 2), "hidden_states holds 27")
+        self.assertIsNone(sequence_problem(wan, WanTransformerBlock, (torch.zeros(1, 27, 8),),
+                                           {}, 3))
 
     def test_plan_shows_the_data_parallel_groups(self):
         with tempfile.TemporaryDirectory() as tmp:

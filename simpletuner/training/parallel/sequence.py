@@ -20,8 +20,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
-from diffusers.hooks.context_parallel import apply_context_parallel, remove_context_parallel
-from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+from diffusers.hooks.context_parallel import (ModuleForwardMetadata, apply_context_parallel,
+                                              remove_context_parallel)
+from diffusers.models._modeling_parallel import (ContextParallelConfig, ContextParallelInput,
+                                                 ParallelConfig)
 from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention
 from torch.distributed.device_mesh import init_device_mesh
@@ -69,6 +71,46 @@ def shard_sequence(network: torch.nn.Module, mesh: Mesh, rank: int,
     for processor in _processors(network):
         processor._parallel_config = config
     apply_context_parallel(network, config.context_parallel_config, plan)
+    _check_sequences(network, plan, mesh.context_parallel)
+
+
+def sequence_problem(planned: dict, module_class: type, args: tuple, kwargs: dict,
+                     context_parallel: int) -> str | None:
+    """Which input the plan splits (``planned``: one module's entry) does not split into
+    ``context_parallel`` equal parts, and its length; None when all do."""
+    found = ModuleForwardMetadata(_cls=module_class)
+    for name, split in planned.items():
+        if not isinstance(split, ContextParallelInput) or split.split_output:
+            continue
+        value = found._get_parameter_from_args_kwargs(name, list(args), kwargs)[0]
+        if (torch.is_tensor(value)
+                and split.expected_dims in (None, value.dim())
+                and value.shape[split.split_dim] % context_parallel):
+            return f"{name} holds {value.shape[split.split_dim]}"
+    return None
+
+
+def _check_sequences(network: torch.nn.Module, plan: dict, context_parallel: int) -> None:
+    """Before diffusers' hooks split an input: a clear error, the same on every rank (they
+    train one bucket at a time), instead of its assertion. Off with the plan's hooks."""
+    for module_id, planned in plan.items():
+        if not isinstance(planned, dict):
+            continue
+        module = network.get_submodule(module_id)
+
+        def check(module, args, kwargs, planned=planned, where=module_id or "its input"):
+            if getattr(network, "_parallel_config", None) is None:  # sequence_whole
+                return
+            problem = sequence_problem(planned, type(module), args, kwargs, context_parallel)
+            if problem:
+                raise ContextParallelError(
+                    f"context parallel: {problem} tokens at {where} of "
+                    f"{type(network).__name__}, which do not split into context_parallel_size "
+                    f"{context_parallel} equal parts; train buckets whose token counts do (a "
+                    "larger aspect_bucket_alignment, e.g. 64) or use a context_parallel_size "
+                    "that divides them")
+
+        module.register_forward_pre_hook(check, with_kwargs=True)
 
 
 def gradient_scale(network: torch.nn.Module) -> int:
