@@ -5,9 +5,9 @@ runs the real start-up and sampler for N epochs without loading a model. Each ra
 ``DIR/rank-<k>.jsonl``; the main rank writes ``DIR/plan.json`` (seed, data-parallel groups,
 context_parallel_size, buckets, each epoch's trimmed and carried occurrences), checks the traces
 against it (the ranks of a context-parallel group alike, every sample exactly once across the
-groups) and prints one line per epoch. With ``dataset_type: eval`` datasets it does the same for one evaluation, as the trainer
-walks it, in ``DIR/eval/``. Every rank exits with the same status: 0 when nothing is missing or
-duplicated.
+groups) and prints one line per epoch. With ``dataset_type: eval`` datasets it does the same for
+one evaluation, as the trainer walks it, in ``DIR/eval/``. Every rank exits with the same
+status: 0 when nothing is missing or duplicated.
 """
 
 from __future__ import annotations

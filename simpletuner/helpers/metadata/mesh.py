@@ -49,10 +49,6 @@ class Mesh:
             raise ValueError(f"rank {rank} is outside 0..{self.processes - 1}")
         return rank // self.context_parallel
 
-    def position_of(self, rank: int) -> int:
-        """``rank``'s place in its context-parallel group: which 1/C of the sequence it holds."""
-        return rank % self.context_parallel
-
     def ranks_of(self, group: int) -> range:
         """The ranks of one data-parallel group (one context-parallel group)."""
         return range(group * self.context_parallel, (group + 1) * self.context_parallel)

@@ -6,6 +6,8 @@ parallel: ``plan["world_size"]`` is the number of groups."""
 
 from __future__ import annotations
 
+from simpletuner.helpers.metadata.mesh import Mesh
+
 GROUP = "group"  # the trace's field for the rank's data-parallel group
 
 
@@ -36,8 +38,9 @@ def group_traces(plan: dict, traces: dict[int, list[dict]]
         problems.append(f"expected traces of ranks 0..{groups * c - 1} ({groups} data-parallel "
                         f"groups x context_parallel_size {c}), got {sorted(traces)}")
     found = {}
+    mesh = Mesh(groups * c, c)
     for group in range(groups):
-        ranks = [r for r in range(group * c, (group + 1) * c) if r in traces]
+        ranks = [r for r in mesh.ranks_of(group) if r in traces]
         for rank in ranks:
             named = {record.get(GROUP) for record in traces[rank]} - {group}
             if named:
