@@ -2,11 +2,12 @@
 
 Launched like training (plain python = one process; `accelerate launch` or `torchrun` = N), it
 runs the real start-up and sampler for N epochs without loading a model. Each rank writes
-``DIR/rank-<k>.jsonl``; the main rank writes ``DIR/plan.json`` (seed, world size, buckets, each
-epoch's trimmed and carried occurrences), checks the traces against it and prints one line per
-epoch. With ``dataset_type: eval`` datasets it does the same for one evaluation, as the trainer
-walks it, in ``DIR/eval/``. Every rank exits with the same status: 0 when nothing is missing or
-duplicated.
+``DIR/rank-<k>.jsonl``; the main rank writes ``DIR/plan.json`` (seed, data-parallel groups,
+context_parallel_size, buckets, each epoch's trimmed and carried occurrences), checks the traces
+against it (the ranks of a context-parallel group alike, every sample exactly once across the
+groups) and prints one line per epoch. With ``dataset_type: eval`` datasets it does the same for
+one evaluation, as the trainer walks it, in ``DIR/eval/``. Every rank exits with the same
+status: 0 when nothing is missing or duplicated.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from simpletuner.common.clean_exit import exit_process
 from simpletuner.common.atomic import atomic_write_json
 from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.metadata.backends.base import IndexAgreementError
+from simpletuner.helpers.metadata.mesh import Mesh
 from simpletuner.helpers.metadata.split import UndersizedBucketsError
 from simpletuner.helpers.metadata.startup import (DataStartup, DataStartupError, build_sampler,
                                                   start_data)
@@ -68,6 +70,7 @@ def audit_plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -
             trimmed.setdefault(epoch, {})[dataset_id] = {k: p.trimmed for k, p in pieces.items()}
             carried.setdefault(epoch, {})[dataset_id] = {k: p.carried for k, p in pieces.items()}
     return build_plan(seed=sampler.seed, world_size=sampler.processes,
+                      context_parallel=sampler.context_parallel,
                       accumulation=sampler.accumulation, datasets=specs, trimmed=trimmed,
                       carried=carried,
                       schedules={d.index.dataset_id: d.schedule for d in sampler.datasets},
@@ -77,7 +80,8 @@ def audit_plan(startup: DataStartup, sampler: MultiAspectSampler, epochs: int) -
 
 
 def _trace(sampler: MultiAspectSampler, output: Path, rank: int, epochs: int) -> None:
-    with TraceWriter(output, rank) as writer:
+    group = sampler.rank if sampler.context_parallel > 1 else None  # the rank's dp group
+    with TraceWriter(output, rank, group=group) as writer:
         for _ in range(epochs):
             for batch in sampler:
                 writer.write(batch)
@@ -106,7 +110,8 @@ def _audit_sampler(accelerator: Accelerator, startup: DataStartup, sampler: Mult
         if main:
             plan = audit_plan(startup, sampler, epochs)
             atomic_write_json(output / "plan.json", plan, indent=1)
-            print(f"{label}seed {sampler.seed}, {sampler.processes} processes, "
+            mesh = Mesh(accelerator.num_processes, sampler.context_parallel)
+            print(f"{label}seed {sampler.seed}, {mesh.describe()}, "
                   f"{sampler.micro_batches_in(0)} micro-batches per rank in epoch 0, {epochs} "
                   "epochs")
     with failing_together("writing the rank traces"):  # also the barrier before the check
@@ -114,7 +119,7 @@ def _audit_sampler(accelerator: Accelerator, startup: DataStartup, sampler: Mult
     ok = False
     with failing_together("checking the traces"):
         if main:
-            ok = _check(output, sampler.processes, plan, label)
+            ok = _check(output, accelerator.num_processes, plan, label)
     (ok,) = broadcast_object_list([ok])
     return ok
 

@@ -20,6 +20,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print only JSON on stdout")
     plan.add_argument("--num-processes", type=int, default=None,
                       help="also size the split for this many hypothetical ranks")
+    plan.add_argument("--context-parallel", type=int, default=None, metavar="C",
+                      help="context_parallel_size (default: config.json's): the split is over "
+                      "num-processes / C data-parallel groups; with --memory, each rank holds 1/C"
+                      " of the sequence")
     plan.add_argument("--memory", action="store_true",
                       help="print the model's bytes per rank under DDP and FSDP2 instead, and "
                       "one device's peak with activations and block swap")
@@ -116,11 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         from simpletuner.training.memory.plan import run_memory_plan
 
         return run_memory_plan(args.config, args.num_processes, args.gpu_memory, args.frames,
-                               args.size)
+                               args.size, context_parallel=args.context_parallel)
     if args.command == "plan":
         from simpletuner.planning import run_plan
 
-        return run_plan(args.config, as_json=args.json, num_processes=args.num_processes)
+        return run_plan(args.config, as_json=args.json, num_processes=args.num_processes,
+                        context_parallel=args.context_parallel)
     if args.command == "builtin":
         from simpletuner.models.builtin import run_builtin_command
 

@@ -13,6 +13,7 @@ from simpletuner.dataset_kinds import kind_of
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.mesh import mesh_problem
 from simpletuner.helpers.metadata.sizing import sizing_table, split_sizing
 from simpletuner.helpers.metadata.subset import limit_samples
 from simpletuner.helpers.metadata.video_buckets import retiming_summary
@@ -55,7 +56,8 @@ def _plan_json(indexes: list[DatasetIndex]) -> dict:
     }}
 
 
-def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | None = None) -> int:
+def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | None = None,
+             context_parallel: int | None = None) -> int:
     """Exit code: 0 fine, 1 a dataset cannot be used or discovery failed, 2 bad configuration.
 
     Logs and progress bars go to stderr; stdout holds the tables, or only JSON with ``as_json``.
@@ -69,14 +71,20 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     if num_processes is not None and num_processes < 1:
         print(f"--num-processes is {num_processes}; expected 1 or more", file=sys.stderr)
         return 2
+    # The data-parallel groups the split is over (helpers/metadata/mesh.py).
+    context = context_parallel or config.training.context_parallel_size
+    problem = mesh_problem(num_processes or config.training.num_processes, context)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         indexes, split_specs = _index_datasets(config)
     except OSError as exc:  # the dataset is named in the message
         print(exc, file=sys.stderr)
         return 1
 
-    # Undersized: cannot fill one effective batch on the planned (or configured) processes.
-    processes = num_processes or config.training.num_processes
+    # Undersized: cannot fill one effective batch on the planned (or configured) groups.
+    processes = (num_processes or config.training.num_processes) // context
     undersized = {spec.dataset_id: undersized_buckets(
         spec, processes, config.training.gradient_accumulation_steps) for spec in split_specs}
     histogram = Path(config.training.output_dir) / HISTOGRAM_NAME
@@ -88,12 +96,13 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
     # --num-processes: what the split would keep and trim on that many hypothetical ranks.
     sizing = None
     if num_processes is not None:
-        sizing = split_sizing(split_specs, num_processes,
+        sizing = split_sizing(split_specs, processes,
                               config.training.gradient_accumulation_steps,
-                              schedule_first_epochs(config.datasets, split_specs, num_processes,
+                              schedule_first_epochs(config.datasets, split_specs, processes,
                                                     config.training.gradient_accumulation_steps,
                                                     config.training.seed,
-                                                    config.training.data_backend_sampling))
+                                                    config.training.data_backend_sampling),
+                              context)
     schedule = dataset_schedule(config.datasets, split_specs, processes,
                                 config.training.gradient_accumulation_steps,
                                 config.training.max_train_steps,

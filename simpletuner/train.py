@@ -37,6 +37,7 @@ from simpletuner.training.run.output_dir_claim import output_dir_claimed
 from simpletuner.training.adapters.lora import LoraTargetError
 from simpletuner.training.adapters.lycoris_adapter import LycorisTargetError
 from simpletuner.training.memory.sharding import ShardingError
+from simpletuner.training.parallel.sequence import ContextParallelError
 from simpletuner.training.run.outcomes import (EXIT_CONFIG, EXIT_FAILED, EXIT_PREEMPTED,
                                            EXIT_TRAINED, Diverged, Preempted, exit_status_for,
                                            record_exit_status)
@@ -52,7 +53,8 @@ logger = logging.getLogger(__name__)
 # traceback is logged and kept (common/error_report.py).
 EXPECTED_ERRORS = (ConfigError, DataStartupError, IndexAgreementError, UndersizedBucketsError,
                    ModelFolderError, LoraTargetError, LycorisTargetError, CacheEntryError,
-                   CaptionError, CheckpointError, Preempted, Diverged, ShardingError)
+                   CaptionError, CheckpointError, Preempted, Diverged, ShardingError,
+                   ContextParallelError)
 
 
 def build_accelerator(training, peer_timeout: float) -> Accelerator:

@@ -24,7 +24,8 @@ from simpletuner.configuration.memory_checks import (check_block_swap_options,
 from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.simpletuner_keys.model import without_the_model_folder
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON
-from simpletuner.configuration.training_checks import (check_fsdp_options,
+from simpletuner.configuration.training_checks import (check_context_parallel_options,
+                                                       check_fsdp_options,
                                                        check_lora_target_all,
                                                        check_loss_options_fit_the_family,
                                                        with_lora_target_preset)
@@ -107,6 +108,7 @@ def parse_training(raw: Any, where: Location, problems: list[Problem],
                 f"'{resolution_type}' it must be a whole number of pixels"))
     check_loss_options_fit_the_family(values, where, problems)
     check_fsdp_options(values, where, problems)
+    check_context_parallel_options(values, where, problems)
     check_block_swap_options(values, where, problems)
     check_group_offload_options(values, where, base, problems)
     check_lora_target_all(raw, values, where, problems)

@@ -128,6 +128,10 @@ class TrainingConfig:
     bucket_tail: BucketTail = option(DEFAULT_BUCKET_TAIL, help=BUCKET_TAIL_HELP + "; datasets "
                                      "may override it")
     num_processes: int = option(1, minimum=1, help="processes train.sh launches")
+    context_parallel_size: int = option(
+        1, minimum=1, help="C: the processes form num_processes / C data-parallel groups of C "
+        "consecutive ranks (rank r in group r // C); the C ranks of a group train the same "
+        "micro-batch, each holding 1/C of its sequence; the split is over the groups")
 
     # Length
     max_train_steps: int | None = option(None, minimum=1)

@@ -1,6 +1,6 @@
 """Checks of config.json's options against each other: options the chosen family would
 ignore, flux_lora_target 'all' where it means more than the default (Chroma), and what FSDP2
-needs."""
+needs, and context_parallel_size against num_processes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from simpletuner.configuration.fields import normalise_key
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON
 from simpletuner.families import spoken_list
 from simpletuner.families.spec import NOISE
+from simpletuner.helpers.metadata.mesh import mesh_problem
 
 
 def check_loss_options_fit_the_family(values: dict[str, Any], where: Location,
@@ -81,3 +82,26 @@ def check_fsdp_options(values: dict[str, Any], where: Location, problems: list[P
         problems.append(where.problem(
             "mixed_precision", "fsdp_enable needs mixed_precision 'bf16' or 'no'; fp16's loss "
             "scaler does not handle sharded gradients"))
+
+
+def check_context_parallel_options(values: dict[str, Any], where: Location,
+                                   problems: list[Problem]) -> None:
+    """context_parallel_size must divide num_processes where config.json sets it (SimpleTuner's
+    configs leave it to the launcher; every rank checks it against the processes started)."""
+    size = values.get("context_parallel_size", 1)
+    problem = mesh_problem(values["num_processes"], size) if "num_processes" in values else None
+    if problem:
+        problems.append(where.problem("context_parallel_size", problem))
+    if size == 1:
+        return
+    spec = known_spec(values.get("model_family"))
+    if spec is not None and spec.attention_heads_key is None:
+        problems.append(where.problem(
+            "context_parallel_size", f"context_parallel_size {size}: model_family "
+            f"'{spec.name}' has no sequence-parallel attention here (it has for "
+            f"{spoken_list(families_where(lambda s: s.attention_heads_key))})",
+            "set context_parallel_size to 1"))
+    if values.get("fsdp_enable", False):
+        problems.append(where.problem(
+            "context_parallel_size", f"context_parallel_size {size} with fsdp_enable is not "
+            "supported yet", "use one of them"))

@@ -62,6 +62,11 @@ class FamilySpec:
     # (a key twice where two block lists have its length), so check refuses a
     # musubi_blocks_to_swap beyond them before loading; empty: the run's own check decides.
     swappable_block_keys: tuple[str, ...] = ()
+    # The trained network's config.json key of its attention heads, for a transformer whose
+    # diffusers class has a context-parallel plan (_cp_plan): context_parallel_size shards its
+    # sequence (training/parallel/sequence.py), and check refuses one that does not divide the
+    # heads; None: context_parallel_size is refused for the family.
+    attention_heads_key: str | None = None
 
     @property
     def trains_unet(self) -> bool:

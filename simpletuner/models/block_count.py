@@ -1,7 +1,7 @@
 """How many blocks block swap can move (musubi_blocks_to_swap's most), read from a model
 folder's trained network's config.json without torch: the family's spec names the config keys
 that add up to its adapter's swappable_blocks, so ``check`` refuses a count that is too large
-before anything loads."""
+before anything loads; and its attention heads, which context_parallel_size must divide."""
 
 from __future__ import annotations
 
@@ -26,6 +26,31 @@ def model_folder(name_or_path: str) -> Path | None:
     return folder if (folder / "model_index.json").is_file() else None
 
 
+def _trained_config(name_or_path: str) -> dict | None:
+    """The trained network's config.json in the model folder, if there is one now."""
+    folder = model_folder(name_or_path)
+    if folder is None:
+        return None
+    try:
+        config = json.loads((folder / TRAINED_SUBFOLDER / "config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def attention_heads(model_family: str, name_or_path: str) -> int | None:
+    """The attention heads of the model's trained network, where the family's spec names the
+    key (context_parallel_size must divide them); None where not known before it loads."""
+    if model_family not in family_names():
+        return None
+    key = family_spec(model_family).attention_heads_key
+    config = _trained_config(name_or_path) if key else None
+    try:
+        return None if config is None else int(config[key])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def swappable_block_count(model_family: str, name_or_path: str) -> int | None:
     """The number of blocks the family's adapter can swap in this model; None where that is
     not known before the network loads (a family whose spec names no keys, a built-in model
@@ -33,11 +58,8 @@ def swappable_block_count(model_family: str, name_or_path: str) -> int | None:
     if model_family not in family_names():
         return None
     keys = family_spec(model_family).swappable_block_keys
-    folder = model_folder(name_or_path)
-    if not keys or folder is None:
-        return None
+    config = _trained_config(name_or_path) if keys else None
     try:
-        config = json.loads((folder / TRAINED_SUBFOLDER / "config.json").read_text("utf-8"))
-        return sum(int(config[key]) for key in keys)
-    except (OSError, ValueError, KeyError, TypeError):
+        return None if config is None else sum(int(config[key]) for key in keys)
+    except (KeyError, TypeError, ValueError):
         return None

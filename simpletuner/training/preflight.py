@@ -18,6 +18,7 @@ from simpletuner.configuration.errors import Location, Problem
 from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.dataset_kinds import kind_of
+from simpletuner.helpers.metadata.mesh import mesh_problem
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.builtin import resolve_model_path
 from simpletuner.models.model_path import model_path_problem
@@ -193,6 +194,9 @@ def run_preflight_on_all_ranks(configuration: Configuration, accelerator) -> Pre
     node may see what the main one does not: an unwritable output_dir, a missing model folder).
     Configuration problems found on any rank are a ConfigError on every rank; any other error
     a RankFailure on every rank; either way no rank goes on alone into start-up."""
+    mesh = mesh_problem(accelerator.num_processes, configuration.training.context_parallel_size)
+    if mesh:  # the processes the launcher started: every rank alike, before any collective
+        raise ConfigError([mesh])
     result, problems = None, []
     with failing_together("start-up checks on the main process"):
         if accelerator.is_main_process:

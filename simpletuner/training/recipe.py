@@ -25,6 +25,7 @@ from simpletuner.configuration import Configuration
 from simpletuner.helpers.caching.prepare import prepare_caches
 from simpletuner.helpers.metadata.startup import (build_sampler, report_skipped_files_together,
                                                   skipped_files, start_data)
+from simpletuner.helpers.metadata.mesh import Mesh
 from simpletuner.helpers.multiaspect.batch import MicroBatch
 from simpletuner.helpers.multiaspect.prefetch import PrefetchedBatches
 from simpletuner.helpers.multiaspect.trace import TraceWriter
@@ -36,6 +37,8 @@ from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
 from simpletuner.training.memory.block_swap import network_to_device
 from simpletuner.training.memory.offload import release_frozen_components
+from simpletuner.training.parallel.sequence import (gradient_scale, sequence_whole,
+                                                     shard_sequence)
 from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
                                                   shard_network)
 from simpletuner.training.model_setup import load_trained_model
@@ -173,6 +176,9 @@ class Trainer:
         """The LR scheduler is not handed to accelerate (which would step it once per process);
         the checkpointer saves its state as JSON."""
         network = self.adapter.trainable
+        mesh = Mesh(self.accelerator.num_processes, self.training.context_parallel_size)
+        if mesh.context_parallel > 1:  # before DDP wraps it: its sequence split over the group
+            shard_sequence(network, mesh, self.accelerator.process_index, self.accelerator.device)
         if self.settings.sharding.fsdp_enable:  # before the optimizer: its parameters are shards
             shard_network(network, self.settings.sharding, self.accelerator.device.type)
         optimizer = build_optimizer(network, self.settings.optimizer)
@@ -213,7 +219,9 @@ class Trainer:
             return None
         resumed = self.preflight.resume_from is not None
         return TraceWriter(self.output_dir / "trace", self.accelerator.process_index,
-                           resume_at=(self.sampler.epoch, self.sampler.step) if resumed else None)
+                           resume_at=(self.sampler.epoch, self.sampler.step) if resumed else None,
+                           group=self.sampler.rank if self.sampler.context_parallel > 1
+                           else None)
 
     def _report_start(self) -> None:
         training, main = self.training, self.accelerator.is_main_process
@@ -305,10 +313,12 @@ class Trainer:
                 base_model = partial(adapter_turned_off, self.parts.network)
             with self.accelerator.autocast():
                 loss = self.adapter.compute_loss(
-                    batch, noise_generator(self.seed, self.accelerator.process_index,
+                    batch, noise_generator(self.seed, self.sampler.rank,  # the dp group
                                            micro_batch.epoch, micro_batch.step),
                     network=self.prepared, base_model=base_model)
-            self.accelerator.backward(loss / self.accumulation)
+            # x C with a sharded sequence (training/parallel/sequence.py)
+            self.accelerator.backward(loss * gradient_scale(self.parts.network)
+                                      / self.accumulation)
         return loss.detach().float()
 
     def _apply(self, totals: StepTotals) -> None:
@@ -386,20 +396,24 @@ class Trainer:
         if ema is not None:
             ema.swap(network)
         try:
-            trained = network_on_main(self.accelerator, self.prepared)
-            with (failing_together(f"validation at step {self.state.step}"),
-                  assistant_in_validation(network, self.training)):
-                if self.accelerator.is_main_process:
-                    self.run_log.events.validation(self.state.step, validate_model(
-                        self.adapter, self.settings.validation, self.state.step,
-                        edit_pairs=self.edit_pairs, datasets=self.configuration.datasets,
-                        indexes=self.caches.indexes, trainable=network_to_device(
-                            trained, self.accelerator.device, self.block_swap),
-                        accelerator=self.accelerator, autocast_dtype=self.weight_dtype))
+            with sequence_whole(network):  # the main rank generates alone
+                self._validate_on_main()
         finally:
             if ema is not None:
                 ema.swap(network)
         self.run_log.render()
+
+    def _validate_on_main(self) -> None:
+        trained = network_on_main(self.accelerator, self.prepared)
+        with (failing_together(f"validation at step {self.state.step}"),
+              assistant_in_validation(self.parts.network, self.training)):
+            if self.accelerator.is_main_process:
+                self.run_log.events.validation(self.state.step, validate_model(
+                    self.adapter, self.settings.validation, self.state.step,
+                    edit_pairs=self.edit_pairs, datasets=self.configuration.datasets,
+                    indexes=self.caches.indexes, trainable=network_to_device(
+                        trained, self.accelerator.device, self.block_swap),
+                    accelerator=self.accelerator, autocast_dtype=self.weight_dtype))
 
     # ---- the end ----------------------------------------------------------------------------
 

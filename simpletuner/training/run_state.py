@@ -25,11 +25,13 @@ class RunState:
     nonfinite_steps: list[int] = field(default_factory=list)
 
 
-def noise_generator(seed: int, rank: int, epoch: int, step: int) -> torch.Generator:
+def noise_generator(seed: int, group: int, epoch: int, step: int) -> torch.Generator:
     """Noise and timesteps of a micro-batch depend only on where it is in the run, so a
-    resumed run draws exactly what the uninterrupted one drew."""
+    resumed run draws exactly what the uninterrupted one drew. ``group``: the rank's
+    data-parallel group (its rank without context parallel), so the ranks of one
+    context-parallel group draw the same noise for their one micro-batch."""
     return torch.Generator(device="cpu").manual_seed(
-        stable_seed("noise", seed, rank, epoch, step) & (2**63 - 1))
+        stable_seed("noise", seed, group, epoch, step) & (2**63 - 1))
 
 
 def total_steps(training, sampler) -> int:

@@ -128,10 +128,8 @@ MODEL_KEYS = {
               "sharded blocks", (None, "TRANSFORMER_BASED_WRAP")),
     **refused("fsdp_cpu_offload", "remove it; FSDP2 here keeps parameters on the device"),
     **refused("fsdp_activation_checkpointing", "use gradient_checkpointing"),
-    **refused("context_parallel_size", "remove it; context parallelism is not supported here",
-              (None, 1)),
-    **ignored("context_parallel_comm_strategy", "used only with context_parallel_size above 1, "
-              "which is refused here"),
+    **ignored("context_parallel_comm_strategy", "accepted; context_parallel_size's groups "
+              "exchange attention heads with one all-to-all (Ulysses)"),
     **refused("optimizer_cpu_offload_method", "remove it; optimizer state stays on the device",
               (None, "none")),
     **refused("distillation_method", "remove it; distillation is not supported here"),

@@ -37,5 +37,6 @@ SPEC = FamilySpec(
     default_assistants={"schnell": "ostris/FLUX.1-schnell-training-adapter"},
     # the double-stream blocks, then the single-stream ones
     swappable_block_keys=("num_layers", "num_single_layers"),
+    attention_heads_key="num_attention_heads",  # context_parallel_size
     # Flux's guidance is an input of the network, not an unconditional pass
     guidance_scale_without_cfg=None)

@@ -30,10 +30,12 @@ FirstEpoch = Callable[[str, int], "int | None"]
 
 
 def split_sizing(specs: Sequence[DatasetSpec], processes: int, accumulation: int,
-                 first_epoch: FirstEpoch = lambda dataset_id, epoch: 0) -> dict:
+                 first_epoch: FirstEpoch = lambda dataset_id, epoch: 0,
+                 context_parallel: int = 1) -> dict:
     """Per dataset and bucket, for each of the first SIZED_EPOCHS epochs: carried in, kept,
     trimmed, carried out, micro-batches per rank, optimizer steps (nothing in an epoch before
-    the dataset joins); and the totals per epoch."""
+    the dataset joins); and the totals per epoch. ``processes``: the data-parallel groups the
+    split is over, of ``context_parallel`` ranks each (helpers/metadata/mesh.py)."""
     datasets = {}
     micro_batches = [0] * SIZED_EPOCHS
     for spec in sorted(specs, key=lambda s: s.dataset_id):
@@ -65,7 +67,8 @@ def split_sizing(specs: Sequence[DatasetSpec], processes: int, accumulation: int
         problem = None
     except UndersizedBucketsError as exc:
         problem = str(exc)
-    return {"num_processes": processes, "accumulation": accumulation,
+    return {"num_processes": processes * context_parallel, "data_parallel_groups": processes,
+            "context_parallel": context_parallel, "accumulation": accumulation,
             "micro_batches_per_epoch": micro_batches,
             "optimizer_steps_per_epoch": [m // accumulation for m in micro_batches],
             "datasets": datasets, "problem": problem}
@@ -101,8 +104,11 @@ def _bucket_rows(dataset: dict) -> list[str]:
 
 def sizing_table(sizing: dict) -> str:
     """The human-readable form of ``split_sizing``."""
-    lines = [f"split over {sizing['num_processes']} processes, gradient accumulation "
-             f"{sizing['accumulation']}:"]
+    over = f"{sizing['num_processes']} processes"
+    if sizing["context_parallel"] > 1:
+        over = (f"{sizing['data_parallel_groups']} data-parallel groups ({over}, "
+                f"context_parallel_size {sizing['context_parallel']})")
+    lines = [f"split over {over}, gradient accumulation {sizing['accumulation']}:"]
     for dataset_id, d in sizing["datasets"].items():
         kind = " (evaluation: every sample once)" if d["evaluation"] else (
             f", bucket_tail {d['bucket_tail']}")

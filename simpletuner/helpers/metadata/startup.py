@@ -24,13 +24,14 @@ from typing import Mapping
 
 from accelerate.utils import broadcast_object_list
 
-from simpletuner.configuration import Configuration, TrainingConfig
+from simpletuner.configuration import ConfigError, Configuration, TrainingConfig
 from simpletuner.common.atomic import atomic_write_json
 from simpletuner.common.names import printable
 from simpletuner.common.peer_watch import in_collective
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.index import DatasetIndex
+from simpletuner.helpers.metadata.mesh import Mesh, mesh_problem
 from simpletuner.helpers.metadata.pairs import pair_datasets, pair_summary
 from simpletuner.helpers.metadata.split import check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
@@ -95,6 +96,7 @@ def _load_elsewhere(backends: dict[str, MetadataBackend], accelerator,
 def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataStartup:
     """Index, agree, check and seed; ``accelerator`` is an accelerate Accelerator (or state).
     ``seed``: the configured seed (or a resumed run's); None = drawn on the main rank."""
+    mesh = run_mesh(config.training, accelerator.num_processes)
     every = {ds.id: MetadataBackend.from_config(ds, config.training)
              for ds in (*config.datasets, *config.references)}
     indexes = _refresh_on_main(every, accelerator)
@@ -106,7 +108,7 @@ def start_data(config: Configuration, accelerator, *, seed: int | None) -> DataS
                for i, index in indexes.items()}
     notes = check_bucket_sizes(
         [backends[i].split_spec(index) for i, index in indexes.items()],
-        accelerator.num_processes, config.training.gradient_accumulation_steps)
+        mesh.data_parallel, config.training.gradient_accumulation_steps)
     shared_seed = MetadataBackend.resolve_shared_seed(seed, accelerator)
     if accelerator.is_main_process:
         for note in notes:
@@ -135,10 +137,23 @@ def build_sampler(startup: DataStartup, training: TrainingConfig, accelerator, *
                                        CaptionPolicy.for_dataset(backend.dataset),
                                        spec.bucket_tail, DatasetSchedule.of(backend.dataset),
                                        backend.index_version()))
+    mesh = run_mesh(training, accelerator.num_processes)
     return MultiAspectSampler(
-        datasets, seed=startup.seed, processes=accelerator.num_processes, rank=accelerator.process_index,
+        datasets, seed=startup.seed, processes=mesh.data_parallel,
+        rank=mesh.group_of(accelerator.process_index),
         accumulation=training.gradient_accumulation_steps, evaluation=evaluation,
-        sampling=training.data_backend_sampling)
+        sampling=training.data_backend_sampling,
+        context_parallel=mesh.context_parallel)
+
+
+def run_mesh(training: TrainingConfig, processes: int) -> Mesh:
+    """The run's mesh of ``processes`` (those the launcher started). Every rank calls it before
+    any collective, so a context_parallel_size that does not divide them is the same
+    ConfigError on every rank."""
+    problem = mesh_problem(processes, training.context_parallel_size)
+    if problem:
+        raise ConfigError([problem])
+    return Mesh(processes, training.context_parallel_size)
 
 
 def skipped_files(indexes: Mapping[str, DatasetIndex]) -> dict[str, list[dict]]:

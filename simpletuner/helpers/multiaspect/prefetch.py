@@ -60,7 +60,8 @@ def twin_of(sampler: MultiAspectSampler) -> MultiAspectSampler:
     """A sampler with the same plan and caches of its own, for another thread."""
     return MultiAspectSampler(sampler.datasets, seed=sampler.seed, processes=sampler.processes,
                               rank=sampler.rank, accumulation=sampler.accumulation,
-                              evaluation=sampler.evaluation, sampling=sampler.sampling)
+                              evaluation=sampler.evaluation, sampling=sampler.sampling,
+                              context_parallel=sampler.context_parallel)
 
 
 class PrefetchedBatches:

@@ -88,7 +88,10 @@ class MultiAspectSampler:
 
     def __init__(self, datasets: Sequence[SamplerDataset], *, seed: int, processes: int,
                  rank: int, accumulation: int, evaluation: bool = False,
-                 sampling: str = SAMPLINGS[0]):
+                 sampling: str = SAMPLINGS[0], context_parallel: int = 1):
+        """``processes`` and ``rank``: the data-parallel groups and this rank's group (with
+        ``context_parallel`` C above 1 the C ranks of a group get the same micro-batches;
+        helpers/metadata/mesh.py)."""
         chosen = [d for d in datasets if d.evaluation == evaluation]
         if not chosen:
             kind = "evaluation" if evaluation else "training"
@@ -99,6 +102,7 @@ class MultiAspectSampler:
         self.seed = seed
         self.processes = processes
         self.rank = rank
+        self.context_parallel = context_parallel
         # Evaluation steps one sample per rank, without accumulation (see EffectiveBatch).
         self.accumulation = 1 if evaluation else accumulation
         self.evaluation = evaluation
@@ -161,6 +165,8 @@ class MultiAspectSampler:
         return {
             "split_version": SPLIT_VERSION,
             "processes": self.processes,
+            # Only above 1, so the fingerprints of runs without context parallel stay as saved.
+            **({"context_parallel": self.context_parallel} if self.context_parallel > 1 else {}),
             "accumulation": self.accumulation,
             "seed": self.seed,
             "evaluation": self.evaluation,

@@ -2,7 +2,8 @@
 
 ``<folder>/rank-<k>.jsonl`` holds ``{"epoch", "step", "dataset", "bucket", "samples"}`` per line,
 and ``"stand_in": true`` for an evaluation micro-batch that only keeps its rank in step, and for
-edit pairs ``"references"``: each sample's reference ids, in the order of ``samples``.
+edit pairs ``"references"``: each sample's reference ids, in the order of ``samples``; with
+context parallel ``"group"``: the rank's data-parallel group (helpers/metadata/mesh.py).
 Lines are flushed as they are written, so a crashed run still shows how far each rank got.
 A resumed run first cuts the trace back to the lines before its position (a crashed run wrote
 past its last checkpoint), so the trace ends up equal to the uninterrupted run's.
@@ -23,9 +24,11 @@ def trace_path(folder: str | os.PathLike, rank: int) -> Path:
     return Path(folder) / f"rank-{rank}.jsonl"
 
 
-def trace_record(batch: MicroBatch) -> dict:
+def trace_record(batch: MicroBatch, group: int | None = None) -> dict:
     record = {"epoch": batch.epoch, "step": batch.step, "dataset": batch.dataset_id,
               "bucket": batch.bucket, "samples": [s.sample_id for s in batch.samples]}
+    if group is not None:  # context parallel: the rank's data-parallel group
+        record["group"] = group
     if any(s.references for s in batch.samples):  # edit pairs: each sample's reference ids
         record["references"] = [list(s.references) for s in batch.samples]
     if batch.stand_in:
@@ -45,15 +48,17 @@ class TraceWriter:
     after cutting it back to the lines before that position."""
 
     def __init__(self, folder: str | os.PathLike, rank: int, *,
-                 resume_at: tuple[int, int] | None = None):
+                 resume_at: tuple[int, int] | None = None, group: int | None = None):
         self.path = trace_path(folder, rank)
+        self.group = group
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_at is not None:
             truncate_trace(self.path, resume_at)
         self._file: IO[str] = open(self.path, "w" if resume_at is None else "a", encoding="utf-8")
 
     def write(self, batch: MicroBatch) -> None:
-        self._file.write(json.dumps(trace_record(batch), separators=(",", ":")) + "\n")
+        self._file.write(json.dumps(trace_record(batch, self.group), separators=(",", ":"))
+                         + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -82,7 +87,9 @@ def read_trace(folder: str | os.PathLike, rank: int) -> list[dict]:
                                 "samples": [str(s) for s in record["samples"]],
                                 "references": [[str(r) for r in refs]
                                                for refs in record.get("references", [])],
-                                "stand_in": record.get("stand_in", False) is True})
+                                "stand_in": record.get("stand_in", False) is True,
+                                **({"group": int(record["group"])} if "group" in record
+                                   else {})})
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path} line {number}: not a trace record ({exc})") from None
     return records

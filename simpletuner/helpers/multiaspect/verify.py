@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from simpletuner.helpers.metadata.split import DatasetSpec
 from simpletuner.helpers.metadata.epoch_counts import bucket_counts
 from simpletuner.helpers.multiaspect.dataset_schedule import DatasetSchedule
+from simpletuner.helpers.multiaspect.verify_mesh import group_traces
 from simpletuner.helpers.multiaspect.verify_pairs import pair_problems
 from simpletuner.helpers.multiaspect.verify_schedule import (Presence, expected_presence,
                                                              schedule_problems)
@@ -34,11 +35,12 @@ Leftovers = dict[int, dict[str, dict[str, list[str]]]]  # epoch -> dataset -> bu
 
 
 def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[DatasetSpec],
-               trimmed: Leftovers, carried: Leftovers,
+               trimmed: Leftovers, carried: Leftovers, context_parallel: int = 1,
                schedules: dict[str, DatasetSchedule] | None = None,
                references: dict[str, dict[str, list[str]]] | None = None) -> dict:
     """plan.json's content. ``trimmed``/``carried``: each epoch's trimmed occurrences and those
     it carries into the next epoch (nothing for an epoch before a dataset joins);
+    ``world_size``: the data-parallel groups, of ``context_parallel`` ranks each;
     ``references``: dataset id -> sample id -> its reference ids (edit pairs)."""
     planned = {}
     for spec in sorted(datasets, key=lambda s: s.dataset_id):
@@ -71,7 +73,8 @@ def build_plan(*, seed: int, world_size: int, accumulation: int, datasets: list[
         return {str(epoch): {d: dict(sorted(found[epoch].get(d, {}).items())) for d in planned}
                 for epoch in sorted(found)}
 
-    return {"seed": seed, "world_size": world_size, "accumulation": accumulation,
+    return {"seed": seed, "world_size": world_size, "context_parallel": context_parallel,
+            "accumulation": accumulation,
             "datasets": planned, "epochs": per_epoch(trimmed), "carried": per_epoch(carried)}
 
 
@@ -307,8 +310,9 @@ def _lockstep_problems(epoch: int, per_rank: dict[int, list[dict]]) -> list[str]
 
 
 def verify(plan: dict, traces: dict[int, list[dict]]) -> AuditReport:
-    """Compare every rank's trace with the plan, epoch by epoch."""
-    problems = []
+    """Compare every rank's trace with the plan, epoch by epoch; with context parallel, each
+    data-parallel group's ranks with each other first (verify_mesh.py)."""
+    problems, traces = group_traces(plan, traces)
     world = plan["world_size"]
     if sorted(traces) != list(range(world)):
         problems.append(f"expected traces of ranks 0..{world - 1}, got {sorted(traces)}")

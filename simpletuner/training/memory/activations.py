@@ -126,6 +126,16 @@ class ActivationBytes:
             return self.saved
         return self.saved - self.blocks_saved + self.blocks_inputs + self.largest_block
 
+    def per_rank(self, context_parallel: int) -> "ActivationBytes":
+        """One rank's with context_parallel_size C: inside the blocks a rank holds 1/C of the
+        sequence (its attention over the whole sequence is for 1/C of the heads); outside them
+        (the embedders, the output gathered whole, the loss) the whole micro-batch's."""
+        c = context_parallel
+        return ActivationBytes(saved=self.saved - self.blocks_saved + self.blocks_saved // c,
+                               blocks_saved=self.blocks_saved // c,
+                               blocks_inputs=self.blocks_inputs // c,
+                               largest_block=self.largest_block // c)
+
 
 def planned_size(training) -> tuple[int, int]:
     """(height, width) of the plan's micro-batch: the square of the training resolution's

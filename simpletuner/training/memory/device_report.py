@@ -1,5 +1,6 @@
 """`plan --memory`'s last section: one rank's device peak with the activations of a
-micro-batch of train_batch_size at the planned size, block swap as configured, and with
+micro-batch of train_batch_size at the planned size (1/C of its sequence inside the blocks
+with context_parallel_size C), block swap as configured, and with
 ``--gpu-memory`` whether it fits and the first settings that would (fitting.py)."""
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ def device_report(plan: MemoryPlan, training, folder: Path, gpu_memory: float | 
     activations = activation_bytes(adapter_class, folder, training,
                                    meta_network(adapter_class, folder, training),
                                    batch_size=training.train_batch_size, height=height,
-                                   width=width, frames=frames)
+                                   width=width, frames=frames
+                                   ).per_rank(training.context_parallel_size)
     network = meta_network(adapter_class, folder, training)
     costs = BlockCosts.of(adapter_class.swappable_blocks(network), training)
     setting = Setting.of(training)
     peak = device_peak(plan.ddp, activations, costs, setting)
     clip = f"x{frames} frames" if frames > 1 else ""
+    if training.context_parallel_size > 1:
+        clip += f", 1/{training.context_parallel_size} of its sequence (context_parallel_size)"
     lines = [f"one device, a micro-batch of {training.train_batch_size} at {width}x{height}"
              f"{clip}, gradient_checkpointing {'on' if setting.gradient_checkpointing else 'off'}"
              f", {setting.musubi_blocks_to_swap} of {len(costs.weights)} blocks swapped:",

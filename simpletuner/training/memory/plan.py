@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from dataclasses import replace
 
+from simpletuner.helpers.metadata.mesh import mesh_problem
 from simpletuner.training.memory.device_report import byte_size, device_report
 from simpletuner.training.memory.model import MemoryPlan, RankBytes, memory_plan
 from simpletuner.training.run.adapter_checks import read_lycoris_config
@@ -100,7 +102,8 @@ def memory_table(plan: MemoryPlan, training, world: int) -> str:
 
 
 def run_memory_plan(config_path: str, num_processes: int | None, gpu_memory: float | None = None,
-                    frames: int = 1, size: tuple[int, int] | None = None) -> int:
+                    frames: int = 1, size: tuple[int, int] | None = None, *,
+                    context_parallel: int | None = None) -> int:
     """Exit code: 0, or 2 for a bad configuration or process count; with ``gpu_memory`` (GiB)
     1 when nothing tried fits."""
     from simpletuner.configuration import ConfigError, load_configuration
@@ -114,6 +117,12 @@ def run_memory_plan(config_path: str, num_processes: int | None, gpu_memory: flo
     world = num_processes or training.num_processes
     if world < 1:
         print(f"--num-processes is {world}; expected 1 or more", file=sys.stderr)
+        return 2
+    if context_parallel is not None:
+        training = replace(training, context_parallel_size=context_parallel)
+    problem = mesh_problem(world, training.context_parallel_size)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     folder = resolve_model_path(training.pretrained_model_name_or_path)
     plan = memory_plan(training, folder, world)

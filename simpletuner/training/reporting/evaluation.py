@@ -48,7 +48,7 @@ class Evaluator:
     @torch.no_grad()
     def local_totals(self) -> torch.Tensor:
         """This rank's (loss sum, real samples) over its share, stand-ins run but not counted."""
-        rank = self.accelerator.process_index
+        rank = self.sampler.rank  # the data-parallel group: a context-parallel group's noise
         total = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
         was_training = self.network.training
         self.network.eval()

@@ -203,7 +203,8 @@ def _exactly_once(trace_folder: Path, notes: list[str]) -> ExactlyOnce | None:
     if plan is None:
         return None
     try:
-        traces = {rank: read_trace(trace_folder, rank) for rank in range(plan["world_size"])}
+        ranks = plan["world_size"] * plan.get("context_parallel", 1)  # groups x their ranks
+        traces = {rank: read_trace(trace_folder, rank) for rank in range(ranks)}
     except ValueError as exc:  # a rank's trace missing, or a line being written
         notes.append(f"exactly-once check not made: {exc}")
         return None

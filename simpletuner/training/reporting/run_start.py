@@ -38,7 +38,8 @@ def start_run_log(run_log: RunLog, *, training, data, sampler, indexes, skipped:
                for dataset_id, index in sorted(indexes.items())}
     run_log.start(total_steps=total_steps, settings=shown_settings(training, processes),
                   buckets=buckets, world_size=processes,
-                  effective_batch=training.train_batch_size * sampler.accumulation * processes)
+                  effective_batch=(training.train_batch_size * sampler.accumulation
+                                   * sampler.processes))  # data-parallel groups
     run_log.events.skip(run_log.status["step"], skipped)
     if training.trace_samples:
         run_log.write_plan(Path(training.output_dir) / "trace",

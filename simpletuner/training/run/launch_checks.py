@@ -19,7 +19,8 @@ from simpletuner.helpers.metadata.index import DatasetIndex
 from simpletuner.helpers.metadata.pairs import pair_references
 from simpletuner.helpers.metadata.split import UndersizedBucketsError, check_bucket_sizes
 from simpletuner.helpers.metadata.subset import limit_samples
-from simpletuner.models.block_count import TRAINED_SUBFOLDER, swappable_block_count
+from simpletuner.models.block_count import (TRAINED_SUBFOLDER, attention_heads,
+                                            swappable_block_count)
 from simpletuner.models.model_path import family_folder_problem, model_path_problem
 from simpletuner.training.run.adapter_checks import adapter_problems, assistant_warnings
 from simpletuner.training.run.dataset_folders import output_dir_problems, shared_folder_warnings
@@ -60,7 +61,9 @@ def cached_bucket_problems(configuration: Configuration) -> list[Problem]:
             index = pair_references(index, [cached[c][1] for c in conditioning]).target
         specs.append(backend.split_spec(limit_samples(index, dataset.max_num_samples)))
     try:
-        check_bucket_sizes(specs, training.num_processes, training.gradient_accumulation_steps)
+        # over the data-parallel groups (context_parallel_size divides num_processes: checked)
+        check_bucket_sizes(specs, training.num_processes // training.context_parallel_size,
+                           training.gradient_accumulation_steps)
     except UndersizedBucketsError as exc:
         backend = training.data_backend_config
         shown = f"{backend} (as its index cache in output_dir shows)"
@@ -118,11 +121,26 @@ def static_problems(configuration: Configuration) -> list[Problem]:
         problems.append(where.problem(
             "pretrained_model_name_or_path", "key 'pretrained_model_name_or_path': "
             f"{model_problem}"))
-    problems += output_dir_problems(configuration) + block_swap_problems(training, where)
+    problems += (output_dir_problems(configuration) + block_swap_problems(training, where)
+                 + attention_head_problems(training, where))
     fresh_problem = fresh_run_problem(training.resume_from_checkpoint, Path(training.output_dir))
     if fresh_problem:
         problems.append(where.problem("resume_from_checkpoint", fresh_problem))
     return problems + huggingface_problems(configuration)
+
+
+def attention_head_problems(training, where: Location) -> list[Problem]:
+    """context_parallel_size against the heads the model folder's config.json shows (checked
+    again on the loaded network, for a built-in model not built yet)."""
+    size = training.context_parallel_size
+    heads = attention_heads(training.model_family, training.pretrained_model_name_or_path)
+    if size == 1 or heads is None or heads % size == 0:
+        return []
+    return [where.problem(
+        "context_parallel_size", f"context_parallel_size {size} does not divide the "
+        f"{heads} attention heads of the model's {TRAINED_SUBFOLDER}: each rank of a "
+        "context-parallel group attends with heads / context_parallel_size of them",
+        f"use a context_parallel_size that divides {heads}")]
 
 
 def block_swap_problems(training, where: Location) -> list[Problem]:
