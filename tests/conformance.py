@@ -72,6 +72,7 @@ CASES = (
     Case("wan", "i2v-480p-14b-2.1", "tiny-wan-i2v", "video"),
     Case("wan", "t2v-14b-2.2-high", "tiny-wan22", "image"),
     Case("wan", "ti2v-5b-2.2", "tiny-wan22-ti2v", "image"),
+    Case("kolors", None, "tiny-kolors", "image"),
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the

@@ -1,0 +1,15 @@
+"""The conformance suite (tests/conformance.py) for Kolors."""
+
+from __future__ import annotations
+
+import unittest
+
+from conformance import case_classes
+
+FAMILIES = ("kolors",)
+
+globals().update(case_classes(__name__, FAMILIES))
+
+
+if __name__ == "__main__":
+    unittest.main()
