@@ -56,8 +56,8 @@ CONFIG_VALUES: dict[str, dict[str, str]] = {
     "report_to": _each("comet_ml aim clearml mlflow swanlab simpletuner custom-tracker",
                        "use 'tensorboard', 'wandb', 'all' or 'none'"),
     **{key: _each(_OTHER_PRECISIONS, _PRECISION_ADVICE)
-       for key in ("base_model_precision", "text_encoder_1_precision",
-                   "text_encoder_2_precision", "text_encoder_3_precision")},
+       for key in ("base_model_precision", *(f"text_encoder_{number}_precision"
+                                             for number in range(1, 5)))},
 }
 
 # SimpleTuner's name -> the name of the same option here.
