@@ -73,6 +73,7 @@ CASES = (
     Case("wan", "t2v-14b-2.2-high", "tiny-wan22", "image"),
     Case("wan", "ti2v-5b-2.2", "tiny-wan22-ti2v", "image"),
     Case("kolors", None, "tiny-kolors", "image"),
+    Case("hidream", None, "tiny-hidream", "image"),
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -149,6 +150,8 @@ def load_pipeline(case: Case, folder: Path):
         extra["processor"] = ImageTextQwen3VLProcessor.from_pretrained(folder,
                                                                        subfolder="processor")
     pipeline = pipeline_class(case).from_pretrained(folder, **extra)
+    if case.family == "hidream":  # its area as the adapter's pipeline has it (1 MP otherwise)
+        pipeline.default_sample_size = pipeline.transformer.config.max_resolution[0]
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
 

@@ -1,4 +1,4 @@
-"""The conformance suite (tests/conformance.py) for Kolors."""
+"""The conformance suite (tests/conformance.py) for Kolors and HiDream-I1."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import unittest
 
 from conformance import case_classes
 
-FAMILIES = ("kolors",)
+FAMILIES = ("kolors", "hidream")
 
 globals().update(case_classes(__name__, FAMILIES))
 

@@ -21,7 +21,6 @@ _OTHER_FAMILIES = {
                  "deepfloyd_validation_stage1_guidance deepfloyd_validation_stage2_guidance "
                  "deepfloyd_validation_stage3_guidance deepfloyd_validation_stage3_noise_level",
     "flux3_image": "flux3_prompt_upsample",
-    "hidream": "hidream_use_load_balancing_loss hidream_load_balancing_loss_weight",
     "ltxvideo": "ltx_train_mode ltx_i2v_prob ltx_partial_noise_fraction ltx_protect_first_frame",
     "ltxvideo2": "ltx2_validation_pipeline_mode ltx2_validation_spatial_upsampler_model "
                  "ltx2_validation_spatial_upsampler_filename ltx2_validation_audio_guidance "
@@ -77,6 +76,9 @@ FAMILY_KEYS = {
     **refused("flux_fast_schedule", "remove it; Flux trains on its ordinary schedule here"),
     **ignored("fuse_qkv_projections", "accepted; it selects an attention kernel, and attention "
               "here uses PyTorch's scaled_dot_product_attention"),
+    # HiDream (its spec refuses hidream_use_load_balancing_loss)
+    **ignored("hidream_load_balancing_loss_weight", "used only with "
+              "hidream_use_load_balancing_loss, which is refused here"),
     # FLUX.2
     **refused("custom_text_encoder_intermediary_layers", "remove it; FLUX.2 stacks its "
               "pipeline's text encoder layers (dev: 10, 20, 30; klein: 9, 18, 27), as "
