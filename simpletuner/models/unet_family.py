@@ -25,7 +25,7 @@ from simpletuner.models.transfer import batch_to_device
 SUPPORTED_PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 
-def _load_inference_scheduler(folder: Path):
+def load_inference_scheduler(folder: Path):
     """The scheduler class the folder names (PNDM, DDIM, Euler...), used for validation."""
     config_path = folder / "scheduler" / "scheduler_config.json"
     try:
@@ -72,7 +72,7 @@ class UNetFamilyAdapter(ModelAdapter):
                                         weight_dtype=weight_dtype, vae_dtype=vae_dtype)
         unet.to(device).requires_grad_(True).train()
         return cls(folder=folder, unet=unet, noise_scheduler=noise_scheduler,
-                   inference_scheduler=_load_inference_scheduler(folder), device=device,
+                   inference_scheduler=load_inference_scheduler(folder), device=device,
                    loss_settings=loss_settings, **frozen)
 
     @property
@@ -99,7 +99,7 @@ class UNetFamilyAdapter(ModelAdapter):
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
                      network: torch.nn.Module | None = None,
                      base_model: BaseModel | None = None) -> torch.Tensor:
-        dtype = self.unet.dtype
+        dtype = self.trainable.dtype
         batch = batch_to_device(batch, self.device)  # also a host batch (evaluation): no wait
         latents = batch.latents.to(torch.float32)
         noise = draw_noise(latents.shape, device=self.device, generator=generator,
@@ -112,11 +112,10 @@ class UNetFamilyAdapter(ModelAdapter):
             target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
         else:
             target = noise
-        network = network if network is not None else self.unet
+        network = network if network is not None else self.trainable
 
         def predict() -> torch.Tensor:
-            return network(noisy.to(dtype), timesteps, return_dict=False,
-                           **self._unet_conditioning(batch, dtype))[0]
+            return self._predict(network, noisy.to(dtype), timesteps, batch, dtype)
 
         if base_model is not None:  # is_regularisation_data: the base model's prediction
             target = base_model_target(base_model, predict)
@@ -135,6 +134,13 @@ class UNetFamilyAdapter(ModelAdapter):
                 noise_ratio=ddpm_noise_ratio(alphas_cumprod, timesteps))
         return objective_loss(prediction, target, loss_type=settings.loss_type,
                               thresholds=thresholds, weights=weights)
+
+    def _predict(self, network, noisy: torch.Tensor, timesteps: torch.Tensor,
+                 batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
+        """The network's prediction (noise, or v), shaped like ``noisy``; a noise-predicting
+        transformer (PixArt) calls its own network here."""
+        return network(noisy, timesteps, return_dict=False,
+                       **self._unet_conditioning(batch, dtype))[0]
 
     def _pipeline_options(self) -> dict:
         """Pipeline constructor arguments besides the model components."""
