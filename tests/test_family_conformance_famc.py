@@ -1,4 +1,5 @@
-"""The conformance suite (tests/conformance.py) for Kolors and HiDream-I1."""
+"""The conformance suite (tests/conformance.py) for Kolors, HiDream-I1 and PixArt
+Sigma."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import unittest
 
 from conformance import case_classes
 
-FAMILIES = ("kolors", "hidream")
+FAMILIES = ("kolors", "hidream", "pixart_sigma")
 
 globals().update(case_classes(__name__, FAMILIES))
 

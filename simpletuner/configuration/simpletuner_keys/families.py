@@ -43,8 +43,6 @@ _OTHER_FAMILIES = {
     "moss_image": "moss_image_auto_json moss_image_prompt_upsample "
                   "moss_image_prompt_upsampler_model_id moss_image_validation_shift "
                   "moss_image_uncond_skip_layers",
-    "pixart_sigma": "pixart_validation_pipeline_mode pixart_validation_stage1_model "
-                    "pixart_validation_stage2_model",
 }
 
 

@@ -77,6 +77,8 @@ CONFIG_ALIASES: dict[str, str] = {
 # SimpleTuner's values with the same meaning as one of this option's values.
 CONFIG_VALUE_ALIASES: dict[str, dict[object, object]] = {
     "optimizer": {"torch-adamw": "adamw", "torch-adafactor": "adafactor", "optimi-lion": "lion"},
+    # SimpleTuner 4.10's name of its PixArt Sigma family (earlier releases: pixart_sigma).
+    "model_family": {"pixart": "pixart_sigma"},
 }
 
 # Values SimpleTuner takes for "not set": the option keeps its default here.
