@@ -48,6 +48,8 @@ class FamilySpec:
     refused_options: Mapping[str, str] = field(default_factory=dict)
     # What is wrong with flux_lora_target 'all' for this family, if anything.
     lora_target_all_problem: str | None = None
+    # SimpleTuner's other model_family names for this family, read as its name.
+    simpletuner_names: tuple[str, ...] = ()
     # SimpleTuner's config.json options of this family alone that have no field here -> what
     # to do instead; refused unless their value asks for nothing (simpletuner_keys/).
     simpletuner_keys: Mapping[str, str] = field(default_factory=dict)

@@ -11,6 +11,7 @@ SPEC = FamilySpec(
     comfyui_layout=TRANSFORMER,
     tiny_models={"tiny-pixart_sigma": "simpletuner.families.pixart_sigma.tiny.build_pixart_sigma"},
     guidance_rescale=False,
+    simpletuner_names=("pixart",),  # SimpleTuner 4.10's name (earlier releases': pixart_sigma)
     simpletuner_keys={key: "remove it; validation runs PixArtSigmaPipeline on the trained "
                            "model alone, in one stage" for key in (
         "pixart_validation_pipeline_mode", "pixart_validation_stage1_model",
