@@ -1,6 +1,8 @@
 """What SD 1.x, SD 2.x and SDXL share: a UNet denoiser trained with the DDPM objective on VAE
 latents, CLIP text encoders, a diffusers Stable Diffusion pipeline. Each family file only says
-which text encoders it has, how it encodes prompts and what extra conditioning the UNet gets."""
+which text encoders it has, how it encodes prompts and what extra conditioning the UNet gets.
+A noise-predicting transformer (PixArt Sigma) shares the objective, calling its own network in
+``_predict``."""
 
 from __future__ import annotations
 

@@ -3,7 +3,10 @@
 diffusers' ``load_lora_weights`` reads them: output_dir/lora/pytorch_lora_weights.safetensors.
 
 Default target modules come from the adapter class (``lora_target_modules``); the pipeline
-class's own ``save_lora_weights`` writes the export, as diffusers' LoRA training examples do."""
+class's own ``save_lora_weights`` writes the export, as diffusers' LoRA training examples do. A
+network diffusers gives no peft methods (PixArt's transformer) gets the adapter from peft
+itself, and its export is written in the same layout here (``write_lora_file``), to be put
+back with ``load_lora_file``."""
 
 from __future__ import annotations
 
