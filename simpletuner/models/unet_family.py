@@ -27,7 +27,7 @@ from simpletuner.models.transfer import batch_to_device
 SUPPORTED_PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 
-def load_inference_scheduler(folder: Path):
+def _load_inference_scheduler(folder: Path):
     """The scheduler class the folder names (PNDM, DDIM, Euler...), used for validation."""
     config_path = folder / "scheduler" / "scheduler_config.json"
     try:
@@ -66,7 +66,9 @@ class UNetFamilyAdapter(ModelAdapter):
             raise ModelFolderError(
                 f"{folder}/scheduler has prediction_type {prediction_type!r}; {cls.family} "
                 f"training supports {', '.join(SUPPORTED_PREDICTION_TYPES)}")
-        unet = load_component(UNet2DConditionModel.from_pretrained, folder, "unet")
+        # The trained network: the UNet, or a family's noise-predicting transformer_class.
+        network_class = getattr(cls, "transformer_class", UNet2DConditionModel)
+        unet = load_component(network_class.from_pretrained, folder, cls.trainable_component)
         vae_dtype = weight_dtype
         if cls.vae_float32_under_fp16 and weight_dtype == torch.float16:
             vae_dtype = torch.float32
@@ -74,7 +76,7 @@ class UNetFamilyAdapter(ModelAdapter):
                                         weight_dtype=weight_dtype, vae_dtype=vae_dtype)
         unet.to(device).requires_grad_(True).train()
         return cls(folder=folder, unet=unet, noise_scheduler=noise_scheduler,
-                   inference_scheduler=load_inference_scheduler(folder), device=device,
+                   inference_scheduler=_load_inference_scheduler(folder), device=device,
                    loss_settings=loss_settings, **frozen)
 
     @property

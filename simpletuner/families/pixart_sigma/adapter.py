@@ -6,42 +6,23 @@ transformer no peft loader: training/adapters/lora.py injects the LoRA with peft
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from diffusers import DDPMScheduler, PixArtSigmaPipeline, PixArtTransformer2DModel
+from diffusers import PixArtSigmaPipeline, PixArtTransformer2DModel
 from transformers import T5EncoderModel, T5Tokenizer
 
-from simpletuner.models.base import LossSettings
-from simpletuner.models.components import checked_folder, load_component, load_frozen_components
 from simpletuner.models.training_batch import TrainingBatch
-from simpletuner.models.unet_family import UNetFamilyAdapter, load_inference_scheduler
+from simpletuner.models.unet_family import UNetFamilyAdapter
 
 
 class PixArtSigmaAdapter(UNetFamilyAdapter):
     family = "pixart_sigma"
     text_encoder_specs = (("text_encoder", "tokenizer", T5EncoderModel, T5Tokenizer),)
-    transformer_class = PixArtTransformer2DModel
+    transformer_class = PixArtTransformer2DModel  # loaded from trainable_component/
     pipeline_class = PixArtSigmaPipeline
     trainable_component = "transformer"
     forbidden_subfolders = ("unet", "text_encoder_2")
     vae_float32_under_fp16 = True  # SDXL's VAE
     max_sequence_length = 300  # PixArtSigmaPipeline's default
-
-    @classmethod
-    def load(cls, folder: Path, *, device: torch.device, weight_dtype: torch.dtype,
-             loss_settings: LossSettings) -> "PixArtSigmaAdapter":
-        folder = checked_folder(cls, folder)
-        noise_scheduler = load_component(DDPMScheduler.from_pretrained, folder, "scheduler")
-        transformer = load_component(PixArtTransformer2DModel.from_pretrained, folder,
-                                     "transformer")
-        vae_dtype = torch.float32 if weight_dtype == torch.float16 else weight_dtype
-        frozen = load_frozen_components(cls, folder, device=device,
-                                        weight_dtype=weight_dtype, vae_dtype=vae_dtype)
-        transformer.to(device).requires_grad_(True).train()
-        return cls(folder=folder, unet=transformer, noise_scheduler=noise_scheduler,
-                   inference_scheduler=load_inference_scheduler(folder), device=device,
-                   loss_settings=loss_settings, **frozen)
 
     @property
     def resolution_alignment(self) -> int:
