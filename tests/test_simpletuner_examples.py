@@ -94,6 +94,8 @@ EXAMPLES = {
     "wan2.1-t2v-14b-480p-8xh100.peft-lora+cp-fa3": HUB_CLIPS | CONTEXT_PARALLEL,
     "wan2.1-t2v-1.3b-480p-single-gpu.peft-lora+ramtorch": HUB_CLIPS | RAMTORCH,
     "wan2.1-t2v-14b-480p-single-gpu.peft-lora+ramtorch": HUB_CLIPS | RAMTORCH,
+    "kolors.peft-lora": set(),
+    "hidream.peft-lora": {"evaluation_type", "prodigy_steps"},
 }
 HUB_IDS = ("RareConcepts/Domokun", "keras-dreambooth/minercraft")  # the examples' dataset_name
 

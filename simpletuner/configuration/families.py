@@ -8,6 +8,8 @@ from simpletuner.families.frame_rule import FrameRule
 from simpletuner.families.spec import FamilySpec
 
 MODEL_FAMILIES = family_names()
+# SimpleTuner's other names of a family here -> its name (the specs' simpletuner_names).
+FAMILY_ALIASES = {alias: spec.name for spec in family_specs() for alias in spec.simpletuner_names}
 FLOW_FAMILIES = flow_families()  # flow matching; the others predict noise (DDPM)
 
 

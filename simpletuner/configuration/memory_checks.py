@@ -49,8 +49,7 @@ def check_group_offload_options(values: dict[str, Any], where: Location, base: P
             "but enable_group_offload keeps the VAE and text encoders on the host already and "
             "its hooks hold their weights: set it to 'offload'"))
     folder = values.get("group_offload_to_disk_path")
-    for key in ("text_encoder_1_precision", "text_encoder_2_precision",
-                "text_encoder_3_precision"):
+    for key in (f"text_encoder_{number}_precision" for number in range(1, 5)):
         precision = values.get(key, "no_change")
         if precision.endswith("-quanto"):
             problems.append(where.problem(

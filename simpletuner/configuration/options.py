@@ -92,6 +92,8 @@ class TrainingConfig:
     text_encoder_1_precision: Precision = option("no_change", help="quantize text encoder 1")
     text_encoder_2_precision: Precision = option("no_change", help="quantize text encoder 2")
     text_encoder_3_precision: Precision = option("no_change", help="quantize text encoder 3")
+    text_encoder_4_precision: Precision = option("no_change", help="quantize text encoder 4 "
+                                                 "(HiDream's Llama)")
     frozen_components_after_caching: Literal["keep", "offload", "free"] = option(
         "offload", help="once the latent and text caches are complete, the VAE and text "
         "encoders: keep (on the device), offload (to the CPU) or free (reloaded from the model "

@@ -55,6 +55,8 @@ class FamilySpec:
     # model_flavour -> the assistant LoRA SimpleTuner loads for it when assistant_lora_path is
     # unset (a Hub id and file: nothing is downloaded here, so check warns and names it).
     default_assistants: Mapping[str, str] = field(default_factory=dict)
+    # SimpleTuner's other model_family names for this family, read as its name.
+    simpletuner_names: tuple[str, ...] = ()
     # SimpleTuner's config.json options of this family alone that have no field here -> what
     # to do instead; refused unless their value asks for nothing (simpletuner_keys/).
     simpletuner_keys: Mapping[str, str] = field(default_factory=dict)

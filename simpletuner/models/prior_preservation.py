@@ -18,17 +18,27 @@ import torch
 BaseModel = Callable[[], ContextManager]  # a context in which the network predicts as the base
 
 
+def _set_adapters_enabled(network: torch.nn.Module, enabled: bool) -> None:
+    """Each peft layer of ``network`` on or off, as diffusers' disable_adapters does it, also
+    for a network without diffusers' peft methods (PixArt's)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in network.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.enable_adapters(enabled)
+
+
 @contextmanager
 def adapter_turned_off(network: torch.nn.Module) -> Iterator[None]:
-    """``network`` (a diffusers model holding peft adapters) as the base model for the block.
-    peft's enable_adapters marks every active adapter trainable: what required grad before
-    (not a frozen assistant LoRA) is restored."""
+    """``network`` (holding peft adapters) as the base model for the block. peft's
+    enable_adapters marks every active adapter trainable: what required grad before (not a
+    frozen assistant LoRA) is restored."""
     trainable = [p.requires_grad for p in network.parameters()]
-    network.disable_adapters()
+    _set_adapters_enabled(network, False)
     try:
         yield
     finally:
-        network.enable_adapters()
+        _set_adapters_enabled(network, True)
         for parameter, flag in zip(network.parameters(), trainable):
             parameter.requires_grad_(flag)
 

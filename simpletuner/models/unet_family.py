@@ -1,6 +1,8 @@
 """What SD 1.x, SD 2.x and SDXL share: a UNet denoiser trained with the DDPM objective on VAE
 latents, CLIP text encoders, a diffusers Stable Diffusion pipeline. Each family file only says
-which text encoders it has, how it encodes prompts and what extra conditioning the UNet gets."""
+which text encoders it has, how it encodes prompts and what extra conditioning the UNet gets.
+A noise-predicting transformer (PixArt Sigma) shares the objective, calling its own network in
+``_predict``."""
 
 from __future__ import annotations
 
@@ -64,7 +66,9 @@ class UNetFamilyAdapter(ModelAdapter):
             raise ModelFolderError(
                 f"{folder}/scheduler has prediction_type {prediction_type!r}; {cls.family} "
                 f"training supports {', '.join(SUPPORTED_PREDICTION_TYPES)}")
-        unet = load_component(UNet2DConditionModel.from_pretrained, folder, "unet")
+        # The trained network: the UNet, or a family's noise-predicting transformer_class.
+        network_class = getattr(cls, "transformer_class", UNet2DConditionModel)
+        unet = load_component(network_class.from_pretrained, folder, cls.trainable_component)
         vae_dtype = weight_dtype
         if cls.vae_float32_under_fp16 and weight_dtype == torch.float16:
             vae_dtype = torch.float32
@@ -99,7 +103,7 @@ class UNetFamilyAdapter(ModelAdapter):
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
                      network: torch.nn.Module | None = None,
                      base_model: BaseModel | None = None) -> torch.Tensor:
-        dtype = self.unet.dtype
+        dtype = self.trainable.dtype
         batch = batch_to_device(batch, self.device)  # also a host batch (evaluation): no wait
         latents = batch.latents.to(torch.float32)
         noise = draw_noise(latents.shape, device=self.device, generator=generator,
@@ -112,11 +116,10 @@ class UNetFamilyAdapter(ModelAdapter):
             target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
         else:
             target = noise
-        network = network if network is not None else self.unet
+        network = network if network is not None else self.trainable
 
         def predict() -> torch.Tensor:
-            return network(noisy.to(dtype), timesteps, return_dict=False,
-                           **self._unet_conditioning(batch, dtype))[0]
+            return self._predict(network, noisy.to(dtype), timesteps, batch, dtype)
 
         if base_model is not None:  # is_regularisation_data: the base model's prediction
             target = base_model_target(base_model, predict)
@@ -135,6 +138,13 @@ class UNetFamilyAdapter(ModelAdapter):
                 noise_ratio=ddpm_noise_ratio(alphas_cumprod, timesteps))
         return objective_loss(prediction, target, loss_type=settings.loss_type,
                               thresholds=thresholds, weights=weights)
+
+    def _predict(self, network, noisy: torch.Tensor, timesteps: torch.Tensor,
+                 batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
+        """The network's prediction (noise, or v), shaped like ``noisy``; a noise-predicting
+        transformer (PixArt) calls its own network here."""
+        return network(noisy, timesteps, return_dict=False,
+                       **self._unet_conditioning(batch, dtype))[0]
 
     def _pipeline_options(self) -> dict:
         """Pipeline constructor arguments besides the model components."""

@@ -50,6 +50,7 @@ class _TextEncoderPrecisions(_FromConfig):
     text_encoder_1_precision: str
     text_encoder_2_precision: str
     text_encoder_3_precision: str
+    text_encoder_4_precision: str
 
     def text_encoder_precision(self, number: int) -> str:
         return getattr(self, f"text_encoder_{number}_precision")

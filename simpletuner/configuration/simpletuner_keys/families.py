@@ -21,7 +21,6 @@ _OTHER_FAMILIES = {
                  "deepfloyd_validation_stage1_guidance deepfloyd_validation_stage2_guidance "
                  "deepfloyd_validation_stage3_guidance deepfloyd_validation_stage3_noise_level",
     "flux3_image": "flux3_prompt_upsample",
-    "hidream": "hidream_use_load_balancing_loss hidream_load_balancing_loss_weight",
     "minimax": "minimax_h3_reference_mode minimax_h3_target_mode minimax_h3_sparse_attention "
                "minimax_h3_sparse_block_shape minimax_h3_sparse_video_kv_fraction "
                "minimax_h3_sparse_share_heads minimax_h3_sparse_start_layer "
@@ -35,8 +34,6 @@ _OTHER_FAMILIES = {
     "moss_image": "moss_image_auto_json moss_image_prompt_upsample "
                   "moss_image_prompt_upsampler_model_id moss_image_validation_shift "
                   "moss_image_uncond_skip_layers",
-    "pixart_sigma": "pixart_validation_pipeline_mode pixart_validation_stage1_model "
-                    "pixart_validation_stage2_model",
 }
 
 
@@ -76,6 +73,9 @@ FAMILY_KEYS = {
     **refused("flux_fast_schedule", "remove it; Flux trains on its ordinary schedule here"),
     **ignored("fuse_qkv_projections", "accepted; it selects an attention kernel, and attention "
               "here uses PyTorch's scaled_dot_product_attention"),
+    # HiDream (its spec refuses hidream_use_load_balancing_loss)
+    **ignored("hidream_load_balancing_loss_weight", "used only with "
+              "hidream_use_load_balancing_loss, which is refused here"),
     # FLUX.2
     **refused("custom_text_encoder_intermediary_layers", "remove it; FLUX.2 stacks its "
               "pipeline's text encoder layers (dev: 10, 20, 30; klein: 9, 18, 27), as "

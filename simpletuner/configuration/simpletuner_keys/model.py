@@ -48,8 +48,6 @@ MODEL_KEYS = {
     **ignored("base_model_default_dtype", "accepted; frozen weights take mixed_precision's "
               "dtype under a LoRA and float32 for full training (base_model_precision "
               "quantizes them)"),
-    **refused("text_encoder_4_precision", "remove it; no family here has a fourth text encoder",
-              (None, "no_change")),
     **refused("quantize_via", "remove it; quantization happens on the CPU before the weights "
               "move to the device ('cpu' and 'accelerator' are accepted: same weights)",
               (None, "cpu", "accelerator")),

@@ -3,7 +3,7 @@ values that mean "not set", values not supported, and options whose meaning diff
 
 from __future__ import annotations
 
-from simpletuner.configuration.families import MODEL_FAMILIES
+from simpletuner.configuration.families import FAMILY_ALIASES, MODEL_FAMILIES
 
 _SUPPORTED_OPTIMIZERS = "use one of adamw, adamw_bf16, ao-adamw8bit, bnb-adamw8bit, prodigy, " \
                         "adafactor, lion"
@@ -18,7 +18,8 @@ _OTHER_FAMILIES = ("ace_step anima auraflow boogu_image chroma cosmos cosmos2ima
                    "longcat_video ltxvideo ltxvideo2 lumina2 mageflow minimaxh3 minimaxmusic "
                    "moss_image omnigen pixart pixart_sigma qwen_image sana sanavideo smoldit "
                    "stable_cascade wan wan_s2v z_image z_image_omni zlab_i1")
-_OTHER_FAMILIES = " ".join(f for f in _OTHER_FAMILIES.split() if f not in MODEL_FAMILIES)
+_OTHER_FAMILIES = " ".join(f for f in _OTHER_FAMILIES.split()
+                           if f not in MODEL_FAMILIES and f not in FAMILY_ALIASES)
 _OTHER_OPTIMIZERS = ("torch-adam torch-sgd torch-radam torch-nadam torch-rmsprop torch-adagrad "
                      "torch-adadelta torch-adamax torch-asgd torch-sparseadam ao-adamw4bit "
                      "adamw_schedulefree adamw_schedulefree+aggressive adamw_schedulefree+no_kahan "
@@ -56,8 +57,8 @@ CONFIG_VALUES: dict[str, dict[str, str]] = {
     "report_to": _each("comet_ml aim clearml mlflow swanlab simpletuner custom-tracker",
                        "use 'tensorboard', 'wandb', 'all' or 'none'"),
     **{key: _each(_OTHER_PRECISIONS, _PRECISION_ADVICE)
-       for key in ("base_model_precision", "text_encoder_1_precision",
-                   "text_encoder_2_precision", "text_encoder_3_precision")},
+       for key in ("base_model_precision", *(f"text_encoder_{number}_precision"
+                                             for number in range(1, 5)))},
 }
 
 # SimpleTuner's name -> the name of the same option here.
@@ -77,6 +78,7 @@ CONFIG_ALIASES: dict[str, str] = {
 # SimpleTuner's values with the same meaning as one of this option's values.
 CONFIG_VALUE_ALIASES: dict[str, dict[object, object]] = {
     "optimizer": {"torch-adamw": "adamw", "torch-adafactor": "adafactor", "optimi-lion": "lion"},
+    "model_family": FAMILY_ALIASES,
 }
 
 # Values SimpleTuner takes for "not set": the option keeps its default here.

@@ -3,19 +3,25 @@
 diffusers' ``load_lora_weights`` reads them: output_dir/lora/pytorch_lora_weights.safetensors.
 
 Default target modules come from the adapter class (``lora_target_modules``); the pipeline
-class's own ``save_lora_weights`` writes the export, as diffusers' LoRA training examples do."""
+class's own ``save_lora_weights`` writes the export, as diffusers' LoRA training examples do. A
+network diffusers gives no peft methods (PixArt's transformer) gets the adapter from peft
+itself, and its export is written in the same layout here (``write_lora_file``), to be put
+back with ``load_lora_file``."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
-from peft import LoraConfig
+from peft import LoraConfig, inject_adapter_in_model
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors import safe_open
 
 from simpletuner.common.atomic import give_umask_modes, naming_path, staging_folder
+from simpletuner.training.adapters.adapter_file import write_adapter_file
 from simpletuner.training.adapters.lora_formats import write_comfyui_lora
 from simpletuner.training.adapters.lycoris_adapter import (load_lycoris_state, lycoris_of,
                                                    lycoris_state_dict)
@@ -23,6 +29,7 @@ from simpletuner.training.checkpointing.tensor_files import load_tensors, save_t
 
 LORA_DIR = "lora"
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
+LORA_CONFIG_KEY = "lora_adapter_metadata"  # the adapter config, as diffusers' metadata names it
 CHECKPOINT_WEIGHTS = "lora_adapter.safetensors"  # inside checkpoint-<step>/, peft key names
 # Module types peft can wrap with a LoRA layer.
 _ADAPTABLE = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Embedding)
@@ -69,8 +76,17 @@ def add_lora(network: torch.nn.Module, adapter_class, *, rank: int, alpha: float
                         lora_dropout=dropout, init_lora_weights="gaussian",
                         target_modules=targets)
     network.requires_grad_(False)
-    network.add_adapter(config)
+    inject_lora(network, config)
     return config
+
+
+def inject_lora(network: torch.nn.Module, config: LoraConfig) -> None:
+    """``config`` as the adapter "default" of ``network``: through diffusers' add_adapter, or
+    peft's own injection for a network diffusers gives no peft methods (PixArt's)."""
+    if hasattr(network, "add_adapter"):
+        network.add_adapter(config)
+    else:
+        inject_adapter_in_model(config, network, adapter_name="default")
 
 
 def adapter_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -116,6 +132,8 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
     final_dir.mkdir(parents=True, exist_ok=True)
     if lora_format == "comfyui":
         return write_comfyui_lora(adapter_class.family, network, final_dir / LORA_WEIGHTS)
+    if not hasattr(adapter_class.pipeline_class, "save_lora_weights"):
+        return write_lora_file(component, network, final_dir / LORA_WEIGHTS)
     staging = staging_folder(final_dir, ".lora-")
     try:
         with naming_path(final_dir / LORA_WEIGHTS):  # a full disk is named, not only its errno
@@ -128,3 +146,28 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final_dir / LORA_WEIGHTS
+
+
+def write_lora_file(component: str, network: torch.nn.Module, path: Path) -> Path:
+    """The adapter as save_lora_weights writes it (``component``. before peft's key names, the
+    adapter config as metadata), for a pipeline without save_lora_weights; load_lora_file
+    puts it on that pipeline's network."""
+    config = network.peft_config["default"].to_dict()
+    config["target_modules"] = sorted(config["target_modules"])
+    tensors = {f"{component}.{name}": tensor
+               for name, tensor in adapter_state_dict(network).items()}
+    return write_adapter_file(path, tensors, {LORA_CONFIG_KEY: json.dumps(config)})
+
+
+def load_lora_file(network: torch.nn.Module, path: Path, component: str) -> None:
+    """What write_lora_file wrote, injected into ``network`` (a pipeline's ``component``) as
+    the adapter "default" and loaded: ``load_lora_file(pipeline.transformer, folder /
+    "pytorch_lora_weights.safetensors", "transformer")``."""
+    with safe_open(str(path), framework="pt") as handle:
+        config = json.loads(handle.metadata()[LORA_CONFIG_KEY])
+        prefix = f"{component}."
+        state = {key[len(prefix):]: handle.get_tensor(key) for key in handle.keys()
+                 if key.startswith(prefix)}
+    inject_lora(network, LoraConfig(**{k: v for k, v in config.items()
+                                       if k in LoraConfig.__dataclass_fields__}))
+    set_peft_model_state_dict(network, state)

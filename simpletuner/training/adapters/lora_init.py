@@ -33,6 +33,9 @@ def init_adapter(adapter, path: Path) -> None:
             raise LoraInitError(f"init_lora: {exc}") from None
         return
     pipeline = adapter.build_pipeline(network)
+    if not hasattr(pipeline, "load_lora_weights"):
+        raise LoraInitError(f"init_lora: diffusers' {type(pipeline).__name__} has no LoRA "
+                            "loader to read the file with; remove init_lora")
     try:
         pipeline.load_lora_weights(str(path), adapter_name=LOADED)
     except (ValueError, KeyError, RuntimeError) as exc:

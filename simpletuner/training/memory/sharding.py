@@ -21,6 +21,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from simpletuner.common.peer_watch import in_collective
+from simpletuner.training.adapters.lora import inject_lora
 from simpletuner.training.adapters.lycoris_adapter import add_same_lycoris
 from simpletuner.training.settings import ShardingSettings
 from simpletuner.training.optimization.optimizers import cast_trainable
@@ -169,7 +170,7 @@ def unsharded_copy(network: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     with torch.device("meta"):
         copy = _unsharded_class(network).from_config(network.config)
         if getattr(network, "peft_config", None):
-            copy.add_adapter(network.peft_config["default"])
+            inject_lora(copy, network.peft_config["default"])
         add_same_lycoris(network, copy)
     copy.load_state_dict(state_dict, strict=True, assign=True)
     for name, module in copy.named_modules():  # buffers outside the state dict: not sharded

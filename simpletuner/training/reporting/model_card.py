@@ -35,6 +35,13 @@ def _base_model_line(training, base_folder: Path) -> str:
             f'pipeline = DiffusionPipeline.from_pretrained({json.dumps(str(base_folder))})\n')
 
 
+def _pipeline_loads_loras(family: str) -> bool:
+    """Whether the family's diffusers pipeline has load_lora_weights (PixArt's has not)."""
+    from simpletuner.models.registry import get_adapter_class
+
+    return hasattr(get_adapter_class(family).pipeline_class, "load_lora_weights")
+
+
 def _usage(training, folder_name: str, base_folder: Path) -> str:
     base = _base_model_line(training, base_folder)
     if training.lora_type == "lycoris":
@@ -42,6 +49,10 @@ def _usage(training, folder_name: str, base_folder: Path) -> str:
                 'network = pipeline.unet if hasattr(pipeline, "unet") else pipeline.transformer\n'
                 f'lycoris, _ = create_lycoris_from_weights(1.0, "{folder_name}/'
                 'pytorch_lora_weights.safetensors", network)\nlycoris.merge_to()')
+    if training.model_type == "lora" and not _pipeline_loads_loras(training.model_family):
+        return (base + "from simpletuner.training.adapters.lora import load_lora_file\n"
+                f'load_lora_file(pipeline.transformer, "{folder_name}/'
+                'pytorch_lora_weights.safetensors", "transformer")')
     if training.model_type == "lora":
         return base + f'pipeline.load_lora_weights("{folder_name}")'
     return f'pipeline = DiffusionPipeline.from_pretrained("{folder_name}")'

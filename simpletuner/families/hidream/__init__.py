@@ -1,0 +1,1 @@
+"""HiDream-I1: spec.py, adapter.py, tiny.py."""

@@ -1,0 +1,1 @@
+"""Kolors: spec.py, adapter.py, tiny.py."""

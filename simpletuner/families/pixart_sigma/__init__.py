@@ -1,0 +1,1 @@
+"""PixArt Sigma: spec.py, adapter.py, tiny.py."""
