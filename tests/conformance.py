@@ -33,6 +33,7 @@ from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from simpletuner.configuration import load_configuration
 from simpletuner.families import family_spec
 from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.pipelines import first_image
 from simpletuner.training.recipe import Trainer
 from training_fixtures import make_shapes, write_config
 from video_fixtures import shapes_frame, write_clip
@@ -72,6 +73,7 @@ CASES = (
     Case("wan", "i2v-480p-14b-2.1", "tiny-wan-i2v", "video"),
     Case("wan", "t2v-14b-2.2-high", "tiny-wan22", "image"),
     Case("wan", "ti2v-5b-2.2", "tiny-wan22-ti2v", "image"),
+    Case("kandinsky5_image", None, "tiny-kandinsky5_image", "image"),
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -163,10 +165,12 @@ def generate(case: Case, pipeline) -> np.ndarray:
         call["image"] = Image.fromarray(shapes_frame(call["width"], call["height"], 0, seed=1))
     if is_video_model(case):
         call["output_type"] = "np"
+    if hasattr(pipeline, "resolutions"):  # Kandinsky 5: else its nearest 1 MP size
+        pipeline.resolutions = [(call["width"], call["height"])]
     result = pipeline(prompt="a red circle", generator=torch.Generator().manual_seed(0), **call)
     if is_video_model(case):
         return result.frames[0].astype(np.float64)
-    return np.asarray(result.images[0]).astype(np.float64)
+    return np.asarray(first_image(result)).astype(np.float64)
 
 
 def make_dataset(case: Case, root: Path) -> tuple[Path, list[dict]]:

@@ -71,9 +71,13 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
 
 def first_image(result) -> Image.Image:
     """The image of a pipeline's output; a video pipeline's (WanPipeline: ``frames``, one clip
-    per prompt) gives the first frame of its first clip."""
+    per prompt) gives the first frame of its first clip. Kandinsky 5's image pipelines name
+    their images ``image``."""
     frames = getattr(result, "frames", None)
-    return result.images[0] if frames is None else frames[0][0]
+    if frames is not None:
+        return frames[0][0]
+    images = getattr(result, "images", None)
+    return (images if images is not None else result.image)[0]
 
 
 def first_clip(result) -> list[Image.Image]:

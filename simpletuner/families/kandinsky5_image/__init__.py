@@ -1,0 +1,1 @@
+"""Kandinsky 5.0 Image: spec.py, adapter.py, tiny.py."""
