@@ -32,6 +32,7 @@ EXAMPLES = {
     "sd3.peft-controlnet-lora": {"controlnet", "conditioning"},
     "flux.peft-controlnet-lora": {"controlnet", "conditioning", "flux_lora_target"},
     "flux.peft-lora+TREAD": {"tread_config"},
+    "kandinsky5-image-6b-t2i.lycoris-lokr": set(),
 }
 REFUSED = re.compile(r"SimpleTuner option '([a-z_0-9]+)' is not supported here")
 HUB_IDS = ("RareConcepts/Domokun", "keras-dreambooth/minercraft")  # the examples' dataset_name
