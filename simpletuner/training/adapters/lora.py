@@ -3,7 +3,9 @@
 diffusers' ``load_lora_weights`` reads them: output_dir/lora/pytorch_lora_weights.safetensors.
 
 Default target modules come from the adapter class (``lora_target_modules``); the pipeline
-class's own ``save_lora_weights`` writes the export, as diffusers' LoRA training examples do."""
+class's own ``save_lora_weights`` writes the export, as diffusers' LoRA training examples do,
+or, for a pipeline without a LoRA loader whose network has peft support (LongCat-Image),
+diffusers' shared writer with the same keys, which the network's ``load_lora_adapter`` reads."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from diffusers.loaders.lora_base import LoraBaseMixin
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
@@ -118,11 +121,17 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
         return write_comfyui_lora(adapter_class.family, network, final_dir / LORA_WEIGHTS)
     staging = staging_folder(final_dir, ".lora-")
     try:
+        state, config = adapter_state_dict(network), network.peft_config["default"].to_dict()
         with naming_path(final_dir / LORA_WEIGHTS):  # a full disk is named, not only its errno
-            adapter_class.pipeline_class.save_lora_weights(
-                staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
-                **{f"{component}_lora_layers": adapter_state_dict(network),
-                   f"{component}_lora_adapter_metadata": network.peft_config["default"].to_dict()})
+            if hasattr(adapter_class.pipeline_class, "save_lora_weights"):
+                adapter_class.pipeline_class.save_lora_weights(
+                    staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
+                    **{f"{component}_lora_layers": state,
+                       f"{component}_lora_adapter_metadata": config})
+            else:
+                LoraBaseMixin._save_lora_weights(
+                    staging, lora_layers={component: state}, lora_metadata={component: config},
+                    weight_name=LORA_WEIGHTS, safe_serialization=True)
         give_umask_modes(staging)
         os.replace(staging / LORA_WEIGHTS, final_dir / LORA_WEIGHTS)
     finally:

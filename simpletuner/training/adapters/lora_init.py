@@ -34,7 +34,11 @@ def init_adapter(adapter, path: Path) -> None:
         return
     pipeline = adapter.build_pipeline(network)
     try:
-        pipeline.load_lora_weights(str(path), adapter_name=LOADED)
+        if hasattr(pipeline, "load_lora_weights"):
+            pipeline.load_lora_weights(str(path), adapter_name=LOADED)
+        else:  # a pipeline without a LoRA loader (LongCat-Image): its network's own
+            network.load_lora_adapter(str(path.parent), weight_name=path.name,
+                                      prefix=adapter.trainable_component, adapter_name=LOADED)
     except (ValueError, KeyError, RuntimeError) as exc:
         raise LoraInitError(f"init_lora {path} is not a LoRA file diffusers can put on the "
                             f"{adapter.family} network ({exc})") from None
