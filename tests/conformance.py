@@ -74,6 +74,7 @@ CASES = (
     Case("wan", "t2v-14b-2.2-high", "tiny-wan22", "image"),
     Case("wan", "ti2v-5b-2.2", "tiny-wan22-ti2v", "image"),
     Case("kandinsky5_image", None, "tiny-kandinsky5_image", "image"),
+    Case("longcat_image", None, "tiny-longcat_image", "image"),
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -100,6 +101,7 @@ GENERATION = {
     # its 2048-token default padding through a 36-layer encoder takes minutes on a CPU
     "tiny-ideogram": dict(max_sequence_length=64, guidance_scale=3.0, guidance_schedule=None),
     "tiny-flux2": dict(width=48, height=32, guidance_scale=1.0),
+    "tiny-longcat_image": dict(enable_prompt_rewrite=False),
     "tiny-wan": dict(num_frames=1),
     "tiny-wan-i2v": dict(width=64, height=48, num_frames=5),
     "tiny-wan22": dict(width=64, height=64, num_frames=5, num_inference_steps=4),
@@ -144,6 +146,10 @@ def load_pipeline(case: Case, folder: Path):
         from simpletuner.families.qwen_image.processor import load_processor
 
         extra["processor"] = load_processor(folder)
+    if case.model.startswith("tiny-longcat_image"):
+        from simpletuner.families.qwen_image.processor import load_processor
+
+        extra["text_processor"] = load_processor(folder, "text_processor")
     if case.model == "tiny-qwen_image-v2.1":
         from simpletuner.families.qwen_image.v21_processor import ImageTextQwen3VLProcessor
 
@@ -152,6 +158,16 @@ def load_pipeline(case: Case, folder: Path):
     pipeline = pipeline_class(case).from_pretrained(folder, **extra)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
+
+
+def load_lora(pipeline, folder: Path) -> None:
+    """The export in ``folder`` onto the pipeline: its load_lora_weights; a pipeline without a
+    LoRA loader (LongCat-Image), its transformer's load_lora_adapter."""
+    if hasattr(pipeline, "load_lora_weights"):
+        pipeline.load_lora_weights(folder)
+    else:
+        pipeline.transformer.load_lora_adapter(folder, prefix="transformer",
+                                               weight_name="pytorch_lora_weights.safetensors")
 
 
 def generate(case: Case, pipeline) -> np.ndarray:
@@ -313,7 +329,7 @@ class FamilyConformance:
         self.assertFalse((self.lora.out / "pipeline").exists())
         pipeline = load_pipeline(self.case, ensure_builtin_model(self.case.model))
         before = generate(self.case, pipeline)
-        pipeline.load_lora_weights(self.lora.out / "lora")
+        load_lora(pipeline, self.lora.out / "lora")
         change = np.abs(generate(self.case, pipeline) - before).mean()
         self.assertGreater(change, LORA_CHANGE.get(self.case.model, IMAGE_LORA_CHANGE))
 

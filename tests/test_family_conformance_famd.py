@@ -1,4 +1,4 @@
-"""The conformance suite (tests/conformance.py) for Kandinsky 5.0 Image."""
+"""The conformance suite (tests/conformance.py) for Kandinsky 5.0 Image and LongCat-Image."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import unittest
 
 from conformance import case_classes
 
-FAMILIES = ("kandinsky5_image",)
+FAMILIES = ("kandinsky5_image", "longcat_image")
 
 globals().update(case_classes(__name__, FAMILIES))
 

@@ -1,0 +1,1 @@
+"""LongCat-Image: spec.py, adapter.py, tiny.py."""

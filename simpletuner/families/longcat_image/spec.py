@@ -1,0 +1,16 @@
+"""LongCat-Image (meituan-longcat): a Qwen2.5-VL text encoder read through LongCatImagePipeline's
+own encode_prompt, Flux VAE latents packed 2x2 and a Flux-like flow transformer."""
+
+from simpletuner.families.spec import FLOW, FamilySpec
+from simpletuner.training.adapters.lora_layouts import TRANSFORMER_ALPHA_FOLDED
+
+SPEC = FamilySpec(
+    name="longcat_image", objective=FLOW,
+    adapter="simpletuner.families.longcat_image.adapter.LongCatImageAdapter",
+    pipeline_prefixes=(("LongCatImage", "longcat_image"),),
+    # LongCatImagePipeline has no LoRA loader of its own: its transformer's load_lora_adapter
+    # reads transformer. keys as they are (no alpha).
+    comfyui_layout=TRANSFORMER_ALPHA_FOLDED,
+    tiny_models={"tiny-longcat_image": "simpletuner.families.longcat_image.tiny.build_longcat_image"},
+    # the joint blocks, then the single-stream ones
+    swappable_block_keys=("num_layers", "num_single_layers"))
