@@ -2,8 +2,9 @@
 LongCatImagePipeline gives its transformer (the pipeline's 512-token caption features and text
 ids, its packed latents and image ids, timestep sigma, target noise - latents); its pipeline has
 no LoRA loader, so the export is written by diffusers' shared LoRA writer and init_lora reads a
-file through the transformer's own load_lora_adapter. Training, resume and export: the
-conformance suite (tests/conformance.py)."""
+file through the transformer's own load_lora_adapter; model_flavour edit reads the caption with
+its reference and appends the reference's tokens as LongCatImageEditPipeline does. Training,
+resume and export: the conformance suite (tests/conformance.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,16 @@ import tempfile
 from pathlib import Path
 
 import torch
+from diffusers.pipelines.longcat_image.pipeline_longcat_image_edit import calculate_dimensions
 
+from edit_fixtures import circle
 from model_fixtures import CPU, TinyModelCase, network_prediction, random_batch, train_adapter
+from simpletuner.models.base import LossSettings
 from simpletuner.models.block_count import swappable_block_count
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import guess_family
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.training.adapters.lora import add_lora, export_lora
 from simpletuner.training.adapters.lora_init import init_adapter
 
@@ -80,3 +86,49 @@ class LongCatImageAdapterTest(TinyModelCase):
         folder = ensure_builtin_model("tiny-longcat_image")
         self.assertEqual(swappable_block_count("longcat_image", str(folder)), 2)
         self.assertEqual(guess_family(folder), "longcat_image")
+
+
+class LongCatImageEditAdapterTest(TinyModelCase):
+    """model_flavour edit: what LongCatImageEditPipeline gives its transformer for a pair."""
+
+    def setUp(self):
+        torch.manual_seed(0)
+        self.folder = ensure_builtin_model("tiny-longcat_image-edit")
+        self.adapter = get_adapter_class("longcat_image").load(  # the folder picks the edit one
+            self.folder, device=CPU, weight_dtype=torch.float32, loss_settings=LossSettings())
+        self.assertEqual(type(self.adapter).__name__, "LongCatImageEditAdapter")
+        self.pipeline = self.adapter.build_pipeline()
+
+    def test_the_network_reads_the_caption_with_its_reference_and_the_references_tokens(self):
+        reference = circle("red", "blue", (96, 64))
+        embeds = self.adapter.encode_prompts(["make it green"], [[reference]])
+        width, height = calculate_dimensions(1024 * 1024, 96 / 64)  # the pipeline's 1 MP
+        resized = self.pipeline.image_processor.resize(reference, height, width)
+        prompt_image = self.pipeline.image_processor.resize(resized, height // 2, width // 2)
+        text, text_ids = self.pipeline.encode_prompt(["make it green"], image=prompt_image)
+        self.assertTrue(torch.equal(embeds["prompt_embeds"], text))
+        latents = torch.randn(1, 16, 8, 12, generator=torch.Generator().manual_seed(1))
+        batch = TrainingBatch(latents=latents, prompt_embeds=embeds, original_sizes=[(64, 96)],
+                              crop_top_lefts=[(0, 0)], target_sizes=[(64, 96)],
+                              reference_latents=(torch.randn(1, 16, 8, 12),))
+        seen = {}
+
+        def network(**inputs):
+            seen.update(inputs)
+            return (torch.zeros_like(inputs["hidden_states"]),)
+
+        self.adapter.compute_loss(batch, torch.Generator().manual_seed(3), network=network)
+        self.assertTrue(torch.equal(seen["txt_ids"], text_ids))
+        _, packed, ids, reference_ids = self.pipeline.prepare_latents(
+            batch.reference_latents[0], 1, 16, 64, 96, torch.float32, text.shape[1], CPU, None)
+        self.assertTrue(torch.equal(seen["img_ids"], torch.cat([ids, reference_ids.float()])))
+        self.assertTrue(torch.equal(seen["hidden_states"][:, 24:], packed))
+        self.assertEqual(seen["hidden_states"].shape[1], 48)
+
+    def test_the_flavour_must_match_the_folder(self):
+        plain = ensure_builtin_model("tiny-longcat_image")
+        adapter_class = type(self.adapter)
+        self.assertIsNone(adapter_class.flavour_problem(self.folder, "edit"))
+        self.assertIsNone(adapter_class.flavour_problem(plain, None))
+        self.assertIn("LongCatImageEditPipeline", adapter_class.flavour_problem(plain, "edit"))
+        self.assertIn("model_flavour 'edit'", adapter_class.flavour_problem(self.folder, None))

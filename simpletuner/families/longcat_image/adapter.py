@@ -17,10 +17,12 @@ from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
 from simpletuner.families.flux.adapter import pack_latents, unpack_latents
 from simpletuner.families.qwen_image.processor import PIPELINE_ENTRY, load_processor
 from simpletuner.models.flow_family import FlowFamilyAdapter
+from simpletuner.models.model_index import pipeline_class_name
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.transfer import to_device
 
 TEXT_TOKENS = 512  # the pipeline's tokenizer_max_length: every caption is padded to it
+EDIT_PIPELINE, EDIT_FLAVOUR = "LongCatImageEditPipeline", "edit"
 
 
 class LongCatImageAdapter(FlowFamilyAdapter):
@@ -40,6 +42,23 @@ class LongCatImageAdapter(FlowFamilyAdapter):
     @classmethod
     def required_subfolders(cls) -> tuple[str, ...]:
         return super().required_subfolders() + ("text_processor",)
+
+    @classmethod
+    def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
+        """Only 'edit' changes what is trained (edit pairs); 'final' and 'dev' are weights."""
+        found = pipeline_class_name(folder)
+        if (flavour == EDIT_FLAVOUR) == (found == EDIT_PIPELINE):
+            return None
+        if flavour == EDIT_FLAVOUR:
+            return (f"'edit' trains a {EDIT_PIPELINE} model, but the model_index.json of "
+                    f"{folder} names {found}; use a LongCat-Image-Edit folder (or "
+                    "builtin:tiny-longcat_image-edit), or remove model_flavour")
+        return (f"{folder} is a {EDIT_PIPELINE} model; set model_flavour 'edit' (and give its "
+                "datasets conditioning_data)")
+
+    @classmethod
+    def load(cls, folder: Path, **settings) -> "LongCatImageAdapter":
+        return super(LongCatImageAdapter, cls.for_folder(folder)).load(folder, **settings)
 
     @classmethod
     def load_conditioning_components(cls, folder: Path, *, device: torch.device,
