@@ -77,6 +77,7 @@ CASES = (
     Case("kandinsky5_image", None, "tiny-kandinsky5_image", "image"),
     Case("longcat_image", None, "tiny-longcat_image", "image"),
     Case("longcat_image", "edit", "tiny-longcat_image-edit", "edit"),
+    Case("kandinsky5_image", "i2i-lite-sft", "tiny-kandinsky5_image-i2i", "edit"),
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -150,6 +151,10 @@ def load_pipeline(case: Case, folder: Path):
         from simpletuner.families.qwen_image.processor import load_processor
 
         extra["processor"] = load_processor(folder)
+    if case.model == "tiny-kandinsky5_image-i2i":  # its tokenizer is a Qwen2VLProcessor
+        from simpletuner.families.qwen_image.processor import load_processor
+
+        extra["tokenizer"] = load_processor(folder, "tokenizer")
     if case.model.startswith("tiny-longcat_image"):
         from simpletuner.families.qwen_image.processor import load_processor
 

@@ -2,8 +2,9 @@
 Kandinsky5T2IPipeline gives its transformer (each caption through the pipeline's encode_prompt
 alone, CLIP's pooled embedding, [B, 1, H, W, C] latents, timestep 1000 * sigma, target noise -
 latents), a batch of captions of different lengths predicts what each sample alone does, the
-published 6B transformer's size and block count. Training, resume and export: the conformance
-suite (tests/conformance.py)."""
+published 6B transformer's size and block count; the i2i flavours read the caption with its
+reference and the reference's channels as Kandinsky5I2IPipeline does. Training, resume and
+export: the conformance suite (tests/conformance.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import unittest
 import torch
 from diffusers import Kandinsky5Transformer3DModel
 
+from edit_fixtures import circle
 from model_fixtures import CPU, TinyModelCase, random_batch
 from simpletuner.families.kandinsky5_image.adapter import EverySize, Kandinsky5ImageAdapter
+from simpletuner.models.base import LossSettings
 from simpletuner.models.block_count import swappable_block_count
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import guess_family
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.models.training_batch import TrainingBatch
 
 PROMPTS = ("a red circle", "a small blue square standing on a long wooden table at dusk")
 # Kandinsky-5.0-T2I-Lite's transformer/config.json (kandinskylab; "6B" on its model card).
@@ -98,6 +103,48 @@ class Kandinsky5ImageAdapterTest(TinyModelCase):
         folder = ensure_builtin_model("tiny-kandinsky5_image")
         self.assertEqual(swappable_block_count("kandinsky5_image", str(folder)), 3)
         self.assertEqual(guess_family(folder), "kandinsky5_image")
+
+
+class Kandinsky5ImageI2IAdapterTest(TinyModelCase):
+    """model_flavour i2i-lite-sft: what Kandinsky5I2IPipeline gives its transformer."""
+
+    def setUp(self):
+        self.folder = ensure_builtin_model("tiny-kandinsky5_image-i2i")
+        self.adapter = get_adapter_class("kandinsky5_image").load(  # the folder picks it
+            self.folder, device=CPU, weight_dtype=torch.float32, loss_settings=LossSettings())
+        self.pipeline = self.adapter.build_pipeline()
+
+    def test_the_network_reads_the_caption_with_its_reference_and_its_channels(self):
+        reference = circle("red", "blue", (96, 64))
+        embeds = self.adapter.encode_prompts(["make it green"], [[reference]])
+        text, pooled, _ = self.pipeline.encode_prompt("make it green", image=reference,
+                                                      device=CPU)
+        self.assertTrue(torch.equal(embeds["prompt_embeds"], text))
+        self.assertTrue(torch.equal(embeds["pooled_prompt_embeds"], pooled))
+        latents, condition = torch.randn(2, 1, 16, 8, 12).unbind(0)
+        batch = TrainingBatch(latents=latents, prompt_embeds=embeds, original_sizes=[(64, 96)],
+                              crop_top_lefts=[(0, 0)], target_sizes=[(64, 96)],
+                              reference_latents=(condition,))
+        seen = {}
+
+        def network(**inputs):
+            seen.update(inputs)
+            return torch.zeros_like(inputs["hidden_states"][..., :16])
+
+        self.adapter.compute_loss(batch, torch.Generator().manual_seed(3), network=network)
+        visual = seen["hidden_states"]
+        self.assertEqual(tuple(visual.shape), (1, 1, 8, 12, 33))
+        self.assertTrue(torch.equal(visual[..., 16:32], condition.permute(0, 2, 3, 1)[:, None]))
+        self.assertTrue(torch.equal(visual[..., 32], torch.ones(1, 1, 8, 12)))
+
+    def test_the_flavour_must_match_the_folder(self):
+        plain = ensure_builtin_model("tiny-kandinsky5_image")
+        adapter_class = type(self.adapter)
+        self.assertIsNone(adapter_class.flavour_problem(self.folder, "i2i-lite-sft"))
+        self.assertIsNone(adapter_class.flavour_problem(plain, "t2i-lite-sft"))
+        self.assertIn("Kandinsky5I2IPipeline",
+                      adapter_class.flavour_problem(plain, "i2i-lite-pretrain"))
+        self.assertIn("i2i-lite-sft", adapter_class.flavour_problem(self.folder, None))
 
 
 class PublishedSizeTest(unittest.TestCase):

@@ -10,6 +10,8 @@ length runs the network once per length, so every sample sees exactly its own to
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from diffusers import Kandinsky5T2IPipeline, Kandinsky5Transformer3DModel
 from transformers import (AutoTokenizer, CLIPTextModel, CLIPTokenizer,
@@ -17,7 +19,11 @@ from transformers import (AutoTokenizer, CLIPTextModel, CLIPTokenizer,
 
 from simpletuner.models.base import PLANNED_CAPTION
 from simpletuner.models.flow_family import FLOW_TIMESTEPS, FlowFamilyAdapter
+from simpletuner.models.model_index import pipeline_class_name
 from simpletuner.models.training_batch import TrainingBatch
+
+
+I2I_PIPELINE = "Kandinsky5I2IPipeline"
 
 
 class EverySize(list):
@@ -40,6 +46,25 @@ class Kandinsky5ImageAdapter(FlowFamilyAdapter):
     # SimpleTuner's default: the query, key and value projections of every block.
     lora_target_modules = ("to_query", "to_key", "to_value")
     max_sequence_length = 512  # the pipeline's default
+
+    @classmethod
+    def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
+        """SimpleTuner's i2i flavours train a Kandinsky5I2IPipeline folder (on edit pairs),
+        its t2i flavours (and none) a Kandinsky5T2IPipeline folder."""
+        found = pipeline_class_name(folder)
+        image_to_image = flavour is not None and flavour.startswith("i2i")
+        if image_to_image == (found == I2I_PIPELINE):
+            return None
+        if image_to_image:
+            return (f"'{flavour}' trains a {I2I_PIPELINE} model, but the model_index.json of "
+                    f"{folder} names {found}; use a Kandinsky 5.0 I2I folder (or "
+                    "builtin:tiny-kandinsky5_image-i2i), or a t2i flavour")
+        return (f"{folder} is a {I2I_PIPELINE} model; set model_flavour 'i2i-lite-sft' or "
+                "'i2i-lite-pretrain' (and give its datasets conditioning_data)")
+
+    @classmethod
+    def load(cls, folder: Path, **settings) -> "Kandinsky5ImageAdapter":
+        return super(Kandinsky5ImageAdapter, cls.for_folder(folder)).load(folder, **settings)
 
     @property
     def latent_patch(self) -> int:
@@ -67,8 +92,13 @@ class Kandinsky5ImageAdapter(FlowFamilyAdapter):
         encode_prompt alone (unpadded, as the pipeline encodes one prompt), then padded at the
         end to the longest, with its mask."""
         pipeline = self._text_pipeline()
-        rows = [pipeline.encode_prompt(prompt, max_sequence_length=self.max_sequence_length,
-                                       device=self.device) for prompt in prompts]
+        return self._padded([pipeline.encode_prompt(
+            prompt, max_sequence_length=self.max_sequence_length, device=self.device)
+            for prompt in prompts])
+
+    def _padded(self, rows: list[tuple]) -> dict[str, torch.Tensor]:
+        """encode_prompt's (embeds, pooled, lengths) of one prompt each, as encode_prompts
+        returns them."""
         longest = max(embeds.shape[1] for embeds, _, _ in rows)
         embeds = torch.zeros(len(rows), longest, rows[0][0].shape[-1], device=self.device,
                              dtype=rows[0][0].dtype)
@@ -85,6 +115,10 @@ class Kandinsky5ImageAdapter(FlowFamilyAdapter):
         text = pipeline.prompt_template.format(PLANNED_CAPTION)
         tokens = min(len(self.tokenizers[0](text).input_ids)
                      - pipeline.prompt_template_encode_start_idx, self.max_sequence_length)
+        return self.planned_embeds(count, tokens)
+
+    def planned_embeds(self, count: int, tokens: int) -> dict[str, torch.Tensor]:
+        """What the cache holds for ``count`` captions of ``tokens`` tokens, on the device."""
         width = self.text_encoders[0].config.text_config.hidden_size
         pooled = self.text_encoders[1].config.hidden_size
         return {"prompt_embeds": torch.empty(count, tokens, width, device=self.device),
@@ -98,7 +132,8 @@ class Kandinsky5ImageAdapter(FlowFamilyAdapter):
         text, mask = embeds["prompt_embeds"], embeds["prompt_attention_mask"]
         pooled = embeds["pooled_prompt_embeds"]
         if mask.is_meta:  # the memory plan: its captions are unpadded
-            return self._call(network, noisy, sigmas, text, pooled, dtype)
+            return self._call(network, self._visual_input(noisy, batch, None), sigmas, text,
+                              pooled, dtype)
         lengths = mask.to(torch.long).sum(dim=1).tolist()
         groups: dict[int, list[int]] = {}
         for row, length in enumerate(lengths):
@@ -106,24 +141,31 @@ class Kandinsky5ImageAdapter(FlowFamilyAdapter):
         outputs, order = [], []
         for length, rows in groups.items():
             index = torch.tensor(rows, device=noisy.device)
-            outputs.append(self._call(network, noisy[index], sigmas[index],
-                                      text[index, :length], pooled[index], dtype))
+            outputs.append(self._call(network, self._visual_input(noisy, batch, index),
+                                      sigmas[index], text[index, :length], pooled[index], dtype))
             order += rows
         if len(groups) == 1:
             return outputs[0]
         restore = torch.argsort(torch.tensor(order, device=noisy.device))
         return torch.cat(outputs)[restore]
 
-    def _call(self, network, noisy: torch.Tensor, sigmas: torch.Tensor, text: torch.Tensor,
+    def _visual_input(self, noisy: torch.Tensor, batch: TrainingBatch,
+                      rows: torch.Tensor | None) -> torch.Tensor:
+        """[B, 1, H, W, C]: the latents of ``rows`` (all: None) as the pipeline lays them out
+        (image-to-image adds its condition's channels)."""
+        selected = noisy if rows is None else noisy[rows]
+        return selected.permute(0, 2, 3, 1).unsqueeze(1)
+
+    def _call(self, network, visual: torch.Tensor, sigmas: torch.Tensor, text: torch.Tensor,
               pooled: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The network on latents whose captions all have text.shape[1] tokens, as the
         pipeline calls it (its rope positions, scale factors 1)."""
-        _, _, height, width = noisy.shape
-        device, patch = noisy.device, self.latent_patch
+        _, _, height, width, _ = visual.shape
+        device, patch = visual.device, self.latent_patch
         visual_positions = [torch.arange(1, device=device),
                             torch.arange(height // patch, device=device),
                             torch.arange(width // patch, device=device)]
-        output = network(hidden_states=noisy.permute(0, 2, 3, 1).unsqueeze(1).to(dtype),
+        output = network(hidden_states=visual.to(dtype),
                          encoder_hidden_states=text.to(dtype),
                          pooled_projections=pooled.to(dtype),
                          timestep=(sigmas * FLOW_TIMESTEPS).to(dtype),

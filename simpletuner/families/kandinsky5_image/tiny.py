@@ -42,3 +42,24 @@ def build_kandinsky5_image(staging: Path):
         text_encoder_2=CLIPTextModel(clip_config), tokenizer_2=tokenizer_2,
         # a fixed shift, as SimpleTuner's example trains with (flow_schedule_shift 3)
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+
+
+def build_kandinsky5_image_i2i(staging: Path):
+    """Image-to-image: the transformer reads the reference's channels too (visual_cond), its
+    text encoder the reference through a Qwen2VLProcessor, which sees it at most 112 x 112."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5I2IPipeline
+    from transformers import CLIPTextModel
+
+    from simpletuner.families.qwen_image.processor import PIPELINE_ENTRY, build_processor
+
+    tokenizer, text_encoder = tiny_qwen25_vl(staging)
+    tokenizer_2, clip_config = clip_tokenizer_and_config(staging, "tokenizer_2")
+    processor = build_processor(tokenizer,
+                                size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112})
+    pipeline = Kandinsky5I2IPipeline(
+        transformer=tiny_transformer(visual_cond=True), vae=flow_vae(0.3611, 0.1159),
+        text_encoder=text_encoder, tokenizer=processor,
+        text_encoder_2=CLIPTextModel(clip_config), tokenizer_2=tokenizer_2,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    pipeline.register_to_config(tokenizer=PIPELINE_ENTRY)  # what its folder holds
+    return pipeline
