@@ -6,7 +6,7 @@ timestep 1000 * sigma as the pipeline's scheduler gives it, and predicts noise -
 
 The transformer has no text mask: the pipeline encodes a prompt unpadded and attends to all of
 its tokens. Captions are cached unpadded with a mask, and a batch whose captions differ in
-length runs the network once per length, so every sample sees exactly its own tokens."""
+length runs the network once per length (models/caption_lengths.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from transformers import (AutoTokenizer, CLIPTextModel, CLIPTokenizer,
                           Qwen2_5_VLForConditionalGeneration)
 
 from simpletuner.models.base import PLANNED_CAPTION
+from simpletuner.models.caption_lengths import per_caption_length
 from simpletuner.models.flow_family import FLOW_TIMESTEPS, FlowFamilyAdapter
 from simpletuner.models.model_index import pipeline_class_name
 from simpletuner.models.training_batch import TrainingBatch
@@ -129,32 +130,19 @@ class Kandinsky5ImageAdapter(FlowFamilyAdapter):
     def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
         embeds = batch.prompt_embeds
-        text, mask = embeds["prompt_embeds"], embeds["prompt_attention_mask"]
-        pooled = embeds["pooled_prompt_embeds"]
-        if mask.is_meta:  # the memory plan: its captions are unpadded
-            return self._call(network, self._visual_input(noisy, batch, None), sigmas, text,
-                              pooled, dtype)
-        lengths = mask.to(torch.long).sum(dim=1).tolist()
-        groups: dict[int, list[int]] = {}
-        for row, length in enumerate(lengths):
-            groups.setdefault(int(length), []).append(row)
-        outputs, order = [], []
-        for length, rows in groups.items():
-            index = torch.tensor(rows, device=noisy.device)
-            outputs.append(self._call(network, self._visual_input(noisy, batch, index),
-                                      sigmas[index], text[index, :length], pooled[index], dtype))
-            order += rows
-        if len(groups) == 1:
-            return outputs[0]
-        restore = torch.argsort(torch.tensor(order, device=noisy.device))
-        return torch.cat(outputs)[restore]
+        text, pooled = embeds["prompt_embeds"], embeds["pooled_prompt_embeds"]
+
+        def predict(rows: torch.Tensor, length: int) -> torch.Tensor:
+            return self._call(network, self._visual_input(noisy, batch, rows), sigmas[rows],
+                              text[rows, :length], pooled[rows], dtype)
+
+        return per_caption_length(embeds["prompt_attention_mask"], predict)
 
     def _visual_input(self, noisy: torch.Tensor, batch: TrainingBatch,
-                      rows: torch.Tensor | None) -> torch.Tensor:
-        """[B, 1, H, W, C]: the latents of ``rows`` (all: None) as the pipeline lays them out
+                      rows: torch.Tensor) -> torch.Tensor:
+        """[B, 1, H, W, C]: the latents of ``rows`` as the pipeline lays them out
         (image-to-image adds its condition's channels)."""
-        selected = noisy if rows is None else noisy[rows]
-        return selected.permute(0, 2, 3, 1).unsqueeze(1)
+        return noisy[rows].permute(0, 2, 3, 1).unsqueeze(1)
 
     def _call(self, network, visual: torch.Tensor, sigmas: torch.Tensor, text: torch.Tensor,
               pooled: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

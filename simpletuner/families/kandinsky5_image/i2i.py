@@ -74,7 +74,7 @@ class Kandinsky5ImageI2IAdapter(Kandinsky5ImageAdapter):
         return self.planned_embeds(count, ids.shape[1] - pipeline.prompt_template_encode_start_idx)
 
     def _visual_input(self, noisy: torch.Tensor, batch: TrainingBatch,
-                      rows: torch.Tensor | None) -> torch.Tensor:
+                      rows: torch.Tensor) -> torch.Tensor:
         """The noisy latents, the reference's and a mask of ones, channels last."""
         latents = super()._visual_input(noisy, batch, rows)
         if not batch.reference_latents:  # the memory plan's batch: no reference cached

@@ -17,6 +17,7 @@ from PIL import Image
 from simpletuner.families.flux.adapter import pack_latents, unpack_latents
 from simpletuner.families.longcat_image.adapter import LongCatImageAdapter
 from simpletuner.families.qwen_image.processor import load_processor
+from simpletuner.models.caption_lengths import per_caption_length
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.transfer import to_device
 
@@ -75,19 +76,13 @@ class LongCatImageEditAdapter(LongCatImageAdapter):
     def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
         embeds = batch.prompt_embeds
-        text, mask = embeds["prompt_embeds"], embeds["prompt_embeds_mask"]
-        lengths = ([text.shape[1]] * text.shape[0] if mask.is_meta
-                   else mask.to(torch.long).sum(dim=1).tolist())
-        outputs, order = [], []
-        for length in sorted(set(lengths)):
-            rows = [row for row, count in enumerate(lengths) if count == length]
-            index = torch.tensor(rows, device=noisy.device)
-            outputs.append(self._edit(network, noisy[index], sigmas[index], text[index, :length],
-                                      [reference[index] for reference in batch.reference_latents],
-                                      dtype))
-            order += rows
-        restore = torch.argsort(torch.tensor(order, device=noisy.device))
-        return torch.cat(outputs)[restore]
+        text = embeds["prompt_embeds"]
+
+        def predict(rows: torch.Tensor, length: int) -> torch.Tensor:
+            return self._edit(network, noisy[rows], sigmas[rows], text[rows, :length],
+                              [reference[rows] for reference in batch.reference_latents], dtype)
+
+        return per_caption_length(embeds["prompt_embeds_mask"], predict)
 
     def _edit(self, network, noisy: torch.Tensor, sigmas: torch.Tensor, text: torch.Tensor,
               references: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
