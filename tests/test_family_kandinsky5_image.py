@@ -8,13 +8,18 @@ export: the conformance suite (tests/conformance.py)."""
 
 from __future__ import annotations
 
+import io
+import tempfile
 import unittest
+from contextlib import redirect_stdout
+from pathlib import Path
 
 import torch
 from diffusers import Kandinsky5Transformer3DModel
 
 from edit_fixtures import circle
 from model_fixtures import CPU, TinyModelCase, random_batch
+from simpletuner.cli import main
 from simpletuner.families.kandinsky5_image.adapter import EverySize, Kandinsky5ImageAdapter
 from simpletuner.models.base import LossSettings
 from simpletuner.models.block_count import swappable_block_count
@@ -22,6 +27,7 @@ from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import guess_family
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.models.training_batch import TrainingBatch
+from training_fixtures import make_shapes, write_config
 
 PROMPTS = ("a red circle", "a small blue square standing on a long wooden table at dusk")
 # Kandinsky-5.0-T2I-Lite's transformer/config.json (kandinskylab; "6B" on its model card).
@@ -104,6 +110,24 @@ class Kandinsky5ImageAdapterTest(TinyModelCase):
         self.assertEqual(swappable_block_count("kandinsky5_image", str(folder)), 3)
         self.assertEqual(guess_family(folder), "kandinsky5_image")
 
+
+    def test_plan_memory_counts_each_flavours_network(self):
+        """plan --memory (the CLI in-process) for the text-to-image and the reference flavour."""
+        root = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+        for model, flavour in (('tiny-kandinsky5_image', None), ('tiny-kandinsky5_image-i2i', 'i2i-lite-sft')):
+            with self.subTest(model=model):
+                config = write_config(root, root / "data", model, model_family="kandinsky5_image",
+                                      model_flavour=flavour, model_type="full",
+                                      pretrained_model_name_or_path=f"builtin:{model}")
+                printed = io.StringIO()
+                with redirect_stdout(printed):
+                    status = main(["plan", "--memory", "--config", str(config)])
+                network = type(self.adapter).transformer_class.from_pretrained(
+                    ensure_builtin_model(model), subfolder="transformer")
+                count = sum(p.numel() for p in network.parameters()) / 1e6
+                self.assertEqual(status, 0, printed.getvalue())
+                self.assertIn(f"trained network: {count:.2f} M parameters", printed.getvalue())
 
 class Kandinsky5ImageI2IAdapterTest(TinyModelCase):
     """model_flavour i2i-lite-sft: what Kandinsky5I2IPipeline gives its transformer."""

@@ -8,7 +8,9 @@ resume and export: the conformance suite (tests/conformance.py)."""
 
 from __future__ import annotations
 
+import io
 import tempfile
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import torch
@@ -16,6 +18,7 @@ from diffusers.pipelines.longcat_image.pipeline_longcat_image_edit import calcul
 
 from edit_fixtures import circle
 from model_fixtures import CPU, TinyModelCase, network_prediction, random_batch, train_adapter
+from simpletuner.cli import main
 from simpletuner.models.base import LossSettings
 from simpletuner.models.block_count import swappable_block_count
 from simpletuner.models.builtin import ensure_builtin_model
@@ -24,6 +27,7 @@ from simpletuner.models.registry import get_adapter_class
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.training.adapters.lora import add_lora, export_lora
 from simpletuner.training.adapters.lora_init import init_adapter
+from training_fixtures import make_shapes, write_config
 
 PROMPTS = ("a red circle", "a small blue square standing on a long wooden table at dusk")
 
@@ -87,6 +91,24 @@ class LongCatImageAdapterTest(TinyModelCase):
         self.assertEqual(swappable_block_count("longcat_image", str(folder)), 2)
         self.assertEqual(guess_family(folder), "longcat_image")
 
+
+    def test_plan_memory_counts_each_flavours_network(self):
+        """plan --memory (the CLI in-process) for the text-to-image and the reference flavour."""
+        root = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+        for model, flavour in (('tiny-longcat_image', None), ('tiny-longcat_image-edit', 'edit')):
+            with self.subTest(model=model):
+                config = write_config(root, root / "data", model, model_family="longcat_image",
+                                      model_flavour=flavour, model_type="full",
+                                      pretrained_model_name_or_path=f"builtin:{model}")
+                printed = io.StringIO()
+                with redirect_stdout(printed):
+                    status = main(["plan", "--memory", "--config", str(config)])
+                network = type(self.adapter).transformer_class.from_pretrained(
+                    ensure_builtin_model(model), subfolder="transformer")
+                count = sum(p.numel() for p in network.parameters()) / 1e6
+                self.assertEqual(status, 0, printed.getvalue())
+                self.assertIn(f"trained network: {count:.2f} M parameters", printed.getvalue())
 
 class LongCatImageEditAdapterTest(TinyModelCase):
     """model_flavour edit: what LongCatImageEditPipeline gives its transformer for a pair."""
