@@ -16,6 +16,7 @@ each row into a TestCase class of its own (``case_classes``), so pytest-xdist ca
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import re
 import shutil
@@ -33,7 +34,8 @@ from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from simpletuner.configuration import load_configuration
 from simpletuner.families import family_spec
 from simpletuner.models.builtin import ensure_builtin_model
-from simpletuner.training.adapters.lora import LORA_WEIGHTS, load_lora_file
+from simpletuner.models.pipelines import first_image
+from simpletuner.training.adapters.lora import LORA_WEIGHTS, load_peft_lora_file
 from simpletuner.training.recipe import Trainer
 from training_fixtures import make_shapes, write_config
 from video_fixtures import shapes_frame, write_clip
@@ -78,6 +80,10 @@ CASES = (
     Case("kolors", None, "tiny-kolors", "image"),
     Case("hidream", None, "tiny-hidream", "image"),
     Case("pixart_sigma", None, "tiny-pixart_sigma", "image"),
+    Case("kandinsky5_image", None, "tiny-kandinsky5_image", "image"),
+    Case("longcat_image", None, "tiny-longcat_image", "image"),
+    Case("longcat_image", "edit", "tiny-longcat_image-edit", "edit"),
+    Case("kandinsky5_image", "i2i-lite-sft", "tiny-kandinsky5_image-i2i", "edit"),
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -105,6 +111,9 @@ GENERATION = {
     # its 2048-token default padding through a 36-layer encoder takes minutes on a CPU
     "tiny-ideogram": dict(max_sequence_length=64, guidance_scale=3.0, guidance_schedule=None),
     "tiny-flux2": dict(width=48, height=32, guidance_scale=1.0),
+    "tiny-longcat_image": dict(enable_prompt_rewrite=False),
+    # it samples at about 1 MP whatever the reference's size: one step, no unconditional pass
+    "tiny-longcat_image-edit": dict(num_inference_steps=1, guidance_scale=1.0),
     "tiny-wan": dict(num_frames=1),
     "tiny-wan-i2v": dict(width=64, height=48, num_frames=5),
     "tiny-wan22": dict(width=64, height=64, num_frames=5, num_inference_steps=4),
@@ -153,6 +162,14 @@ def load_pipeline(case: Case, folder: Path):
         from simpletuner.families.qwen_image.processor import load_processor
 
         extra["processor"] = load_processor(folder)
+    if case.model == "tiny-kandinsky5_image-i2i":  # its tokenizer is a Qwen2VLProcessor
+        from simpletuner.families.qwen_image.processor import load_processor
+
+        extra["tokenizer"] = load_processor(folder, "tokenizer")
+    if case.model.startswith("tiny-longcat_image"):
+        from simpletuner.families.qwen_image.processor import load_processor
+
+        extra["text_processor"] = load_processor(folder, "text_processor")
     if case.model == "tiny-qwen_image-v2.1":
         from simpletuner.families.qwen_image.v21_processor import ImageTextQwen3VLProcessor
 
@@ -163,6 +180,19 @@ def load_pipeline(case: Case, folder: Path):
         pipeline.default_sample_size = pipeline.transformer.config.max_resolution[0]
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
+
+
+def load_lora(pipeline, folder: Path) -> None:
+    """The export in ``folder`` onto the pipeline: its load_lora_weights; a pipeline without a
+    LoRA loader (LongCat-Image), its transformer's load_lora_adapter; a network without peft
+    support (PixArt's), peft's own injection."""
+    if hasattr(pipeline, "load_lora_weights"):
+        pipeline.load_lora_weights(folder)
+    elif hasattr(pipeline.transformer, "load_lora_adapter"):
+        pipeline.transformer.load_lora_adapter(folder, prefix="transformer",
+                                               weight_name=LORA_WEIGHTS)
+    else:  # a network without diffusers' peft support (PixArt's): peft's own injection
+        load_peft_lora_file(pipeline.transformer, folder / LORA_WEIGHTS, "transformer")
 
 
 def generate(case: Case, pipeline) -> np.ndarray:
@@ -176,10 +206,14 @@ def generate(case: Case, pipeline) -> np.ndarray:
         call["image"] = Image.fromarray(shapes_frame(call["width"], call["height"], 0, seed=1))
     if is_video_model(case):
         call["output_type"] = "np"
+    if "width" not in inspect.signature(pipeline.__call__).parameters:
+        del call["width"], call["height"]  # LongCat-Image-Edit: about 1 MP, the reference's shape
+    if hasattr(pipeline, "resolutions"):  # Kandinsky 5: else its nearest 1 MP size
+        pipeline.resolutions = [(call["width"], call["height"])]
     result = pipeline(prompt="a red circle", generator=torch.Generator().manual_seed(0), **call)
     if is_video_model(case):
         return result.frames[0].astype(np.float64)
-    return np.asarray(result.images[0]).astype(np.float64)
+    return np.asarray(first_image(result)).astype(np.float64)
 
 
 def make_dataset(case: Case, root: Path) -> tuple[Path, list[dict]]:
@@ -323,11 +357,7 @@ class FamilyConformance:
         self.assertFalse((self.lora.out / "pipeline").exists())
         pipeline = load_pipeline(self.case, ensure_builtin_model(self.case.model))
         before = generate(self.case, pipeline)
-        if hasattr(pipeline, "load_lora_weights"):
-            pipeline.load_lora_weights(self.lora.out / "lora")
-        else:  # PixArt's pipeline has no LoRA loader: the file goes on its network with peft
-            load_lora_file(pipeline.transformer, self.lora.out / "lora" / LORA_WEIGHTS,
-                           "transformer")
+        load_lora(pipeline, self.lora.out / "lora")
         change = np.abs(generate(self.case, pipeline) - before).mean()
         self.assertGreater(change, LORA_CHANGE.get(self.case.model, IMAGE_LORA_CHANGE))
 

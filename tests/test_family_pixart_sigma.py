@@ -102,7 +102,7 @@ class PixArtSigmaTest(TinyModelCase):
         training = training_config(model_family="pixart_sigma", model_type="lora",
                                    pretrained_model_name_or_path="/models/pixart")
         card = model_card_text(training, {"steps": 1, "seed": 0}, ["shapes"], Path("/models"))
-        self.assertIn('load_lora_file(pipeline.transformer, "lora/pytorch_lora_weights.'
+        self.assertIn('load_peft_lora_file(pipeline.transformer, "lora/pytorch_lora_weights.'
                       'safetensors", "transformer")', card)
         self.assertNotIn("load_lora_weights", card)
 

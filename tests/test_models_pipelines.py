@@ -6,6 +6,7 @@ import copy
 import tempfile
 import unittest
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -104,6 +105,28 @@ class ValidationImagesTest(PipelineCase):
         images = self.generate(adapter, ["a"])
         with self.assertRaisesRegex(ValueError, "one prompt per image"):
             save_validation_images(images, ["a", "b"], self.output)
+
+
+class SizelessPipeline:
+    """A pipeline whose call takes no size (as LongCatImageEditPipeline, which edits at about
+    1 MP in its reference's shape), returning its output as Kandinsky 5 names it (``image``)."""
+
+    components: dict = {}
+    device = torch.device("cpu")
+
+    def set_progress_bar_config(self, **settings):
+        pass
+
+    def __call__(self, prompt, image, num_inference_steps, generator, guidance_scale):
+        return SimpleNamespace(image=[image.resize((2 * image.width, 2 * image.height))])
+
+
+class SizelessPipelineTest(unittest.TestCase):
+    def test_a_pipeline_that_takes_no_size_samples_at_its_own(self):
+        reference = Image.new("RGB", (24, 16))
+        images = generate_validation_images(SizelessPipeline(), ["a"], resolution=(64, 32),
+                                            num_inference_steps=1, input_images=[reference])
+        self.assertEqual(images[0].size, (48, 32))
 
 
 if __name__ == "__main__":

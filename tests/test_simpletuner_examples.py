@@ -96,6 +96,7 @@ EXAMPLES = {
     "wan2.1-t2v-14b-480p-single-gpu.peft-lora+ramtorch": HUB_CLIPS | RAMTORCH,
     "kolors.peft-lora": set(),
     "hidream.peft-lora": {"evaluation_type", "prodigy_steps"},
+    "kandinsky5-image-6b-t2i.lycoris-lokr": set(),
 }
 HUB_IDS = ("RareConcepts/Domokun", "keras-dreambooth/minercraft")  # the examples' dataset_name
 

@@ -6,6 +6,7 @@ a temporary name and renamed, so a crash never leaves a half-written PNG or pipe
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import shutil
@@ -43,7 +44,8 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
                                negative_prompt: str | None = None, keep=None,
                                input_images: list[Image.Image] | None = None,
                                **pipeline_arguments) -> list:
-    """One image per prompt at ``resolution`` (a side, or (width, height)); ``keep`` picks what
+    """One image per prompt at ``resolution`` (a side, or (width, height); a pipeline that takes
+    no size, LongCat-Image-Edit, samples at its reference's shape); ``keep`` picks what
     is kept of each pipeline output (default ``first_image``; ``first_clip``). ``input_images``:
     each prompt's input image, for image-to-video pipelines. Each prompt gets its
     own CPU generator seeded with ``seed`` (or its own of a list of seeds, one per prompt):
@@ -56,6 +58,8 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
         extra["guidance_scale"] = guidance_scale
     extra.update(pipeline_arguments)
     width, height = (resolution, resolution) if isinstance(resolution, int) else resolution
+    if "width" in inspect.signature(pipeline.__call__).parameters:
+        extra.update(height=height, width=width)  # LongCat-Image-Edit: the reference's shape
     device = pipeline.device
     autocast = (torch.autocast(device.type, dtype=autocast_dtype)
                 if autocast_dtype not in (None, torch.float32) else nullcontext())
@@ -66,8 +70,7 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
         for index, prompt in enumerate(tqdm(prompts, desc="validation images", leave=False)):
             generator = torch.Generator(device="cpu").manual_seed(seeds[index])
             given = {} if input_images is None else {"image": input_images[index]}
-            result = pipeline(prompt=prompt, height=height, width=width,
-                              num_inference_steps=num_inference_steps,
+            result = pipeline(prompt=prompt, num_inference_steps=num_inference_steps,
                               generator=generator, **given, **extra)
             images.append((keep or first_image)(result))
     return images
@@ -75,9 +78,13 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
 
 def first_image(result) -> Image.Image:
     """The image of a pipeline's output; a video pipeline's (WanPipeline: ``frames``, one clip
-    per prompt) gives the first frame of its first clip."""
+    per prompt) gives the first frame of its first clip. Kandinsky 5's image pipelines name
+    their images ``image``."""
     frames = getattr(result, "frames", None)
-    return result.images[0] if frames is None else frames[0][0]
+    if frames is not None:
+        return frames[0][0]
+    images = getattr(result, "images", None)
+    return (images if images is not None else result.image)[0]
 
 
 def first_clip(result) -> list[Image.Image]:

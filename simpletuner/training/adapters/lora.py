@@ -4,9 +4,11 @@ diffusers' ``load_lora_weights`` reads them: output_dir/lora/pytorch_lora_weight
 
 Default target modules come from the adapter class (``lora_target_modules``); the pipeline
 class's own ``save_lora_weights`` writes the export, as diffusers' LoRA training examples do. A
-network diffusers gives no peft methods (PixArt's transformer) gets the adapter from peft
-itself, and its export is written in the same layout here (``write_lora_file``), to be put
-back with ``load_lora_file``."""
+pipeline without a LoRA loader whose network has peft support (LongCat-Image) gets diffusers'
+shared writer with the same keys, which the network's ``load_lora_adapter`` reads. A network
+diffusers gives no peft methods (PixArt's transformer) gets the adapter from peft itself, and
+its export is written in the same layout here (``write_lora_file``), to be put back with
+``load_peft_lora_file``."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from diffusers.loaders.lora_base import LoraBaseMixin
 from peft import LoraConfig, inject_adapter_in_model
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import safe_open
@@ -132,15 +135,21 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
     final_dir.mkdir(parents=True, exist_ok=True)
     if lora_format == "comfyui":
         return write_comfyui_lora(adapter_class.family, network, final_dir / LORA_WEIGHTS)
-    if not hasattr(adapter_class.pipeline_class, "save_lora_weights"):
+    if not hasattr(network, "add_adapter"):  # peft's own injection (inject_lora)
         return write_lora_file(component, network, final_dir / LORA_WEIGHTS)
     staging = staging_folder(final_dir, ".lora-")
     try:
+        state, config = adapter_state_dict(network), network.peft_config["default"].to_dict()
         with naming_path(final_dir / LORA_WEIGHTS):  # a full disk is named, not only its errno
-            adapter_class.pipeline_class.save_lora_weights(
-                staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
-                **{f"{component}_lora_layers": adapter_state_dict(network),
-                   f"{component}_lora_adapter_metadata": network.peft_config["default"].to_dict()})
+            if hasattr(adapter_class.pipeline_class, "save_lora_weights"):
+                adapter_class.pipeline_class.save_lora_weights(
+                    staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
+                    **{f"{component}_lora_layers": state,
+                       f"{component}_lora_adapter_metadata": config})
+            else:
+                LoraBaseMixin._save_lora_weights(
+                    staging, lora_layers={component: state}, lora_metadata={component: config},
+                    weight_name=LORA_WEIGHTS, safe_serialization=True)
         give_umask_modes(staging)
         os.replace(staging / LORA_WEIGHTS, final_dir / LORA_WEIGHTS)
     finally:
@@ -150,8 +159,8 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
 
 def write_lora_file(component: str, network: torch.nn.Module, path: Path) -> Path:
     """The adapter as save_lora_weights writes it (``component``. before peft's key names, the
-    adapter config as metadata), for a pipeline without save_lora_weights; load_lora_file
-    puts it on that pipeline's network."""
+    adapter config as metadata), for a network diffusers gives no peft methods;
+    load_peft_lora_file puts it on that pipeline's network."""
     config = network.peft_config["default"].to_dict()
     config["target_modules"] = sorted(config["target_modules"])
     tensors = {f"{component}.{name}": tensor
@@ -159,9 +168,9 @@ def write_lora_file(component: str, network: torch.nn.Module, path: Path) -> Pat
     return write_adapter_file(path, tensors, {LORA_CONFIG_KEY: json.dumps(config)})
 
 
-def load_lora_file(network: torch.nn.Module, path: Path, component: str) -> None:
+def load_peft_lora_file(network: torch.nn.Module, path: Path, component: str) -> None:
     """What write_lora_file wrote, injected into ``network`` (a pipeline's ``component``) as
-    the adapter "default" and loaded: ``load_lora_file(pipeline.transformer, folder /
+    the adapter "default" and loaded: ``load_peft_lora_file(pipeline.transformer, folder /
     "pytorch_lora_weights.safetensors", "transformer")``."""
     with safe_open(str(path), framework="pt") as handle:
         config = json.loads(handle.metadata()[LORA_CONFIG_KEY])

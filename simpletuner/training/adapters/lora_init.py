@@ -33,11 +33,15 @@ def init_adapter(adapter, path: Path) -> None:
             raise LoraInitError(f"init_lora: {exc}") from None
         return
     pipeline = adapter.build_pipeline(network)
-    if not hasattr(pipeline, "load_lora_weights"):
+    if not (hasattr(pipeline, "load_lora_weights") or hasattr(network, "load_lora_adapter")):
         raise LoraInitError(f"init_lora: diffusers' {type(pipeline).__name__} has no LoRA "
                             "loader to read the file with; remove init_lora")
     try:
-        pipeline.load_lora_weights(str(path), adapter_name=LOADED)
+        if hasattr(pipeline, "load_lora_weights"):
+            pipeline.load_lora_weights(str(path), adapter_name=LOADED)
+        else:  # a pipeline without a LoRA loader (LongCat-Image): its network's own
+            network.load_lora_adapter(str(path.parent), weight_name=path.name,
+                                      prefix=adapter.trainable_component, adapter_name=LOADED)
     except (ValueError, KeyError, RuntimeError) as exc:
         raise LoraInitError(f"init_lora {path} is not a LoRA file diffusers can put on the "
                             f"{adapter.family} network ({exc})") from None

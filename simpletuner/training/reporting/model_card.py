@@ -50,8 +50,8 @@ def _usage(training, folder_name: str, base_folder: Path) -> str:
                 f'lycoris, _ = create_lycoris_from_weights(1.0, "{folder_name}/'
                 'pytorch_lora_weights.safetensors", network)\nlycoris.merge_to()')
     if training.model_type == "lora" and not _pipeline_loads_loras(training.model_family):
-        return (base + "from simpletuner.training.adapters.lora import load_lora_file\n"
-                f'load_lora_file(pipeline.transformer, "{folder_name}/'
+        return (base + "from simpletuner.training.adapters.lora import load_peft_lora_file\n"
+                f'load_peft_lora_file(pipeline.transformer, "{folder_name}/'
                 'pytorch_lora_weights.safetensors", "transformer")')
     if training.model_type == "lora":
         return base + f'pipeline.load_lora_weights("{folder_name}")'
