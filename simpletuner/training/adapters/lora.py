@@ -104,6 +104,26 @@ def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
     set_peft_model_state_dict(network, loaded)
 
 
+def lora_file_class(adapter_class) -> type:
+    """The class that writes and reads the family's LoRA files: its pipeline class, unless
+    the adapter names another (a pipeline that diffusers gives no LoRA loader)."""
+    return adapter_class.lora_file_class or adapter_class.pipeline_class
+
+
+def load_lora_file(adapter_class, pipeline, path, adapter_name: str | None = None) -> None:
+    """Put the LoRA file (or folder) at ``path`` on ``pipeline``'s trainable network, as
+    diffusers' load_lora_weights does; through the family's lora_file_class where it has
+    one."""
+    loader = adapter_class.lora_file_class
+    if loader is None:
+        pipeline.load_lora_weights(str(path), adapter_name=adapter_name)
+        return
+    state, metadata = loader.lora_state_dict(str(path), return_lora_metadata=True)
+    loader.load_lora_into_transformer(
+        state, transformer=getattr(pipeline, adapter_class.trainable_component),
+        adapter_name=adapter_name, metadata=metadata)
+
+
 def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
                 lora_format: str = "diffusers") -> Path:
     """Write output_dir/lora/pytorch_lora_weights.safetensors with the pipeline class's
@@ -119,7 +139,7 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
     staging = staging_folder(final_dir, ".lora-")
     try:
         with naming_path(final_dir / LORA_WEIGHTS):  # a full disk is named, not only its errno
-            adapter_class.pipeline_class.save_lora_weights(
+            lora_file_class(adapter_class).save_lora_weights(
                 staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
                 **{f"{component}_lora_layers": adapter_state_dict(network),
                    f"{component}_lora_adapter_metadata": network.peft_config["default"].to_dict()})

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from simpletuner.training.checkpointing.tensor_files import load_tensors
-from simpletuner.training.adapters.lora import LoraTargetError
+from simpletuner.training.adapters.lora import LoraTargetError, load_lora_file
 from simpletuner.training.adapters.lycoris_adapter import load_lycoris_state, lycoris_of
 
 LOADED = "init_lora"  # the adapter name load_lora_weights gives the file's LoRA
@@ -34,7 +34,7 @@ def init_adapter(adapter, path: Path) -> None:
         return
     pipeline = adapter.build_pipeline(network)
     try:
-        pipeline.load_lora_weights(str(path), adapter_name=LOADED)
+        load_lora_file(type(adapter), pipeline, path, adapter_name=LOADED)
     except (ValueError, KeyError, RuntimeError) as exc:
         raise LoraInitError(f"init_lora {path} is not a LoRA file diffusers can put on the "
                             f"{adapter.family} network ({exc})") from None
