@@ -33,6 +33,8 @@ from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from simpletuner.configuration import load_configuration
 from simpletuner.families import family_spec
 from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.adapters.lora import load_lora_file
 from simpletuner.training.recipe import Trainer
 from training_fixtures import make_shapes, write_config
 from video_fixtures import shapes_frame, write_clip
@@ -72,6 +74,7 @@ CASES = (
     Case("wan", "i2v-480p-14b-2.1", "tiny-wan-i2v", "video"),
     Case("wan", "t2v-14b-2.2-high", "tiny-wan22", "image"),
     Case("wan", "ti2v-5b-2.2", "tiny-wan22-ti2v", "image"),
+    Case("hunyuanvideo", None, "tiny-hunyuanvideo", "image"),  # images as one-frame clips
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -102,9 +105,10 @@ GENERATION = {
     "tiny-wan-i2v": dict(width=64, height=48, num_frames=5),
     "tiny-wan22": dict(width=64, height=64, num_frames=5, num_inference_steps=4),
     "tiny-wan22-ti2v": dict(width=64, height=64, num_frames=5),
+    "tiny-hunyuanvideo": dict(width=64, height=48, num_frames=5),
 }
 LORA_CHANGE = {"tiny-wan": 1e-3, "tiny-wan-i2v": 1e-3, "tiny-wan22": 1e-4,
-               "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3}  # an unchanged output is 0.0
+               "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3, "tiny-hunyuanvideo": 1e-3}  # an unchanged output is 0.0
 IMAGE_LORA_CHANGE = 0.1
 STEPS, RESUME_STEP = 4, 2
 # Ideogram's validation pads prompts to 2048 tokens for a 36-layer encoder (minutes on a CPU);
@@ -309,7 +313,7 @@ class FamilyConformance:
         self.assertFalse((self.lora.out / "pipeline").exists())
         pipeline = load_pipeline(self.case, ensure_builtin_model(self.case.model))
         before = generate(self.case, pipeline)
-        pipeline.load_lora_weights(self.lora.out / "lora")
+        load_lora_file(get_adapter_class(self.case.family), pipeline, self.lora.out / "lora")
         change = np.abs(generate(self.case, pipeline) - before).mean()
         self.assertGreater(change, LORA_CHANGE.get(self.case.model, IMAGE_LORA_CHANGE))
 
