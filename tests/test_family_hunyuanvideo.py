@@ -1,0 +1,123 @@
+"""HunyuanVideo 1.5: the adapter gives the transformer what HunyuanVideo15Pipeline gives it (its
+own encode_prompt's four tensors, latents * scaling_factor, timestep sigma * 1000, the zero
+condition channels and masked image tokens of text-to-video); SimpleTuner's flavour names are
+checked against the folder and HunyuanVideo 1.0 folders refused by name; validation's guidance
+scale reaches the pipeline's guider. Training, resume and export: the conformance suite
+(tests/conformance.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import unittest
+from pathlib import Path
+
+import torch
+
+from model_fixtures import CPU, TinyModelCase, random_batch
+from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.layout import ModelFolderError
+from simpletuner.models.registry import get_adapter_class
+
+FAMILY = "hunyuanvideo"
+
+
+class HunyuanVideoAdapterTest(TinyModelCase):
+    def capture(self, adapter, batch):
+        """compute_loss with a network that records its inputs and predicts zeros."""
+        seen = {}
+
+        def zero_network(**inputs):
+            seen.update(inputs)
+            return (torch.zeros_like(batch.latents),)
+
+        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(5), network=zero_network)
+        return loss, seen
+
+    def test_the_network_gets_what_the_pipeline_gives_it(self):
+        adapter = self.load(FAMILY)
+        prompts = ["a red circle", 'a sign that says "hello"']
+        batch = random_batch(adapter, 2, height=48, width=64, prompts=prompts)
+        self.assertEqual(tuple(batch.latents.shape), (2, 4, 1, 3, 4))  # one-frame clips, 16x
+        loss, seen = self.capture(adapter, batch)
+        pipeline = adapter.build_pipeline()
+        expected = pipeline.encode_prompt(prompts, device=CPU, batch_size=2)
+        names = ("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
+                 "encoder_attention_mask_2")
+        for name, tensor in zip(names, expected):
+            self.assertTrue(torch.equal(seen[name], tensor), name)
+        self.assertEqual(tuple(seen["encoder_hidden_states"].shape), (2, 1000, 16))
+        # ByT5 reads the quoted text only: the first prompt has none.
+        self.assertEqual(seen["encoder_attention_mask_2"].sum(dim=1).tolist()[0], 0)
+        self.assertGreater(seen["encoder_attention_mask_2"].sum(dim=1).tolist()[1], 0)
+        # The noisy latents, then zero condition latents and a zero mask (text-to-video).
+        hidden = seen["hidden_states"]
+        self.assertEqual(tuple(hidden.shape), (2, 9, 1, 3, 4))
+        self.assertFalse(bool(hidden[:, 4:].any()))
+        self.assertEqual(tuple(seen["image_embeds"].shape), (2, 729, 12))
+        self.assertFalse(bool(seen["image_embeds"].any()))
+        # The pipeline decodes latents / scaling_factor.
+        pixels = torch.rand(2, 3, 48, 64, generator=torch.Generator().manual_seed(7))
+        raw = torch.cat([adapter.vae.encode((p * 2 - 1)[None, :, None]).latent_dist.mode()
+                         for p in pixels])
+        torch.testing.assert_close(batch.latents / adapter.vae.config.scaling_factor, raw)
+        # timestep sigma * 1000 (FlowMatchEuler's), target noise - latents.
+        timesteps = seen["timestep"]
+        self.assertTrue(bool(((timesteps > 0) & (timesteps < 1000)).all()))
+        sigma = (timesteps / 1000).view(-1, 1, 1, 1, 1)
+        noise = (hidden[:, :4] - (1 - sigma) * batch.latents) / sigma
+        self.assertAlmostEqual(loss.item(), (noise - batch.latents).pow(2).mean().item(),
+                               places=4)
+
+    def test_clips_of_several_latent_frames_train(self):
+        adapter = self.load(FAMILY)
+        clips = torch.rand(1, 3, 9, 48, 64, generator=torch.Generator().manual_seed(3)) * 2 - 1
+        latents = adapter.encode_images(clips)
+        self.assertEqual(tuple(latents.shape), (1, 4, 3, 3, 4))  # 9 frames: 1 + 8 / 4
+        batch = random_batch(adapter, 1)
+        batch.latents = latents
+        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(0))
+        loss.backward()
+        self.assertTrue(torch.isfinite(loss))
+        self.assertIsNotNone(adapter.transformer.proj_out.weight.grad)
+
+    def test_validation_guidance_is_the_guider_of_the_validation_pipeline_only(self):
+        adapter = self.load(FAMILY)
+        pipeline = adapter.validation_pipeline(adapter.build_pipeline(),
+                                               {"guidance_scale": 1.0})
+        self.assertEqual(pipeline.guider.guidance_scale, 1.0)
+        self.assertEqual(pipeline.guider.num_conditions, 1)  # no unconditional pass
+        self.assertEqual(adapter.build_pipeline().guider.guidance_scale, 6.0)  # as loaded
+
+
+class HunyuanVideoFolderTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="st-hunyuanvideo-"))
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def copy(self, class_name: str) -> Path:
+        folder = self.tmp / class_name
+        shutil.copytree(ensure_builtin_model("tiny-hunyuanvideo"), folder)
+        index = json.loads((folder / "model_index.json").read_text())
+        (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": class_name}))
+        return folder
+
+    def test_flavours_are_checked_against_the_folder(self):
+        adapter = get_adapter_class(FAMILY)
+        folder = ensure_builtin_model("tiny-hunyuanvideo")
+        self.assertIsNone(adapter.flavour_problem(folder, "t2v-480p"))
+        self.assertIsNone(adapter.flavour_problem(folder, None))
+        self.assertIn("image-to-video", adapter.flavour_problem(folder, "i2v-720p"))
+        self.assertIn("t2v-480p-distilled", adapter.flavour_problem(folder, "t2v-1080p"))
+
+    def test_a_hunyuanvideo_10_folder_is_refused_by_name(self):
+        folder = self.copy("HunyuanVideoPipeline")
+        with self.assertRaises(ModelFolderError) as raised:
+            get_adapter_class(FAMILY).check_folder(folder)
+        self.assertIn("HunyuanVideoPipeline", str(raised.exception))
+        self.assertIn("HunyuanVideo15Pipeline", str(raised.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
