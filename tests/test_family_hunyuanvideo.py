@@ -16,11 +16,26 @@ from pathlib import Path
 import torch
 
 from model_fixtures import CPU, TinyModelCase, random_batch
+from test_memory_plan_command import GIB, plan_in_process, row
+from training_fixtures import make_shapes, write_config
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
 
 FAMILY = "hunyuanvideo"
+# "8.3B parameters" (huggingface.co/tencent/HunyuanVideo-1.5): the transformer of every
+# published 480p and 720p flavour; HunyuanVideo15Transformer3DModel's defaults are its config.
+PUBLISHED_PARAMETERS = 8.3e9
+PUBLISHED_CONFIGS = {  # hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v's
+    "transformer": {"_class_name": "HunyuanVideo15Transformer3DModel", "task_type": "t2v"},
+    "vae": {"_class_name": "AutoencoderKLHunyuanVideo15"},
+    "text_encoder": {"model_type": "qwen2_5_vl_text", "hidden_size": 3584,  # Qwen2.5-VL-7B
+                     "intermediate_size": 18944, "num_hidden_layers": 28,
+                     "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064},
+    "text_encoder_2": {"model_type": "t5", "d_model": 1472, "d_ff": 3584, "d_kv": 64,  # ByT5
+                       "num_heads": 6, "num_layers": 12, "vocab_size": 1510,
+                       "feed_forward_proj": "gated-gelu"},
+}
 
 
 class HunyuanVideoAdapterTest(TinyModelCase):
@@ -117,6 +132,24 @@ class HunyuanVideoFolderTest(unittest.TestCase):
             get_adapter_class(FAMILY).check_folder(folder)
         self.assertIn("HunyuanVideoPipeline", str(raised.exception))
         self.assertIn("HunyuanVideo15Pipeline", str(raised.exception))
+
+
+
+class HunyuanVideoMemoryPlanTest(unittest.TestCase):
+    def test_plan_counts_the_published_parameters(self):
+        with tempfile.TemporaryDirectory(prefix="st-hunyuanvideo-plan-") as tmp:
+            root = Path(tmp)
+            for subfolder, config in PUBLISHED_CONFIGS.items():
+                (root / "model" / subfolder).mkdir(parents=True)
+                (root / "model" / subfolder / "config.json").write_text(json.dumps(config))
+            make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+            config = write_config(root, root / "data", "plan", model_family=FAMILY,
+                                  pretrained_model_name_or_path=str(root / "model"),
+                                  mixed_precision="bf16")
+            output = plan_in_process(config)
+        ddp, fsdp = row(output, "gradients")  # float32, one per parameter
+        self.assertAlmostEqual(ddp / (PUBLISHED_PARAMETERS * 4 / GIB), 1, delta=0.01)
+        self.assertAlmostEqual(fsdp / ddp, 1 / 8, delta=0.001)
 
 
 if __name__ == "__main__":
