@@ -12,7 +12,7 @@ from simpletuner.families import builtin_recipes, family_names
 FAMILIES = ("sd1x", "sd2x", "sdxl", "sd3", "lumina2", "sana", "auraflow")
 FILES = ("test_family_conformance", "test_family_conformance_flux",
          "test_family_conformance_qwen", "test_family_conformance_wan",
-         "test_family_conformance_wave2")
+         "test_family_conformance_wave2", "test_family_conformance_hvid")
 
 globals().update(case_classes(__name__, FAMILIES))
 

@@ -18,6 +18,7 @@ import torch
 from model_fixtures import CPU, TinyModelCase, random_batch
 from test_memory_plan_command import GIB, plan_in_process, row
 from training_fixtures import make_shapes, write_config
+from simpletuner.models.block_count import swappable_block_count
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
@@ -96,6 +97,12 @@ class HunyuanVideoAdapterTest(TinyModelCase):
         loss.backward()
         self.assertTrue(torch.isfinite(loss))
         self.assertIsNotNone(adapter.transformer.proj_out.weight.grad)
+
+    def test_block_swap_moves_the_dual_stream_blocks_the_spec_counts(self):
+        adapter = self.load(FAMILY)
+        blocks = type(adapter).swappable_blocks(adapter.transformer)
+        self.assertEqual(blocks, list(adapter.transformer.transformer_blocks))
+        self.assertEqual(swappable_block_count(FAMILY, "builtin:tiny-hunyuanvideo"), 1)
 
     def test_validation_guidance_is_the_guider_of_the_validation_pipeline_only(self):
         adapter = self.load(FAMILY)
