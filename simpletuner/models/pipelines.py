@@ -6,6 +6,7 @@ a temporary name and renamed, so a crash never leaves a half-written PNG or pipe
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import shutil
@@ -19,6 +20,15 @@ from tqdm.auto import tqdm
 
 from simpletuner.common.atomic import (atomic_write_with, give_umask_modes, naming_path,
                                        staging_folder)
+
+
+def size_arguments(pipeline, width: int, height: int) -> dict:
+    """height and width for a pipeline whose call takes them; none for one that sizes its
+    output from its input image (HunyuanVideo 1.5's image-to-video: the image's aspect ratio at
+    the transformer's target_size), which is given the image at the asked size instead."""
+    if "height" in inspect.signature(pipeline.__call__).parameters:
+        return {"height": height, "width": width}
+    return {}
 
 
 @contextmanager
@@ -53,6 +63,9 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
         extra["guidance_scale"] = guidance_scale
     extra.update(pipeline_arguments)
     width, height = (resolution, resolution) if isinstance(resolution, int) else resolution
+    sized = size_arguments(pipeline, width, height)
+    if input_images is not None and not sized:  # the pipeline sizes its output from these
+        input_images = [image.resize((width, height), Image.LANCZOS) for image in input_images]
     device = pipeline.device
     autocast = (torch.autocast(device.type, dtype=autocast_dtype)
                 if autocast_dtype not in (None, torch.float32) else nullcontext())
@@ -62,7 +75,7 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
         for index, prompt in enumerate(tqdm(prompts, desc="validation images", leave=False)):
             generator = torch.Generator(device="cpu").manual_seed(seed)
             given = {} if input_images is None else {"image": input_images[index]}
-            result = pipeline(prompt=prompt, height=height, width=width,
+            result = pipeline(prompt=prompt, **sized,
                               num_inference_steps=num_inference_steps,
                               generator=generator, **given, **extra)
             images.append((keep or first_image)(result))
