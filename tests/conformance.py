@@ -33,6 +33,7 @@ from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from simpletuner.configuration import load_configuration
 from simpletuner.families import family_spec
 from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.pipelines import size_arguments
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.lora import load_lora_file
 from simpletuner.training.recipe import Trainer
@@ -75,6 +76,7 @@ CASES = (
     Case("wan", "t2v-14b-2.2-high", "tiny-wan22", "image"),
     Case("wan", "ti2v-5b-2.2", "tiny-wan22-ti2v", "image"),
     Case("hunyuanvideo", None, "tiny-hunyuanvideo", "image"),  # images as one-frame clips
+    Case("hunyuanvideo", "i2v-480p", "tiny-hunyuanvideo-i2v", "video"),
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -83,6 +85,7 @@ CASES = (
 TRAINING_OPTIONS = {
     "tiny-wan-i2v": dict(resolution=48, train_batch_size=1),
     "tiny-wan22-ti2v": dict(aspect_bucket_alignment=32),
+    "tiny-hunyuanvideo-i2v": dict(resolution=48, train_batch_size=1),
 }
 # The LoRA runs of these train on an int8 base (torchao), as on one small GPU; the exported
 # adapter still loads onto the unquantized base pipeline.
@@ -106,9 +109,11 @@ GENERATION = {
     "tiny-wan22": dict(width=64, height=64, num_frames=5, num_inference_steps=4),
     "tiny-wan22-ti2v": dict(width=64, height=64, num_frames=5),
     "tiny-hunyuanvideo": dict(width=64, height=48, num_frames=5),
+    "tiny-hunyuanvideo-i2v": dict(width=64, height=48, num_frames=5),
 }
 LORA_CHANGE = {"tiny-wan": 1e-3, "tiny-wan-i2v": 1e-3, "tiny-wan22": 1e-4,
-               "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3, "tiny-hunyuanvideo": 1e-3}  # an unchanged output is 0.0
+               "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3, "tiny-hunyuanvideo": 1e-3,
+               "tiny-hunyuanvideo-i2v": 1e-3}  # an unchanged output is 0.0
 IMAGE_LORA_CHANGE = 0.1
 STEPS, RESUME_STEP = 4, 2
 # Ideogram's validation pads prompts to 2048 tokens for a 36-layer encoder (minutes on a CPU);
@@ -167,6 +172,8 @@ def generate(case: Case, pipeline) -> np.ndarray:
         call["image"] = Image.fromarray(shapes_frame(call["width"], call["height"], 0, seed=1))
     if is_video_model(case):
         call["output_type"] = "np"
+    if not size_arguments(pipeline, call["width"], call["height"]):
+        del call["width"], call["height"]  # sized from its image (HunyuanVideo 1.5 I2V)
     result = pipeline(prompt="a red circle", generator=torch.Generator().manual_seed(0), **call)
     if is_video_model(case):
         return result.frames[0].astype(np.float64)

@@ -15,8 +15,9 @@ SPEC = FamilySpec(
     # transformer. keys, alpha folded in: what the transformer's load_lora_adapter reads
     # (diffusers 0.42 has no converter of HunyuanVideo 1.5's original names).
     comfyui_layout=TRANSFORMER_ALPHA_FOLDED,
-    tiny_models={"tiny-hunyuanvideo": HERE + "tiny.build_hunyuanvideo"},
-    folder_variant=folder_kind,
+    tiny_models={"tiny-hunyuanvideo": HERE + "tiny.build_hunyuanvideo",
+                 "tiny-hunyuanvideo-i2v": HERE + "tiny.build_hunyuanvideo_i2v"},
+    folder_variant=folder_kind, variant_adapters={"i2v": HERE + "i2v.HunyuanVideoI2VAdapter"},
     folder_problem=unsupported_folder,
     # The VAE compresses time 4x and keeps the first frame on its own: 4n+1 frames.
     frame_rule=FrameRule(multiple=4, remainder=1),

@@ -80,3 +80,24 @@ def build_hunyuanvideo(staging: Path):
     from diffusers import HunyuanVideo15Pipeline
 
     return HunyuanVideo15Pipeline(**shared_parts(staging, "t2v"))
+
+
+def tiny_siglip():
+    """A tiny SiglipVisionModel (HunyuanVideo 1.5 I2V's image encoder is SigLIP so400m; 32x32
+    input, 16 patches here) and the PIL SigLIP image processor fitted to it (no torchvision)."""
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    config = SiglipVisionConfig(hidden_size=IMAGE_WIDTH, intermediate_size=16,
+                                num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                                patch_size=8)
+    return SiglipImageProcessorPil(size={"height": 32, "width": 32}), SiglipVisionModel(config)
+
+
+def build_hunyuanvideo_i2v(staging: Path):
+    from diffusers import HunyuanVideo15ImageToVideoPipeline
+
+    feature_extractor, image_encoder = tiny_siglip()
+    return HunyuanVideo15ImageToVideoPipeline(
+        **shared_parts(staging, "i2v"), image_encoder=image_encoder,
+        feature_extractor=feature_extractor)
