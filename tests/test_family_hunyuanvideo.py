@@ -20,6 +20,8 @@ from test_memory_plan_command import GIB, plan_in_process, row
 from training_fixtures import make_shapes, write_config
 from simpletuner.models.block_count import swappable_block_count
 from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.families.hunyuanvideo.i2v import as_pil_images
+from simpletuner.models.base import LossSettings
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
 
@@ -39,24 +41,25 @@ PUBLISHED_CONFIGS = {  # hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_
 }
 
 
+def capture(adapter, batch):
+    """compute_loss with a network that records its inputs and predicts zeros."""
+    seen = {}
+
+    def zero_network(**inputs):
+        seen.update(inputs)
+        return (torch.zeros_like(batch.latents),)
+
+    loss = adapter.compute_loss(batch, torch.Generator().manual_seed(5), network=zero_network)
+    return loss, seen
+
+
 class HunyuanVideoAdapterTest(TinyModelCase):
-    def capture(self, adapter, batch):
-        """compute_loss with a network that records its inputs and predicts zeros."""
-        seen = {}
-
-        def zero_network(**inputs):
-            seen.update(inputs)
-            return (torch.zeros_like(batch.latents),)
-
-        loss = adapter.compute_loss(batch, torch.Generator().manual_seed(5), network=zero_network)
-        return loss, seen
-
     def test_the_network_gets_what_the_pipeline_gives_it(self):
         adapter = self.load(FAMILY)
         prompts = ["a red circle", 'a sign that says "hello"']
         batch = random_batch(adapter, 2, height=48, width=64, prompts=prompts)
         self.assertEqual(tuple(batch.latents.shape), (2, 4, 1, 3, 4))  # one-frame clips, 16x
-        loss, seen = self.capture(adapter, batch)
+        loss, seen = capture(adapter, batch)
         pipeline = adapter.build_pipeline()
         expected = pipeline.encode_prompt(prompts, device=CPU, batch_size=2)
         names = ("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
@@ -111,6 +114,35 @@ class HunyuanVideoAdapterTest(TinyModelCase):
         self.assertEqual(pipeline.guider.guidance_scale, 1.0)
         self.assertEqual(pipeline.guider.num_conditions, 1)  # no unconditional pass
         self.assertEqual(adapter.build_pipeline().guider.guidance_scale, 6.0)  # as loaded
+
+
+class HunyuanVideoI2VTest(TinyModelCase):
+    def test_the_network_gets_what_the_image_to_video_pipeline_gives_it(self):
+        adapter = get_adapter_class(FAMILY).load(
+            ensure_builtin_model("tiny-hunyuanvideo-i2v"), device=CPU,
+            weight_dtype=torch.float32, loss_settings=LossSettings())
+        levels = torch.randint(0, 256, (1, 3, 5, 48, 64),
+                               generator=torch.Generator().manual_seed(2))
+        clip = levels / 255 * 2 - 1  # exactly what a PIL image of its first frame holds
+        cached = adapter.encode_for_cache(clip)
+        pipeline = adapter.build_pipeline()
+        image = as_pil_images(clip[:, :, 0])[0]
+        torch.testing.assert_close(cached["image_latents"], pipeline._get_image_latents(
+            pipeline.vae, pipeline.video_processor, image, 48, 64, CPU))
+        torch.testing.assert_close(cached["image_embeds"], pipeline.encode_image(
+            image, batch_size=1, device=CPU, dtype=torch.float32))
+        batch = random_batch(adapter, 1)
+        batch.latents = cached["latent"]
+        batch.conditioning = {"image_latents": cached["image_latents"],
+                              "image_embeds": cached["image_embeds"]}
+        _, seen = capture(adapter, batch)
+        hidden = seen["hidden_states"]  # noisy latents, condition latents, mask
+        self.assertEqual(tuple(hidden.shape), (1, 9, 2, 3, 4))
+        self.assertTrue(torch.equal(hidden[:, 4:8, :1], cached["image_latents"]))
+        self.assertFalse(bool(hidden[:, 4:8, 1:].any()))
+        self.assertTrue(bool((hidden[:, 8, 0] == 1).all()))
+        self.assertFalse(bool(hidden[:, 8, 1:].any()))
+        self.assertTrue(torch.equal(seen["image_embeds"], cached["image_embeds"]))
 
 
 class HunyuanVideoFolderTest(unittest.TestCase):
