@@ -77,6 +77,7 @@ CASES = (
     Case("wan", "ti2v-5b-2.2", "tiny-wan22-ti2v", "image"),
     Case("hunyuanvideo", None, "tiny-hunyuanvideo", "image"),  # images as one-frame clips
     Case("hunyuanvideo", "i2v-480p", "tiny-hunyuanvideo-i2v", "video"),
+    Case("sanavideo", None, "tiny-sanavideo", "image"),  # images as one-frame clips
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -110,10 +111,11 @@ GENERATION = {
     "tiny-wan22-ti2v": dict(width=64, height=64, num_frames=5),
     "tiny-hunyuanvideo": dict(width=64, height=48, num_frames=5),
     "tiny-hunyuanvideo-i2v": dict(width=64, height=48, num_frames=5),
+    "tiny-sanavideo": dict(width=64, height=64, frames=5, use_resolution_binning=False),
 }
 LORA_CHANGE = {"tiny-wan": 1e-3, "tiny-wan-i2v": 1e-3, "tiny-wan22": 1e-4,
                "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3, "tiny-hunyuanvideo": 1e-3,
-               "tiny-hunyuanvideo-i2v": 1e-3}  # an unchanged output is 0.0
+               "tiny-hunyuanvideo-i2v": 1e-3, "tiny-sanavideo": 1e-3}  # an unchanged output is 0.0
 IMAGE_LORA_CHANGE = 0.1
 STEPS, RESUME_STEP = 4, 2
 # Ideogram's validation pads prompts to 2048 tokens for a 36-layer encoder (minutes on a CPU);

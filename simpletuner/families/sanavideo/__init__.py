@@ -1,0 +1,1 @@
+"""SANA-Video: spec.py, adapter.py and tiny.py."""
