@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import shutil
 import tempfile
 import unittest
 from pathlib import Path
@@ -15,6 +16,9 @@ from pathlib import Path
 import torch
 
 from model_fixtures import CPU, TinyModelCase, random_batch
+from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.models.layout import ModelFolderError
+from simpletuner.models.registry import get_adapter_class
 from test_memory_plan_command import GIB, plan_in_process, row
 from training_fixtures import make_shapes, write_config
 
@@ -74,6 +78,22 @@ class SanaVideoAdapterTest(TinyModelCase):
         arguments = adapter.validation_arguments({"guidance_scale": 5.0, "num_frames": 9})
         self.assertEqual(arguments, {"guidance_scale": 5.0, "frames": 9, "output_type": "pil"})
         self.assertEqual(adapter.resolution_alignment, 32)  # the pipeline refuses others
+
+
+class SanaVideoFolderTest(unittest.TestCase):
+    def test_a_folder_with_another_vae_and_other_flavours_are_refused_by_name(self):
+        adapter_class = get_adapter_class(FAMILY)
+        with tempfile.TemporaryDirectory(prefix="st-sanavideo-") as tmp:
+            folder = Path(tmp) / "sana-video-720p"
+            shutil.copytree(ensure_builtin_model("tiny-sanavideo"), folder)
+            (folder / "vae" / "config.json").write_text(json.dumps(
+                {"_class_name": "AutoencoderDC"}))
+            with self.assertRaises(ModelFolderError) as raised:
+                adapter_class.check_folder(folder)
+        self.assertIn("its VAE is AutoencoderDC", str(raised.exception))
+        folder = ensure_builtin_model("tiny-sanavideo")
+        self.assertIsNone(adapter_class.flavour_problem(folder, "2b-480p"))
+        self.assertIn("2b-480p", adapter_class.flavour_problem(folder, "2b-720p"))
 
 
 class SanaVideoMemoryPlanTest(unittest.TestCase):

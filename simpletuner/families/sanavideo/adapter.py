@@ -9,13 +9,17 @@ one-frame clips."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import torch
 from diffusers import (AutoencoderKLWan, DPMSolverMultistepScheduler, SanaVideoPipeline,
                        SanaVideoTransformer3DModel)
 from transformers import AutoTokenizer, Gemma2Model
 
+from simpletuner.families.sanavideo.flavours import flavour_mismatch
 from simpletuner.models.flow_family import FLOW_TIMESTEPS, FlowFamilyAdapter
+from simpletuner.models.layout import ModelFolderError
+from simpletuner.models.model_path import family_folder_problem
 from simpletuner.models.training_batch import TrainingBatch
 
 
@@ -43,6 +47,17 @@ class SanaVideoAdapter(FlowFamilyAdapter):
         arguments = {"num_frames": 1, **arguments, "output_type": "pil"}
         arguments["frames"] = arguments.pop("num_frames")
         return arguments
+
+    @classmethod
+    def flavour_problem(cls, folder: Path, flavour: str | None) -> str | None:
+        return flavour_mismatch(flavour)
+
+    @classmethod
+    def check_folder(cls, folder: Path) -> None:
+        problem = family_folder_problem(cls.family, str(folder))  # the 720p's DC-AE-V
+        if problem:
+            raise ModelFolderError(problem)
+        super().check_folder(folder)
 
     def size_arguments(self, size) -> dict:
         """The size is a bucket already; binning would move it to the pipeline's own table."""
