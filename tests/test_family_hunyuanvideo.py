@@ -20,7 +20,7 @@ from test_memory_plan_command import GIB, plan_in_process, row
 from training_fixtures import make_shapes, write_config
 from simpletuner.models.block_count import swappable_block_count
 from simpletuner.models.builtin import ensure_builtin_model
-from simpletuner.families.hunyuanvideo.i2v import as_pil_images
+from simpletuner.families.wan.i2v import as_pil_images
 from simpletuner.models.base import LossSettings
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
@@ -174,19 +174,25 @@ class HunyuanVideoFolderTest(unittest.TestCase):
 
 
 
+def published_gradients(family: str, configs: dict) -> tuple[float, float]:
+    """plan --memory's gradients row (GiB per rank, DDP and FSDP2 over 8) for a folder of the
+    published model's config files ``configs`` (subfolder -> config.json)."""
+    with tempfile.TemporaryDirectory(prefix=f"st-{family}-plan-") as tmp:
+        root = Path(tmp)
+        for subfolder, config in configs.items():
+            (root / "model" / subfolder).mkdir(parents=True)
+            (root / "model" / subfolder / "config.json").write_text(json.dumps(config))
+        make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+        config = write_config(root, root / "data", "plan", model_family=family,
+                              pretrained_model_name_or_path=str(root / "model"),
+                              mixed_precision="bf16")
+        ddp, fsdp = row(plan_in_process(config), "gradients")
+    return ddp, fsdp
+
+
 class HunyuanVideoMemoryPlanTest(unittest.TestCase):
     def test_plan_counts_the_published_parameters(self):
-        with tempfile.TemporaryDirectory(prefix="st-hunyuanvideo-plan-") as tmp:
-            root = Path(tmp)
-            for subfolder, config in PUBLISHED_CONFIGS.items():
-                (root / "model" / subfolder).mkdir(parents=True)
-                (root / "model" / subfolder / "config.json").write_text(json.dumps(config))
-            make_shapes(root / "data", per_size=1, sizes=((64, 64),))
-            config = write_config(root, root / "data", "plan", model_family=FAMILY,
-                                  pretrained_model_name_or_path=str(root / "model"),
-                                  mixed_precision="bf16")
-            output = plan_in_process(config)
-        ddp, fsdp = row(output, "gradients")  # float32, one per parameter
+        ddp, fsdp = published_gradients(FAMILY, PUBLISHED_CONFIGS)  # float32, one a parameter
         self.assertAlmostEqual(ddp / (PUBLISHED_PARAMETERS * 4 / GIB), 1, delta=0.01)
         self.assertAlmostEqual(fsdp / ddp, 1 / 8, delta=0.001)
 

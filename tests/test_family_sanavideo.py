@@ -19,8 +19,8 @@ from model_fixtures import CPU, TinyModelCase, random_batch
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
-from test_memory_plan_command import GIB, plan_in_process, row
-from training_fixtures import make_shapes, write_config
+from test_family_hunyuanvideo import published_gradients
+from test_memory_plan_command import GIB
 
 FAMILY = "sanavideo"
 # "Model size: 2B parameters" (huggingface.co/Efficient-Large-Model/SANA-Video_2B_480p);
@@ -98,17 +98,7 @@ class SanaVideoFolderTest(unittest.TestCase):
 
 class SanaVideoMemoryPlanTest(unittest.TestCase):
     def test_plan_counts_the_published_parameters(self):
-        with tempfile.TemporaryDirectory(prefix="st-sanavideo-plan-") as tmp:
-            root = Path(tmp)
-            for subfolder, config in PUBLISHED_CONFIGS.items():
-                (root / "model" / subfolder).mkdir(parents=True)
-                (root / "model" / subfolder / "config.json").write_text(json.dumps(config))
-            make_shapes(root / "data", per_size=1, sizes=((64, 64),))
-            config = write_config(root, root / "data", "plan", model_family=FAMILY,
-                                  pretrained_model_name_or_path=str(root / "model"),
-                                  mixed_precision="bf16")
-            output = plan_in_process(config)
-        ddp, fsdp = row(output, "gradients")  # float32, one per parameter
+        ddp, fsdp = published_gradients(FAMILY, PUBLISHED_CONFIGS)  # float32, one a parameter
         self.assertAlmostEqual(ddp / (PUBLISHED_PARAMETERS * 4 / GIB), 1, delta=0.05)
         self.assertAlmostEqual(fsdp / ddp, 1 / 8, delta=0.001)
 

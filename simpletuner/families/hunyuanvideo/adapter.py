@@ -21,6 +21,7 @@ from diffusers.loaders import HunyuanVideoLoraLoaderMixin
 from transformers import AutoTokenizer, Qwen2_5_VLTextModel, T5EncoderModel
 
 from simpletuner.families.hunyuanvideo.flavours import flavour_mismatch
+from simpletuner.families.wan.adapter import as_clips
 from simpletuner.models.flow_family import FLOW_TIMESTEPS, FlowFamilyAdapter
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.model_path import family_folder_problem
@@ -28,11 +29,6 @@ from simpletuner.models.training_batch import TrainingBatch
 
 IMAGE_TOKENS = 729  # the pipeline's vision_num_semantic_tokens (SigLIP's 27 x 27 patches)
 TEXT_TOKENS, GLYPH_TOKENS = 1000, 256  # its tokenizer_max_length and tokenizer_2_max_length
-
-
-def as_clips(pixels: torch.Tensor) -> torch.Tensor:
-    """Images [B, 3, H, W] as one-frame clips [B, 3, 1, H, W]; clips pass unchanged."""
-    return pixels.unsqueeze(2) if pixels.ndim == 4 else pixels
 
 
 class HunyuanVideoAdapter(FlowFamilyAdapter):

@@ -10,24 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 from diffusers import HunyuanVideo15ImageToVideoPipeline
-from PIL import Image
 from transformers import SiglipImageProcessor, SiglipVisionModel
 
-from simpletuner.families.hunyuanvideo.adapter import HunyuanVideoAdapter, as_clips
+from simpletuner.families.hunyuanvideo.adapter import HunyuanVideoAdapter
+from simpletuner.families.wan.adapter import as_clips
+from simpletuner.families.wan.i2v import as_pil_images
 from simpletuner.models.components import load_component
 from simpletuner.models.training_batch import TrainingBatch
 
 IMAGE_PARTS = ("image_encoder", "feature_extractor")
-
-
-def as_pil_images(frames: torch.Tensor) -> list[Image.Image]:
-    """[B, 3, H, W] in [-1, 1] -> RGB images, as the pipeline is given its image."""
-    values = ((frames.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return [Image.fromarray(np.ascontiguousarray(v.permute(1, 2, 0).cpu().numpy()))
-            for v in values]
 
 
 class HunyuanVideoI2VAdapter(HunyuanVideoAdapter):
