@@ -18,12 +18,15 @@ import torch
 from model_fixtures import CPU, TinyModelCase, random_batch
 from test_memory_plan_command import GIB, plan_in_process, row
 from training_fixtures import make_shapes, write_config
+from simpletuner.configuration import TrainingConfig
 from simpletuner.models.block_count import swappable_block_count
 from simpletuner.models.builtin import ensure_builtin_model
 from simpletuner.families.wan.i2v import as_pil_images
 from simpletuner.models.base import LossSettings
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.adapters.lora import add_lora, export_lora
+from simpletuner.training.reporting.model_card import write_model_card
 
 FAMILY = "hunyuanvideo"
 # "8.3B parameters" (huggingface.co/tencent/HunyuanVideo-1.5): the transformer of every
@@ -114,6 +117,34 @@ class HunyuanVideoAdapterTest(TinyModelCase):
         self.assertEqual(pipeline.guider.guidance_scale, 1.0)
         self.assertEqual(pipeline.guider.num_conditions, 1)  # no unconditional pass
         self.assertEqual(adapter.build_pipeline().guider.guidance_scale, 6.0)  # as loaded
+
+
+class HunyuanVideoLoraFileTest(TinyModelCase):
+    def test_the_model_cards_line_puts_the_exported_lora_on_the_base_pipeline(self):
+        adapter = self.load(FAMILY)
+        add_lora(adapter.transformer, type(adapter), rank=4)
+        with torch.no_grad():  # B starts at zero: give the adapter an effect
+            for name, parameter in adapter.transformer.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(generator=torch.Generator().manual_seed(1))
+        with tempfile.TemporaryDirectory(prefix="st-hunyuanvideo-lora-") as tmp:
+            export_lora(type(adapter), adapter.transformer, Path(tmp))
+            settings = TrainingConfig(
+                model_family=FAMILY, pretrained_model_name_or_path="builtin:tiny-hunyuanvideo",
+                output_dir=tmp, data_backend_config="d.json", model_type="lora", lora_rank=4)
+            card = write_model_card(Path(tmp) / "lora", settings, {}, [], Path(tmp))
+            line = next(line for line in card.read_text().splitlines() if "lora" in line
+                        and line.startswith("pipeline."))
+            pipeline = adapter.pipeline_class.from_pretrained(
+                ensure_builtin_model("tiny-hunyuanvideo"))
+            exec(line.replace('"lora"', json.dumps(str(Path(tmp) / "lora"))),
+                 {"pipeline": pipeline})
+        self.assertIn("load_lora_adapter", line)  # the pipeline has no load_lora_weights
+        loaded = dict(pipeline.transformer.named_parameters())
+        for name, parameter in adapter.transformer.named_parameters():
+            if "lora_B" in name:
+                self.assertTrue(torch.equal(
+                    loaded[name.replace(".default.", ".default_0.")], parameter), name)
 
 
 class HunyuanVideoI2VTest(TinyModelCase):

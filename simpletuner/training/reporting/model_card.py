@@ -12,6 +12,8 @@ from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_text
 from simpletuner.models.model_path import BUILTIN_PREFIX
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.adapters.lora import LORA_WEIGHTS
 
 CARD_NAME = "README.md"
 
@@ -35,6 +37,18 @@ def _base_model_line(training, base_folder: Path) -> str:
             f'pipeline = DiffusionPipeline.from_pretrained({json.dumps(str(base_folder))})\n')
 
 
+def _lora_loading(model_family: str, folder_name: str) -> str:
+    """The line that puts the exported LoRA on the base pipeline: its load_lora_weights, or
+    its network's load_lora_adapter where diffusers gives the pipeline no LoRA loader (the
+    adapter names a lora_file_class: HunyuanVideo 1.5)."""
+    adapter_class = get_adapter_class(model_family)
+    if adapter_class.lora_file_class is None:
+        return f'pipeline.load_lora_weights("{folder_name}")'
+    component = adapter_class.trainable_component
+    return (f'pipeline.{component}.load_lora_adapter("{folder_name}", prefix="{component}", '
+            f'weight_name="{LORA_WEIGHTS}")')
+
+
 def _usage(training, folder_name: str, base_folder: Path) -> str:
     base = _base_model_line(training, base_folder)
     if training.lora_type == "lycoris":
@@ -43,7 +57,7 @@ def _usage(training, folder_name: str, base_folder: Path) -> str:
                 f'lycoris, _ = create_lycoris_from_weights(1.0, "{folder_name}/'
                 'pytorch_lora_weights.safetensors", network)\nlycoris.merge_to()')
     if training.model_type == "lora":
-        return base + f'pipeline.load_lora_weights("{folder_name}")'
+        return base + _lora_loading(training.model_family, folder_name)
     return f'pipeline = DiffusionPipeline.from_pretrained("{folder_name}")'
 
 
