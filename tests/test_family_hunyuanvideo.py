@@ -227,6 +227,17 @@ class HunyuanVideoMemoryPlanTest(unittest.TestCase):
         self.assertAlmostEqual(ddp / (PUBLISHED_PARAMETERS * 4 / GIB), 1, delta=0.01)
         self.assertAlmostEqual(fsdp / ddp, 1 / 8, delta=0.001)
 
+    def test_plan_estimates_the_activations_of_its_sequence(self):
+        with tempfile.TemporaryDirectory(prefix="st-hunyuanvideo-plan-") as tmp:
+            root = Path(tmp)
+            make_shapes(root / "data", per_size=1, sizes=((64, 64),))
+            config = write_config(root, root / "data", "plan", model_family=FAMILY,
+                                  pretrained_model_name_or_path="builtin:tiny-hunyuanvideo")
+            output = plan_in_process(config)
+        # the 1985 text, glyph and (masked) image tokens beside the video's: tens of MiB
+        activations, = row(output, "activations (saved for the backward)")
+        self.assertGreater(activations * 1024, 10)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from diffusers import (AutoencoderKLHunyuanVideo15, HunyuanVideo15Pipeline,
                        HunyuanVideo15Transformer3DModel)
+from diffusers.guiders import ClassifierFreeGuidance
 from diffusers.loaders import HunyuanVideoLoraLoaderMixin
 from transformers import AutoTokenizer, Qwen2_5_VLTextModel, T5EncoderModel
 
@@ -55,8 +56,8 @@ class HunyuanVideoAdapter(FlowFamilyAdapter):
 
     def validation_pipeline(self, pipeline, arguments: dict):
         """The pipeline with a guider of validation's guidance scale (1.0: no unconditional
-        pass); the loaded guider, which the export saves, stays as it is."""
-        pipeline.register_modules(guider=self.guider.new(
+        pass); the folder's guider, which the export saves, stays as it is."""
+        pipeline.register_modules(guider=pipeline.guider.new(
             guidance_scale=arguments["guidance_scale"]))
         return pipeline
 
@@ -81,20 +82,6 @@ class HunyuanVideoAdapter(FlowFamilyAdapter):
         if adapter_class is not cls:  # the folder's own adapter
             return adapter_class.load(folder, **settings)
         return super().load(folder, **settings)
-
-    @classmethod
-    def load_conditioning_components(cls, folder: Path, *, device: torch.device,
-                                     weight_dtype: torch.dtype) -> dict:
-        from diffusers.guiders import ClassifierFreeGuidance
-
-        from simpletuner.models.components import load_component
-
-        return {"guider": load_component(ClassifierFreeGuidance.from_pretrained, folder,
-                                         "guider")}
-
-    def __init__(self, *, guider, **parts):
-        super().__init__(**parts)
-        self.guider = guider
 
     @property
     def vae_factor(self) -> int:
@@ -168,5 +155,6 @@ class HunyuanVideoAdapter(FlowFamilyAdapter):
                 noisy.new_zeros(count, IMAGE_TOKENS, width_image))
 
     def _pipeline_components(self, trainable: torch.nn.Module | None) -> dict:
-        """The loaded guider, as the folder holds it."""
-        return {**super()._pipeline_components(trainable), "guider": self.guider}
+        """The folder's guider (a config file: the guidance scale), read for each pipeline."""
+        return {**super()._pipeline_components(trainable),
+                "guider": ClassifierFreeGuidance.from_pretrained(self.folder, subfolder="guider")}

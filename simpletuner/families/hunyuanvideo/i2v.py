@@ -44,9 +44,7 @@ class HunyuanVideoI2VAdapter(HunyuanVideoAdapter):
         encoder.to(device, dtype=weight_dtype).requires_grad_(False).eval()
         extractor = load_component(SiglipImageProcessor.from_pretrained, folder,
                                    "feature_extractor")
-        return {**super().load_conditioning_components(folder, device=device,
-                                                       weight_dtype=weight_dtype),
-                "image_encoder": encoder, "feature_extractor": extractor}
+        return {"image_encoder": encoder, "feature_extractor": extractor}
 
     def move_to(self, device: torch.device,
                 except_modules: list[torch.nn.Module] | tuple = ()) -> None:
