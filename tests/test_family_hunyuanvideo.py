@@ -26,6 +26,7 @@ from simpletuner.models.base import LossSettings
 from simpletuner.models.layout import ModelFolderError
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.lora import add_lora, export_lora
+from simpletuner.training.adapters.lora_init import init_adapter
 from simpletuner.training.reporting.model_card import write_model_card
 
 FAMILY = "hunyuanvideo"
@@ -120,7 +121,7 @@ class HunyuanVideoAdapterTest(TinyModelCase):
 
 
 class HunyuanVideoLoraFileTest(TinyModelCase):
-    def test_the_model_cards_line_puts_the_exported_lora_on_the_base_pipeline(self):
+    def test_the_exported_lora_loads_by_the_model_cards_line_and_as_init_lora(self):
         adapter = self.load(FAMILY)
         add_lora(adapter.transformer, type(adapter), rank=4)
         with torch.no_grad():  # B starts at zero: give the adapter an effect
@@ -139,12 +140,19 @@ class HunyuanVideoLoraFileTest(TinyModelCase):
                 ensure_builtin_model("tiny-hunyuanvideo"))
             exec(line.replace('"lora"', json.dumps(str(Path(tmp) / "lora"))),
                  {"pipeline": pipeline})
+            fresh = self.load(FAMILY)  # init_lora reads it through the same class
+            add_lora(fresh.transformer, type(fresh), rank=4)
+            init_adapter(fresh, Path(tmp) / "lora" / "pytorch_lora_weights.safetensors")
         self.assertIn("load_lora_adapter", line)  # the pipeline has no load_lora_weights
         loaded = dict(pipeline.transformer.named_parameters())
         for name, parameter in adapter.transformer.named_parameters():
             if "lora_B" in name:
                 self.assertTrue(torch.equal(
                     loaded[name.replace(".default.", ".default_0.")], parameter), name)
+        started = dict(fresh.transformer.named_parameters())
+        for name, parameter in adapter.transformer.named_parameters():
+            if "lora_" in name:
+                self.assertTrue(torch.equal(started[name], parameter), name)
 
 
 class HunyuanVideoI2VTest(TinyModelCase):
