@@ -16,7 +16,6 @@ each row into a TestCase class of its own (``case_classes``), so pytest-xdist ca
 from __future__ import annotations
 
 import gc
-import inspect
 import json
 import re
 import shutil
@@ -34,8 +33,9 @@ from edit_fixtures import circle, edit_datasets, make_edit_pairs
 from simpletuner.configuration import load_configuration
 from simpletuner.families import family_spec
 from simpletuner.models.builtin import ensure_builtin_model
-from simpletuner.models.pipelines import first_image
-from simpletuner.training.adapters.lora import LORA_WEIGHTS, load_peft_lora_file
+from simpletuner.models.pipelines import first_image, size_arguments
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.adapters.lora import load_lora_file
 from simpletuner.training.recipe import Trainer
 from training_fixtures import make_shapes, write_config
 from video_fixtures import shapes_frame, write_clip
@@ -84,6 +84,9 @@ CASES = (
     Case("longcat_image", None, "tiny-longcat_image", "image"),
     Case("longcat_image", "edit", "tiny-longcat_image-edit", "edit"),
     Case("kandinsky5_image", "i2i-lite-sft", "tiny-kandinsky5_image-i2i", "edit"),
+    Case("hunyuanvideo", None, "tiny-hunyuanvideo", "image"),  # images as one-frame clips
+    Case("hunyuanvideo", "i2v-480p", "tiny-hunyuanvideo-i2v", "video"),
+    Case("sanavideo", None, "tiny-sanavideo", "image"),  # images as one-frame clips
 )
 
 # What each model needs beyond the table, until the registry says it: training options, the
@@ -92,6 +95,7 @@ CASES = (
 TRAINING_OPTIONS = {
     "tiny-wan-i2v": dict(resolution=48, train_batch_size=1),
     "tiny-wan22-ti2v": dict(aspect_bucket_alignment=32),
+    "tiny-hunyuanvideo-i2v": dict(resolution=48, train_batch_size=1),
 }
 # The LoRA runs of these train on an int8 base (torchao), as on one small GPU; the exported
 # adapter still loads onto the unquantized base pipeline.
@@ -121,10 +125,14 @@ GENERATION = {
     "tiny-ltxvideo": dict(num_frames=1),
     # its default spatio-temporal guidance block (28) is past the tiny model's two
     "tiny-ltxvideo2": dict(num_frames=1, stg_scale=0.0, audio_stg_scale=0.0),
+    "tiny-hunyuanvideo": dict(width=64, height=48, num_frames=5),
+    "tiny-hunyuanvideo-i2v": dict(width=64, height=48, num_frames=5),
+    "tiny-sanavideo": dict(width=64, height=64, frames=5, use_resolution_binning=False),
 }
 LORA_CHANGE = {"tiny-wan": 1e-3, "tiny-wan-i2v": 1e-3, "tiny-wan22": 1e-4,
                "tiny-wan22-ti2v": 1e-3, "tiny-auraflow": 1e-3, "tiny-ltxvideo": 1e-3,
-               "tiny-ltxvideo2": 1e-3}  # an unchanged output is 0.0
+               "tiny-ltxvideo2": 1e-3, "tiny-hunyuanvideo": 1e-3, "tiny-hunyuanvideo-i2v": 1e-3,
+               "tiny-sanavideo": 1e-3}  # an unchanged output is 0.0
 IMAGE_LORA_CHANGE = 0.1
 STEPS, RESUME_STEP = 4, 2
 # Ideogram's validation pads prompts to 2048 tokens for a 36-layer encoder (minutes on a CPU);
@@ -182,19 +190,6 @@ def load_pipeline(case: Case, folder: Path):
     return pipeline
 
 
-def load_lora(pipeline, folder: Path) -> None:
-    """The export in ``folder`` onto the pipeline: its load_lora_weights; a pipeline without a
-    LoRA loader (LongCat-Image), its transformer's load_lora_adapter; a network without peft
-    support (PixArt's), peft's own injection."""
-    if hasattr(pipeline, "load_lora_weights"):
-        pipeline.load_lora_weights(folder)
-    elif hasattr(pipeline.transformer, "load_lora_adapter"):
-        pipeline.transformer.load_lora_adapter(folder, prefix="transformer",
-                                               weight_name=LORA_WEIGHTS)
-    else:  # a network without diffusers' peft support (PixArt's): peft's own injection
-        load_peft_lora_file(pipeline.transformer, folder / LORA_WEIGHTS, "transformer")
-
-
 def generate(case: Case, pipeline) -> np.ndarray:
     """What the pipeline makes of a fixed prompt (and reference or first frame), seed 0, as
     float64 pixels: an image [H, W, 3] or a clip [F, H, W, 3]."""
@@ -206,8 +201,9 @@ def generate(case: Case, pipeline) -> np.ndarray:
         call["image"] = Image.fromarray(shapes_frame(call["width"], call["height"], 0, seed=1))
     if is_video_model(case):
         call["output_type"] = "np"
-    if "width" not in inspect.signature(pipeline.__call__).parameters:
-        del call["width"], call["height"]  # LongCat-Image-Edit: about 1 MP, the reference's shape
+    if not size_arguments(pipeline, call["width"], call["height"]):
+        del call["width"], call["height"]  # sized from its image or reference (HunyuanVideo
+        # 1.5 I2V; LongCat-Image-Edit: about 1 MP, the reference's shape)
     if hasattr(pipeline, "resolutions"):  # Kandinsky 5: else its nearest 1 MP size
         pipeline.resolutions = [(call["width"], call["height"])]
     result = pipeline(prompt="a red circle", generator=torch.Generator().manual_seed(0), **call)
@@ -357,7 +353,7 @@ class FamilyConformance:
         self.assertFalse((self.lora.out / "pipeline").exists())
         pipeline = load_pipeline(self.case, ensure_builtin_model(self.case.model))
         before = generate(self.case, pipeline)
-        load_lora(pipeline, self.lora.out / "lora")
+        load_lora_file(get_adapter_class(self.case.family), pipeline, self.lora.out / "lora")
         change = np.abs(generate(self.case, pipeline) - before).mean()
         self.assertGreater(change, LORA_CHANGE.get(self.case.model, IMAGE_LORA_CHANGE))
 

@@ -79,6 +79,9 @@ class ModelAdapter(ABC):
     # audio is then decoded over its trained frames and given to encode_for_cache); None here.
     audio_input: AudioRequest | None = None
     validation_sample_rate: int | None = None  # its validation clips' sound: samples a second
+    # The class whose save_lora_weights writes the LoRA export and whose lora_state_dict and
+    # load_lora_into_transformer read one; None: the pipeline class (its load_lora_weights).
+    lora_file_class: type | None = None
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):
@@ -225,6 +228,12 @@ class ModelAdapter(ABC):
         (guidance_scale, negative_prompt...); a family whose pipeline names them differently
         translates them here."""
         return arguments
+
+    def validation_pipeline(self, pipeline, arguments: dict):
+        """The pipeline validation samples with, given its call's ``arguments``; a family
+        whose pipeline holds a setting as a component (HunyuanVideo 1.5's guider, the guidance
+        scale) sets it here. Unchanged by default."""
+        return pipeline
 
     def size_arguments(self, size: int | tuple[int, int]) -> dict:
         """Pipeline call arguments a validation size (a side, or (width, height)) needs besides

@@ -23,6 +23,15 @@ from simpletuner.common.atomic import (atomic_write_with, give_umask_modes, nami
                                        staging_folder)
 
 
+def size_arguments(pipeline, width: int, height: int) -> dict:
+    """height and width for a pipeline whose call takes them; none for one that sizes its
+    output from its input image (HunyuanVideo 1.5's image-to-video: the image's aspect ratio at
+    the transformer's target_size), which is given the image at the asked size instead."""
+    if "height" in inspect.signature(pipeline.__call__).parameters:
+        return {"height": height, "width": width}
+    return {}
+
+
 @contextmanager
 def _eval_mode(pipeline):
     """Switch every network of the pipeline to eval() for sampling, then restore train flags."""
@@ -58,8 +67,9 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
         extra["guidance_scale"] = guidance_scale
     extra.update(pipeline_arguments)
     width, height = (resolution, resolution) if isinstance(resolution, int) else resolution
-    if "width" in inspect.signature(pipeline.__call__).parameters:
-        extra.update(height=height, width=width)  # LongCat-Image-Edit: the reference's shape
+    sized = size_arguments(pipeline, width, height)
+    if input_images is not None and not sized:  # the pipeline sizes its output from these
+        input_images = [image.resize((width, height), Image.LANCZOS) for image in input_images]
     device = pipeline.device
     autocast = (torch.autocast(device.type, dtype=autocast_dtype)
                 if autocast_dtype not in (None, torch.float32) else nullcontext())
@@ -70,7 +80,8 @@ def generate_validation_images(pipeline, prompts: list[str], *, resolution: int 
         for index, prompt in enumerate(tqdm(prompts, desc="validation images", leave=False)):
             generator = torch.Generator(device="cpu").manual_seed(seeds[index])
             given = {} if input_images is None else {"image": input_images[index]}
-            result = pipeline(prompt=prompt, num_inference_steps=num_inference_steps,
+            result = pipeline(prompt=prompt, **sized,
+                              num_inference_steps=num_inference_steps,
                               generator=generator, **given, **extra)
             images.append((keep or first_image)(result))
     return images

@@ -123,6 +123,35 @@ def load_adapter_weights(network: torch.nn.Module, path: Path) -> None:
     set_peft_model_state_dict(network, loaded)
 
 
+def lora_file_class(adapter_class) -> type:
+    """The class that writes and reads the family's LoRA files: its pipeline class, unless
+    the adapter names another (a pipeline that diffusers gives no LoRA loader)."""
+    return adapter_class.lora_file_class or adapter_class.pipeline_class
+
+
+def load_lora_file(adapter_class, pipeline, path, adapter_name: str | None = None) -> None:
+    """Put the LoRA file (or folder) at ``path`` on ``pipeline``'s trainable network, as
+    diffusers' load_lora_weights does: through the family's lora_file_class where it has one,
+    else the pipeline's loader, else its network's load_lora_adapter, else (a network without
+    diffusers' peft support) peft's own injection."""
+    component = adapter_class.trainable_component
+    network = getattr(pipeline, component)
+    path = Path(path)
+    folder, name = (path, LORA_WEIGHTS) if path.is_dir() else (path.parent, path.name)
+    loader = adapter_class.lora_file_class
+    if loader is not None:
+        state, metadata = loader.lora_state_dict(str(path), return_lora_metadata=True)
+        loader.load_lora_into_transformer(state, transformer=network,
+                                          adapter_name=adapter_name, metadata=metadata)
+    elif hasattr(pipeline, "load_lora_weights"):
+        pipeline.load_lora_weights(str(path), adapter_name=adapter_name)
+    elif hasattr(network, "load_lora_adapter"):
+        network.load_lora_adapter(str(folder), weight_name=name, prefix=component,
+                                  adapter_name=adapter_name)
+    else:
+        load_peft_lora_file(network, folder / name, component)
+
+
 def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
                 lora_format: str = "diffusers") -> Path:
     """Write output_dir/lora/pytorch_lora_weights.safetensors with the pipeline class's
@@ -141,12 +170,13 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
     try:
         state, config = adapter_state_dict(network), network.peft_config["default"].to_dict()
         with naming_path(final_dir / LORA_WEIGHTS):  # a full disk is named, not only its errno
-            if hasattr(adapter_class.pipeline_class, "save_lora_weights"):
-                adapter_class.pipeline_class.save_lora_weights(
+            writer = lora_file_class(adapter_class)
+            if hasattr(writer, "save_lora_weights"):
+                writer.save_lora_weights(
                     staging, safe_serialization=True, weight_name=LORA_WEIGHTS,
                     **{f"{component}_lora_layers": state,
                        f"{component}_lora_adapter_metadata": config})
-            else:
+            else:  # no LoRA loader, a network with peft support (LongCat-Image)
                 LoraBaseMixin._save_lora_weights(
                     staging, lora_layers={component: state}, lora_metadata={component: config},
                     weight_name=LORA_WEIGHTS, safe_serialization=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from simpletuner.training.checkpointing.tensor_files import load_tensors
-from simpletuner.training.adapters.lora import LoraTargetError
+from simpletuner.training.adapters.lora import LoraTargetError, load_lora_file
 from simpletuner.training.adapters.lycoris_adapter import load_lycoris_state, lycoris_of
 
 LOADED = "init_lora"  # the adapter name load_lora_weights gives the file's LoRA
@@ -37,11 +37,7 @@ def init_adapter(adapter, path: Path) -> None:
         raise LoraInitError(f"init_lora: diffusers' {type(pipeline).__name__} has no LoRA "
                             "loader to read the file with; remove init_lora")
     try:
-        if hasattr(pipeline, "load_lora_weights"):
-            pipeline.load_lora_weights(str(path), adapter_name=LOADED)
-        else:  # a pipeline without a LoRA loader (LongCat-Image): its network's own
-            network.load_lora_adapter(str(path.parent), weight_name=path.name,
-                                      prefix=adapter.trainable_component, adapter_name=LOADED)
+        load_lora_file(type(adapter), pipeline, path, adapter_name=LOADED)
     except (ValueError, KeyError, RuntimeError) as exc:
         raise LoraInitError(f"init_lora {path} is not a LoRA file diffusers can put on the "
                             f"{adapter.family} network ({exc})") from None

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from simpletuner.common.atomic import atomic_write_text
 from simpletuner.models.model_path import BUILTIN_PREFIX
+from simpletuner.models.registry import get_adapter_class
+from simpletuner.training.adapters.lora import LORA_WEIGHTS
 
 CARD_NAME = "README.md"
 
@@ -35,11 +37,23 @@ def _base_model_line(training, base_folder: Path) -> str:
             f'pipeline = DiffusionPipeline.from_pretrained({json.dumps(str(base_folder))})\n')
 
 
-def _pipeline_loads_loras(family: str) -> bool:
-    """Whether the family's diffusers pipeline has load_lora_weights (PixArt's has not)."""
-    from simpletuner.models.registry import get_adapter_class
-
-    return hasattr(get_adapter_class(family).pipeline_class, "load_lora_weights")
+def _lora_loading(model_family: str, folder_name: str) -> str:
+    """The lines that put the exported LoRA on the base pipeline: its load_lora_weights; its
+    network's load_lora_adapter where diffusers gives the pipeline no LoRA loader (the adapter
+    names a lora_file_class, HunyuanVideo 1.5; LongCat-Image); this trainer's
+    load_peft_lora_file for a network without diffusers' peft support (PixArt's)."""
+    adapter_class = get_adapter_class(model_family)
+    component = adapter_class.trainable_component
+    if (adapter_class.lora_file_class is None
+            and hasattr(adapter_class.pipeline_class, "load_lora_weights")):
+        return f'pipeline.load_lora_weights("{folder_name}")'
+    network_class = getattr(adapter_class, "transformer_class", None)
+    if adapter_class.lora_file_class is not None or hasattr(network_class, "load_lora_adapter"):
+        return (f'pipeline.{component}.load_lora_adapter("{folder_name}", prefix="{component}", '
+                f'weight_name="{LORA_WEIGHTS}")')
+    return ("from simpletuner.training.adapters.lora import load_peft_lora_file\n"
+            f'load_peft_lora_file(pipeline.{component}, "{folder_name}/{LORA_WEIGHTS}", '
+            f'"{component}")')
 
 
 def _usage(training, folder_name: str, base_folder: Path) -> str:
@@ -49,12 +63,8 @@ def _usage(training, folder_name: str, base_folder: Path) -> str:
                 'network = pipeline.unet if hasattr(pipeline, "unet") else pipeline.transformer\n'
                 f'lycoris, _ = create_lycoris_from_weights(1.0, "{folder_name}/'
                 'pytorch_lora_weights.safetensors", network)\nlycoris.merge_to()')
-    if training.model_type == "lora" and not _pipeline_loads_loras(training.model_family):
-        return (base + "from simpletuner.training.adapters.lora import load_peft_lora_file\n"
-                f'load_peft_lora_file(pipeline.transformer, "{folder_name}/'
-                'pytorch_lora_weights.safetensors", "transformer")')
     if training.model_type == "lora":
-        return base + f'pipeline.load_lora_weights("{folder_name}")'
+        return base + _lora_loading(training.model_family, folder_name)
     return f'pipeline = DiffusionPipeline.from_pretrained("{folder_name}")'
 
 

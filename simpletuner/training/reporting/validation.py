@@ -54,7 +54,7 @@ def run_validation(adapter, settings: ValidationSettings, step: int, *, trainabl
         arguments.update(num_frames=frames, keep=first_clip_and_sound if sounding else first_clip)
     outputs, labels = [], []
     with adapter.frozen_components_on_device():  # only for as long as sampling runs
-        pipeline = adapter.build_pipeline(trainable)
+        pipeline = adapter.validation_pipeline(adapter.build_pipeline(trainable), arguments)
         for size in settings.sizes:
             outputs += generate_validation_images(
                 pipeline, prompts, resolution=size,

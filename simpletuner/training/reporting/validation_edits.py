@@ -88,7 +88,8 @@ def run_edit_validation(adapter, settings: ValidationSettings, pairs: EditPairs,
     arguments = adapter.validation_arguments(settings.pipeline_arguments())
     references, results, prompts = [], [], []
     with adapter.frozen_components_on_device():  # only for as long as sampling runs
-        pipeline = adapter.build_pipeline(trainable)
+        pipeline = adapter.validation_pipeline(adapter.build_pipeline(trainable),
+                                               settings.pipeline_arguments())
         for size in settings.sizes:
             for target in pairs.targets:
                 references.append(pairs.reference(target, size))

@@ -1,0 +1,1 @@
+"""SANA-Video: spec.py, flavours.py (torch-free), adapter.py and tiny.py."""
