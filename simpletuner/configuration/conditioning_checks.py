@@ -73,6 +73,7 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
                 "conditioning_data", f"key 'conditioning_data' is for {takers} datasets, "
                 f"not '{ds.dataset_type}'"))
         _check_reference_count(ds, training, label, problems)
+        _check_masks(ds, kind, by_id, label, problems)
         for name in ds.conditioning_ids():
             if name not in unusable:  # else its own problems are reported
                 _check_named(name, ds.id, by_id, named_by, label, problems)
@@ -92,10 +93,11 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
                 "dataset_type", f"dataset '{ds.id}' has 'dataset_type': 'conditioning' but no "
                 "dataset names it in 'conditioning_data'; name it from the training dataset "
                 "whose references it holds, or remove it"))
-    if named_by and training is not None and not takes_references(
+    references = sorted(name for name in named_by if not by_id[name].is_mask)
+    if references and training is not None and not takes_references(
             training.model_family, training.model_flavour):
         problems.append(where.problem(
-            "", f"conditioning datasets ({', '.join(sorted(named_by))}) hold reference images, "
+            "", f"conditioning datasets ({', '.join(references)}) hold reference images, "
             f"which model_family '{training.model_family}' (model_flavour "
             f"{training.model_flavour!r}) does not train on; use {reference_models_text()}, or "
             "remove conditioning_data"))
@@ -116,12 +118,28 @@ def _check_reference_count(ds: DatasetConfig, training, label: Location,
             f"reference(s) per sample; name at most {most}" + "".join(roomier)))
 
 
+def _check_masks(ds: DatasetConfig, kind, by_id: dict[str, DatasetConfig], label: Location,
+                 problems: list[Problem]) -> None:
+    """A mask dataset is named alone, by an image (or eval) dataset."""
+    masks = [name for name in ds.conditioning_ids()
+             if isinstance(name, str) and name in by_id and by_id[name].is_mask]
+    if masks and len(ds.conditioning_ids()) > 1:
+        problems.append(label.problem(
+            "conditioning_data", f"key 'conditioning_data' names the mask dataset "
+            f"'{masks[0]}' with other conditioning datasets; masked loss together with "
+            "reference images is not supported: name the mask dataset alone"))
+    if masks and kind.has_clips:
+        problems.append(label.problem(
+            "conditioning_data", f"key 'conditioning_data' names the mask dataset '{masks[0]}', "
+            f"but loss masks are for image datasets, not '{ds.dataset_type}'; remove it"))
+
+
 def _check_conditioning_entry(ds: DatasetConfig, label: Location, problems: list[Problem]) -> None:
     if ds.conditioning_type is None:
         problems.append(label.problem(
             "conditioning_type", "a 'conditioning' dataset needs 'conditioning_type': "
-            "'reference_strict' (each reference resized and cropped like its target) or "
-            "'reference_loose' (in its own aspect bucket)"))
+            "'reference_strict' (each reference resized and cropped like its target), "
+            "'reference_loose' (in its own aspect bucket) or 'mask' (each target's loss mask)"))
     if ds.conditioning_ids():
         problems.append(label.problem(
             "conditioning_data", "a 'conditioning' dataset cannot itself name "

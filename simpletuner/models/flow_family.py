@@ -149,7 +149,7 @@ class FlowFamilyAdapter(ModelAdapter):
                                           noise_ratio=flow_noise_ratio(sigmas))
         prediction, target = self.trained_part(prediction, target, batch)
         return objective_loss(prediction, target, loss_type=settings.loss_type,
-                              thresholds=thresholds)
+                              thresholds=thresholds, mask=batch.loss_mask)
 
     def trained_part(self, prediction: torch.Tensor, target: torch.Tensor,
                      batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor]:

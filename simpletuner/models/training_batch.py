@@ -23,3 +23,6 @@ class TrainingBatch:
     # Per-sample tensors a family caches with the latents (Wan I2V: first-frame latents and
     # CLIP image embedding), each [B, ...]; empty for the others.
     conditioning: dict[str, torch.Tensor] = field(default_factory=dict)
+    # conditioning_type 'mask': each sample's loss weights on the latent grid, [B, 1, h, w]
+    # (1: trained, 0: ignored); None: every position weighs 1.
+    loss_mask: torch.Tensor | None = None

@@ -44,7 +44,9 @@ def batch_pinned_for(batch: TrainingBatch, device: torch.device | str) -> Traini
                    prompt_embeds={k: pinned_for(v, device) for k, v in batch.prompt_embeds.items()},
                    reference_latents=tuple(pinned_for(r, device)
                                            for r in batch.reference_latents),
-                   conditioning={k: pinned_for(v, device) for k, v in batch.conditioning.items()})
+                   conditioning={k: pinned_for(v, device) for k, v in batch.conditioning.items()},
+                   loss_mask=None if batch.loss_mask is None
+                   else pinned_for(batch.loss_mask, device))
 
 
 def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> TrainingBatch:
@@ -54,7 +56,9 @@ def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> Trainin
                    prompt_embeds={k: to_device(v, device) for k, v in batch.prompt_embeds.items()},
                    reference_latents=tuple(to_device(r, device)
                                            for r in batch.reference_latents),
-                   conditioning={k: to_device(v, device) for k, v in batch.conditioning.items()})
+                   conditioning={k: to_device(v, device) for k, v in batch.conditioning.items()},
+                   loss_mask=None if batch.loss_mask is None
+                   else to_device(batch.loss_mask, device))
 
 
 def to_device_except(module: torch.nn.Module, device: torch.device,

@@ -134,7 +134,7 @@ class UNetFamilyAdapter(ModelAdapter):
                 num_train_timesteps=self.noise_scheduler.config.num_train_timesteps,
                 noise_ratio=ddpm_noise_ratio(alphas_cumprod, timesteps))
         return objective_loss(prediction, target, loss_type=settings.loss_type,
-                              thresholds=thresholds, weights=weights)
+                              thresholds=thresholds, weights=weights, mask=batch.loss_mask)
 
     def _pipeline_options(self) -> dict:
         """Pipeline constructor arguments besides the model components."""

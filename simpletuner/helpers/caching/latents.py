@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from simpletuner.dataset_kinds import kind_of
+from simpletuner.helpers.caching.masks import masked_pixels
 from simpletuner.helpers.caching.storage import (
     CACHE_FORMAT, digest, entry_path, load_entry, rank_share, save_entry,
 )
@@ -59,6 +60,9 @@ class LatentSettings:
     # original (w, h)); each is resized to that size and cropped as its target, whose dataset
     # is ``dataset_id``.
     reference_of: Mapping[str, tuple[str, tuple[int, int]]] | None = None
+    # conditioning_type 'mask': sample id -> its cached mask entry (masks.py); the sample's
+    # pixels are blended to grey where its mask is 0 before encoding.
+    mask_of: Mapping[str, Path] | None = None
 
     def crop_id(self, sample_id: str) -> str:
         """The sample id a random crop is keyed by: an edit reference's is its target's."""
@@ -100,6 +104,7 @@ class LatentSettings:
             **({"frames": frames} if frames is not None else {}),
             **({"fps": fps} if fps is not None else {}),
             **({"first_frame_condition": True} if self.first_frame_condition else {}),
+            **({"mask": self.mask_of[sample_id].name} if self.mask_of else {}),
         })
 
 
@@ -280,8 +285,12 @@ def _prepare(settings: LatentSettings, sample_id: str,
     try:
         if target.frames is not None:
             return prepare_clip(data, target.size, target.frames, fps=target.fps, **fitting)
-        return prepare_image(data, target.size, **fitting,
-                             resize_first=(settings.reference_of[sample_id][1]
-                                           if settings.reference_of else None))
+        image = prepare_image(data, target.size, **fitting,
+                              resize_first=(settings.reference_of[sample_id][1]
+                                            if settings.reference_of else None))
     except Exception as error:  # noqa: BLE001 - any decoder error means "unusable file"
         return f"failed to decode while caching latents: {type(error).__name__}: {error}"
+    if settings.mask_of:
+        weights = load_entry(settings.mask_of[sample_id], f"mask of {sample_id!r}")["latent"]
+        image = replace(image, pixels=masked_pixels(image.pixels, weights))
+    return image

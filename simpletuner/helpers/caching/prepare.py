@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
-from simpletuner.helpers.caching.latents import EncodeImages, LatentSettings, cache_latents
+from simpletuner.helpers.caching.latents import (EncodeImages, LatentCache, LatentSettings,
+                                                 cache_latents)
 from simpletuner.helpers.caching.reference_prompts import (ReferenceImages,
                                                            cache_prompts_with_references)
 from simpletuner.helpers.caching.references import cache_references
@@ -95,6 +96,7 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         vae_identity = model_identity(model_folder, latent_components(model_folder), family)
         text_identity = model_identity(model_folder, text_components(model_folder), family)
     latent_caches, text_caches, kept, failures, reference_failures = {}, {}, {}, {}, {}
+    masks = mask_datasets(datasets, conditioning or {})
     for dataset in datasets:
         settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
                                               model_identity=vae_identity, seed=seed)
@@ -107,6 +109,8 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
             index = references.target
             latent_caches.update(references.caches)
             reference_failures.update(references.failures)
+            if dataset.id in masks:  # its latents are made from the masked pixels
+                settings = masked_settings(settings, index, references.caches[masks[dataset.id]])
         with failing_together(f"caching latents of dataset {dataset.id!r}"):
             result = cache_latents(index, settings, encode_images, rank=rank,
                                    world_size=world_size, batch_size=vae_batch_size,
@@ -122,11 +126,27 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
             dataset, kept[dataset.id], caption_for[dataset.id], encode_prompts, text_identity,
             output_dir=output_dir, rank=rank, world_size=world_size, progress=progress,
             references=(ReferenceImages(references, dataset.conditioning_ids())
-                        if references and prompts_see_references else None))
-    pairs = {d.id: d.conditioning_ids() for d in datasets if d.conditioning_ids()}
-    assembler = BatchAssembler(latent_caches, text_caches, pairs,
+                        if references and prompts_see_references and dataset.id not in masks
+                        else None))
+    pairs = {d.id: d.conditioning_ids() for d in datasets
+             if d.conditioning_ids() and d.id not in masks}
+    assembler = BatchAssembler(latent_caches, text_caches, pairs, masks,
                                prompts_see_references=prompts_see_references)
     return PreparedCaches(kept, failures, assembler, reference_failures)
+
+
+def mask_datasets(datasets: Sequence, conditioning: Mapping[str, tuple]) -> dict[str, str]:
+    """Dataset id -> its mask dataset's id, for the datasets trained with a loss mask (named
+    alone in conditioning_data, configuration/conditioning_checks.py)."""
+    return {d.id: d.conditioning_ids()[0] for d in datasets
+            if d.conditioning_ids() and conditioning[d.conditioning_ids()[0]][0].is_mask}
+
+
+def masked_settings(settings: LatentSettings, index: DatasetIndex,
+                    masks: LatentCache) -> LatentSettings:
+    """``settings`` with each sample's mask entry, so its pixels are masked before encoding."""
+    return replace(settings, mask_of={s: masks.paths[refs[0]]
+                                      for s, refs in index.references.items()})
 
 
 def _cache_text(dataset, index: DatasetIndex, caption_for, encode_prompts: EncodePrompts,

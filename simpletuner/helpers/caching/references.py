@@ -1,8 +1,9 @@
 """Edit references' latents, cached like target latents (incrementally, each rank its static
 share) before their targets': reference_strict resizes each reference to its target's size and
 cuts it by the target's crop, so the pair shares bucket and crop; reference_loose fits it to
-its own bucket with its own dataset's settings. A reference that cannot
-be decoded takes its target out of training too, on every rank alike."""
+its own bucket with its own dataset's settings; a loss mask is fitted as reference_strict and
+kept as weights (masks.py). A reference that cannot be decoded takes its target out of
+training too, on every rank alike."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from simpletuner.common.together import failing_together
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
 from simpletuner.helpers.caching.latents import (EncodeImages, LatentCache, LatentSettings,
                                                  cache_latents)
+from simpletuner.helpers.caching.masks import MASK_IDENTITY, mask_weights
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.metadata.index import DatasetIndex
 
@@ -51,16 +53,19 @@ def loose_index(target: DatasetIndex, position: int, own: DatasetIndex) -> Datas
 
 def reference_settings(target_settings: LatentSettings, conditioning, target: DatasetIndex,
                        position: int, *, output_dir: str | Path) -> LatentSettings:
-    """reference_strict: the target's crop settings, the conditioning dataset's files and
-    cache folder; reference_loose: the conditioning dataset's own settings."""
+    """reference_strict and mask: the target's crop settings, the conditioning dataset's files
+    and cache folder; reference_loose: the conditioning dataset's own settings."""
     if conditioning.conditioning_type == "reference_loose":
         return LatentSettings.for_dataset(conditioning, output_dir=output_dir,
                                           model_identity=target_settings.model_identity,
                                           seed=target_settings.seed)
     folder = conditioning.cache_dir_vae or Path(output_dir) / "cache" / "vae" / conditioning.id
-    return replace(target_settings, storage=open_storage(conditioning), folder=Path(folder),
-                   reference_of={refs[position]: (s, tuple(target.original_sizes[s]))
-                                 for s, refs in target.references.items()})
+    strict = replace(target_settings, storage=open_storage(conditioning), folder=Path(folder),
+                     reference_of={refs[position]: (s, tuple(target.original_sizes[s]))
+                                   for s, refs in target.references.items()})
+    if conditioning.is_mask:  # fitted as a strict reference, kept as weights: no model
+        return replace(strict, model_identity=MASK_IDENTITY, first_frame_condition=False)
+    return strict
 
 
 def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIndex]],
@@ -77,7 +82,8 @@ def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIn
         index = (loose_index(target, position, own) if settings.reference_of is None
                  else reference_index(target, position, conditioning_id))
         with failing_together(f"caching reference latents of dataset {conditioning_id!r}"):
-            result = cache_latents(index, settings, encode_images, rank=rank,
+            result = cache_latents(index, settings,
+                                   mask_weights if config.is_mask else encode_images, rank=rank,
                                    world_size=world_size, batch_size=batch_size,
                                    progress=progress)
         merged = gather_failures(result.failures)  # collective: the same on every rank

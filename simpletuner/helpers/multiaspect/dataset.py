@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
+
 from simpletuner.helpers.caching.latents import LatentCache
+from simpletuner.helpers.caching.masks import latent_grid
 from simpletuner.helpers.caching.reference_prompts import reference_keys
 from simpletuner.helpers.caching.text_embeds import TextEmbedCache
 from simpletuner.helpers.multiaspect.batch import MicroBatch
@@ -19,12 +22,15 @@ class BatchAssembler:
 
     def __init__(self, latents: Mapping[str, LatentCache],
                  text_embeds: Mapping[str, TextEmbedCache],
-                 conditioning: Mapping[str, list[str]] | None = None, *,
+                 conditioning: Mapping[str, list[str]] | None = None,
+                 masks: Mapping[str, str] | None = None, *,
                  prompts_see_references: bool = False):
         self.latents = dict(latents)          # dataset id -> its latent cache
         self.text_embeds = dict(text_embeds)  # dataset id -> its text-embedding cache
         # edit pairs: dataset id -> its conditioning datasets (their latents are in ``latents``)
         self.conditioning = dict(conditioning or {})
+        # masked loss: dataset id -> its mask dataset (whose weights are in ``latents``)
+        self.masks = dict(masks or {})
         # the text entries of edit pairs are keyed by caption and references (Qwen-Image-Edit)
         self.prompts_see_references = prompts_see_references
 
@@ -52,5 +58,13 @@ class BatchAssembler:
                     [s.references[position] for s in micro_batch.samples]).latents
                 for position, conditioning_id in enumerate(conditioning_ids)),
             conditioning=cached.conditioning,
+            loss_mask=self._loss_mask(micro_batch, cached.latents),
         )
+
+    def _loss_mask(self, micro_batch: MicroBatch, latents: torch.Tensor) -> torch.Tensor | None:
+        mask_id = self.masks.get(micro_batch.dataset_id)
+        if mask_id is None:
+            return None
+        weights = self.latents[mask_id].load([s.references[0] for s in micro_batch.samples])
+        return latent_grid(weights.latents, latents)
 
