@@ -185,7 +185,7 @@ class ConditioningConfigTest(unittest.TestCase):
             self.assertIn(expected, text)
 
     def test_conditioning_types_that_are_not_built_are_refused_with_what_to_do(self):
-        for kind, advice in (("controlnet", "only reference images and loss masks are"),
+        for kind, advice in (("depth", "'controlnet' with controlnet: true"),
                              ("segmentation", "'mask' for masked loss")):
             def datasets(targets, references, kind=kind):
                 edits, refs = edit_datasets(targets, references)

@@ -121,7 +121,7 @@ class MaskConfigTest(unittest.TestCase):
             self.load(datasets, model_family="flux", model_flavour="kontext")
         text = json.dumps(caught.exception.problems)
         self.assertIn("names the mask dataset 'masks' with other conditioning datasets", text)
-        self.assertIn("name the mask dataset alone", text)
+        self.assertIn("which is not supported: name it alone", text)
 
 
 class MaskWeightingTest(unittest.TestCase):

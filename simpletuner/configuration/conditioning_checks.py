@@ -24,11 +24,14 @@ def reference_models_text() -> str:
         for index, spec in enumerate(models))
 
 
-def as_conditioning(ds: DatasetConfig) -> DatasetConfig:
+def as_conditioning(ds: DatasetConfig, controlnet: bool) -> DatasetConfig:
     """SimpleTuner makes a dataset with conditioning_type a conditioning dataset, whatever its
-    dataset_type says when left at 'image'."""
+    dataset_type says when left at 'image'; under controlnet a conditioning dataset without
+    conditioning_type holds control images, as its ControlNet guide writes them."""
     if ds.conditioning_type is not None and kind_of(ds).is_default:
         return replace(ds, dataset_type=CONDITIONING)
+    if controlnet and ds.conditioning_type is None and kind_of(ds).is_reference:
+        return replace(ds, conditioning_type="controlnet")
     return ds
 
 
@@ -36,7 +39,8 @@ def with_references(parsed: list[DatasetConfig], listed: object, training, where
                     problems: list[Problem]) -> list[DatasetConfig]:
     """The parsed datasets, those with a conditioning_type made conditioning datasets, after
     appending every problem of their pairing (``listed``: the file's raw list)."""
-    datasets = [as_conditioning(ds) for ds in parsed]
+    controlnet = bool(getattr(training, "controlnet", False))
+    datasets = [as_conditioning(ds, controlnet) for ds in parsed]
     check_conditioning(datasets, training, where, problems,
                        listed=listed if isinstance(listed, list) else [])
     return datasets
@@ -73,7 +77,7 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
                 "conditioning_data", f"key 'conditioning_data' is for {takers} datasets, "
                 f"not '{ds.dataset_type}'"))
         _check_reference_count(ds, training, label, problems)
-        _check_masks(ds, kind, by_id, label, problems)
+        _check_pixel_conditioning(ds, kind, by_id, label, problems)
         for name in ds.conditioning_ids():
             if name not in unusable:  # else its own problems are reported
                 _check_named(name, ds.id, by_id, named_by, label, problems)
@@ -93,7 +97,9 @@ def check_conditioning(datasets: list[DatasetConfig], training, where: Location,
                 "dataset_type", f"dataset '{ds.id}' has 'dataset_type': 'conditioning' but no "
                 "dataset names it in 'conditioning_data'; name it from the training dataset "
                 "whose references it holds, or remove it"))
-    references = sorted(name for name in named_by if not by_id[name].is_mask)
+    _check_controls(datasets, training, where, problems)
+    references = sorted(name for name in named_by
+                        if not by_id[name].is_mask and not by_id[name].is_control)
     if references and training is not None and not takes_references(
             training.model_family, training.model_flavour):
         problems.append(where.problem(
@@ -118,20 +124,47 @@ def _check_reference_count(ds: DatasetConfig, training, label: Location,
             f"reference(s) per sample; name at most {most}" + "".join(roomier)))
 
 
-def _check_masks(ds: DatasetConfig, kind, by_id: dict[str, DatasetConfig], label: Location,
-                 problems: list[Problem]) -> None:
-    """A mask dataset is named alone, by an image (or eval) dataset."""
-    masks = [name for name in ds.conditioning_ids()
-             if isinstance(name, str) and name in by_id and by_id[name].is_mask]
-    if masks and len(ds.conditioning_ids()) > 1:
+def _check_pixel_conditioning(ds: DatasetConfig, kind, by_id: dict[str, DatasetConfig],
+                              label: Location, problems: list[Problem]) -> None:
+    """A mask or control-image dataset is named alone, by an image (or eval) dataset."""
+    named = [by_id[name] for name in ds.conditioning_ids()
+             if isinstance(name, str) and name in by_id
+             and (by_id[name].is_mask or by_id[name].is_control)]
+    if not named:
+        return
+    what = f"the {named[0].conditioning_type} dataset '{named[0].id}'"
+    if len(ds.conditioning_ids()) > 1:
         problems.append(label.problem(
-            "conditioning_data", f"key 'conditioning_data' names the mask dataset "
-            f"'{masks[0]}' with other conditioning datasets; masked loss together with "
-            "reference images is not supported: name the mask dataset alone"))
-    if masks and kind.has_clips:
+            "conditioning_data", f"key 'conditioning_data' names {what} with other "
+            "conditioning datasets, which is not supported: name it alone"))
+    if kind.has_clips:
         problems.append(label.problem(
-            "conditioning_data", f"key 'conditioning_data' names the mask dataset '{masks[0]}', "
-            f"but loss masks are for image datasets, not '{ds.dataset_type}'; remove it"))
+            "conditioning_data", f"key 'conditioning_data' names {what}, which is for image "
+            f"datasets, not '{ds.dataset_type}'; remove it"))
+
+
+def _check_controls(datasets: list[DatasetConfig], training, where: Location,
+                    problems: list[Problem]) -> None:
+    """Control images train a ControlNet (controlnet: true), and a ControlNet needs them."""
+    controlnet = bool(getattr(training, "controlnet", False))
+    controls = sorted(ds.id for ds in datasets if ds.is_control)
+    if controls and training is not None and not controlnet:
+        problems.append(where.problem(
+            "", f"conditioning datasets ({', '.join(controls)}) hold ControlNet control images "
+            "(conditioning_type 'controlnet'); set controlnet: true in config.json, or remove "
+            "them"))
+    spec = known_spec(getattr(training, "model_family", None))
+    if not controlnet or spec is None or spec.controlnet_adapter is None or (
+            training.model_type != "full"):  # controlnet itself is refused (training_checks)
+        return
+    by_id = {ds.id: ds for ds in datasets}
+    for ds in datasets:
+        if kind_of(ds).trains and not any(
+                getattr(by_id.get(name), "is_control", False) for name in ds.conditioning_ids()):
+            problems.append(where.entry(ds.id, f"dataset '{ds.id}'").problem(
+                "conditioning_data", "controlnet: true trains on control images: name the "
+                "conditioning dataset holding this dataset's control images (conditioning_type "
+                "'controlnet', matched by stem) in its conditioning_data"))
 
 
 def _check_conditioning_entry(ds: DatasetConfig, label: Location, problems: list[Problem]) -> None:
@@ -139,7 +172,8 @@ def _check_conditioning_entry(ds: DatasetConfig, label: Location, problems: list
         problems.append(label.problem(
             "conditioning_type", "a 'conditioning' dataset needs 'conditioning_type': "
             "'reference_strict' (each reference resized and cropped like its target), "
-            "'reference_loose' (in its own aspect bucket) or 'mask' (each target's loss mask)"))
+            "'reference_loose' (in its own aspect bucket), 'mask' (each target's loss mask) or "
+            "'controlnet' (each target's control image, with controlnet: true)"))
     if ds.conditioning_ids():
         problems.append(label.problem(
             "conditioning_data", "a 'conditioning' dataset cannot itself name "

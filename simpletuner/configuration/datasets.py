@@ -56,13 +56,16 @@ class DatasetConfig:
         "'conditioning' dataset(s) "
         "holding each sample's reference image, the file with the same path and stem; masked "
         "loss (any model): the id of the 'mask' conditioning dataset")
-    conditioning_type: Literal["reference_strict", "reference_loose", "mask"] | None = option(
+    conditioning_type: Literal["reference_strict", "reference_loose", "mask",
+                               "controlnet"] | None = option(
         None, help="a 'conditioning' dataset (set, it makes one, as in SimpleTuner): "
         "'reference_strict' resizes each reference to its target's size and crops it the same "
         "way; 'reference_loose' fits it to its own aspect bucket (train_batch_size 1); 'mask': "
         "each target's loss mask (red channel, white trains, black is ignored), fitted and "
         "cropped as its target; the target's pixels are blended to grey where the mask is "
-        "black before encoding, so what is masked out never reaches the model")
+        "black before encoding, so what is masked out never reaches the model; 'controlnet' "
+        "(with controlnet: true): each target's control image, fitted and cropped as its "
+        "target")
     instance_data_dir: str | None = option(None, help="the folder; required for type 'local'")
     # type 'aws': SimpleTuner's keys. Credentials left out come from AWS_* or ~/.aws/.
     aws_bucket_name: str | None = option(None)
@@ -177,6 +180,11 @@ class DatasetConfig:
     def is_mask(self) -> bool:
         """A conditioning dataset of loss masks (conditioning_type 'mask')."""
         return self.conditioning_type == "mask"
+
+    @property
+    def is_control(self) -> bool:
+        """A conditioning dataset of ControlNet control images (conditioning_type 'controlnet')."""
+        return self.conditioning_type == "controlnet"
 
     def conditioning_ids(self) -> list[str]:
         """conditioning_data as a list, in the order the model receives the references."""

@@ -1,6 +1,6 @@
 """Checks of config.json's options against each other: options the chosen family would
-ignore, flux_lora_target 'all' where it means more than the default (Chroma), and what FSDP2
-needs."""
+ignore, flux_lora_target 'all' where it means more than the default (Chroma), what FSDP2
+needs, and what controlnet needs of the family and model_type."""
 
 from __future__ import annotations
 
@@ -63,3 +63,28 @@ def check_fsdp_options(values: dict[str, Any], where: Location, problems: list[P
         problems.append(where.problem(
             "mixed_precision", "fsdp_enable needs mixed_precision 'bf16' or 'no'; fp16's loss "
             "scaler does not handle sharded gradients"))
+
+
+def check_controlnet_options(values: dict[str, Any], where: Location,
+                             problems: list[Problem]) -> None:
+    """controlnet: true for a family whose spec trains ControlNets, a full one;
+    controlnet_model_name_or_path only with it."""
+    if not values.get("controlnet", False):
+        if values.get("controlnet_model_name_or_path") is not None:
+            problems.append(where.problem(
+                "controlnet_model_name_or_path", "key 'controlnet_model_name_or_path' is the "
+                "ControlNet a controlnet run starts from; set controlnet: true, or remove it"))
+        return
+    family = values.get("model_family")
+    spec = known_spec(family)
+    if spec is not None and spec.controlnet_adapter is None:
+        trained = spoken_list(families_where(lambda spec: spec.controlnet_adapter is not None),
+                              "'")
+        problems.append(where.problem(
+            "controlnet", f"SimpleTuner option 'controlnet' is not supported here for "
+            f"model_family '{family}'; ControlNets train for model_family {trained}"))
+    elif values.get("model_type", "full") != "full":
+        problems.append(where.problem(
+            "controlnet", "SimpleTuner option 'controlnet' is not supported here with model_type "
+            f"'{values['model_type']}' (ControlNet-LoRA); set model_type 'full' to train the "
+            "whole ControlNet"))

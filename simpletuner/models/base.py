@@ -73,6 +73,8 @@ class ModelAdapter(ABC):
     # An edit model whose text encoder reads each prompt with the sample's reference images:
     # encode_prompts(prompts, references), and text entries keyed by both.
     prompts_see_references: bool = False
+    # A ControlNet adapter's (models/controlnet.py): how control images are cached.
+    encode_control: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):

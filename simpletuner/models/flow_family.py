@@ -160,8 +160,12 @@ class FlowFamilyAdapter(ModelAdapter):
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
         return self.pipeline_class(**self._pipeline_components(trainable))
 
+    def _pipeline_networks(self, trainable: torch.nn.Module | None) -> dict:
+        """The pipeline's networks: the transformer, ``trainable`` in its place when given."""
+        return {"transformer": trainable if trainable is not None else self.transformer}
+
     def _pipeline_components(self, trainable: torch.nn.Module | None) -> dict:
-        return {"transformer": trainable if trainable is not None else self.transformer,
+        return {**self._pipeline_networks(trainable),
                 "vae": self.vae,
                 # A copy: validation's set_timesteps must not touch the loaded one.
                 "scheduler": type(self.scheduler).from_config(self.scheduler.config),

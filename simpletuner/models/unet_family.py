@@ -96,6 +96,12 @@ class UNetFamilyAdapter(ModelAdapter):
         is on the device already (compute_loss moved it)."""
         return {"encoder_hidden_states": batch.prompt_embeds["prompt_embeds"].to(dtype)}
 
+    def _predict(self, network, noisy: torch.Tensor, timesteps: torch.Tensor,
+                 batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
+        """The network's prediction for ``noisy`` (the objective's target's shape)."""
+        return network(noisy, timesteps, return_dict=False,
+                       **self._unet_conditioning(batch, dtype))[0]
+
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
                      network: torch.nn.Module | None = None,
                      base_model: BaseModel | None = None) -> torch.Tensor:
@@ -115,8 +121,7 @@ class UNetFamilyAdapter(ModelAdapter):
         network = network if network is not None else self.unet
 
         def predict() -> torch.Tensor:
-            return network(noisy.to(dtype), timesteps, return_dict=False,
-                           **self._unet_conditioning(batch, dtype))[0]
+            return self._predict(network, noisy.to(dtype), timesteps, batch, dtype)
 
         if base_model is not None:  # is_regularisation_data: the base model's prediction
             target = base_model_target(base_model, predict)
@@ -140,8 +145,12 @@ class UNetFamilyAdapter(ModelAdapter):
         """Pipeline constructor arguments besides the model components."""
         return {}
 
+    def _pipeline_networks(self, trainable: torch.nn.Module | None) -> dict:
+        """The pipeline's networks: the UNet, ``trainable`` in its place when given."""
+        return {"unet": trainable if trainable is not None else self.unet}
+
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
-        components = {"unet": trainable if trainable is not None else self.unet,
+        components = {**self._pipeline_networks(trainable),
                       "vae": self.vae,
                       # A copy: validation's set_timesteps must not touch the loaded one.
                       "scheduler": type(self.inference_scheduler).from_config(

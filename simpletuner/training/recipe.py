@@ -156,7 +156,8 @@ class Trainer:
             world_size=self.accelerator.num_processes, vae_batch_size=self.training.vae_batch_size,
             progress=self.accelerator.is_local_main_process,
             conditioning=self.data.conditioning(self.configuration.references),
-            prompts_see_references=self.adapter.prompts_see_references)
+            prompts_see_references=self.adapter.prompts_see_references,
+            encode_control=self.adapter.encode_control)
 
     def _build_sampler(self):
         sampler = build_sampler(self.data, self.training, self.accelerator,

@@ -13,9 +13,9 @@ LOCAL_HUGGINGFACE = ("remove it; point dataset_name at the dataset's local folde
 PREFILTER = ("remove it; filter the dataset first (datasets' Dataset.filter, then "
              "save_to_disk) and point dataset_name at the saved folder")
 ONE_PASS = "remove it; rows are indexed in one pass, no filter processes are started"
-NO_CONDITIONING = ("remove it; only reference-image datasets (dataset_type 'conditioning', "
-                   "conditioning_type 'reference_strict', named by conditioning_data) are "
-                   "supported here")
+NO_CONDITIONING = ("remove it; conditioning images are not generated here: give them as a "
+                   "dataset (dataset_type 'conditioning' with conditioning_type "
+                   "'reference_strict', 'mask' or 'controlnet', named by conditioning_data)")
 IO_ONLY = "accepted; discovery and caching size their own workers, batches and files"
 NEVER_DELETED = "remove it; unusable images are skipped and reported, never deleted"
 

@@ -7,4 +7,5 @@ SPEC = FamilySpec(
     name="sdxl", objective=NOISE, adapter="simpletuner.families.sdxl.adapter.SDXLAdapter",
     pipeline_prefixes=(("StableDiffusionXL", "sdxl"),), comfyui_layout=KOHYA,
     tiny_models={"tiny-sdxl": "simpletuner.families.sdxl.tiny.build_sdxl"},
-    guidance_rescale=True)
+    guidance_rescale=True,
+    controlnet_adapter="simpletuner.families.sdxl.controlnet.SDXLControlNetAdapter")

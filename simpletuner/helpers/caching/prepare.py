@@ -82,13 +82,15 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    rank: int, world_size: int, vae_batch_size: int = 8,
                    progress: bool = True,
                    conditioning: Mapping[str, tuple] | None = None,
-                   prompts_see_references: bool = False) -> PreparedCaches:
+                   prompts_see_references: bool = False,
+                   encode_control: EncodeImages | None = None) -> PreparedCaches:
     """Call on every rank, after the Accelerator is built and every rank holds the same
     ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
     maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed;
     ``conditioning``: id -> (conditioning DatasetConfig, its paired index), for edit pairs,
     whose references are cached first; ``prompts_see_references``: the text encoder reads
-    each caption with its sample's references (``encode_prompts(captions, images)``).
+    each caption with its sample's references (``encode_prompts(captions, images)``);
+    ``encode_control``: a ControlNet adapter's, for its control images.
     Each rank's work between two collectives is one ``failing_together`` block: an error on
     any rank (a model that cannot encode, an unreadable caption, a full disk) is a RankFailure
     on every rank, never a rank waiting alone in the next collective."""
@@ -96,7 +98,8 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         vae_identity = model_identity(model_folder, latent_components(model_folder), family)
         text_identity = model_identity(model_folder, text_components(model_folder), family)
     latent_caches, text_caches, kept, failures, reference_failures = {}, {}, {}, {}, {}
-    masks = mask_datasets(datasets, conditioning or {})
+    masks = named_alone(datasets, conditioning or {}, "is_mask")
+    controls = named_alone(datasets, conditioning or {}, "is_control")
     for dataset in datasets:
         settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
                                               model_identity=vae_identity, seed=seed)
@@ -105,7 +108,7 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
             references = cache_references(
                 dataset, conditioning or {}, index, settings, encode_images,
                 output_dir=output_dir, rank=rank, world_size=world_size,
-                batch_size=vae_batch_size, progress=progress)
+                batch_size=vae_batch_size, progress=progress, encode_control=encode_control)
             index = references.target
             latent_caches.update(references.caches)
             reference_failures.update(references.failures)
@@ -126,20 +129,22 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
             dataset, kept[dataset.id], caption_for[dataset.id], encode_prompts, text_identity,
             output_dir=output_dir, rank=rank, world_size=world_size, progress=progress,
             references=(ReferenceImages(references, dataset.conditioning_ids())
-                        if references and prompts_see_references and dataset.id not in masks
-                        else None))
+                        if references and prompts_see_references
+                        and dataset.id not in masks | controls else None))
     pairs = {d.id: d.conditioning_ids() for d in datasets
-             if d.conditioning_ids() and d.id not in masks}
-    assembler = BatchAssembler(latent_caches, text_caches, pairs, masks,
+             if d.conditioning_ids() and d.id not in masks | controls}
+    assembler = BatchAssembler(latent_caches, text_caches, pairs, masks, controls,
                                prompts_see_references=prompts_see_references)
     return PreparedCaches(kept, failures, assembler, reference_failures)
 
 
-def mask_datasets(datasets: Sequence, conditioning: Mapping[str, tuple]) -> dict[str, str]:
-    """Dataset id -> its mask dataset's id, for the datasets trained with a loss mask (named
-    alone in conditioning_data, configuration/conditioning_checks.py)."""
-    return {d.id: d.conditioning_ids()[0] for d in datasets
-            if d.conditioning_ids() and conditioning[d.conditioning_ids()[0]][0].is_mask}
+def named_alone(datasets: Sequence, conditioning: Mapping[str, tuple],
+                kind: str) -> dict[str, str]:
+    """Dataset id -> the id of the conditioning dataset it names alone whose ``kind``
+    ('is_mask': loss masks, 'is_control': control images) is true
+    (configuration/conditioning_checks.py keeps these alone)."""
+    return {d.id: d.conditioning_ids()[0] for d in datasets if d.conditioning_ids()
+            and getattr(conditioning[d.conditioning_ids()[0]][0], kind)}
 
 
 def masked_settings(settings: LatentSettings, index: DatasetIndex,

@@ -65,15 +65,20 @@ def reference_settings(target_settings: LatentSettings, conditioning, target: Da
                                    for s, refs in target.references.items()})
     if conditioning.is_mask:  # fitted as a strict reference, kept as weights: no model
         return replace(strict, model_identity=MASK_IDENTITY, first_frame_condition=False)
+    if conditioning.is_control:  # kept as the family's ControlNet takes it
+        return replace(strict, model_identity=f"{strict.model_identity}/controlnet",
+                       first_frame_condition=False)
     return strict
 
 
 def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIndex]],
                      target: DatasetIndex, target_settings: LatentSettings,
                      encode_images: EncodeImages, *, output_dir: str | Path, rank: int,
-                     world_size: int, batch_size: int, progress: bool) -> CachedReferences:
+                     world_size: int, batch_size: int, progress: bool,
+                     encode_control: EncodeImages | None = None) -> CachedReferences:
     """Every rank calls this for a dataset with conditioning_data (collectives inside);
-    ``conditioning``: id -> (configuration.DatasetConfig, its paired index)."""
+    ``conditioning``: id -> (configuration.DatasetConfig, its paired index);
+    ``encode_control``: how a ControlNet's control images are kept (the adapter's)."""
     caches, failures, lost, plans = {}, {}, {}, {}
     for position, conditioning_id in enumerate(dataset.conditioning_ids()):
         config, own = conditioning[conditioning_id]
@@ -82,8 +87,9 @@ def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIn
         index = (loose_index(target, position, own) if settings.reference_of is None
                  else reference_index(target, position, conditioning_id))
         with failing_together(f"caching reference latents of dataset {conditioning_id!r}"):
-            result = cache_latents(index, settings,
-                                   mask_weights if config.is_mask else encode_images, rank=rank,
+            encode = (mask_weights if config.is_mask
+                      else encode_control if config.is_control else encode_images)
+            result = cache_latents(index, settings, encode, rank=rank,
                                    world_size=world_size, batch_size=batch_size,
                                    progress=progress)
         merged = gather_failures(result.failures)  # collective: the same on every rank

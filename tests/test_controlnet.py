@@ -1,0 +1,160 @@
+"""ControlNet training (controlnet: true), in process: a run of a family's tiny model on shapes
+whose control images (each circle's outline, conditioning_type 'controlnet') are matched by
+stem trains the ControlNet (initialised from the base network) and leaves the base network as
+it was; resumed from checkpoint-2 it ends with bit-equal weights; validation writes each
+control image beside its result; the export is the family's ControlNet pipeline, whose
+controlnet/ loads as the family's ControlNet class and whose output follows the control image.
+Configuration: what controlnet needs of the family, model_type and datasets."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import ControlNetModel, DiffusionPipeline, StableDiffusionXLControlNetPipeline
+from PIL import Image, ImageFilter
+from safetensors.torch import load_file
+
+from conformance import Case, ResumedRuns, make_dataset
+from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.models.builtin import ensure_builtin_model
+from training_fixtures import write_config
+
+# A ControlNet's zero convolutions (and its control embedding's last one) start at 0, so the
+# control image's effect grows as the product of two of them: a high rate shows it in 4 steps.
+CONTROLNET = dict(controlnet=True, learning_rate=3e-2, eval_dataset_id="shapes",
+                  num_eval_images=1, validation_num_inference_steps=1, validation_resolution=64)
+
+
+def write_controls(data: Path, controls: Path) -> None:
+    """controls/<stem>.jpg: the outline of each image's circle, white on black."""
+    controls.mkdir()
+    for image in sorted(data.glob("*.png")):
+        with Image.open(image) as source:
+            edges = source.convert("L").filter(ImageFilter.FIND_EDGES)
+        edges.point(lambda v: 255 if v > 8 else 0).convert("RGB").save(
+            controls / f"{image.stem}.jpg", quality=95)
+
+
+def control_datasets(data: Path, datasets: list[dict], controls: Path) -> list[dict]:
+    return [{**datasets[0], "conditioning_data": "controls"},
+            {"id": "controls", "dataset_type": "conditioning", "conditioning_type": "controlnet",
+             "instance_data_dir": str(controls)}]
+
+
+class ControlNetRuns(ResumedRuns):
+    """Mixed into a TestCase: the ``case``'s ControlNet run, resumed; ``pipeline_class`` and
+    ``controlnet_class`` are what its export loads as; ``base`` the base network's folder."""
+
+    pipeline_class: type
+    controlnet_class: type
+    base: str
+
+    @classmethod
+    def make_dataset(cls):
+        data, datasets = make_dataset(cls.case, cls.root)
+        write_controls(data, cls.root / "controls")
+        return data, control_datasets(data, datasets, cls.root / "controls")
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.full = cls.run_and_resume("full", **CONTROLNET)
+
+    def test_the_controlnet_trains_and_its_resumed_twin_ends_with_the_same_weights(self):
+        self.assert_trained_and_resumed_exactly(self.full)
+
+    def test_the_export_holds_the_trained_controlnet_and_the_base_network_unchanged(self):
+        folder = self.full.out / "pipeline"
+        index = json.loads((folder / "model_index.json").read_text())
+        self.assertEqual(index["_class_name"], self.pipeline_class.__name__)
+        controlnet = self.controlnet_class.from_pretrained(folder / "controlnet")
+        exported = controlnet.state_dict()
+        self.assertEqual(set(exported), set(self.full.end))
+        for name, tensor in self.full.end.items():
+            self.assertTrue(torch.equal(exported[name], tensor), name)
+        model = ensure_builtin_model(self.case.model)
+        (weights,) = (model / self.base).glob("*.safetensors")
+        base, trained = load_file(str(weights)), load_file(
+            str(folder / self.base / weights.name))
+        for name, tensor in base.items():
+            self.assertTrue(torch.equal(trained[name], tensor), name)
+
+    def test_the_exported_pipeline_follows_the_control_image(self):
+        pipeline = DiffusionPipeline.from_pretrained(self.full.out / "pipeline")
+        self.assertIsInstance(pipeline, self.pipeline_class)
+        with Image.open(sorted((self.root / "controls").glob("*.jpg"))[0]) as control:
+            outline = control.convert("RGB")
+
+        def generate(control: Image.Image) -> np.ndarray:
+            image = pipeline(prompt="a red circle", generator=torch.Generator().manual_seed(0),
+                             width=64, height=64, num_inference_steps=2, output_type="np",
+                             **{self.image_argument: control})
+            return np.asarray(image.images[0], dtype=np.float64)
+
+        blank = Image.new("RGB", outline.size)
+        self.assertGreater(np.abs(generate(outline) - generate(blank)).mean(), 1e-3)
+
+    def test_validation_puts_each_control_image_beside_its_result(self):
+        folder = self.full.out / "validation" / "step-4"
+        with Image.open(folder / "edit-00.png") as shown, \
+                Image.open(folder / "image-00.png") as result:
+            self.assertEqual(shown.size, (2 * result.width, result.height))
+            left = np.asarray(shown.convert("RGB"))[:, :result.width]
+        first = sorted((self.root / "controls").glob("*.jpg"))[0]
+        with Image.open(first) as control:
+            expected = np.asarray(control.convert("RGB").resize(result.size))
+        self.assertLess(np.abs(left.astype(int) - expected.astype(int)).mean(), 8)
+
+
+class SDXLControlNetTest(ControlNetRuns, unittest.TestCase):
+    case = Case("sdxl", None, "tiny-sdxl", "image")
+    pipeline_class = StableDiffusionXLControlNetPipeline
+    controlnet_class = ControlNetModel
+    base, image_argument = "unet", "image"
+
+
+class ControlNetConfigTest(unittest.TestCase):
+    def problems(self, datasets=None, **options) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            data, plain = make_dataset(Case("sdxl", None, "tiny-sdxl", "image"), root)
+            write_controls(data, root / "controls")
+            listed = (control_datasets(data, plain, root / "controls") if datasets is None
+                      else datasets(data, plain, root / "controls"))
+            config = write_config(root, data, datasets=listed, **{
+                "model_family": "sdxl", "pretrained_model_name_or_path": "builtin:tiny-sdxl",
+                **options})
+            with self.assertRaises(ConfigError) as caught:
+                load_configuration(config, cwd=root)
+        return json.dumps(caught.exception.problems)
+
+    def test_a_family_without_controlnet_training_and_controlnet_lora_are_refused(self):
+        text = self.problems(controlnet=True, model_family="sd1x", model_type="lora",
+                             pretrained_model_name_or_path="builtin:tiny-sd1x")
+        self.assertIn("'controlnet' is not supported here for model_family 'sd1x'; ControlNets "
+                      "train for model_family", text)
+        self.assertIn("with model_type 'lora' (ControlNet-LoRA); set model_type 'full'", text)
+
+    def test_control_images_and_controlnet_need_each_other(self):
+        self.assertIn("hold ControlNet control images (conditioning_type 'controlnet'); set "
+                      "controlnet: true", self.problems())
+        text = self.problems(lambda data, plain, controls: plain, controlnet=True,
+                             controlnet_model_name_or_path=None)
+        self.assertIn("controlnet: true trains on control images: name the conditioning "
+                      "dataset", text)
+        self.assertIn("key 'controlnet_model_name_or_path'", self.problems(
+            lambda data, plain, controls: plain, controlnet_model_name_or_path="x"))
+
+    def test_validation_takes_the_control_images_of_eval_dataset_id(self):
+        text = self.problems(controlnet=True, validation_prompt="a red circle")
+        self.assertIn("a ControlNet pipeline generates from a control image and cannot "
+                      "generate from a prompt alone; set eval_dataset_id", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
