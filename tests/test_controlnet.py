@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import ControlNetModel, DiffusionPipeline, StableDiffusionXLControlNetPipeline
+from diffusers import (ControlNetModel, DiffusionPipeline, FluxControlNetModel,
+                       FluxControlNetPipeline, StableDiffusionXLControlNetPipeline)
 from PIL import Image, ImageFilter
 from safetensors.torch import load_file
 
@@ -116,6 +117,13 @@ class SDXLControlNetTest(ControlNetRuns, unittest.TestCase):
     pipeline_class = StableDiffusionXLControlNetPipeline
     controlnet_class = ControlNetModel
     base, image_argument = "unet", "image"
+
+
+class FluxControlNetTest(ControlNetRuns, unittest.TestCase):
+    case = Case("flux", None, "tiny-flux", "image")
+    pipeline_class = FluxControlNetPipeline
+    controlnet_class = FluxControlNetModel
+    base, image_argument = "transformer", "control_image"
 
 
 class ControlNetConfigTest(unittest.TestCase):

@@ -73,6 +73,8 @@ class ModelAdapter(ABC):
     # An edit model whose text encoder reads each prompt with the sample's reference images:
     # encode_prompts(prompts, references), and text entries keyed by both.
     prompts_see_references: bool = False
+    # The pipeline call's argument that takes a reference (edit) or control image.
+    reference_image_argument: str = "image"
     # A ControlNet adapter's (models/controlnet.py): how control images are cached.
     encode_control: Callable[[torch.Tensor], torch.Tensor] | None = None
 

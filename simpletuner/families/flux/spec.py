@@ -1,5 +1,6 @@
 """FLUX.1: CLIP and T5, a guidance-distilled flow transformer; model_flavour 'kontext' trains a
-FluxKontextPipeline folder on edit pairs (kontext.py)."""
+FluxKontextPipeline folder on edit pairs (kontext.py); controlnet trains a FluxControlNetModel
+(controlnet.py)."""
 
 from simpletuner.families.spec import FLOW, FamilySpec
 from simpletuner.training.adapters.lora_layouts import TRANSFORMER
@@ -13,6 +14,7 @@ SPEC = FamilySpec(
         "FluxKontextPipeline": "simpletuner.families.flux.kontext.FluxKontextAdapter"},
     reference_flavours={"kontext": None},
     guidance_input=True,
+    controlnet_adapter="simpletuner.families.flux.controlnet.FluxControlNetAdapter",
     # the double-stream blocks, then the single-stream ones
     swappable_block_keys=("num_layers", "num_single_layers"),
     # Flux's guidance is an input of the network, not an unconditional pass

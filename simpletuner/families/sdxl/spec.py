@@ -1,4 +1,5 @@
-"""SDXL: two CLIP text encoders, a UNet predicting noise with micro-conditioning."""
+"""SDXL: two CLIP text encoders, a UNet predicting noise with micro-conditioning; controlnet
+trains a ControlNetModel beside it (controlnet.py)."""
 
 from simpletuner.families.spec import NOISE, FamilySpec
 from simpletuner.training.adapters.lora_layouts import KOHYA
