@@ -1,7 +1,8 @@
 """ControlNet training (controlnet: true), in process: a run of a family's tiny model on shapes
 whose control images (each circle's outline, conditioning_type 'controlnet') are matched by
 stem trains the ControlNet (initialised from the base network) and leaves the base network as
-it was; resumed from checkpoint-2 it ends with bit-equal weights; validation writes each
+it was; resumed from checkpoint-2 it ends with bit-equal weights, and a run given its export
+(controlnet_model_name_or_path) starts from it; validation writes each
 control image beside its result; the export is the family's ControlNet pipeline, whose
 controlnet/ loads as the family's ControlNet class and whose output follows the control image.
 Configuration: what controlnet needs of the family, model_type and datasets."""
@@ -20,7 +21,7 @@ from diffusers import (ControlNetModel, DiffusionPipeline, FluxControlNetModel,
 from PIL import Image, ImageFilter
 from safetensors.torch import load_file
 
-from conformance import Case, ResumedRuns, make_dataset
+from conformance import Case, ResumedRuns, make_dataset, network_weights
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.builtin import ensure_builtin_model
 from training_fixtures import write_config
@@ -65,6 +66,11 @@ class ControlNetRuns(ResumedRuns):
     def setUpClass(cls):
         super().setUpClass()
         cls.full = cls.run_and_resume("full", **CONTROLNET)
+        exported = cls.full.out / "pipeline" / "controlnet"
+        started = cls.trainer("started", controlnet_model_name_or_path=str(exported),
+                              **CONTROLNET)
+        cls.started = network_weights(started)
+        del started
 
     def test_the_controlnet_trains_and_its_resumed_twin_ends_with_the_same_weights(self):
         self.assert_trained_and_resumed_exactly(self.full)
@@ -84,6 +90,11 @@ class ControlNetRuns(ResumedRuns):
             str(folder / self.base / weights.name))
         for name, tensor in base.items():
             self.assertTrue(torch.equal(trained[name], tensor), name)
+
+    def test_a_run_from_controlnet_model_name_or_path_starts_from_that_controlnet(self):
+        self.assertEqual(set(self.started), set(self.full.end))
+        for name, tensor in self.full.end.items():
+            self.assertTrue(torch.equal(self.started[name], tensor), name)
 
     def test_the_exported_pipeline_follows_the_control_image(self):
         pipeline = DiffusionPipeline.from_pretrained(self.full.out / "pipeline")
@@ -142,11 +153,12 @@ class ControlNetConfigTest(unittest.TestCase):
         return json.dumps(caught.exception.problems)
 
     def test_a_family_without_controlnet_training_and_controlnet_lora_are_refused(self):
-        text = self.problems(controlnet=True, model_family="sd1x", model_type="lora",
+        text = self.problems(controlnet=True, model_family="sd1x",
                              pretrained_model_name_or_path="builtin:tiny-sd1x")
         self.assertIn("'controlnet' is not supported here for model_family 'sd1x'; ControlNets "
-                      "train for model_family", text)
-        self.assertIn("with model_type 'lora' (ControlNet-LoRA); set model_type 'full'", text)
+                      "train for model_family 'flux' and 'sdxl'", text)
+        self.assertIn("with model_type 'lora' (ControlNet-LoRA); set model_type 'full'",
+                      self.problems(controlnet=True, model_type="lora"))
 
     def test_control_images_and_controlnet_need_each_other(self):
         self.assertIn("hold ControlNet control images (conditioning_type 'controlnet'); set "
@@ -155,8 +167,11 @@ class ControlNetConfigTest(unittest.TestCase):
                              controlnet_model_name_or_path=None)
         self.assertIn("controlnet: true trains on control images: name the conditioning "
                       "dataset", text)
-        self.assertIn("key 'controlnet_model_name_or_path'", self.problems(
-            lambda data, plain, controls: plain, controlnet_model_name_or_path="x"))
+        self.assertIn("key 'controlnet_model_name_or_path' is the ControlNet a controlnet run "
+                      "starts from; set controlnet: true", self.problems(
+                          lambda data, plain, controls: plain, controlnet_model_name_or_path="x"))
+        self.assertIn("'x', which is not a diffusers ControlNet folder", self.problems(
+            controlnet=True, controlnet_model_name_or_path="x"))
 
     def test_validation_takes_the_control_images_of_eval_dataset_id(self):
         text = self.problems(controlnet=True, validation_prompt="a red circle")

@@ -4,6 +4,8 @@ needs, and what controlnet needs of the family and model_type."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.errors import Location, Problem
@@ -65,16 +67,23 @@ def check_fsdp_options(values: dict[str, Any], where: Location, problems: list[P
             "scaler does not handle sharded gradients"))
 
 
-def check_controlnet_options(values: dict[str, Any], where: Location,
+def check_controlnet_options(values: dict[str, Any], where: Location, base: Path,
                              problems: list[Problem]) -> None:
     """controlnet: true for a family whose spec trains ControlNets, a full one;
-    controlnet_model_name_or_path only with it."""
+    controlnet_model_name_or_path (taken from ``base`` when relative) only with it, a folder
+    with a config.json."""
+    start = values.get("controlnet_model_name_or_path")
     if not values.get("controlnet", False):
-        if values.get("controlnet_model_name_or_path") is not None:
+        if start is not None:
             problems.append(where.problem(
                 "controlnet_model_name_or_path", "key 'controlnet_model_name_or_path' is the "
                 "ControlNet a controlnet run starts from; set controlnet: true, or remove it"))
         return
+    if start is not None and not (base / os.path.expanduser(start) / "config.json").is_file():
+        problems.append(where.problem(
+            "controlnet_model_name_or_path", f"key 'controlnet_model_name_or_path' is {start!r}, "
+            "which is not a diffusers ControlNet folder (no config.json there); give the folder "
+            "(e.g. an export's pipeline/controlnet), or remove it to start from the base network"))
     family = values.get("model_family")
     spec = known_spec(family)
     if spec is not None and spec.controlnet_adapter is None:

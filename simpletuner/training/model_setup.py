@@ -26,8 +26,10 @@ def load_trained_model(training, settings, *, model_folder, resume_from, seed: i
         adapter = adapter_class_for(training).load(
             model_folder, device=torch.device("cpu"), weight_dtype=weight_dtype,
             loss_settings=LossSettings.from_config(training))
-        if training.controlnet:
-            adapter.add_controlnet(training.controlnet_model_name_or_path)
+        if training.controlnet:  # its new layers' random start from the run's seed too
+            with torch.random.fork_rng():
+                torch.manual_seed(stable_seed("controlnet init", seed) & (2**63 - 1))
+                adapter.add_controlnet(training.controlnet_model_name_or_path)
         quantize_frozen_weights(adapter, settings.precision, weight_dtype)
         offload_frozen_components(adapter, settings.group_offload, device, rank)
         block_swap = place_network(adapter, settings.block_swap, device)
