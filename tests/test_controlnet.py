@@ -5,7 +5,8 @@ it was; resumed from checkpoint-2 it ends with bit-equal weights, and a run give
 (controlnet_model_name_or_path) starts from it; validation writes each
 control image beside its result; the export is the family's ControlNet pipeline, whose
 controlnet/ loads as the family's ControlNet class and whose output follows the control image.
-Configuration: what controlnet needs of the family, model_type and datasets."""
+Configuration: what controlnet needs of the family, model_type and datasets. SimpleTuner's
+conditioning block: Canny edges of each target, generated and cached for the ControlNet."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from safetensors.torch import load_file
 
 from conformance import Case, ResumedRuns, make_dataset, network_weights
 from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.helpers.caching.generators import canny
 from simpletuner.models.builtin import ensure_builtin_model
-from training_fixtures import write_config
+from training_fixtures import make_shapes, run_in_process, write_config
 
 # A ControlNet's zero convolutions (and its control embedding's last one) start at 0, so the
 # control image's effect grows as the product of two of them: a high rate shows it in 4 steps.
@@ -181,3 +183,44 @@ class ControlNetConfigTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class GeneratedCannyTest(unittest.TestCase):
+    """SimpleTuner's conditioning block: Canny edges of each target, generated while caching."""
+
+    def test_canny_finds_a_squares_outline_and_nothing_else(self):
+        image = np.zeros((32, 32, 3), np.uint8)
+        image[8:24, 8:24] = 255
+        edges = canny(image, 100, 200)
+        ys, xs = np.nonzero(edges)
+        ring = np.maximum(np.abs(ys - 15.5), np.abs(xs - 15.5))  # 7.5: the square's border
+        self.assertTrue(np.all(np.abs(ring - 8) <= 1.0), sorted(set(ring)))
+        for side in (ys < 12, ys > 20, xs < 12, xs > 20):
+            self.assertGreaterEqual(int(side.sum()), 14)
+        self.assertFalse(canny(np.full((32, 32, 3), 90, np.uint8), 100, 200).any())
+
+    def test_a_controlnet_run_trains_on_the_edges_of_its_own_images(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            data = root / "data"
+            make_shapes(data, per_size=2, sizes=((64, 64),))
+            datasets = [{"id": "shapes", "instance_data_dir": str(data),
+                         "caption_strategy": "textfile",
+                         "conditioning": [{"type": "canny", "low_threshold": 50,
+                                           "high_threshold": 100, "captions": ["ignored"]}]}]
+            config = write_config(root, data, datasets=datasets, controlnet=True,
+                                  model_family="sdxl", max_train_steps=1,
+                                  pretrained_model_name_or_path="builtin:tiny-sdxl")
+            configuration = load_configuration(config, cwd=root)
+            self.assertEqual(configuration.datasets[0].conditioning_ids(),
+                             ["shapes_conditioning_canny"])
+            self.assertEqual(run_in_process(config).steps, 1)
+            folder = root / "config-out" / "cache" / "vae" / "shapes_conditioning_canny"
+            entries = [load_file(str(p))["latent"] for p in folder.rglob("*.safetensors")]
+        self.assertEqual(len(entries), 2)
+        for entry in entries:  # SDXL keeps control pixels in [0, 1]: white edges on black
+            self.assertEqual(set(entry.unique().tolist()), {0.0, 1.0})
+            ys, xs = np.nonzero(entry[0].numpy())
+            radius = np.hypot(ys - 31.5, xs - 31.5)  # the circle: 16 around the centre
+            self.assertTrue(np.all(np.abs(radius - 16) <= 2.0), sorted(set(radius.round(1))))
+            self.assertGreater(len(ys), 80)  # most of its 100-pixel circumference

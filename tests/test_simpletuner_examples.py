@@ -28,9 +28,11 @@ EXAMPLES = {
     "sd3.peft-lora": set(),
     "flux.peft-lora": set(),
     "sdxl.lycoris-lokr": set(),
-    "sdxl.peft-controlnet-lora": {"controlnet", "conditioning"},
-    "sd3.peft-controlnet-lora": {"controlnet", "conditioning"},
-    "flux.peft-controlnet-lora": {"controlnet", "conditioning", "flux_lora_target"},
+    # ControlNet-LoRA (model_type lora with controlnet) is not built; their generated Canny
+    # edges (the conditioning block) are
+    "sdxl.peft-controlnet-lora": {"controlnet"},
+    "sd3.peft-controlnet-lora": {"controlnet"},
+    "flux.peft-controlnet-lora": {"controlnet", "flux_lora_target"},
     "flux.peft-lora+TREAD": {"tread_config"},
 }
 REFUSED = re.compile(r"SimpleTuner option '([a-z_0-9]+)' is not supported here")

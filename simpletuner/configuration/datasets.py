@@ -66,6 +66,12 @@ class DatasetConfig:
         "black before encoding, so what is masked out never reaches the model; 'controlnet' "
         "(with controlnet: true): each target's control image, fitted and cropped as its "
         "target")
+    conditioning: dict | list[dict] | None = option(
+        None, help="SimpleTuner's generated conditioning: a block (or a list of them) "
+        "{'type': 'canny', 'low_threshold': 100, 'high_threshold': 200, 'conditioning_type': "
+        "'controlnet'} makes the conditioning dataset '<id>_conditioning_canny' of this "
+        "dataset's own images' Canny edges (white on black), generated from each fitted "
+        "target and cached once, and names it in conditioning_data")
     instance_data_dir: str | None = option(None, help="the folder; required for type 'local'")
     # type 'aws': SimpleTuner's keys. Credentials left out come from AWS_* or ~/.aws/.
     aws_bucket_name: str | None = option(None)

@@ -16,6 +16,7 @@ from simpletuner.common.together import failing_together
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
 from simpletuner.helpers.caching.latents import (EncodeImages, LatentCache, LatentSettings,
                                                  cache_latents)
+from simpletuner.helpers.caching.generators import generated_then, generator, generator_identity
 from simpletuner.helpers.caching.masks import MASK_IDENTITY, mask_weights
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.metadata.index import DatasetIndex
@@ -66,7 +67,9 @@ def reference_settings(target_settings: LatentSettings, conditioning, target: Da
     if conditioning.is_mask:  # fitted as a strict reference, kept as weights: no model
         return replace(strict, model_identity=MASK_IDENTITY, first_frame_condition=False)
     if conditioning.is_control:  # kept as the family's ControlNet takes it
-        return replace(strict, model_identity=f"{strict.model_identity}/controlnet",
+        made = (f"/{generator_identity(conditioning.conditioning)}"
+                if conditioning.conditioning else "")  # generated from the target's file
+        return replace(strict, model_identity=f"{strict.model_identity}/controlnet{made}",
                        first_frame_condition=False)
     return strict
 
@@ -89,6 +92,8 @@ def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIn
         with failing_together(f"caching reference latents of dataset {conditioning_id!r}"):
             encode = (mask_weights if config.is_mask
                       else encode_control if config.is_control else encode_images)
+            if config.conditioning:  # a conditioning block: generated from the fitted target
+                encode = generated_then(generator(config.conditioning), encode)
             result = cache_latents(index, settings, encode, rank=rank,
                                    world_size=world_size, batch_size=batch_size,
                                    progress=progress)
