@@ -12,11 +12,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
-from simpletuner.helpers.caching.latents import (EncodeImages, LatentCache, LatentSettings,
-                                                 cache_latents)
+from simpletuner.helpers.caching.latents import EncodeImages, LatentSettings, cache_latents
 from simpletuner.helpers.caching.reference_prompts import (ReferenceImages,
                                                            cache_prompts_with_references)
-from simpletuner.helpers.caching.references import cache_references
+from simpletuner.helpers.caching.references import CachedReferences, cache_references
 from simpletuner.helpers.caching.storage import model_identity, rank_share
 from simpletuner.helpers.caching.text_embeds import (
     EncodePrompts, TextEmbedCache, cache_text_embeds, default_text_dir,
@@ -98,8 +97,9 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         vae_identity = model_identity(model_folder, latent_components(model_folder), family)
         text_identity = model_identity(model_folder, text_components(model_folder), family)
     latent_caches, text_caches, kept, failures, reference_failures = {}, {}, {}, {}, {}
-    masks = named_alone(datasets, conditioning or {}, "is_mask")
-    controls = named_alone(datasets, conditioning or {}, "is_control")
+    masks, controls = (named_alone(datasets, conditioning or {}, kind)
+                       for kind in ("is_mask", "is_control"))
+    alone = masks | controls  # pixel conditioning: neither references nor read with prompts
     for dataset in datasets:
         settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
                                               model_identity=vae_identity, seed=seed)
@@ -112,8 +112,7 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
             index = references.target
             latent_caches.update(references.caches)
             reference_failures.update(references.failures)
-            if dataset.id in masks:  # its latents are made from the masked pixels
-                settings = masked_settings(settings, index, references.caches[masks[dataset.id]])
+            settings = masked_settings(settings, references, masks.get(dataset.id))
         with failing_together(f"caching latents of dataset {dataset.id!r}"):
             result = cache_latents(index, settings, encode_images, rank=rank,
                                    world_size=world_size, batch_size=vae_batch_size,
@@ -128,11 +127,10 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         text_caches[dataset.id] = _cache_text(
             dataset, kept[dataset.id], caption_for[dataset.id], encode_prompts, text_identity,
             output_dir=output_dir, rank=rank, world_size=world_size, progress=progress,
-            references=(ReferenceImages(references, dataset.conditioning_ids())
-                        if references and prompts_see_references
-                        and dataset.id not in masks | controls else None))
+            references=(ReferenceImages(references, dataset.conditioning_ids()) if references
+                        and prompts_see_references and dataset.id not in alone else None))
     pairs = {d.id: d.conditioning_ids() for d in datasets
-             if d.conditioning_ids() and d.id not in masks | controls}
+             if d.conditioning_ids() and d.id not in alone}
     assembler = BatchAssembler(latent_caches, text_caches, pairs, masks, controls,
                                prompts_see_references=prompts_see_references)
     return PreparedCaches(kept, failures, assembler, reference_failures)
@@ -147,11 +145,15 @@ def named_alone(datasets: Sequence, conditioning: Mapping[str, tuple],
             and getattr(conditioning[d.conditioning_ids()[0]][0], kind)}
 
 
-def masked_settings(settings: LatentSettings, index: DatasetIndex,
-                    masks: LatentCache) -> LatentSettings:
-    """``settings`` with each sample's mask entry, so its pixels are masked before encoding."""
+def masked_settings(settings: LatentSettings, references: CachedReferences,
+                    mask_id: str | None) -> LatentSettings:
+    """``settings`` with each sample's entry in the mask dataset ``mask_id``, so that its
+    latents are made from its masked pixels; unchanged without a mask dataset."""
+    if mask_id is None:
+        return settings
+    masks = references.caches[mask_id]
     return replace(settings, mask_of={s: masks.paths[refs[0]]
-                                      for s, refs in index.references.items()})
+                                      for s, refs in references.target.references.items()})
 
 
 def _cache_text(dataset, index: DatasetIndex, caption_for, encode_prompts: EncodePrompts,
