@@ -4,17 +4,21 @@ references written in the reverse order of the targets and with another extensio
 kept target is assigned exactly once per epoch, on one rank, with its own reference; the
 orphans are never traced and are counted in the log; plan.json names every pair. The same for
 loss masks (conditioning_type 'mask', any model: here SD 1.x) on 2 ranks: each target with its
-own mask."""
+own mask; and for FLUX.2 klein with two references per target on 2 ranks: each with its own
+two, in conditioning_data's order."""
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import sys
 import tempfile
 import unittest
 from collections import Counter
 from pathlib import Path
+
+from PIL import Image
 
 from edit_fixtures import circle, edit_datasets
 from launching import run_bounded
@@ -46,10 +50,16 @@ def make_pairs(root: Path) -> tuple[Path, Path, list[str]]:
 
 class PairAudit:
     """Mixed into a TestCase: the audit of ``world`` ranks on ``make_pairs``' folders, the
-    references named by ``datasets(targets, references)``, with config.json ``options``."""
+    references named by ``datasets(targets, references)``, with config.json ``options``;
+    each target's references are named as itself with the ``extensions``, in their order."""
 
     world: int
     options: dict
+    extensions = (".webp",)
+
+    @classmethod
+    def expected(cls, sample_id: str) -> list[str]:
+        return [sample_id.replace(".png", extension) for extension in cls.extensions]
 
     @staticmethod
     def datasets(targets: Path, references: Path) -> list[dict]:
@@ -85,7 +95,7 @@ class PairAudit:
                 for record in (r for r in rank_records if r["epoch"] == epoch):
                     for sample_id, refs in zip(record["samples"], record["references"],
                                                strict=True):
-                        self.assertEqual(refs, [sample_id.replace(".png", ".webp")])
+                        self.assertEqual(refs, self.expected(sample_id))
                         seen[sample_id] += 1
             self.assertEqual(set(seen.values()), {1})
             self.assertLessEqual(set(seen), set(self.kept))
@@ -100,7 +110,7 @@ class PairAudit:
                       self.result.stderr)
         plan = json.loads((self.out / "plan.json").read_text())
         self.assertEqual(plan["datasets"]["edits"]["references"],
-                         {s: [s.replace(".png", ".webp")] for s in sorted(self.kept)})
+                         {s: self.expected(s) for s in sorted(self.kept)})
         traced = {s for rank in range(self.world)
                   for r in read_jsonl(self.out / f"rank-{rank}.jsonl") for s in r["samples"]}
         self.assertNotIn("sub/no-reference.png", traced)
@@ -110,6 +120,29 @@ class EditPairAuditTest(PairAudit, unittest.TestCase):
     world, references_id = 3, "edit-references"
     options = dict(model_family="flux", model_flavour="kontext",
                    pretrained_model_name_or_path="builtin:tiny-flux-kontext")
+
+
+class TwoReferenceAuditTest(PairAudit, unittest.TestCase):
+    """FLUX.2 klein with two references per target, the second folder's as JPEG written in
+    a shuffled order."""
+
+    world, references_id, extensions = 2, "edit-references", (".webp", ".jpg")
+    options = dict(model_family="flux2", model_flavour="klein-4b",
+                   pretrained_model_name_or_path="builtin:tiny-flux2")
+
+    @staticmethod
+    def datasets(targets: Path, references: Path) -> list[dict]:
+        second = references.parent / "second-references"
+        files = sorted(p for p in references.rglob("*.webp"))
+        random.Random(5).shuffle(files)
+        for path in files:
+            copy = (second / path.relative_to(references)).with_suffix(".jpg")
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            with Image.open(path) as image:
+                image.convert("RGB").save(copy)
+        edits, first = edit_datasets(targets, references)
+        return [{**edits, "conditioning_data": ["edit-references", "second"]}, first,
+                {**first, "id": "second", "instance_data_dir": str(second)}]
 
 
 class MaskAuditTest(PairAudit, unittest.TestCase):
