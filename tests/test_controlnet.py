@@ -26,6 +26,7 @@ from conformance import Case, ResumedRuns, make_dataset, network_weights
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.helpers.caching.generators import canny
 from simpletuner.models.builtin import ensure_builtin_model
+from simpletuner.training.run.dataset_folders import shared_folder_warnings
 from training_fixtures import make_shapes, run_in_process, write_config
 
 # A ControlNet's zero convolutions (and its control embedding's last one) start at 0, so the
@@ -214,6 +215,7 @@ class GeneratedCannyTest(unittest.TestCase):
             configuration = load_configuration(config, cwd=root)
             self.assertEqual(configuration.datasets[0].conditioning_ids(),
                              ["shapes_conditioning_canny"])
+            self.assertEqual(shared_folder_warnings(configuration), [])  # no second read
             self.assertEqual(run_in_process(config).steps, 1)
             folder = root / "config-out" / "cache" / "vae" / "shapes_conditioning_canny"
             entries = [load_file(str(p))["latent"] for p in folder.rglob("*.safetensors")]
