@@ -155,13 +155,15 @@ class ControlNetConfigTest(unittest.TestCase):
                 load_configuration(config, cwd=root)
         return json.dumps(caught.exception.problems)
 
-    def test_a_family_without_controlnet_training_and_controlnet_lora_are_refused(self):
+    def test_a_family_without_controlnet_training_lora_and_block_swap_are_refused(self):
         text = self.problems(controlnet=True, model_family="sd1x",
                              pretrained_model_name_or_path="builtin:tiny-sd1x")
         self.assertIn("'controlnet' is not supported here for model_family 'sd1x'; ControlNets "
                       "train for model_family 'flux' and 'sdxl'", text)
         self.assertIn("with model_type 'lora' (ControlNet-LoRA); set model_type 'full'",
                       self.problems(controlnet=True, model_type="lora"))
+        self.assertIn("a controlnet run trains the ControlNet beside the frozen network",
+                      self.problems(controlnet=True, musubi_blocks_to_swap=1))
 
     def test_control_images_and_controlnet_need_each_other(self):
         self.assertIn("hold ControlNet control images (conditioning_type 'controlnet'); set "

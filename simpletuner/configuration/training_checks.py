@@ -92,6 +92,11 @@ def check_controlnet_options(values: dict[str, Any], where: Location, base: Path
         problems.append(where.problem(
             "controlnet", f"SimpleTuner option 'controlnet' is not supported here for "
             f"model_family '{family}'; ControlNets train for model_family {trained}"))
+    elif values.get("musubi_blocks_to_swap"):
+        problems.append(where.problem(
+            "musubi_blocks_to_swap", "key 'musubi_blocks_to_swap' moves the trained network's "
+            "blocks, and a controlnet run trains the ControlNet beside the frozen network; "
+            "remove it (gradient_checkpointing saves memory here)"))
     elif values.get("model_type", "full") != "full":
         problems.append(where.problem(
             "controlnet", "SimpleTuner option 'controlnet' is not supported here with model_type "
