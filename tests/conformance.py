@@ -263,9 +263,10 @@ class Run(NamedTuple):
     out: Path
 
 
-class FamilyConformance:
-    """Mixed into a unittest.TestCase whose ``case`` is a row of CASES: its full and LoRA runs,
-    each resumed, are made once for the class, in this process."""
+class ResumedRuns:
+    """Mixed into a unittest.TestCase whose ``case`` is a row of CASES (or a Case of its own):
+    runs of it in this process, each resumed (``run_and_resume``), under a folder ``root`` on
+    the data ``data`` and datasets ``datasets`` that setUpClass leaves on the class."""
 
     case: Case
 
@@ -275,11 +276,11 @@ class FamilyConformance:
         cls.root = Path(tempfile.mkdtemp(prefix=f"st-conformance-{cls.case.model}-"))
         cls.addClassCleanup(shutil.rmtree, cls.root, ignore_errors=True)
         cls.accelerator = Accelerator(cpu=True)
-        cls.data, cls.datasets = make_dataset(cls.case, cls.root)
-        cls.full = cls.run_and_resume("full", **validation_options(cls.case))
-        lora_options = {"learning_rate": 1e-2 if cls.case.dataset != "video" else 3e-2,
-                        **LORA_OPTIONS.get(cls.case.model, {})}
-        cls.lora = cls.run_and_resume("lora", model_type="lora", lora_rank=4, **lora_options)
+        cls.data, cls.datasets = cls.make_dataset()
+
+    @classmethod
+    def make_dataset(cls) -> tuple[Path, list[dict]]:
+        return make_dataset(cls.case, cls.root)
 
     @classmethod
     def trainer(cls, name: str, **options) -> Trainer:
@@ -325,6 +326,20 @@ class FamilyConformance:
             self.assertTrue(torch.equal(tensor, run.resumed[name]),
                             f"{name}: the resumed run differs by up to "
                             f"{(tensor.float() - run.resumed[name].float()).abs().max().item()}")
+
+
+
+class FamilyConformance(ResumedRuns):
+    """Mixed into a unittest.TestCase whose ``case`` is a row of CASES: its full and LoRA runs,
+    each resumed, are made once for the class, in this process."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.full = cls.run_and_resume("full", **validation_options(cls.case))
+        lora_options = {"learning_rate": 1e-2 if cls.case.dataset != "video" else 3e-2,
+                        **LORA_OPTIONS.get(cls.case.model, {})}
+        cls.lora = cls.run_and_resume("lora", model_type="lora", lora_rank=4, **lora_options)
 
     def test_a_full_run_trains_and_its_resumed_twin_ends_with_the_same_weights(self):
         self.assert_trained_and_resumed_exactly(self.full)

@@ -185,8 +185,8 @@ class ConditioningConfigTest(unittest.TestCase):
             self.assertIn(expected, text)
 
     def test_conditioning_types_that_are_not_built_are_refused_with_what_to_do(self):
-        for kind, advice in (("controlnet", "only reference images are supported"),
-                             ("mask", "only reference images are supported")):
+        for kind, advice in (("depth", "'controlnet' with controlnet: true"),
+                             ("segmentation", "'mask' for masked loss")):
             def datasets(targets, references, kind=kind):
                 edits, refs = edit_datasets(targets, references)
                 return [edits, {**refs, "conditioning_type": kind}]

@@ -18,7 +18,8 @@ import torch
 from diffusers import (AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Pipeline,
                        Flux2Transformer2DModel)
 
-from model_fixtures import CPU, TinyModelCase, losses_around_training, random_batch
+from model_fixtures import (CPU, TinyModelCase, losses_around_training, network_prediction,
+                            random_batch)
 from simpletuner.cli import main
 from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.models.base import LossSettings
@@ -135,6 +136,31 @@ class Flux2AdapterTest(Flux2Case):
         # The echo predicts the noisy input: loss = mean((noisy - (noise - clean))^2).
         expected = (seen["hidden_states"] - (noise - clean)).pow(2).mean().item()
         self.assertAlmostEqual(loss.item(), expected, places=4)
+
+    def test_two_references_follow_the_image_in_order_and_change_its_prediction(self):
+        embeds, _ = self.pipeline.encode_prompt(PROMPTS[:1], device=CPU)
+        latents = torch.randn(1, self.adapter.transformer.config.in_channels, 4, 3,
+                              generator=torch.Generator().manual_seed(3))
+        first, second = (torch.randn(1, latents.shape[1], h, w,
+                                     generator=torch.Generator().manual_seed(seed))
+                         for seed, (h, w) in ((4, (2, 2)), (5, (3, 2))))
+        seen = {}
+        batch = TrainingBatch(latents, {"prompt_embeds": embeds}, [], [], [],
+                              reference_latents=(first, second))
+        sigma = torch.tensor([0.5])
+        prediction = self.adapter._predict(echo_network(seen), latents, sigma, batch,
+                                           torch.float32)
+        self.assertTrue(torch.equal(prediction, latents))  # the image's own tokens, unpacked
+        tokens = seen["hidden_states"][0]
+        self.assertEqual(tokens.shape[0], 12 + 4 + 6)
+        self.assertTrue(torch.equal(tokens[12:16], first[0].flatten(1).T))
+        self.assertTrue(torch.equal(tokens[16:], second[0].flatten(1).T))
+        times = seen["img_ids"][0, :, 0].tolist()
+        self.assertEqual(times, [0] * 12 + [10] * 4 + [20] * 6)  # Flux2Pipeline's time ids
+        swapped = TrainingBatch(latents, {"prompt_embeds": embeds}, [], [], [],
+                                reference_latents=(first.flip(-1), second))
+        self.assertGreater((network_prediction(self.adapter, batch)
+                            - network_prediction(self.adapter, swapped)).abs().max().item(), 1e-5)
 
     def test_loss_on_a_fixed_batch_falls(self):
         adapter = self.adapter  # the other tests hold for any transformer weights

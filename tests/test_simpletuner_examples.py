@@ -29,9 +29,8 @@ CHECKPOINT_INTERVAL = {"gradient_checkpointing_interval"}
 CHECKPOINT_STRIDE = {"gradient_checkpointing_segment_stride"}
 RAMTORCH = {"ramtorch"}                            # weights streamed from RAM
 SDNQ = {"base_model_precision"}                    # base_model_precision 'int8-sdnq'
-CONTROLNET = {"controlnet", "conditioning"}        # ControlNet training
+CONTROLNET = {"controlnet"}                        # ControlNet-LoRA (model_type lora)
 CONTROL = {"conditioning"}                         # control (canny, kontext) conditioning data
-CONTEXT_PARALLEL = {"context_parallel_size"}
 DISTILLATION = {"distillation_method"}
 CREPA = {"crepa_enabled"}
 WEBSHART = {"type", "caption_strategy", "metadata_backend", "source", "subfolder"}  # webshart
@@ -89,9 +88,9 @@ EXAMPLES = {
     "wan-1.3b.peft-lora+TREAD": HUB_CLIPS | TREAD,
     "wan-2.2-i2v-a14b-high.peft-lora+TREAD": HUB_CLIPS | TREAD,
     "wan-2.2-i2v-a14b-low.peft-lora+TREAD": HUB_CLIPS | TREAD,
-    "wan2.1-i2v-14b-480p-8xh100.peft-lora+cp-fa3": HUB_CLIPS | CONTEXT_PARALLEL,
-    "wan2.1-i2v-14b-720p-8xh100.peft-lora+cp-fa3": HUB_CLIPS | CONTEXT_PARALLEL,
-    "wan2.1-t2v-14b-480p-8xh100.peft-lora+cp-fa3": HUB_CLIPS | CONTEXT_PARALLEL,
+    "wan2.1-i2v-14b-480p-8xh100.peft-lora+cp-fa3": HUB_CLIPS,
+    "wan2.1-i2v-14b-720p-8xh100.peft-lora+cp-fa3": HUB_CLIPS,
+    "wan2.1-t2v-14b-480p-8xh100.peft-lora+cp-fa3": HUB_CLIPS,
     "wan2.1-t2v-1.3b-480p-single-gpu.peft-lora+ramtorch": HUB_CLIPS | RAMTORCH,
     "wan2.1-t2v-14b-480p-single-gpu.peft-lora+ramtorch": HUB_CLIPS | RAMTORCH,
     "kolors.peft-lora": set(),

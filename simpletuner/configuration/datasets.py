@@ -54,11 +54,24 @@ class DatasetConfig:
     conditioning_data: str | list[str] | None = option(
         None, help="edit training (flux kontext, qwen_image edit-v1/v2): the id(s) of the "
         "'conditioning' dataset(s) "
-        "holding each sample's reference image, the file with the same path and stem")
-    conditioning_type: Literal["reference_strict", "reference_loose"] | None = option(
+        "holding each sample's reference image, the file with the same path and stem; masked "
+        "loss (any model): the id of the 'mask' conditioning dataset")
+    conditioning_type: Literal["reference_strict", "reference_loose", "mask",
+                               "controlnet"] | None = option(
         None, help="a 'conditioning' dataset (set, it makes one, as in SimpleTuner): "
         "'reference_strict' resizes each reference to its target's size and crops it the same "
-        "way; 'reference_loose' fits it to its own aspect bucket (train_batch_size 1)")
+        "way; 'reference_loose' fits it to its own aspect bucket (train_batch_size 1); 'mask': "
+        "each target's loss mask (red channel, white trains, black is ignored), fitted and "
+        "cropped as its target; the target's pixels are blended to grey where the mask is "
+        "black before encoding, so what is masked out never reaches the model; 'controlnet' "
+        "(with controlnet: true): each target's control image, fitted and cropped as its "
+        "target")
+    conditioning: dict | list[dict] | None = option(
+        None, help="SimpleTuner's generated conditioning: a block (or a list of them) "
+        "{'type': 'canny', 'low_threshold': 100, 'high_threshold': 200, 'conditioning_type': "
+        "'controlnet'} makes the conditioning dataset '<id>_conditioning_canny' of this "
+        "dataset's own images' Canny edges (white on black), generated from each fitted "
+        "target and cached once, and names it in conditioning_data")
     instance_data_dir: str | None = option(None, help="the folder; required for type 'local'")
     # type 'aws': SimpleTuner's keys. Credentials left out come from AWS_* or ~/.aws/.
     aws_bucket_name: str | None = option(None)
@@ -168,6 +181,16 @@ class DatasetConfig:
     max_num_samples: int | None = option(
         None, minimum=1, help="keep this many samples: a fixed subset chosen by a digest of "
         "(dataset id, sample id), the same on every rank and run")
+
+    @property
+    def is_mask(self) -> bool:
+        """A conditioning dataset of loss masks (conditioning_type 'mask')."""
+        return self.conditioning_type == "mask"
+
+    @property
+    def is_control(self) -> bool:
+        """A conditioning dataset of ControlNet control images (conditioning_type 'controlnet')."""
+        return self.conditioning_type == "controlnet"
 
     def conditioning_ids(self) -> list[str]:
         """conditioning_data as a list, in the order the model receives the references."""

@@ -1,4 +1,5 @@
-"""eval_dataset_id: the edit pairs whose references validation edits, checked against the model
+"""eval_dataset_id: the edit pairs whose references validation edits (a ControlNet's: the control
+images it generates from), checked against the model
 and the dataset file (SimpleTuner's key; its Kontext guide leaves validation_using_datasets
 off, because the paired references are what validation takes)."""
 
@@ -17,7 +18,8 @@ def check_edit_validation(training, datasets: list, where: Location,
         _check_prompt_only_validation(training, where, problems)
         return
     key, name_key = "key 'eval_dataset_id'", "eval_dataset_id"
-    if not takes_references(training.model_family, training.model_flavour):
+    if not takes_references(training.model_family, training.model_flavour) and not (
+            training.controlnet):
         problems.append(where.problem(
             name_key, f"{key} picks the edit pairs that validation edits, which only edit models "
             f"do ({reference_models_text()}); remove it (every enabled eval dataset's loss is "
@@ -50,15 +52,19 @@ def check_edit_validation(training, datasets: list, where: Location,
 
 
 def _check_prompt_only_validation(training, where: Location, problems: list[Problem]) -> None:
-    """An edit flavour whose pipeline edits an image (Qwen-Image-Edit's) cannot generate from
-    a prompt alone."""
+    """An edit flavour whose pipeline edits an image (Qwen-Image-Edit's), or a ControlNet's,
+    cannot generate from a prompt alone."""
     spec = known_spec(training.model_family)
-    if spec is None or not spec.edits_need_references or not takes_references(
+    if training.controlnet:
+        pipeline = "a ControlNet pipeline generates from a control image and"
+    elif spec is None or not spec.edits_need_references or not takes_references(
             training.model_family, training.model_flavour):
         return
+    else:
+        pipeline = "a Qwen-Image-Edit pipeline edits a reference image and"
     for key in ("validation_prompt", "user_prompt_library"):
         if getattr(training, key) is not None:
             problems.append(where.problem(
-                key, f"key '{key}': a Qwen-Image-Edit pipeline edits a reference image and "
-                "cannot generate from a prompt alone; set eval_dataset_id to a dataset paired "
-                f"with references (its targets' captions are the prompts), or remove {key}"))
+                key, f"key '{key}': {pipeline} cannot generate from a prompt alone; set "
+                "eval_dataset_id to a dataset paired with those images (its targets' captions "
+                f"are the prompts), or remove {key}"))

@@ -25,6 +25,7 @@ from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.simpletuner_keys.model import without_the_model_folder
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON
 from simpletuner.configuration.training_checks import (check_context_parallel_options,
+                                                       check_controlnet_options,
                                                        check_fsdp_options,
                                                        check_lora_target_all,
                                                        check_loss_options_fit_the_family,
@@ -112,6 +113,7 @@ def parse_training(raw: Any, where: Location, problems: list[Problem],
     check_block_swap_options(values, where, problems)
     check_group_offload_options(values, where, base, problems)
     check_lora_target_all(raw, values, where, problems)
+    check_controlnet_options(values, where, base, problems)
     if len(problems) > before:
         return None
     training = TrainingConfig(**values)
@@ -183,10 +185,13 @@ def _finished(training: TrainingConfig, log_level: str, base: Path) -> TrainingC
     """The values the run uses: folders absolute and resolved (every rank: the same folder),
     the log level decided."""
     offload_path = training.group_offload_to_disk_path
+    controlnet = training.controlnet_model_name_or_path
     return replace(
         training, output_dir=str(resolve(training.output_dir, base).resolve()),
         group_offload_to_disk_path=(None if offload_path is None
                                     else str(resolve(offload_path, base).resolve())),
+        controlnet_model_name_or_path=(None if controlnet is None
+                                       else str(resolve(controlnet, base).resolve())),
         log_level=log_level)
 
 

@@ -47,6 +47,15 @@ class TrainingConfig:
         "t2v-14b-2.2-high, t2v-14b-2.2-low, ti2v-5b-2.2; a two-expert Wan 2.2 folder needs "
         "t2v-14b-2.2-high or t2v-14b-2.2-low, the expert to train); other families ignore it")
     model_type: Literal["full", "lora"] = option("full", help="lora: train a peft adapter only")
+    controlnet: bool = option(
+        False, help="train a ControlNet beside the frozen base network (sdxl, flux; model_type "
+        "full): each training dataset's conditioning_data names one conditioning_type "
+        "'controlnet' dataset of control images, matched to its targets by stem; the export is "
+        "the family's ControlNet pipeline with the trained ControlNet in its controlnet/ folder")
+    controlnet_model_name_or_path: str | None = option(
+        None, help="with controlnet: a diffusers ControlNet folder to start from; none = "
+        "initialised from the base network, as diffusers' ControlNetModel.from_unet and "
+        "FluxControlNetModel.from_transformer do")
     lora_rank: int = option(16, minimum=1, help="rank of each LoRA update")
     lora_alpha: float | None = option(None, minimum=0.0001,
                                       help="LoRA scale numerator (update * alpha / rank); "

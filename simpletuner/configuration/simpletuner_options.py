@@ -36,9 +36,11 @@ _DATASET_VALUES: dict[str, dict[str, str]] = {
     "dataset_type": {name: "this dataset type is not supported here; remove the entry"
                      for name in ("audio",)},
     "conditioning_type": {
-        **{name: "only reference images are supported; use 'reference_strict' for an edit "
-                 "model (model_flavour 'kontext'), or remove the conditioning dataset"
-           for name in ("controlnet", "mask", "canny", "depth", "inpainting")}},
+        **{name: "only reference images, loss masks and ControlNet control images are "
+                 "supported; use 'reference_strict' for an edit model (model_flavour 'kontext'), "
+                 "'mask' for masked loss, 'controlnet' with controlnet: true, or remove the "
+                 "conditioning dataset"
+           for name in ("segmentation", "canny", "depth", "inpainting")}},
     "caption_strategy": {"csv": "use 'textfile' (a .txt beside each image)"},
     "crop_style": {"face": "use 'center', 'random' or 'corner'"},
 }

@@ -1,9 +1,12 @@
 """Checks of config.json's options against each other: options the chosen family would
-ignore, flux_lora_target 'all' where it means more than the default (Chroma), and what FSDP2
-needs, and context_parallel_size against num_processes."""
+ignore, flux_lora_target 'all' where it means more than the default (Chroma), what FSDP2
+needs, context_parallel_size against num_processes, and what controlnet needs of the family
+and model_type."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from simpletuner.configuration.errors import Location, Problem
@@ -105,3 +108,38 @@ def check_context_parallel_options(values: dict[str, Any], where: Location,
         problems.append(where.problem(
             "context_parallel_size", f"context_parallel_size {size} with fsdp_enable is not "
             "supported yet", "use one of them"))
+def check_controlnet_options(values: dict[str, Any], where: Location, base: Path,
+                             problems: list[Problem]) -> None:
+    """controlnet: true for a family whose spec trains ControlNets, a full one;
+    controlnet_model_name_or_path (taken from ``base`` when relative) only with it, a folder
+    with a config.json."""
+    start = values.get("controlnet_model_name_or_path")
+    if not values.get("controlnet", False):
+        if start is not None:
+            problems.append(where.problem(
+                "controlnet_model_name_or_path", "key 'controlnet_model_name_or_path' is the "
+                "ControlNet a controlnet run starts from; set controlnet: true, or remove it"))
+        return
+    if start is not None and not (base / os.path.expanduser(start) / "config.json").is_file():
+        problems.append(where.problem(
+            "controlnet_model_name_or_path", f"key 'controlnet_model_name_or_path' is {start!r}, "
+            "which is not a diffusers ControlNet folder (no config.json there); give the folder "
+            "(e.g. an export's pipeline/controlnet), or remove it to start from the base network"))
+    family = values.get("model_family")
+    spec = known_spec(family)
+    if spec is not None and spec.controlnet_adapter is None:
+        trained = spoken_list(families_where(lambda spec: spec.controlnet_adapter is not None),
+                              "'")
+        problems.append(where.problem(
+            "controlnet", f"SimpleTuner option 'controlnet' is not supported here for "
+            f"model_family '{family}'; ControlNets train for model_family {trained}"))
+    elif values.get("musubi_blocks_to_swap"):
+        problems.append(where.problem(
+            "musubi_blocks_to_swap", "key 'musubi_blocks_to_swap' moves the trained network's "
+            "blocks, and a controlnet run trains the ControlNet beside the frozen network; "
+            "remove it (gradient_checkpointing saves memory here)"))
+    elif values.get("model_type", "full") != "full":
+        problems.append(where.problem(
+            "controlnet", "SimpleTuner option 'controlnet' is not supported here with model_type "
+            f"'{values['model_type']}' (ControlNet-LoRA); set model_type 'full' to train the "
+            "whole ControlNet"))

@@ -37,6 +37,9 @@ class FamilySpec:
     # model_flavour -> the reference images per sample it trains on at most (None: any), for
     # the flavours that train on edit pairs (conditioning_data).
     reference_flavours: Mapping[str, int | None] = field(default_factory=dict)
+    # "module.Class" of the adapter that trains a ControlNet beside the frozen network
+    # (controlnet: true); None: the family has no ControlNet training.
+    controlnet_adapter: str | None = None
     # Its edit flavours' pipelines edit a reference and cannot generate from a prompt alone.
     edits_need_references: bool = False
     guidance_input: bool = False         # a guidance-distilled input (flux_guidance_value)

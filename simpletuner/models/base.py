@@ -82,6 +82,10 @@ class ModelAdapter(ABC):
     # The class whose save_lora_weights writes the LoRA export and whose lora_state_dict and
     # load_lora_into_transformer read one; None: the pipeline class (its load_lora_weights).
     lora_file_class: type | None = None
+    # The pipeline call's argument that takes a reference (edit) or control image.
+    reference_image_argument: str = "image"
+    # A ControlNet adapter's (models/controlnet.py): how control images are cached.
+    encode_control: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, *, folder: Path, vae, text_encoders: list, tokenizers: list,
                  device: torch.device, loss_settings: LossSettings):

@@ -158,7 +158,7 @@ class FlowFamilyAdapter(ModelAdapter):
                                           noise_ratio=flow_noise_ratio(sigmas))
         prediction, target = self.trained_part(prediction, target, batch)
         return objective_loss(prediction, target, loss_type=settings.loss_type,
-                              thresholds=thresholds)
+                              thresholds=thresholds, mask=batch.loss_mask)
 
     def trained_part(self, prediction: torch.Tensor, target: torch.Tensor,
                      batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,8 +169,12 @@ class FlowFamilyAdapter(ModelAdapter):
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
         return self.pipeline_class(**self._pipeline_components(trainable))
 
+    def _pipeline_networks(self, trainable: torch.nn.Module | None) -> dict:
+        """The pipeline's networks: the transformer, ``trainable`` in its place when given."""
+        return {"transformer": trainable if trainable is not None else self.transformer}
+
     def _pipeline_components(self, trainable: torch.nn.Module | None) -> dict:
-        return {"transformer": trainable if trainable is not None else self.transformer,
+        return {**self._pipeline_networks(trainable),
                 "vae": self.vae,
                 # A copy: validation's set_timesteps must not touch the loaded one.
                 "scheduler": type(self.scheduler).from_config(self.scheduler.config),

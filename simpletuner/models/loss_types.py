@@ -41,14 +41,23 @@ def ddpm_noise_ratio(alphas_cumprod: torch.Tensor, timesteps: torch.Tensor) -> t
 
 def objective_loss(prediction: torch.Tensor, target: torch.Tensor, *, loss_type: str,
                    thresholds: torch.Tensor | None = None,
-                   weights: torch.Tensor | None = None) -> torch.Tensor:
-    """The batch loss in float32; ``thresholds`` (c per sample) for the pseudo-Huber types."""
-    if loss_type == "l2":
+                   weights: torch.Tensor | None = None,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The batch loss in float32; ``thresholds`` (c per sample) for the pseudo-Huber types;
+    ``mask`` ([B, 1, h, w], conditioning_type 'mask'): each position's weight, as SimpleTuner
+    applies it (elementwise, before the per-sample mean)."""
+    if loss_type == "l2" and mask is None:
         return weighted_mse(prediction, target, weights)
-    if loss_type not in ("huber", "smooth_l1"):
+    if loss_type == "l2":
+        elementwise = (prediction.float() - target.float()) ** 2
+    elif loss_type in ("huber", "smooth_l1"):
+        c = thresholds.float().view(-1, *([1] * (prediction.ndim - 1))).to(prediction.device)
+        distance = torch.sqrt((prediction.float() - target.float()) ** 2 + c ** 2) - c
+        elementwise = 2.0 * (c * distance if loss_type == "huber" else distance)
+    else:
         raise ValueError(f"loss_type {loss_type!r} is not one of l2, huber, smooth_l1")
-    c = thresholds.float().view(-1, *([1] * (prediction.ndim - 1))).to(prediction.device)
-    distance = torch.sqrt((prediction.float() - target.float()) ** 2 + c ** 2) - c
-    elementwise = 2.0 * (c * distance if loss_type == "huber" else distance)
+    if mask is not None:  # a video family's one-frame clip: [B, C, 1, h, w]
+        mask = mask.unsqueeze(2) if elementwise.ndim == mask.ndim + 1 else mask
+        elementwise = elementwise * mask.to(elementwise.device, torch.float32)
     per_sample = elementwise.mean(dim=list(range(1, elementwise.ndim)))
     return (per_sample * weights).mean() if weights is not None else per_sample.mean()

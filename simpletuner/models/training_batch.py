@@ -23,3 +23,9 @@ class TrainingBatch:
     # Per-sample tensors a family caches with the latents (Wan I2V: first-frame latents and
     # CLIP image embedding), each [B, ...]; empty for the others.
     conditioning: dict[str, torch.Tensor] = field(default_factory=dict)
+    # conditioning_type 'mask': each sample's loss weights on the latent grid, [B, 1, h, w]
+    # (1: trained, 0: ignored); None: every position weighs 1.
+    loss_mask: torch.Tensor | None = None
+    # controlnet: each sample's control image as the family's ControlNet takes it (SDXL:
+    # pixels [B, 3, H, W] in [0, 1]; Flux: latents [B, C, h, w]); None without a ControlNet.
+    control: torch.Tensor | None = None

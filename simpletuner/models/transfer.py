@@ -37,6 +37,10 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return tensor.to(device)
 
 
+def _optional(move, tensor: torch.Tensor | None, device) -> torch.Tensor | None:
+    return None if tensor is None else move(tensor, device)
+
+
 def batch_pinned_for(batch: TrainingBatch, device: torch.device | str) -> TrainingBatch:
     """The batch's tensors in page-locked memory when they are going to CUDA (the prefetch
     worker does this, so the loop's thread only queues the copies)."""
@@ -44,7 +48,9 @@ def batch_pinned_for(batch: TrainingBatch, device: torch.device | str) -> Traini
                    prompt_embeds={k: pinned_for(v, device) for k, v in batch.prompt_embeds.items()},
                    reference_latents=tuple(pinned_for(r, device)
                                            for r in batch.reference_latents),
-                   conditioning={k: pinned_for(v, device) for k, v in batch.conditioning.items()})
+                   conditioning={k: pinned_for(v, device) for k, v in batch.conditioning.items()},
+                   loss_mask=_optional(pinned_for, batch.loss_mask, device),
+                   control=_optional(pinned_for, batch.control, device))
 
 
 def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> TrainingBatch:
@@ -54,7 +60,9 @@ def batch_to_device(batch: TrainingBatch, device: torch.device | str) -> Trainin
                    prompt_embeds={k: to_device(v, device) for k, v in batch.prompt_embeds.items()},
                    reference_latents=tuple(to_device(r, device)
                                            for r in batch.reference_latents),
-                   conditioning={k: to_device(v, device) for k, v in batch.conditioning.items()})
+                   conditioning={k: to_device(v, device) for k, v in batch.conditioning.items()},
+                   loss_mask=_optional(to_device, batch.loss_mask, device),
+                   control=_optional(to_device, batch.control, device))
 
 
 def to_device_except(module: torch.nn.Module, device: torch.device,

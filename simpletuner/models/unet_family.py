@@ -100,6 +100,12 @@ class UNetFamilyAdapter(ModelAdapter):
         is on the device already (compute_loss moved it)."""
         return {"encoder_hidden_states": batch.prompt_embeds["prompt_embeds"].to(dtype)}
 
+    def _predict(self, network, noisy: torch.Tensor, timesteps: torch.Tensor,
+                 batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
+        """The network's prediction for ``noisy`` (the objective's target's shape)."""
+        return network(noisy, timesteps, return_dict=False,
+                       **self._unet_conditioning(batch, dtype))[0]
+
     def compute_loss(self, batch: TrainingBatch, generator: torch.Generator | None = None, *,
                      network: torch.nn.Module | None = None,
                      base_model: BaseModel | None = None) -> torch.Tensor:
@@ -137,7 +143,7 @@ class UNetFamilyAdapter(ModelAdapter):
                 num_train_timesteps=self.noise_scheduler.config.num_train_timesteps,
                 noise_ratio=ddpm_noise_ratio(alphas_cumprod, timesteps))
         return objective_loss(prediction, target, loss_type=settings.loss_type,
-                              thresholds=thresholds, weights=weights)
+                              thresholds=thresholds, weights=weights, mask=batch.loss_mask)
 
     def _predict(self, network, noisy: torch.Tensor, timesteps: torch.Tensor,
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
@@ -150,8 +156,12 @@ class UNetFamilyAdapter(ModelAdapter):
         """Pipeline constructor arguments besides the model components."""
         return {}
 
+    def _pipeline_networks(self, trainable: torch.nn.Module | None) -> dict:
+        """The pipeline's networks: the UNet, ``trainable`` in its place when given."""
+        return {"unet": trainable if trainable is not None else self.unet}
+
     def build_pipeline(self, trainable: torch.nn.Module | None = None):
-        components = {"unet": trainable if trainable is not None else self.unet,
+        components = {**self._pipeline_networks(trainable),
                       "vae": self.vae,
                       # A copy: validation's set_timesteps must not touch the loaded one.
                       "scheduler": type(self.inference_scheduler).from_config(

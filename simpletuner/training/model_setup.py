@@ -10,8 +10,8 @@ import torch
 from simpletuner.common.together import failing_together
 from simpletuner.helpers.metadata.permutation import stable_seed
 from simpletuner.models.base import LossSettings
-from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.assistant import add_assistant, wants_assistant
+from simpletuner.models.controlnet import adapter_class_for
 from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.adapters.lora_init import init_adapter
 from simpletuner.training.memory.block_swap import place_network
@@ -25,9 +25,13 @@ def load_trained_model(training, settings, *, model_folder, resume_from, seed: i
     never holds an fp32 copy, and a rank that cannot load the model stops every rank before
     the caches' collectives."""
     with failing_together("loading the model"):
-        adapter = get_adapter_class(training.model_family).load(
+        adapter = adapter_class_for(training).load(
             model_folder, device=torch.device("cpu"), weight_dtype=weight_dtype,
             loss_settings=LossSettings.from_config(training))
+        if training.controlnet:  # its new layers' random start from the run's seed too
+            with torch.random.fork_rng():
+                torch.manual_seed(stable_seed("controlnet init", seed) & (2**63 - 1))
+                adapter.add_controlnet(training.controlnet_model_name_or_path)
         quantize_frozen_weights(adapter, settings.precision, weight_dtype)
         offload_frozen_components(adapter, settings.group_offload, device, rank)
         block_swap = place_network(adapter, settings.block_swap, device)

@@ -161,7 +161,7 @@ class Trainer:
             progress=self.accelerator.is_local_main_process,
             conditioning=self.data.conditioning(self.configuration.references),
             prompts_see_references=self.adapter.prompts_see_references,
-            audio=self.adapter.audio_input)
+            audio=self.adapter.audio_input, encode_control=self.adapter.encode_control)
 
     def _build_sampler(self):
         sampler = build_sampler(self.data, self.training, self.accelerator,

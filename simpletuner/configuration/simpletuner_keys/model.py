@@ -32,13 +32,13 @@ KERNELS = ("accepted; attention uses PyTorch's scaled_dot_product_attention and 
 LAUNCHER = ("remove it; ./train.sh launches num_processes processes; pass launcher options in "
             "ACCELERATE_EXTRA_ARGS (multi-node: --num_machines, --machine_rank, "
             "--main_process_ip, --main_process_port) or ACCELERATE_CONFIG_FILE")
-NO_CONTROLNET = ("remove it; ControlNet and control training are not supported here: train the "
-                 "base network (model_type 'full' or 'lora')")
+NO_CONTROL = ("remove it; control training here is ControlNet training (controlnet: true), "
+              "or the base network (model_type 'full' or 'lora')")
 
 MODEL_KEYS = {
-    **refused("controlnet control", NO_CONTROLNET),
-    **ignored("controlnet_custom_config controlnet_model_name_or_path", "used only with "
-              "controlnet, which is refused here"),
+    **refused("control", NO_CONTROL),
+    **refused("controlnet_custom_config", "remove it; the ControlNet is initialised from the "
+              "base network, or from controlnet_model_name_or_path"),
     **refused("prediction_type", "remove it; the prediction type comes from the model's "
               "scheduler config"),
     **refused(" ".join(COMPONENT_PATHS) + " revision variant", SINGLE_MODEL_FOLDER),

@@ -33,6 +33,13 @@ def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tenso
     return patches.permute(0, 3, 1, 4, 2, 5).reshape(b, packed_channels // 4, height, width)
 
 
+def image_tokens(tokens: torch.Tensor, noisy: torch.Tensor) -> torch.Tensor:
+    """The transformer's output for the noisy image, unpacked to its shape: its tokens come
+    first; reference tokens (Kontext) are context only."""
+    height, width = noisy.shape[-2:]
+    return unpack_latents(tokens[:, :(height // 2) * (width // 2)], height, width)
+
+
 def image_position_ids(rows: int, columns: int) -> torch.Tensor:
     """[rows * columns, 3] ids (0, row, column) of the packed tokens, in packing order."""
     ids = torch.zeros(rows, columns, 3)
@@ -86,21 +93,24 @@ class FluxAdapter(FlowFamilyAdapter):
         ids = to_device(image_position_ids(height // 2, width // 2), self.device).to(dtype)
         return pack_latents(noisy), ids
 
-    def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
-                 batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
-        count, _, height, width = noisy.shape
+    def _transformer_inputs(self, noisy: torch.Tensor, sigmas: torch.Tensor,
+                            batch: TrainingBatch, dtype: torch.dtype) -> dict:
+        """The transformer call's keyword arguments (a Flux ControlNet takes the same)."""
         hidden_states, img_ids = self._image_stream(noisy, batch, dtype)
         embeds = batch.prompt_embeds
         prompt_embeds = embeds["prompt_embeds"].to(dtype)
         guidance = None
         if self.transformer.config.guidance_embeds:
-            guidance = torch.full((count,), self.loss_settings.flux_guidance_value,
+            guidance = torch.full((noisy.shape[0],), self.loss_settings.flux_guidance_value,
                                   device=self.device, dtype=torch.float32)
-        tokens = network(
+        return dict(
             hidden_states=hidden_states, timestep=sigmas.to(dtype), guidance=guidance,
             pooled_projections=embeds["pooled_prompt_embeds"].to(dtype),
             encoder_hidden_states=prompt_embeds,
             txt_ids=torch.zeros(prompt_embeds.shape[1], 3, device=self.device, dtype=dtype),
-            img_ids=img_ids, return_dict=False)[0]
-        # the noisy image's tokens come first; reference tokens (Kontext) are context only
-        return unpack_latents(tokens[:, :(height // 2) * (width // 2)], height, width)
+            img_ids=img_ids, return_dict=False)
+
+    def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
+                 batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:
+        tokens = network(**self._transformer_inputs(noisy, sigmas, batch, dtype))[0]
+        return image_tokens(tokens, noisy)

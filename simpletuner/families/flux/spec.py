@@ -1,5 +1,6 @@
 """FLUX.1: CLIP and T5, a guidance-distilled flow transformer; model_flavour 'kontext' trains a
-FluxKontextPipeline folder on edit pairs (kontext.py)."""
+FluxKontextPipeline folder on edit pairs (kontext.py); controlnet trains a FluxControlNetModel
+(controlnet.py)."""
 
 from simpletuner.families.spec import FLOW, FamilySpec
 from simpletuner.training.adapters.lora_layouts import TRANSFORMER
@@ -35,6 +36,7 @@ SPEC = FamilySpec(
     lora_target_presets=LORA_TARGET_PRESETS,
     # SimpleTuner's training adapter of the distilled schnell (assistant_lora_path)
     default_assistants={"schnell": "ostris/FLUX.1-schnell-training-adapter"},
+    controlnet_adapter="simpletuner.families.flux.controlnet.FluxControlNetAdapter",
     # the double-stream blocks, then the single-stream ones
     swappable_block_keys=("num_layers", "num_single_layers"),
     attention_heads_key="num_attention_heads",  # context_parallel_size

@@ -113,13 +113,31 @@ class Flux2Adapter(FlowFamilyAdapter):
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((noisy.shape[0],), self.loss_settings.flux_guidance_value,
                                   device=self.device, dtype=torch.float32)
+        hidden_states, img_ids = self._with_references(pipeline._pack_latents(noisy),
+                                                       latent_ids, batch, dtype)
         tokens = network(
-            hidden_states=pipeline._pack_latents(noisy), timestep=sigmas.to(dtype),
+            hidden_states=hidden_states, timestep=sigmas.to(dtype),
             guidance=guidance, encoder_hidden_states=prompt_embeds,
             txt_ids=to_device(pipeline._prepare_text_ids(prompt_embeds), self.device),
-            img_ids=latent_ids, return_dict=False)[0]
-        # klein's variant takes the size, so no device sync for it per step
-        return Flux2KleinPipeline._unpack_latents_with_ids(tokens, latent_ids, *noisy.shape[-2:])
+            img_ids=img_ids, return_dict=False)[0]
+        # the noisy image's tokens first, references' after (context only); klein's unpacking
+        # takes the size, so no device sync for it per step
+        return Flux2KleinPipeline._unpack_latents_with_ids(
+            tokens[:, :latent_ids.shape[1]], latent_ids, *noisy.shape[-2:])
+
+    def _with_references(self, hidden_states: torch.Tensor, ids: torch.Tensor,
+                         batch: TrainingBatch, dtype: torch.dtype
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Edit pairs (conditioning_data): each reference's packed latents after the noisy
+        image's tokens, in conditioning_data order, with the pipeline's ids (time 10, 20...)."""
+        if not batch.reference_latents:
+            return hidden_states, ids
+        pipeline, count = self.pipeline_class, hidden_states.shape[0]
+        references = [r.to(dtype) for r in batch.reference_latents]
+        reference_ids = pipeline._prepare_image_ids([r[:1] for r in references])
+        reference_ids = to_device(reference_ids, self.device).expand(count, -1, -1)
+        return (torch.cat([hidden_states, *map(pipeline._pack_latents, references)], dim=1),
+                torch.cat([ids, reference_ids.to(ids.dtype)], dim=1))
 
 
 class Flux2KleinAdapter(Flux2Adapter):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from simpletuner.common.names import printable
 from simpletuner.dataset_kinds import kind_of
+from simpletuner.helpers.caching.masks import masked_pixels
 from simpletuner.helpers.caching.storage import (
     CACHE_FORMAT, digest, entry_path, load_entry, rank_share, save_entry,
 )
@@ -71,6 +72,9 @@ class LatentSettings:
     reference_of: Mapping[str, tuple[str, tuple[int, int]]] | None = None
     audio: AudioRequest | None = None  # a clip dataset for a model that trains sound
     skip_silent: bool = False          # video.missing_audio 'skip': a clip without audio
+    # conditioning_type 'mask': sample id -> its cached mask entry (masks.py); the sample's
+    # pixels are blended to grey where its mask is 0 before encoding.
+    mask_of: Mapping[str, Path] | None = None
 
     def crop_id(self, sample_id: str) -> str:
         """The sample id a random crop is keyed by: an edit reference's is its target's."""
@@ -118,6 +122,7 @@ class LatentSettings:
             # the skip policy too: an entry a video-only run left for a silent clip is not reused
             **({"audio": [self.audio.sample_rate, self.audio.channels, self.skip_silent]}
                if self.audio is not None and frames is not None else {}),
+            **({"mask": self.mask_of[sample_id].name} if self.mask_of else {}),
         })
 
 
@@ -321,8 +326,12 @@ def _prepare(settings: LatentSettings, sample_id: str,
             if settings.audio is not None and clip.audio is None and settings.skip_silent:
                 return "has no audio stream (video.missing_audio: 'skip')"
             return clip
-        return prepare_image(data, target.size, **fitting,
-                             resize_first=(settings.reference_of[sample_id][1]
-                                           if settings.reference_of else None))
+        image = prepare_image(data, target.size, **fitting,
+                              resize_first=(settings.reference_of[sample_id][1]
+                                            if settings.reference_of else None))
     except Exception as error:  # noqa: BLE001 - any decoder error means "unusable file"
         return f"failed to decode while caching latents: {type(error).__name__}: {error}"
+    if settings.mask_of:
+        weights = load_entry(settings.mask_of[sample_id], f"mask of {sample_id!r}")["latent"]
+        image = replace(image, pixels=masked_pixels(image.pixels, weights))
+    return image

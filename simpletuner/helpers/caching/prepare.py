@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
 from simpletuner.helpers.caching.latents import EncodeImages, LatentSettings, cache_latents
 from simpletuner.helpers.caching.reference_prompts import (ReferenceImages,
                                                            cache_prompts_with_references)
-from simpletuner.helpers.caching.references import cache_references
+from simpletuner.helpers.caching.references import CachedReferences, cache_references
 from simpletuner.helpers.caching.storage import model_identity, rank_share
 from simpletuner.helpers.caching.text_embeds import (
     EncodePrompts, TextEmbedCache, cache_text_embeds, default_text_dir,
@@ -86,14 +86,16 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
                    progress: bool = True,
                    conditioning: Mapping[str, tuple] | None = None,
                    prompts_see_references: bool = False,
-                   audio: AudioRequest | None = None) -> PreparedCaches:
+                   audio: AudioRequest | None = None,
+                   encode_control: EncodeImages | None = None) -> PreparedCaches:
     """Call on every rank, after the Accelerator is built and every rank holds the same
     ``indexes``. ``datasets`` are configuration.DatasetConfig in config order; ``caption_for``
     maps dataset id -> MetadataBackend.caption_for; ``seed`` is the resolved shared seed;
     ``conditioning``: id -> (conditioning DatasetConfig, its paired index), for edit pairs,
     whose references are cached first; ``audio``: the model's audio input (clip datasets' entries
     hold each clip's sound); ``prompts_see_references``: the text encoder reads
-    each caption with its sample's references (``encode_prompts(captions, images)``).
+    each caption with its sample's references (``encode_prompts(captions, images)``);
+    ``encode_control``: a ControlNet adapter's, for its control images.
     Each rank's work between two collectives is one ``failing_together`` block: an error on
     any rank (a model that cannot encode, an unreadable caption, a full disk) is a RankFailure
     on every rank, never a rank waiting alone in the next collective."""
@@ -101,6 +103,9 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         vae_identity = model_identity(model_folder, latent_components(model_folder), family)
         text_identity = model_identity(model_folder, text_components(model_folder), family)
     latent_caches, text_caches, kept, failures, reference_failures = {}, {}, {}, {}, {}
+    masks, controls = (named_alone(datasets, conditioning or {}, kind)
+                       for kind in ("is_mask", "is_control"))
+    alone = masks | controls  # pixel conditioning: neither references nor read with prompts
     for dataset in datasets:
         settings = LatentSettings.for_dataset(dataset, output_dir=output_dir,
                                               model_identity=vae_identity, seed=seed,
@@ -110,10 +115,11 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
             references = cache_references(
                 dataset, conditioning or {}, index, settings, encode_images,
                 output_dir=output_dir, rank=rank, world_size=world_size,
-                batch_size=vae_batch_size, progress=progress)
+                batch_size=vae_batch_size, progress=progress, encode_control=encode_control)
             index = references.target
             latent_caches.update(references.caches)
             reference_failures.update(references.failures)
+            settings = masked_settings(settings, references, masks.get(dataset.id))
         with failing_together(f"caching latents of dataset {dataset.id!r}"):
             result = cache_latents(index, settings, encode_images, rank=rank,
                                    world_size=world_size, batch_size=vae_batch_size,
@@ -128,12 +134,33 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
         text_caches[dataset.id] = _cache_text(
             dataset, kept[dataset.id], caption_for[dataset.id], encode_prompts, text_identity,
             output_dir=output_dir, rank=rank, world_size=world_size, progress=progress,
-            references=(ReferenceImages(references, dataset.conditioning_ids())
-                        if references and prompts_see_references else None))
-    pairs = {d.id: d.conditioning_ids() for d in datasets if d.conditioning_ids()}
-    assembler = BatchAssembler(latent_caches, text_caches, pairs,
+            references=(ReferenceImages(references, dataset.conditioning_ids()) if references
+                        and prompts_see_references and dataset.id not in alone else None))
+    pairs = {d.id: d.conditioning_ids() for d in datasets
+             if d.conditioning_ids() and d.id not in alone}
+    assembler = BatchAssembler(latent_caches, text_caches, pairs, masks, controls,
                                prompts_see_references=prompts_see_references)
     return PreparedCaches(kept, failures, assembler, reference_failures)
+
+
+def named_alone(datasets: Sequence, conditioning: Mapping[str, tuple],
+                kind: str) -> dict[str, str]:
+    """Dataset id -> the id of the conditioning dataset it names alone whose ``kind``
+    ('is_mask': loss masks, 'is_control': control images) is true
+    (configuration/conditioning_checks.py keeps these alone)."""
+    return {d.id: d.conditioning_ids()[0] for d in datasets if d.conditioning_ids()
+            and getattr(conditioning[d.conditioning_ids()[0]][0], kind)}
+
+
+def masked_settings(settings: LatentSettings, references: CachedReferences,
+                    mask_id: str | None) -> LatentSettings:
+    """``settings`` with each sample's entry in the mask dataset ``mask_id``, so that its
+    latents are made from its masked pixels; unchanged without a mask dataset."""
+    if mask_id is None:
+        return settings
+    masks = references.caches[mask_id]
+    return replace(settings, mask_of={s: masks.paths[refs[0]]
+                                      for s, refs in references.target.references.items()})
 
 
 def _cache_text(dataset, index: DatasetIndex, caption_for, encode_prompts: EncodePrompts,

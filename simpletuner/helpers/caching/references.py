@@ -1,8 +1,9 @@
 """Edit references' latents, cached like target latents (incrementally, each rank its static
 share) before their targets': reference_strict resizes each reference to its target's size and
 cuts it by the target's crop, so the pair shares bucket and crop; reference_loose fits it to
-its own bucket with its own dataset's settings. A reference that cannot
-be decoded takes its target out of training too, on every rank alike."""
+its own bucket with its own dataset's settings; a loss mask is fitted as reference_strict and
+kept as weights (masks.py). A reference that cannot be decoded takes its target out of
+training too, on every rank alike."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from simpletuner.common.together import failing_together
 from simpletuner.helpers.caching.failures import describe_failures, gather_failures
 from simpletuner.helpers.caching.latents import (EncodeImages, LatentCache, LatentSettings,
                                                  cache_latents)
+from simpletuner.helpers.caching.generators import generated_then, generator, generator_identity
+from simpletuner.helpers.caching.masks import MASK_IDENTITY, mask_weights
 from simpletuner.helpers.data_backend.factory import open_storage
 from simpletuner.helpers.metadata.index import DatasetIndex
 
@@ -51,24 +54,34 @@ def loose_index(target: DatasetIndex, position: int, own: DatasetIndex) -> Datas
 
 def reference_settings(target_settings: LatentSettings, conditioning, target: DatasetIndex,
                        position: int, *, output_dir: str | Path) -> LatentSettings:
-    """reference_strict: the target's crop settings, the conditioning dataset's files and
-    cache folder; reference_loose: the conditioning dataset's own settings."""
+    """reference_strict and mask: the target's crop settings, the conditioning dataset's files
+    and cache folder; reference_loose: the conditioning dataset's own settings."""
     if conditioning.conditioning_type == "reference_loose":
         return LatentSettings.for_dataset(conditioning, output_dir=output_dir,
                                           model_identity=target_settings.model_identity,
                                           seed=target_settings.seed)
     folder = conditioning.cache_dir_vae or Path(output_dir) / "cache" / "vae" / conditioning.id
-    return replace(target_settings, storage=open_storage(conditioning), folder=Path(folder),
-                   reference_of={refs[position]: (s, tuple(target.original_sizes[s]))
-                                 for s, refs in target.references.items()})
+    strict = replace(target_settings, storage=open_storage(conditioning), folder=Path(folder),
+                     reference_of={refs[position]: (s, tuple(target.original_sizes[s]))
+                                   for s, refs in target.references.items()})
+    if conditioning.is_mask:  # fitted as a strict reference, kept as weights: no model
+        return replace(strict, model_identity=MASK_IDENTITY, first_frame_condition=False)
+    if conditioning.is_control:  # kept as the family's ControlNet takes it
+        made = (f"/{generator_identity(conditioning.conditioning)}"
+                if conditioning.conditioning else "")  # generated from the target's file
+        return replace(strict, model_identity=f"{strict.model_identity}/controlnet{made}",
+                       first_frame_condition=False)
+    return strict
 
 
 def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIndex]],
                      target: DatasetIndex, target_settings: LatentSettings,
                      encode_images: EncodeImages, *, output_dir: str | Path, rank: int,
-                     world_size: int, batch_size: int, progress: bool) -> CachedReferences:
+                     world_size: int, batch_size: int, progress: bool,
+                     encode_control: EncodeImages | None = None) -> CachedReferences:
     """Every rank calls this for a dataset with conditioning_data (collectives inside);
-    ``conditioning``: id -> (configuration.DatasetConfig, its paired index)."""
+    ``conditioning``: id -> (configuration.DatasetConfig, its paired index);
+    ``encode_control``: how a ControlNet's control images are kept (the adapter's)."""
     caches, failures, lost, plans = {}, {}, {}, {}
     for position, conditioning_id in enumerate(dataset.conditioning_ids()):
         config, own = conditioning[conditioning_id]
@@ -77,7 +90,11 @@ def cache_references(dataset, conditioning: Mapping[str, tuple[object, DatasetIn
         index = (loose_index(target, position, own) if settings.reference_of is None
                  else reference_index(target, position, conditioning_id))
         with failing_together(f"caching reference latents of dataset {conditioning_id!r}"):
-            result = cache_latents(index, settings, encode_images, rank=rank,
+            encode = (mask_weights if config.is_mask
+                      else encode_control if config.is_control else encode_images)
+            if config.conditioning:  # a conditioning block: generated from the fitted target
+                encode = generated_then(generator(config.conditioning), encode)
+            result = cache_latents(index, settings, encode, rank=rank,
                                    world_size=world_size, batch_size=batch_size,
                                    progress=progress)
         merged = gather_failures(result.failures)  # collective: the same on every rank

@@ -1,5 +1,6 @@
-"""Validation of an edit model (flux kontext, qwen_image edit-v1) on the pairs of the dataset eval_dataset_id names:
-its first num_eval_images targets (sorted ids, the same every run), each reference fitted to
+"""Validation of an edit model (flux kontext, qwen_image edit-v1), or of a ControlNet with its
+control images, on the pairs of the dataset eval_dataset_id names: its first num_eval_images
+targets (sorted ids, the same every run), each reference fitted to
 the validation size and edited with its target's caption. Writes, per pair and size,
 image-NN.png (the result) and edit-NN.png (reference | result), both with the prompt in their
 PNG text, plus grid.png (one edit per row); the run report shows the edit-NN.png files."""
@@ -95,7 +96,8 @@ def run_edit_validation(adapter, settings: ValidationSettings, pairs: EditPairs,
                 references.append(pairs.reference(target, size))
                 prompts.append(pairs.prompt(target))
                 results += generate_validation_images(
-                    pipeline, prompts[-1:], resolution=size, image=references[-1],
+                    pipeline, prompts[-1:], resolution=size,
+                    **{adapter.reference_image_argument: references[-1]},
                     num_inference_steps=settings.validation_num_inference_steps,
                     seed=settings.validation_seed, autocast_dtype=autocast_dtype, **arguments,
                     **adapter.size_arguments(size))

@@ -97,7 +97,9 @@ def _local_folders(configuration: Configuration) -> dict[Path, list[str]]:
     folders: dict[Path, list[str]] = {}
     resolved: dict[str, Path] = {}  # thousands of entries may name one folder: resolve it once
     for ds in (*configuration.datasets, *configuration.references):
-        if ds.type == "aws" or ds.instance_data_dir is None:
+        # a generated conditioning dataset (a conditioning block) caches what it makes of its
+        # target's images, not their latents: not a second read of the folder to warn of
+        if ds.type == "aws" or ds.instance_data_dir is None or ds.conditioning:
             continue
         if ds.instance_data_dir not in resolved:
             resolved[ds.instance_data_dir] = Path(ds.instance_data_dir).resolve()
