@@ -83,15 +83,8 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
         print(exc, file=sys.stderr)
         return 1
 
-    # Undersized: cannot fill one effective batch on the planned (or configured) groups.
     processes = (num_processes or config.training.num_processes) // context
-    undersized = {spec.dataset_id: undersized_buckets(
-        spec, processes, config.training.gradient_accumulation_steps) for spec in split_specs}
-    histogram = Path(config.training.output_dir) / HISTOGRAM_NAME
-    write_histogram(indexes, histogram, undersized)
-    marked = sum(len(keys) for keys in undersized.values())
-    logger.info("bucket histogram: %s (%d buckets marked '< E': too small for the effective "
-                "batch on %d processes)", histogram, marked, processes)
+    _write_histogram(config, indexes, split_specs, processes)
 
     # --num-processes: what the split would keep and trim on that many hypothetical ranks.
     sizing = None
@@ -118,6 +111,19 @@ def run_plan(config_path: str, *, as_json: bool = False, num_processes: int | No
         print(f"dataset '{dataset_id}' has no usable image; see the skipped files above "
               "or fix instance_data_dir", file=sys.stderr)
     return 1 if empty else 0
+
+
+def _write_histogram(config, indexes: list[DatasetIndex], split_specs: list,
+                     processes: int) -> None:
+    """The bucket histogram, undersized buckets (which cannot fill one effective batch on the
+    planned or configured data-parallel groups) marked."""
+    undersized = {spec.dataset_id: undersized_buckets(
+        spec, processes, config.training.gradient_accumulation_steps) for spec in split_specs}
+    histogram = Path(config.training.output_dir) / HISTOGRAM_NAME
+    write_histogram(indexes, histogram, undersized)
+    marked = sum(len(keys) for keys in undersized.values())
+    logger.info("bucket histogram: %s (%d buckets marked '< E': too small for the effective "
+                "batch on %d processes)", histogram, marked, processes)
 
 
 def _index_datasets(config) -> tuple[list[DatasetIndex], list]:

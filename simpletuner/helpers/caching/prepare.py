@@ -120,14 +120,9 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
             latent_caches.update(references.caches)
             reference_failures.update(references.failures)
             settings = masked_settings(settings, references, masks.get(dataset.id))
-        with failing_together(f"caching latents of dataset {dataset.id!r}"):
-            result = cache_latents(index, settings, encode_images, rank=rank,
-                                   world_size=world_size, batch_size=vae_batch_size,
-                                   progress=progress)
-        # Collective: every rank gets every rank's failures, so all remove the same samples.
-        merged = gather_failures(result.failures)
-        if merged and rank == 0:
-            logger.warning(describe_failures(dataset.id, merged))
+        result, merged = _cache_latents_together(
+            dataset.id, index, settings, encode_images, rank=rank, world_size=world_size,
+            batch_size=vae_batch_size, progress=progress)
         kept[dataset.id] = index.without(merged)
         failures[dataset.id] = merged
         latent_caches[dataset.id] = result.cache
@@ -141,6 +136,18 @@ def prepare_caches(datasets: Sequence, indexes: Mapping[str, DatasetIndex],
     assembler = BatchAssembler(latent_caches, text_caches, pairs, masks, controls,
                                prompts_see_references=prompts_see_references)
     return PreparedCaches(kept, failures, assembler, reference_failures)
+
+
+def _cache_latents_together(dataset_id: str, index: DatasetIndex, settings, encode_images,
+                            **work) -> tuple:
+    """One dataset's latents cached by every rank, and the samples that failed on any rank:
+    every rank gets every rank's failures (a collective), so all remove the same samples."""
+    with failing_together(f"caching latents of dataset {dataset_id!r}"):
+        result = cache_latents(index, settings, encode_images, **work)
+    merged = gather_failures(result.failures)
+    if merged and work["rank"] == 0:
+        logger.warning(describe_failures(dataset_id, merged))
+    return result, merged
 
 
 def named_alone(datasets: Sequence, conditioning: Mapping[str, tuple],
