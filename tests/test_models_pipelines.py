@@ -122,11 +122,13 @@ class SizelessPipeline:
 
 
 class SizelessPipelineTest(unittest.TestCase):
-    def test_a_pipeline_that_takes_no_size_samples_at_its_own(self):
+    def test_a_pipeline_that_takes_no_size_gets_its_input_image_at_the_asked_size(self):
+        # It sizes its output from its input (HunyuanVideo 1.5 I2V, LongCat-Image-Edit): the
+        # input resized to the validation resolution is what makes that resolution's output.
         reference = Image.new("RGB", (24, 16))
         images = generate_validation_images(SizelessPipeline(), ["a"], resolution=(64, 32),
                                             num_inference_steps=1, input_images=[reference])
-        self.assertEqual(images[0].size, (48, 32))
+        self.assertEqual(images[0].size, (128, 64))
 
 
 if __name__ == "__main__":

@@ -153,9 +153,9 @@ def _check_controls(datasets: list[DatasetConfig], training, where: Location,
     controls = sorted(ds.id for ds in datasets if ds.is_control)
     if controls and training is not None and not controlnet:
         problems.append(where.problem(
-            "", f"conditioning datasets ({', '.join(controls)}) hold ControlNet control images "
-            "(conditioning_type 'controlnet'); set controlnet: true in config.json, or remove "
-            "them"))
+            "conditioning", f"conditioning datasets ({', '.join(controls)}) hold ControlNet "
+            "control images (conditioning_type 'controlnet'); set controlnet: true in "
+            "config.json, or remove them"))
     spec = known_spec(getattr(training, "model_family", None))
     if not controlnet or spec is None or spec.controlnet_adapter is None or (
             training.model_type != "full"):  # controlnet itself is refused (training_checks)

@@ -45,6 +45,7 @@ def _load_inference_scheduler(folder: Path):
 class UNetFamilyAdapter(ModelAdapter):
     forbidden_subfolders: tuple[str, ...] = ("transformer",)  # an SD3 or Flux folder
     trainable_component = "unet"
+    network_folder = "unet"  # the denoising network's folder (a ControlNet run trains another)
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")  # every attention projection
     # SDXL's VAE overflows in float16; it stays float32 then (bfloat16 is fine).
     vae_float32_under_fp16 = False
@@ -68,7 +69,7 @@ class UNetFamilyAdapter(ModelAdapter):
                 f"training supports {', '.join(SUPPORTED_PREDICTION_TYPES)}")
         # The trained network: the UNet, or a family's noise-predicting transformer_class.
         network_class = getattr(cls, "transformer_class", UNet2DConditionModel)
-        unet = load_component(network_class.from_pretrained, folder, cls.trainable_component)
+        unet = load_component(network_class.from_pretrained, folder, cls.network_folder)
         vae_dtype = weight_dtype
         if cls.vae_float32_under_fp16 and weight_dtype == torch.float16:
             vae_dtype = torch.float32

@@ -19,7 +19,7 @@ class PixArtSigmaAdapter(UNetFamilyAdapter):
     text_encoder_specs = (("text_encoder", "tokenizer", T5EncoderModel, T5Tokenizer),)
     transformer_class = PixArtTransformer2DModel  # loaded from trainable_component/
     pipeline_class = PixArtSigmaPipeline
-    trainable_component = "transformer"
+    trainable_component = network_folder = "transformer"
     forbidden_subfolders = ("unet", "text_encoder_2")
     vae_float32_under_fp16 = True  # SDXL's VAE
     max_sequence_length = 300  # PixArtSigmaPipeline's default
