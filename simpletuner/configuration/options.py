@@ -133,6 +133,10 @@ class TrainingConfig:
         "value: clamp each gradient element to [-max_grad_norm, max_grad_norm]")
     mixed_precision: Literal["no", "bf16", "fp16"] = option("no")
     gradient_checkpointing: bool = option(False)
+    gradient_checkpointing_interval: int = option(
+        1, minimum=1, help="with gradient_checkpointing: checkpoint the blocks whose index in "
+        "their block list is a multiple of n (0, n, 2n...), the others keep their activations "
+        "(fewer recomputed, more memory); 1 = every block; transformer families only")
     use_ema: bool = option(False)
     ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
     max_nonfinite_steps: int = option(

@@ -12,6 +12,7 @@ import torch
 from diffusers import AutoencoderKL
 
 from simpletuner.families import family_spec, load_object
+from simpletuner.models.checkpointing import EveryNthBlock
 from simpletuner.models.group_offload import is_group_offloaded
 from simpletuner.models.layout import check_model_folder
 from simpletuner.models.training_batch import TrainingBatch
@@ -161,10 +162,12 @@ class ModelAdapter(ABC):
         block swap may keep on the host; none where blocks do not run one after another."""
         return []
 
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Trade compute for memory in the trainable network's backward pass."""
+    def set_gradient_checkpointing(self, enabled: bool, interval: int = 1) -> None:
+        """Trade compute for memory in the trainable network's backward pass: every
+        ``interval``-th block of each block list checkpointed (models/checkpointing.py)."""
         if enabled:
-            self.trainable.enable_gradient_checkpointing()
+            self.trainable.enable_gradient_checkpointing(
+                gradient_checkpointing_func=EveryNthBlock(self.trainable, interval))
         else:
             self.trainable.disable_gradient_checkpointing()
 

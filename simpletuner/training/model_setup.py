@@ -36,5 +36,6 @@ def load_trained_model(training, settings, *, model_folder, resume_from, seed: i
                 add_adapter(adapter.trainable, type(adapter), training)
         if training.init_lora is not None and resume_from is None:
             init_adapter(adapter, training.init_lora)
-        adapter.set_gradient_checkpointing(training.gradient_checkpointing)
+        adapter.set_gradient_checkpointing(training.gradient_checkpointing,
+                                         training.gradient_checkpointing_interval)
     return adapter, block_swap

@@ -50,10 +50,9 @@ MODEL_KEYS = {
               "used only with SDNQ precisions, which base_model_precision refuses here"),
     **refused("tread_config", "remove it; TREAD token routing is not supported here"),
     **refused("diffusion_blocks_config", "remove it; every block of the network is trained"),
-    **refused("gradient_checkpointing_interval", "remove it; gradient_checkpointing applies to "
-              "every block", (None, 0, 1)),
-    **refused("gradient_checkpointing_segment_stride", "remove it; gradient_checkpointing "
-              "applies to every block", (None, 0, 1)),
+    **refused("gradient_checkpointing_segment_stride", "remove it; "
+              "gradient_checkpointing_interval n checkpoints every n-th block, with no stride",
+              (None, 0, 1)),
     **refused("gradient_checkpointing_backend", "remove it; gradient_checkpointing uses torch's "
               "checkpointing", (None, "torch")),
     **ignored("gradient_checkpointing_offload_attention gradient_checkpointing_offload_prefetch "

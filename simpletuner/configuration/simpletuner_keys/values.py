@@ -83,7 +83,7 @@ CONFIG_VALUE_ALIASES: dict[str, dict[object, object]] = {
 CONFIG_NOT_SET: dict[str, tuple] = {
     "num_train_epochs": (0,), "max_train_steps": (0,), "eval_steps_interval": (None,),
     "checkpointing_steps": (None,), "validation_steps": (None,), "validation_seed": (None,),
-    "adam_beta1": (None,), "adam_beta2": (None,),
+    "adam_beta1": (None,), "adam_beta2": (None,), "gradient_checkpointing_interval": (None, 0),
 }
 
 # Options that exist here under SimpleTuner's name but do not mean the same thing.
@@ -95,6 +95,10 @@ CONFIG_DIFFERENT: dict[str, str] = {
                     "noise_offset_probability of the samples; here it applies to every sample "
                     "whenever it is above 0",
     "validation_seed": "SimpleTuner's null draws a random seed; here null keeps the default 0",
+    "gradient_checkpointing_interval": "every n-th block of each block list is checkpointed "
+                                       "(SimpleTuner's older meaning, still Sana's); its Flux, "
+                                       "Wan and some others now checkpoint contiguous groups "
+                                       "of n blocks",
     "grad_clip_method": "left out it is 'norm' here (this trainer's clipping before the option "
                         "existed); SimpleTuner's default is 'value'",
 }
