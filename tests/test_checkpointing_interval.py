@@ -1,7 +1,8 @@
 """gradient_checkpointing_interval: every n-th block of each block list checkpointed, through
 diffusers' checkpointing function (Flux) and Chroma's own per-block wrapping: the loss and the
 gradients equal those of checkpointing every block, and the backward recomputes fewer blocks
-(each block's attention calls counted); what cannot work is refused by config.json's checks."""
+(each block's attention calls counted); what cannot work is refused by config.json's checks,
+dynamo_backend's combinations included."""
 
 from __future__ import annotations
 
@@ -85,6 +86,15 @@ class CheckpointingIntervalTest(TinyModelCase):
         self.assertIn("block swap needs every swapped block checkpointed",
                       problems(model_family="flux", gradient_checkpointing=True,
                                musubi_blocks_to_swap=1))
+        compiled = problems(model_family="flux", gradient_checkpointing=True,
+                            gradient_checkpointing_interval=1, dynamo_backend="inductor",
+                            musubi_blocks_to_swap=1, fsdp_enable=True)
+        self.assertIn("dynamo_backend' ('inductor') compiles each block, and "
+                      "musubi_blocks_to_swap puts", compiled)
+        self.assertIn("and fsdp_enable puts FSDP2's gathered shards", compiled)
+        self.assertIn("SimpleTuner's dynamo_backend 'aot_eager' is not supported here; use "
+                      "'inductor'", problems(model_family="flux", dynamo_backend="aot_eager",
+                                             gradient_checkpointing=True))
         config.write_text(json.dumps({
             "model_family": "flux", "pretrained_model_name_or_path": "builtin:tiny-flux",
             "output_dir": str(folder / "out"), "data_backend_config": str(folder / "backend.json"),

@@ -137,6 +137,10 @@ class TrainingConfig:
         1, minimum=1, help="with gradient_checkpointing: checkpoint the blocks whose index in "
         "their block list is a multiple of n (0, n, 2n...), the others keep their activations "
         "(fewer recomputed, more memory); 1 = every block; transformer families only")
+    dynamo_backend: Literal["no", "inductor"] = option(
+        "no", help="inductor: compile each repeated block of the trained network with "
+        "torch.compile (regional compilation; the first steps include the compile time, shown "
+        "as such); no: eager; not with musubi_blocks_to_swap or fsdp_enable")
     use_ema: bool = option(False)
     ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
     max_nonfinite_steps: int = option(

@@ -1,5 +1,6 @@
 """Checks of the speed options that loading config.json runs: gradient_checkpointing_interval
-against checkpointing, the family and block swap."""
+against checkpointing, the family and block swap; dynamo_backend against block swap and
+FSDP2."""
 
 from __future__ import annotations
 
@@ -30,3 +31,21 @@ def check_checkpointing_interval(values: dict[str, Any], where: Location,
             "gradient_checkpointing_interval", f"{key} leaves blocks unrecomputed, and block "
             "swap needs every swapped block checkpointed (its device copies would be kept "
             "until the backward): set it to 1, or musubi_blocks_to_swap to 0"))
+
+
+def check_compile_options(values: dict[str, Any], where: Location,
+                          problems: list[Problem]) -> None:
+    """Regional compilation works with LoRA and gradient checkpointing; block swap's hooks
+    replace a block's weights around its forward, and FSDP2's gather them, inside what would
+    be the compiled region: refused, by name, rather than recompiled at every call."""
+    backend = values.get("dynamo_backend", "no")
+    if backend == "no":
+        return
+    key = f"key 'dynamo_backend' ('{backend}')"
+    for other, what in (("musubi_blocks_to_swap", "block swap's weight copies"),
+                        ("fsdp_enable", "FSDP2's gathered shards")):
+        if values.get(other):
+            problems.append(where.problem(
+                "dynamo_backend", f"{key} compiles each block, and {other} puts {what} in "
+                f"the blocks' forward, which compiling here does not support: set dynamo_backend "
+                f"to 'no', or {other} off"))

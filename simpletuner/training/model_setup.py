@@ -12,6 +12,7 @@ from simpletuner.models.base import LossSettings
 from simpletuner.models.registry import get_adapter_class
 from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.adapters.lora_init import init_adapter
+from simpletuner.training.compilation import compile_repeated_blocks
 from simpletuner.training.memory.block_swap import place_network
 from simpletuner.training.memory.group_offload import offload_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
@@ -38,4 +39,5 @@ def load_trained_model(training, settings, *, model_folder, resume_from, seed: i
             init_adapter(adapter, training.init_lora)
         adapter.set_gradient_checkpointing(training.gradient_checkpointing,
                                          training.gradient_checkpointing_interval)
+        compile_repeated_blocks(adapter, training.dynamo_backend)
     return adapter, block_swap

@@ -11,8 +11,10 @@ STANDARD_LORA = ("remove it; LoRA here is peft LoRA (model_type 'lora', lora_ran
 NO_TEXT_ENCODER_TRAINING = "remove it; text encoders are frozen and their embeddings cached"
 MEMORY_ONLY = ("accepted; memory placement here is frozen_components_after_caching, "
                "gradient_checkpointing and fsdp_*; the trained result is the same")
-KERNELS = ("accepted; attention uses PyTorch's scaled_dot_product_attention and nothing is "
-           "compiled; the trained result does not depend on the kernel")
+KERNELS = ("accepted; attention uses PyTorch's scaled_dot_product_attention; the trained "
+           "result does not depend on the kernel")
+COMPILE = ("accepted; dynamo_backend 'inductor' compiles each repeated block with "
+           "torch.compile's defaults (regional compilation), for training and validation alike")
 LAUNCHER = ("remove it; ./train.sh launches num_processes processes; pass launcher options in "
             "ACCELERATE_EXTRA_ARGS (multi-node: --num_machines, --machine_rank, "
             "--main_process_ip, --main_process_port) or ACCELERATE_CONFIG_FILE")
@@ -98,11 +100,10 @@ MODEL_KEYS = {
               "its LoRA) is trained", (None, "none")),
     # Kernels, precision and compilation
     **ignored("attention_mechanism sla_config sageattention_usage disable_tf32 allow_tf32 "
-              "enable_xformers_memory_efficient_attention validation_torch_compile "
-              "dynamo_mode dynamo_fullgraph dynamo_dynamic dynamo_use_regional_compilation "
-              "dynamo_wrapper dynamo_cache_export dynamo_cache_export_after_first_step "
-              "dynamo_hub_repo_id", KERNELS),
-    **refused("dynamo_backend", "remove it; nothing is compiled here", (None, "no")),
+              "enable_xformers_memory_efficient_attention", KERNELS),
+    **ignored("validation_torch_compile dynamo_mode dynamo_fullgraph dynamo_dynamic "
+              "dynamo_use_regional_compilation dynamo_wrapper dynamo_cache_export "
+              "dynamo_cache_export_after_first_step dynamo_hub_repo_id", COMPILE),
     # Launching and distribution
     **refused("accelerate_config deepspeed_config offload_param_path", LAUNCHER),
     **refused("accelerate_extra_args", LAUNCHER, (None, "")),

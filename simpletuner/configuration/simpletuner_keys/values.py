@@ -52,6 +52,9 @@ CONFIG_VALUES: dict[str, dict[str, str]] = {
     "lr_scheduler": {"sine": "use 'cosine' or 'cosine_with_restarts'",
                      "inverse_sqrt": "use 'polynomial' or 'cosine'",
                      "constant_with_restarts": "use 'cosine_with_restarts' or 'constant'"},
+    "dynamo_backend": _each("eager aot_eager aot_ts_nvfuser nvprims_nvfuser cudagraphs ofi "
+                            "fx2trt onnxrt tensorrt ipex tvm hpu_backend",
+                            "use 'inductor' (each repeated block compiled) or 'no' (eager)"),
     "mixed_precision": {"fp8": "use 'bf16'; fp8 training is not supported here"},
     "report_to": _each("comet_ml aim clearml mlflow swanlab simpletuner custom-tracker",
                        "use 'tensorboard', 'wandb', 'all' or 'none'"),
@@ -84,6 +87,7 @@ CONFIG_NOT_SET: dict[str, tuple] = {
     "num_train_epochs": (0,), "max_train_steps": (0,), "eval_steps_interval": (None,),
     "checkpointing_steps": (None,), "validation_steps": (None,), "validation_seed": (None,),
     "adam_beta1": (None,), "adam_beta2": (None,), "gradient_checkpointing_interval": (None, 0),
+    "dynamo_backend": (None,),
 }
 
 # Options that exist here under SimpleTuner's name but do not mean the same thing.
