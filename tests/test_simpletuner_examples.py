@@ -31,7 +31,7 @@ EXAMPLES = {
     "sdxl.peft-controlnet-lora": {"controlnet", "conditioning"},
     "sd3.peft-controlnet-lora": {"controlnet", "conditioning"},
     "flux.peft-controlnet-lora": {"controlnet", "conditioning", "flux_lora_target"},
-    "flux.peft-lora+TREAD": {"tread_config"},
+    "flux.peft-lora+TREAD": set(),
 }
 REFUSED = re.compile(r"SimpleTuner option '([a-z_0-9]+)' is not supported here")
 HUB_IDS = ("RareConcepts/Domokun", "keras-dreambooth/minercraft")  # the examples' dataset_name

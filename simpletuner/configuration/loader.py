@@ -24,7 +24,7 @@ from simpletuner.configuration.memory_checks import (check_block_swap_options,
 from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON
 from simpletuner.configuration.speed_checks import (check_checkpointing_interval,
-                                                    check_compile_options)
+                                                    check_compile_options, check_tread_config)
 from simpletuner.configuration.training_checks import (check_fsdp_options,
                                                        check_lora_target_all,
                                                        check_loss_options_fit_the_family)
@@ -109,6 +109,7 @@ def parse_training(raw: Any, where: Location, problems: list[Problem],
     check_block_swap_options(values, where, problems)
     check_checkpointing_interval(values, where, problems)
     check_compile_options(values, where, problems)
+    check_tread_config(values, where, problems)
     check_group_offload_options(values, where, base, problems)
     check_lora_target_all(raw, values, where, problems)
     if len(problems) > before:

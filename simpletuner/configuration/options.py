@@ -141,6 +141,12 @@ class TrainingConfig:
         "no", help="inductor: compile each repeated block of the trained network with "
         "torch.compile (regional compilation; the first steps include the compile time, shown "
         "as such); no: eager; not with musubi_blocks_to_swap or fsdp_enable")
+    tread_config: dict | None = option(
+        None, help="TREAD token routing while training (SimpleTuner's format): {\"routes\": "
+        "[{\"selection_ratio\": 0.5, \"start_layer_idx\": 2, \"end_layer_idx\": -2}]}: that share "
+        "of the image tokens skips blocks start to end (inclusive; negative: from the end of the "
+        "block list, Flux's double- then single-stream blocks) and rejoins after them; "
+        "validation and evaluation see every block; flux and wan; not with dynamo_backend")
     use_ema: bool = option(False)
     ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
     max_nonfinite_steps: int = option(

@@ -55,6 +55,8 @@ class FamilySpec:
     # (a key twice where two block lists have its length), so check refuses a
     # musubi_blocks_to_swap beyond them before loading; empty: the run's own check decides.
     swappable_block_keys: tuple[str, ...] = ()
+    # tread_config: its adapter routes image tokens around blocks (its token_layout).
+    token_routing: bool = False
 
     @property
     def trains_unet(self) -> bool:

@@ -40,4 +40,6 @@ def load_trained_model(training, settings, *, model_folder, resume_from, seed: i
         adapter.set_gradient_checkpointing(training.gradient_checkpointing,
                                          training.gradient_checkpointing_interval)
         compile_repeated_blocks(adapter, training.dynamo_backend)
+        if training.tread_config is not None:
+            adapter.route_tokens(training.tread_config)
     return adapter, block_swap

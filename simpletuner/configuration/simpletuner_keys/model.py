@@ -50,7 +50,6 @@ MODEL_KEYS = {
               "sdnq_svd_rank sdnq_svd_steps sdnq_hadamard_group_size sdnq_modules_to_not_convert "
               "sdnq_modules_to_not_use_matmul sdnq_modules_dtype_dict sdnq_modules_quant_config",
               "used only with SDNQ precisions, which base_model_precision refuses here"),
-    **refused("tread_config", "remove it; TREAD token routing is not supported here"),
     **refused("diffusion_blocks_config", "remove it; every block of the network is trained"),
     **refused("gradient_checkpointing_segment_stride", "remove it; "
               "gradient_checkpointing_interval n checkpoints every n-th block, with no stride",

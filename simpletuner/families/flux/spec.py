@@ -15,5 +15,6 @@ SPEC = FamilySpec(
     guidance_input=True,
     # the double-stream blocks, then the single-stream ones
     swappable_block_keys=("num_layers", "num_single_layers"),
+    token_routing=True,  # tread_config: adapter.py's token_layout
     # Flux's guidance is an input of the network, not an unconditional pass
     guidance_scale_without_cfg=None)

@@ -20,4 +20,5 @@ SPEC = FamilySpec(
     folder_problem=unsupported_folder,
     # The VAE compresses time 4x and keeps the first frame on its own: 4n+1 frames.
     frame_rule=FrameRule(multiple=4, remainder=1),
-    swappable_block_keys=("num_layers",))
+    swappable_block_keys=("num_layers",),
+    token_routing=True)  # tread_config: adapter.py's token_layout
