@@ -1,8 +1,9 @@
 """Speed options side by side on tiny DiT families: eager against compiled
 (``dynamo_backend``, regional compilation), gradient checkpointing of every block against every
-2nd (``gradient_checkpointing_interval``); for each, the first step (compilation included), the
-median step after it, and the loss after N steps (the same seeds for every setting, so the
-losses show the options train the same).
+2nd (``gradient_checkpointing_interval``), TREAD off and on (``tread_config``: half the image
+tokens around the middle blocks); for each, the first step (compilation included), the
+median step after it, and the loss after N steps (the same seeds for every setting: compiling
+and the checkpoint interval train the same, TREAD its own way).
 
 The tiny transformers are rebuilt with ``--layers`` blocks in each block list, so the
 interval has blocks to skip. Full training, AdamW, one fixed batch.
@@ -28,9 +29,12 @@ from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.training.compilation import compile_repeated_blocks
 
 HEIGHT, WIDTH, BATCH = 64, 64, 2
-# (name, compiled, gradient_checkpointing_interval; 0 = no checkpointing)
-SETTINGS = (("eager", False, 0), ("eager, ckpt 1", False, 1), ("eager, ckpt 2", False, 2),
-            ("compiled", True, 0), ("compiled, ckpt 1", True, 1))
+# (name, compiled, gradient_checkpointing_interval (0: no checkpointing), TREAD)
+SETTINGS = (("eager", False, 0, False), ("eager, ckpt 1", False, 1, False),
+            ("eager, ckpt 2", False, 2, False), ("eager, TREAD 0.5", False, 0, True),
+            ("compiled", True, 0, False), ("compiled, ckpt 1", True, 1, False))
+# half the image tokens skip every block but the first and the last
+TREAD = {"routes": [{"selection_ratio": 0.5, "start_layer_idx": 1, "end_layer_idx": -2}]}
 
 
 def deep_adapter(family: str, layers: int, device: torch.device):
@@ -55,9 +59,12 @@ def fixed_batch(adapter, device: torch.device) -> TrainingBatch:
             target_sizes=[(HEIGHT, WIDTH)] * BATCH)
 
 
-def measure(family: str, compiled: bool, interval: int, args, device: torch.device) -> dict:
+def measure(family: str, compiled: bool, interval: int, tread: bool, args,
+            device: torch.device) -> dict:
     adapter = deep_adapter(family, args.layers, device)
     adapter.set_gradient_checkpointing(interval > 0, max(interval, 1))
+    if tread:
+        adapter.route_tokens(TREAD)
     if compiled:
         compile_repeated_blocks(adapter, args.backend)
     batch = fixed_batch(adapter, device)
@@ -93,11 +100,11 @@ def main() -> None:
     rows = []
     for family in args.families:
         eager_ms = None
-        for name, compiled, interval in SETTINGS:
+        for name, compiled, interval, tread in SETTINGS:
             if compiled and not args.compile:
                 continue
             row = {"family": family, "setting": name,
-                   **measure(family, compiled, interval, args, device)}
+                   **measure(family, compiled, interval, tread, args, device)}
             eager_ms = eager_ms or row["step_ms"]
             row["x_eager"] = ratio(eager_ms, row["step_ms"])
             rows.append(row)
