@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from model_fixtures import TinyModelCase, random_batch
-from simpletuner.configuration import ConfigError, load_configuration
+from simpletuner.configuration import load_configuration
+from training_fixtures import config_problems
 
 
 def deepen(adapter, layers: int = 3) -> None:
@@ -66,19 +67,11 @@ class CheckpointingIntervalTest(TinyModelCase):
 
     def test_what_cannot_work_is_refused(self):
         folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
-        (folder / "data").mkdir()
-        (folder / "backend.json").write_text(json.dumps([
-            {"id": "d", "instance_data_dir": str(folder / "data")}]))
-        config = folder / "config.json"
 
         def problems(**options) -> str:
-            config.write_text(json.dumps({
-                "pretrained_model_name_or_path": "builtin:tiny-flux", "output_dir": str(
-                    folder / "out"), "data_backend_config": str(folder / "backend.json"),
-                "gradient_checkpointing_interval": 2, **options}))
-            with self.assertRaises(ConfigError) as caught:
-                load_configuration(str(config))
-            return str(caught.exception)
+            return config_problems(folder, **{
+                "pretrained_model_name_or_path": "builtin:tiny-flux",
+                "gradient_checkpointing_interval": 2, **options})
 
         text = problems(model_family="sdxl")
         self.assertIn("'sdxl' is a UNet: set it to 1", text)
@@ -95,6 +88,7 @@ class CheckpointingIntervalTest(TinyModelCase):
         self.assertIn("SimpleTuner's dynamo_backend 'aot_eager' is not supported here; use "
                       "'inductor'", problems(model_family="flux", dynamo_backend="aot_eager",
                                              gradient_checkpointing=True))
+        config = folder / "config.json"
         config.write_text(json.dumps({
             "model_family": "flux", "pretrained_model_name_or_path": "builtin:tiny-flux",
             "output_dir": str(folder / "out"), "data_backend_config": str(folder / "backend.json"),

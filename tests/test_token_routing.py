@@ -5,16 +5,15 @@ sees every token and the loss is the one without TREAD, for the same weights."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 import torch
 
 from model_fixtures import TinyModelCase, losses_around_training, random_batch
-from simpletuner.configuration import ConfigError, load_configuration
 from simpletuner.families import family_spec
 from simpletuner.models.token_routing import resolve_routes
+from training_fixtures import config_problems
 
 ROUTES = {"routes": [{"selection_ratio": 0.5, "start_layer_idx": 1, "end_layer_idx": -2}]}
 
@@ -77,18 +76,10 @@ class TokenRoutingTest(TinyModelCase):
 
     def test_what_cannot_work_is_refused_before_launch(self):
         folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
-        (folder / "backend.json").write_text(json.dumps([
-            {"id": "d", "instance_data_dir": str(folder)}]))
 
         def problems(**options) -> str:
-            config = folder / "config.json"
-            config.write_text(json.dumps({
-                "pretrained_model_name_or_path": "builtin:tiny-flux", "output_dir": str(
-                    folder / "out"), "data_backend_config": str(folder / "backend.json"),
-                **options}))
-            with self.assertRaises(ConfigError) as caught:
-                load_configuration(str(config))
-            return str(caught.exception)
+            return config_problems(folder, pretrained_model_name_or_path="builtin:tiny-flux",
+                                   **options)
 
         text = problems(model_family="sd3", dynamo_backend="inductor", tread_config={
             "routes": [{"selection_ratio": 1.5, "start_layer_idx": 1, "end_layer_idx": -1}]})
