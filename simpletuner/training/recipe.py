@@ -31,13 +31,13 @@ from simpletuner.helpers.multiaspect.trace import TraceWriter
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
+from simpletuner.training.compilation import CompileClock
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
 from simpletuner.training.memory.block_swap import network_to_device
 from simpletuner.training.memory.offload import release_frozen_components
 from simpletuner.training.memory.sharding import (accumulating, network_on_main, prepare,
                                                   shard_network)
-from simpletuner.training.compilation import CompileClock
 from simpletuner.training.model_setup import load_trained_model
 from simpletuner.training.optimization.optimizers import build_optimizer
 from simpletuner.training.optimization.schedules import build_lr_scheduler, scheduled_lr
@@ -145,7 +145,7 @@ class Trainer:
         self.evaluator = self._build_evaluator()
         self.trace = self._open_trace()
         self._report_start()
-        self.compile_clock = CompileClock()
+        self.compile_clock, self.compiling = CompileClock(), 0.0  # dynamo_backend's steps
 
     def _prepare_caches(self):
         """VAE latents and text embeddings; undecodable images are dropped on every rank alike."""
