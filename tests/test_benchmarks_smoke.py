@@ -29,6 +29,7 @@ TABLE_COLUMN = {
     "bench_s3.py": "x baseline",
     "bench_s3_clients.py": "boto3 / this",
     "bench_sampler_state.py": "previous / this size",
+    "bench_speed_options.py": "x eager",
     "bench_split.py": "x reference",
     "bench_train.py": "x bare",
     "bench_video_discovery.py": "x cold",

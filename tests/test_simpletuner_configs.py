@@ -18,7 +18,6 @@ SIMPLETUNER_CONFIG = {
     "--model_family": "sdxl", "--model_type": "lora", "--peft_lora_mode": "singlora",
     "--model_flavour": "base", "--base_model_precision": "int8-quanto",
     "--quantize_via": "pipeline", "--optimizer": "adamw_schedulefree", "--report_to": "comet_ml",
-    "--tread_config": {"routes": []},
     "--push_to_hub": True, "--lr_scheduler": "sine", "--mixed_precision": "bf16",
 }
 SIMPLETUNER_DATASET = {"caption_strategy": "csv", "probability": 1.0,
@@ -54,7 +53,7 @@ class SimpleTunerConfigTest(unittest.TestCase):
         config = {k: v for k, v in SIMPLETUNER_CONFIG.items() if k != "--model_family"}
         problems = self.problems(config, [self.image_dataset(**SIMPLETUNER_DATASET)])
         expected = {"peft_lora_mode": "peft LoRA", "quantize_via": "on the CPU",
-                    "tread_config": "TREAD", "push_to_hub": "nothing is uploaded",
+                    "push_to_hub": "nothing is uploaded",
                     "vae_cache_clear_each_epoch": "cached once and reused"}
         for key, advice in expected.items():
             found = [p for p in problems if f"SimpleTuner option '{key}' is not supported" in p]

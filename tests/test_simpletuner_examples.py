@@ -23,9 +23,6 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "simpletuner"
 PATH_KEYS = ("cache_dir_vae", "cache_dir")
 FILE_KEYS = ("lycoris_config", "user_prompt_library")  # files beside the examples
 # What SimpleTuner's examples use that does not exist here, by feature: the keys refused.
-COMPILE = {"dynamo_backend"}                       # torch.compile
-TREAD = {"tread_config"}                           # TREAD token routing
-CHECKPOINT_INTERVAL = {"gradient_checkpointing_interval"}
 CHECKPOINT_STRIDE = {"gradient_checkpointing_segment_stride"}
 RAMTORCH = {"ramtorch"}                            # weights streamed from RAM
 SDNQ = {"base_model_precision"}                    # base_model_precision 'int8-sdnq'
@@ -38,9 +35,9 @@ CAPTION_DATASETS = {"dataset_type", "caption_file_extensions"}  # text-only data
 HUB_CLIPS = {"dataset_type", "video_column"}       # clips from a datasets-library split
 IDEOGRAM_ENHANCER = {"ideogram_auto_json", "ideogram_prompt_enhancer_head_id",
                      "ideogram_schedule_mu", "ideogram_schedule_std", "ideogram_validation"}
-QWEN_21 = COMPILE | CREPA | WEBSHART | {"webshart"}
-ANYFLOW = COMPILE | CHECKPOINT_INTERVAL | DISTILLATION | WEBSHART | {"webshart", "metadata"}
-ASSISTANT = COMPILE | CHECKPOINT_INTERVAL | DISTILLATION | CAPTION_DATASETS
+QWEN_21 = CREPA | WEBSHART | {"webshart"}
+ANYFLOW = DISTILLATION | WEBSHART | {"webshart", "metadata"}
+ASSISTANT = DISTILLATION | CAPTION_DATASETS
 # Example (`simpletuner/examples/<name>/config.json` of the 4.10.1 wheel, every one of a family
 # supported here whose files the wheel holds) -> the keys it is refused for.
 EXAMPLES = {
@@ -56,38 +53,38 @@ EXAMPLES = {
     "sd3.peft-controlnet-lora": CONTROLNET,
     "auraflow.peft-controlnet-lora": CONTROLNET,
     "flux.peft-controlnet-lora": CONTROLNET | {"flux_lora_target"},  # its 'controlnet' targets
-    "flux.peft-lora+TREAD": TREAD,
+    "flux.peft-lora+TREAD": set(),
     "kontext.peft-lora": CONTROL,
     "flux2-klein-9b-i2i.lycoris-lokr": CONTROL,
     "flux2.peft-lora": SDNQ,
-    "flux2.peft-lora+TREAD": SDNQ | TREAD,
-    "krea2.peft-lora": SDNQ | COMPILE,
+    "flux2.peft-lora+TREAD": SDNQ | {"tread_config"},  # TREAD: Flux and Wan only
+    "krea2.peft-lora": SDNQ,
     "z-image-turbo.peft-lora": SDNQ,
     "z-image-turbo.peft-lora+canny-conditioning": CONTROL,
     "z-image-turbo.peft-lora+canny-conditioning-ddp8": CONTROL,
     "ernie.peft-lora": RAMTORCH,
     "sana.lycoris-lokr": {"delete_problematic_images", "evaluation_type"},  # CLIP scores
     "ideogram-fp8.peft-lora": IDEOGRAM_ENHANCER,
-    "ideogram-image-24g.peft-lora": IDEOGRAM_ENHANCER | COMPILE,
-    "ideogram-image-32g.peft-lora": IDEOGRAM_ENHANCER | COMPILE,
-    "ideogram-image-48g.peft-lora": IDEOGRAM_ENHANCER | COMPILE | {"ideogram_fp8_base_upcast"},
-    "ideogram-image-80g.peft-lora": (IDEOGRAM_ENHANCER | COMPILE | CHECKPOINT_INTERVAL
+    "ideogram-image-24g.peft-lora": IDEOGRAM_ENHANCER,
+    "ideogram-image-32g.peft-lora": IDEOGRAM_ENHANCER,
+    "ideogram-image-48g.peft-lora": IDEOGRAM_ENHANCER | {"ideogram_fp8_base_upcast"},
+    "ideogram-image-80g.peft-lora": (IDEOGRAM_ENHANCER
                                      | CHECKPOINT_STRIDE | {"ideogram_fp8_base_upcast"}),
-    "qwen_image.peft-lora": QWEN_21 | CHECKPOINT_INTERVAL,
+    "qwen_image.peft-lora": QWEN_21,
     "qwen_image-2.1-24g.peft-lora": QWEN_21,
-    "qwen_image-2.1-32g.peft-lora": QWEN_21 | CHECKPOINT_INTERVAL,
-    "qwen_image-2.1-48g.peft-lora": QWEN_21 | CHECKPOINT_INTERVAL,
-    "qwen_image-2.1-80g.peft-lora": QWEN_21 | CHECKPOINT_INTERVAL,
-    "qwen_image-2.1-144g.peft-lora": QWEN_21 | CHECKPOINT_INTERVAL,
+    "qwen_image-2.1-32g.peft-lora": QWEN_21,
+    "qwen_image-2.1-48g.peft-lora": QWEN_21,
+    "qwen_image-2.1-80g.peft-lora": QWEN_21,
+    "qwen_image-2.1-144g.peft-lora": QWEN_21,
     "qwen_image-2.1-anyflow-stage1.peft-lora": ANYFLOW,
     "qwen_image-2.1-anyflow-stage2.peft-lora": ANYFLOW,
     "qwen_image-2.1-anyflow-stage3.peft-lora": ANYFLOW,
     "qwen_image-2.1-assistant-lora.peft-lora": ASSISTANT,
     "qwen_image-2.1-assistant-lora-multires.peft-lora": ASSISTANT,
-    "qwen_image-2.1-assistant-lora-offline.peft-lora": COMPILE | CHECKPOINT_INTERVAL | WEBSHART,
-    "wan-1.3b.peft-lora+TREAD": HUB_CLIPS | TREAD,
-    "wan-2.2-i2v-a14b-high.peft-lora+TREAD": HUB_CLIPS | TREAD,
-    "wan-2.2-i2v-a14b-low.peft-lora+TREAD": HUB_CLIPS | TREAD,
+    "qwen_image-2.1-assistant-lora-offline.peft-lora": WEBSHART,
+    "wan-1.3b.peft-lora+TREAD": HUB_CLIPS,
+    "wan-2.2-i2v-a14b-high.peft-lora+TREAD": HUB_CLIPS,
+    "wan-2.2-i2v-a14b-low.peft-lora+TREAD": HUB_CLIPS,
     "wan2.1-i2v-14b-480p-8xh100.peft-lora+cp-fa3": HUB_CLIPS,
     "wan2.1-i2v-14b-720p-8xh100.peft-lora+cp-fa3": HUB_CLIPS,
     "wan2.1-t2v-14b-480p-8xh100.peft-lora+cp-fa3": HUB_CLIPS,

@@ -59,6 +59,24 @@ def write_config(root: Path, data_dir: Path, name: str = "config", datasets: lis
     return path
 
 
+def config_problems(folder: Path, **options) -> str:
+    """The ConfigError's text of a config.json with ``options`` (and a dataset file naming
+    ``folder``, output under it) written into ``folder``; AssertionError if it loads."""
+    from simpletuner.configuration import ConfigError, load_configuration
+
+    (folder / "backend.json").write_text(json.dumps([{"id": "d", "instance_data_dir": str(
+        folder)}]))
+    config = folder / "config.json"
+    config.write_text(json.dumps({"output_dir": str(folder / "out"),
+                                  "data_backend_config": str(folder / "backend.json"),
+                                  **options}))
+    try:
+        load_configuration(str(config))
+    except ConfigError as error:
+        return str(error)
+    raise AssertionError(f"{options} loaded without a problem")
+
+
 def environment(tmpdir: str, fresh_model_cache: bool = False) -> dict[str, str]:
     """``fresh_model_cache``: built-in models are built inside the run, not reused."""
     env = dict(os.environ)

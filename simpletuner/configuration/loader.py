@@ -24,6 +24,8 @@ from simpletuner.configuration.memory_checks import (check_block_swap_options,
 from simpletuner.configuration.options import LogLevel, TrainingConfig
 from simpletuner.configuration.simpletuner_keys.model import without_the_model_folder
 from simpletuner.configuration.simpletuner_options import CONFIG_JSON
+from simpletuner.configuration.speed_checks import (check_checkpointing_interval,
+                                                    check_compile_options, check_tread_config)
 from simpletuner.configuration.training_checks import (check_context_parallel_options,
                                                        check_controlnet_options,
                                                        check_fsdp_options,
@@ -111,6 +113,9 @@ def parse_training(raw: Any, where: Location, problems: list[Problem],
     check_fsdp_options(values, where, problems)
     check_context_parallel_options(values, where, problems)
     check_block_swap_options(values, where, problems)
+    check_checkpointing_interval(values, where, problems)
+    check_compile_options(values, where, problems)
+    check_tread_config(values, where, problems)
     check_group_offload_options(values, where, base, problems)
     check_lora_target_all(raw, values, where, problems)
     check_controlnet_options(values, where, base, problems)

@@ -169,6 +169,20 @@ class TrainingConfig:
         "value: clamp each gradient element to [-max_grad_norm, max_grad_norm]")
     mixed_precision: Literal["no", "bf16", "fp16"] = option("no")
     gradient_checkpointing: bool = option(False)
+    gradient_checkpointing_interval: int = option(
+        1, minimum=1, help="with gradient_checkpointing: checkpoint the blocks whose index in "
+        "their block list is a multiple of n (0, n, 2n...), the others keep their activations "
+        "(fewer recomputed, more memory); 1 = every block; transformer families only")
+    dynamo_backend: Literal["no", "inductor"] = option(
+        "no", help="inductor: compile each repeated block of the trained network with "
+        "torch.compile (regional compilation; the first steps include the compile time, shown "
+        "as such); no: eager; not with musubi_blocks_to_swap or fsdp_enable")
+    tread_config: dict | None = option(
+        None, help="TREAD token routing while training (SimpleTuner's format): {\"routes\": "
+        "[{\"selection_ratio\": 0.5, \"start_layer_idx\": 2, \"end_layer_idx\": -2}]}: that share "
+        "of the image tokens skips blocks start to end (inclusive; negative: from the end of the "
+        "block list, Flux's double- then single-stream blocks) and rejoins after them; "
+        "validation and evaluation see every block; flux and wan; not with dynamo_backend")
     use_ema: bool = option(False)
     ema_decay: float = option(0.999, minimum=0.0, maximum=1.0)
     ema_update_interval: int | None = option(

@@ -72,6 +72,8 @@ class FamilySpec:
     # sequence (training/parallel/sequence.py), and check refuses one that does not divide the
     # heads; None: context_parallel_size is refused for the family.
     attention_heads_key: str | None = None
+    # tread_config: its adapter routes image tokens around blocks (its token_layout).
+    token_routing: bool = False
 
     @property
     def trains_unet(self) -> bool:

@@ -12,6 +12,8 @@ import torch
 from diffusers import AutoencoderKL
 
 from simpletuner.families import family_spec, load_object
+from simpletuner.models.checkpointing import EveryNthBlock
+from simpletuner.models.token_routing import TokenLayout, TokenRouter, resolve_routes
 from simpletuner.models.group_offload import is_group_offloaded
 from simpletuner.models.layout import check_model_folder
 from simpletuner.helpers.multiaspect.clip_audio import AudioRequest
@@ -174,10 +176,25 @@ class ModelAdapter(ABC):
         block swap may keep on the host; none where blocks do not run one after another."""
         return []
 
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Trade compute for memory in the trainable network's backward pass."""
+    # TREAD (tread_config): where the blocks hold the image tokens; None: not supported.
+    token_layout: TokenLayout | None = None
+    token_router: TokenRouter | None = None
+
+    def route_tokens(self, tread_config: dict) -> None:
+        """TREAD's routes over the trained network's blocks (models/token_routing.py)."""
+        if self.token_layout is None:
+            raise ValueError(f"tread_config: {self.family} does not route tokens")
+        blocks = self.swappable_blocks(self.trainable)
+        self.token_router = TokenRouter(self.trainable, blocks,
+                                        resolve_routes(tread_config, len(blocks)),
+                                        self.token_layout)
+
+    def set_gradient_checkpointing(self, enabled: bool, interval: int = 1) -> None:
+        """Trade compute for memory in the trainable network's backward pass: every
+        ``interval``-th block of each block list checkpointed (models/checkpointing.py)."""
         if enabled:
-            self.trainable.enable_gradient_checkpointing()
+            self.trainable.enable_gradient_checkpointing(
+                gradient_checkpointing_func=EveryNthBlock(self.trainable, interval))
         else:
             self.trainable.disable_gradient_checkpointing()
 

@@ -140,6 +140,8 @@ class FlowFamilyAdapter(ModelAdapter):
         noise = draw_noise(latents.shape, device=self.device, generator=generator,
                            noise_offset=settings.noise_offset)
         sigmas = self.draw_sigmas(latents, generator)
+        if self.token_router is not None:  # TREAD's selection, after what the loss draws
+            self.token_router.reseed(generator)
         noisy, target = flow_noisy_and_target(latents, noise, sigmas)
         network = network if network is not None else self.transformer
 

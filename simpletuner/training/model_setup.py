@@ -14,6 +14,7 @@ from simpletuner.training.adapters.assistant import add_assistant, wants_assista
 from simpletuner.models.controlnet import adapter_class_for
 from simpletuner.training.adapters.by_type import add_adapter
 from simpletuner.training.adapters.lora_init import init_adapter
+from simpletuner.training.compilation import compile_repeated_blocks
 from simpletuner.training.memory.block_swap import place_network
 from simpletuner.training.memory.group_offload import offload_frozen_components
 from simpletuner.training.memory.quantization import quantize_frozen_weights
@@ -44,5 +45,9 @@ def load_trained_model(training, settings, *, model_folder, resume_from, seed: i
             init_adapter(adapter, training.init_lora)
         if training.model_type == "lora" and wants_assistant(training):
             add_assistant(adapter, training)  # after init_lora, which activates its own alone
-        adapter.set_gradient_checkpointing(training.gradient_checkpointing)
+        adapter.set_gradient_checkpointing(training.gradient_checkpointing,
+                                         training.gradient_checkpointing_interval)
+        compile_repeated_blocks(adapter, training.dynamo_backend)
+        if training.tread_config is not None:
+            adapter.route_tokens(training.tread_config)
     return adapter, block_swap

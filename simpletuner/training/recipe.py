@@ -33,6 +33,7 @@ from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.prior_preservation import adapter_turned_off
 from simpletuner.training.checkpointing.checkpointer import Checkpointer, TrainedParts
 from simpletuner.training.adapters.assistant import assistant_in_validation
+from simpletuner.training.compilation import CompileClock
 from simpletuner.training.ema import EMAWeights
 from simpletuner.training.export import export_run
 from simpletuner.training.memory.block_swap import network_to_device
@@ -148,6 +149,7 @@ class Trainer:
         self.evaluator = self._build_evaluator()
         self.trace = self._open_trace()
         self._report_start()
+        self.compile_clock, self.compiling = CompileClock(), 0.0  # dynamo_backend's steps
 
     def _prepare_caches(self):
         """VAE latents and text embeddings; undecodable images are dropped on every rank alike."""
@@ -291,9 +293,11 @@ class Trainer:
             self._skip(totals, local, samples, micro_batch.epoch)
         self.parts.optimizer.zero_grad(set_to_none=True)
         self.state.nonfinite_steps = list(self.guard.bad_steps)
+        self.compiling = self.compile_clock.take()  # torch.compile's part of the step
         self.run_log.log_step(self.state.step, totals.mean_loss,
                               self.parts.lr_scheduler.get_last_lr()[0],
-                              skipped=self.state.step in self.guard.bad_steps)
+                              skipped=self.state.step in self.guard.bad_steps,
+                              compiling=self.compiling)
         if self.guard.diverged:
             raise diverged_error(self.guard.bad_steps, self.training)
         if self.guard.bad_steps and self.state.step == self.total_steps:
@@ -378,8 +382,12 @@ class Trainer:
     def _log_step(self, totals: StepTotals) -> None:
         lr = self.parts.lr_scheduler.get_last_lr()[0]
         # Redrawn by update() at tqdm's interval, not forced every step.
+        compiling = {"compiling": f"{self.compiling:.1f}s"} if self.compiling else {}
         self.progress.set_postfix(loss=f"{totals.mean_loss:.4f}", lr=f"{lr:.2e}",
-                                  epoch=self.state.epoch, refresh=False)
+                                  epoch=self.state.epoch, refresh=False, **compiling)
+        if self.compiling:
+            logger.info("step %d: %.1f s of it compiling (dynamo_backend)", self.state.step,
+                        self.compiling)
         self.progress.update(1)
         self.accelerator.log({"train/loss": totals.mean_loss, "train/lr": lr},
                              step=self.state.step)

@@ -27,8 +27,10 @@ STANDARD_LORA = ("remove it; LoRA here is peft LoRA (model_type 'lora', lora_ran
 NO_TEXT_ENCODER_TRAINING = "remove it; text encoders are frozen and their embeddings cached"
 MEMORY_ONLY = ("accepted; memory placement here is frozen_components_after_caching, "
                "gradient_checkpointing and fsdp_*; the trained result is the same")
-KERNELS = ("accepted; attention uses PyTorch's scaled_dot_product_attention and nothing is "
-           "compiled; the trained result does not depend on the kernel")
+KERNELS = ("accepted; attention uses PyTorch's scaled_dot_product_attention; the trained "
+           "result does not depend on the kernel")
+COMPILE = ("accepted; dynamo_backend 'inductor' compiles each repeated block with "
+           "torch.compile's defaults (regional compilation), for training and validation alike")
 LAUNCHER = ("remove it; ./train.sh launches num_processes processes; pass launcher options in "
             "ACCELERATE_EXTRA_ARGS (multi-node: --num_machines, --machine_rank, "
             "--main_process_ip, --main_process_port) or ACCELERATE_CONFIG_FILE")
@@ -59,12 +61,10 @@ MODEL_KEYS = {
               "sdnq_svd_rank sdnq_svd_steps sdnq_hadamard_group_size sdnq_modules_to_not_convert "
               "sdnq_modules_to_not_use_matmul sdnq_modules_dtype_dict sdnq_modules_quant_config",
               "used only with SDNQ precisions, which base_model_precision refuses here"),
-    **refused("tread_config", "remove it; TREAD token routing is not supported here"),
     **refused("diffusion_blocks_config", "remove it; every block of the network is trained"),
-    **refused("gradient_checkpointing_interval", "remove it; gradient_checkpointing applies to "
-              "every block", (None, 0, 1)),
-    **refused("gradient_checkpointing_segment_stride", "remove it; gradient_checkpointing "
-              "applies to every block", (None, 0, 1)),
+    **refused("gradient_checkpointing_segment_stride", "remove it; "
+              "gradient_checkpointing_interval n checkpoints every n-th block, with no stride",
+              (None, 0, 1)),
     **refused("gradient_checkpointing_backend", "remove it; gradient_checkpointing uses torch's "
               "checkpointing", (None, "torch")),
     **ignored("gradient_checkpointing_offload_attention gradient_checkpointing_offload_prefetch "
@@ -109,11 +109,10 @@ MODEL_KEYS = {
               "its LoRA) is trained", (None, "none")),
     # Kernels, precision and compilation
     **ignored("attention_mechanism sla_config sageattention_usage disable_tf32 allow_tf32 "
-              "enable_xformers_memory_efficient_attention validation_torch_compile "
-              "dynamo_mode dynamo_fullgraph dynamo_dynamic dynamo_use_regional_compilation "
-              "dynamo_wrapper dynamo_cache_export dynamo_cache_export_after_first_step "
-              "dynamo_hub_repo_id", KERNELS),
-    **refused("dynamo_backend", "remove it; nothing is compiled here", (None, "no")),
+              "enable_xformers_memory_efficient_attention", KERNELS),
+    **ignored("validation_torch_compile dynamo_mode dynamo_fullgraph dynamo_dynamic "
+              "dynamo_use_regional_compilation dynamo_wrapper dynamo_cache_export "
+              "dynamo_cache_export_after_first_step dynamo_hub_repo_id", COMPILE),
     # Launching and distribution
     **refused("accelerate_config deepspeed_config offload_param_path", LAUNCHER),
     **refused("accelerate_extra_args", LAUNCHER, (None, "")),

@@ -53,6 +53,9 @@ CONFIG_VALUES: dict[str, dict[str, str]] = {
     "lr_scheduler": {"sine": "use 'cosine' or 'cosine_with_restarts'",
                      "inverse_sqrt": "use 'polynomial' or 'cosine'",
                      "constant_with_restarts": "use 'cosine_with_restarts' or 'constant'"},
+    "dynamo_backend": _each("eager aot_eager aot_ts_nvfuser nvprims_nvfuser cudagraphs ofi "
+                            "fx2trt onnxrt tensorrt ipex tvm hpu_backend",
+                            "use 'inductor' (each repeated block compiled) or 'no' (eager)"),
     "mixed_precision": {"fp8": "use 'bf16'; fp8 training is not supported here"},
     "report_to": _each("comet_ml aim clearml mlflow swanlab simpletuner custom-tracker",
                        "use 'tensorboard', 'wandb', 'all' or 'none'"),
@@ -85,7 +88,8 @@ CONFIG_VALUE_ALIASES: dict[str, dict[object, object]] = {
 CONFIG_NOT_SET: dict[str, tuple] = {
     "num_train_epochs": (0,), "max_train_steps": (0,), "eval_steps_interval": (None,),
     "checkpointing_steps": (None,), "validation_steps": (None,), "validation_seed": (None,),
-    "adam_beta1": (None,), "adam_beta2": (None,),
+    "adam_beta1": (None,), "adam_beta2": (None,), "gradient_checkpointing_interval": (None, 0),
+    "dynamo_backend": (None,),
 }
 
 # Options that exist here under SimpleTuner's name but do not mean the same thing.
@@ -100,6 +104,10 @@ CONFIG_DIFFERENT: dict[str, str] = {
     "ema_warmup_steps": "its 0 (the default) means SimpleTuner's decay ramp, min(ema_decay, "
                         "(1 + s) / (10 + s)) at update s; here 0 is ema_decay from the first "
                         "update (a warm-up above 0 is SimpleTuner's: the weights copied until it)",
+    "gradient_checkpointing_interval": "every n-th block of each block list is checkpointed "
+                                       "(SimpleTuner's older meaning, still Sana's); its Flux, "
+                                       "Wan and some others now checkpoint contiguous groups "
+                                       "of n blocks",
     "grad_clip_method": "left out it is 'norm' here (this trainer's clipping before the option "
                         "existed); SimpleTuner's default is 'value'",
 }

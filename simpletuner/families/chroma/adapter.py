@@ -14,6 +14,7 @@ from diffusers import ChromaPipeline, ChromaTransformer2DModel
 from torch.utils.checkpoint import checkpoint
 from transformers import T5EncoderModel, T5Tokenizer
 
+from simpletuner.models.checkpointing import EveryNthBlock
 from simpletuner.models.flow_family import FlowFamilyAdapter
 from simpletuner.models.training_batch import TrainingBatch
 
@@ -52,16 +53,16 @@ class ChromaAdapter(FlowFamilyAdapter):
         return {"prompt_embeds": embeds,
                 "prompt_attention_mask": prompt_attention_mask(token_mask, embeds.dtype)}
 
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Each block's forward under torch's checkpoint. Not diffusers' own: in 0.42.1 its
-        checkpointed single blocks are called without the attention mask."""
+    def set_gradient_checkpointing(self, enabled: bool, interval: int = 1) -> None:
+        """Each ``interval``-th block's forward under torch's checkpoint. Not diffusers' own: in
+        0.42.1 its checkpointed single blocks are called without the attention mask."""
+        every_nth = EveryNthBlock(self.transformer, interval)
         for block in (*self.transformer.transformer_blocks,
                       *self.transformer.single_transformer_blocks):
-            if enabled:
+            block.__dict__.pop("forward", None)
+            if enabled and every_nth.checkpointed(block):
                 block.forward = partial(checkpoint, type(block).forward.__get__(block),
                                         use_reentrant=False)
-            else:
-                block.__dict__.pop("forward", None)
 
     def _predict(self, network, noisy: torch.Tensor, sigmas: torch.Tensor,
                  batch: TrainingBatch, dtype: torch.dtype) -> torch.Tensor:

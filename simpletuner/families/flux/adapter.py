@@ -12,6 +12,7 @@ from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokeniz
 
 from simpletuner.models.flow_family import FlowFamilyAdapter
 from simpletuner.models.model_index import pipeline_class_name
+from simpletuner.models.token_routing import TokenLayout
 from simpletuner.models.training_batch import TrainingBatch
 from simpletuner.models.transfer import to_device
 
@@ -48,6 +49,12 @@ def image_position_ids(rows: int, columns: int) -> torch.Tensor:
     return ids.reshape(rows * columns, 3)
 
 
+def route_joint_rope(rope: tuple, keep: torch.Tensor, count: int) -> tuple:
+    """Flux's rotary embedding has the text rows, then ``count`` image rows: the text rows and
+    the kept image rows."""
+    return tuple(torch.cat([rows[:-count], rows[-count:][keep]]) for rows in rope)
+
+
 class FluxAdapter(FlowFamilyAdapter):
     family = "flux"
     text_encoder_specs = (("text_encoder", "tokenizer", CLIPTextModel, CLIPTokenizer),
@@ -56,6 +63,8 @@ class FluxAdapter(FlowFamilyAdapter):
     pipeline_class = FluxPipeline
     forbidden_subfolders = ("unet", "text_encoder_3")  # UNet families, SD3
     t5_max_length = 512
+    # TREAD: the image tokens are the blocks' hidden_states, the second item of their output
+    token_layout = TokenLayout("hidden_states", {"image_rotary_emb": route_joint_rope}, 1)
 
     @property
     def latent_patch(self) -> int:

@@ -40,5 +40,6 @@ SPEC = FamilySpec(
     # the double-stream blocks, then the single-stream ones
     swappable_block_keys=("num_layers", "num_single_layers"),
     attention_heads_key="num_attention_heads",  # context_parallel_size
+    token_routing=True,  # tread_config: adapter.py's token_layout
     # Flux's guidance is an input of the network, not an unconditional pass
     guidance_scale_without_cfg=None)

@@ -20,12 +20,24 @@ from simpletuner.models.layout import ModelFolderError
 from simpletuner.families.wan.flavours import flavour_mismatch
 from simpletuner.models.flow_family import FlowFamilyAdapter
 from simpletuner.models.model_path import family_folder_problem
+from simpletuner.models.token_routing import TokenLayout
 from simpletuner.models.training_batch import TrainingBatch
 
 
 def as_clips(pixels: torch.Tensor) -> torch.Tensor:
     """Images [B, 3, H, W] as one-frame clips [B, 3, 1, H, W]; clips pass unchanged."""
     return pixels.unsqueeze(2) if pixels.ndim == 4 else pixels
+
+
+def route_rope(rope: tuple, keep: torch.Tensor, count: int) -> tuple:
+    """Wan's rotary embedding, [1, tokens, 1, D] each: the kept rows."""
+    return tuple(rows[:, keep] for rows in rope)
+
+
+def route_temb(temb: torch.Tensor, keep: torch.Tensor, count: int) -> torch.Tensor:
+    """Wan 2.2 TI2V-5B's per-token timestep projection ([B, tokens, 6, D]); one for all
+    tokens ([B, 6, D]) stays."""
+    return temb[:, keep] if temb.ndim == 4 else temb
 
 
 class WanAdapter(FlowFamilyAdapter):
@@ -38,6 +50,8 @@ class WanAdapter(FlowFamilyAdapter):
     # UNet families; SD3, Flux (CLIP + T5); an image encoder beside a WanPipeline index.
     forbidden_subfolders = ("unet", "text_encoder_2", "image_encoder")
     lora_target_modules = ("to_k", "to_q", "to_v", "to_out.0")  # SimpleTuner's Wan default
+    # TREAD: the video tokens are the blocks' hidden_states and their output
+    token_layout = TokenLayout("hidden_states", {"rotary_emb": route_rope, "temb": route_temb})
     t5_max_length = 512  # WanPipeline.__call__'s max_sequence_length
 
     default_validation_frames = 81  # WanPipeline.__call__'s num_frames

@@ -21,4 +21,5 @@ SPEC = FamilySpec(
     # The VAE compresses time 4x and keeps the first frame on its own: 4n+1 frames.
     frame_rule=FrameRule(multiple=4, remainder=1, fps=15),  # SimpleTuner's Wan framerate
     swappable_block_keys=("num_layers",),
-    attention_heads_key="num_attention_heads")  # context_parallel_size
+    attention_heads_key="num_attention_heads",  # context_parallel_size
+    token_routing=True)  # tread_config: adapter.py's token_layout

@@ -61,9 +61,12 @@ class EventLog:
         self._write("start", step, resumed_from=resumed_from, world_size=world_size,
                     max_steps=max_steps, settings=settings)
 
-    def step(self, step: int, *, loss: float, lr: float, skipped: bool) -> None:
+    def step(self, step: int, *, loss: float, lr: float, skipped: bool,
+             compiling: float = 0.0) -> None:
+        extra = {"compiling": round(compiling, 3)} if compiling else {}
         self._write("step", step, loss=_finite_or_none(loss), lr=_finite_or_none(lr),
-                    skipped=skipped, elapsed=round(time.monotonic() - self._started, 3))
+                    skipped=skipped, elapsed=round(time.monotonic() - self._started, 3),
+                    **extra)
 
     def eval(self, step: int, eval_loss: float) -> None:
         self._write("eval", step, eval_loss=_finite_or_none(eval_loss))

@@ -91,16 +91,21 @@ def _duration(seconds: float) -> str:
 
 def throughput(status: dict, steps: list[dict]) -> str:
     """Steps (and samples) per second over this attempt's steps: a resumed run's earlier
-    attempts ran at other times."""
+    attempts ran at other times; steps that compiled (dynamo_backend) are counted apart."""
     timed = [r for r in steps if r["step"] > status.get("resume_step", 0)
              and isinstance(r.get("time"), (int, float))]
+    compiling = [r for r in timed if r.get("compiling")]
+    if compiling:
+        timed = [r for r in timed if r["step"] >= compiling[-1]["step"]]
+    noted = (f" (after {sum(r['compiling'] for r in compiling):.0f} s compiling)"
+             if compiling else "")
     if len(timed) < 2 or timed[-1]["time"] <= timed[0]["time"]:
-        return "not measured yet"
+        return "not measured yet" + noted
     per_second = (len(timed) - 1) / (timed[-1]["time"] - timed[0]["time"])
     text = f"{per_second:.3g} steps/s"
     if status.get("effective_batch"):
         text += f", {per_second * status['effective_batch']:.3g} samples/s"
-    return text
+    return text + noted
 
 
 def status_section(data: ReportData) -> str:

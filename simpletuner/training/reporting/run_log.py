@@ -93,9 +93,11 @@ class RunLog:
         """``make_plan()``: the plan, computed on the main rank only."""
         self._guarded(lambda: atomic_write_json(trace_folder / PLAN_FILE, make_plan(), indent=1))
 
-    def log_step(self, step: int, loss: float, lr: float, skipped: bool) -> None:
+    def log_step(self, step: int, loss: float, lr: float, skipped: bool,
+                 compiling: float = 0.0) -> None:
+        """``compiling``: the seconds of the step torch.compile took (dynamo_backend)."""
         self.status["step"] = step
-        self.events.step(step, loss=loss, lr=lr, skipped=skipped)
+        self.events.step(step, loss=loss, lr=lr, skipped=skipped, compiling=compiling)
 
     def render(self, *, final: bool = False) -> None:
         """The status as it stands and the page; a failure is a warning, not the run's end."""
