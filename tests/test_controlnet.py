@@ -184,8 +184,6 @@ class ControlNetConfigTest(unittest.TestCase):
                       "generate from a prompt alone; set eval_dataset_id", text)
 
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class GeneratedCannyTest(unittest.TestCase):
@@ -228,3 +226,7 @@ class GeneratedCannyTest(unittest.TestCase):
             radius = np.hypot(ys - 31.5, xs - 31.5)  # the circle: 16 around the centre
             self.assertTrue(np.all(np.abs(radius - 16) <= 2.0), sorted(set(radius.round(1))))
             self.assertGreater(len(ys), 80)  # most of its 100-pixel circumference
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import tempfile
+import unittest
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -154,3 +155,7 @@ class LongCatImageEditAdapterTest(TinyModelCase):
         self.assertIsNone(adapter_class.flavour_problem(plain, None))
         self.assertIn("LongCatImageEditPipeline", adapter_class.flavour_problem(plain, "edit"))
         self.assertIn("model_flavour 'edit'", adapter_class.flavour_problem(self.folder, None))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -203,8 +203,8 @@ class ZImageConfigTest(unittest.TestCase):
 
     def test_options_zimagepipeline_lacks_are_refused_by_name(self):
         for option, message in (
-                (dict(validation_guidance_rescale=0.7), "key 'validation_guidance_rescale' "
-                 "applies to sd1x, sd2x and sdxl; the z_image pipeline has no guidance rescale"),
+                (dict(validation_guidance_rescale=0.7), "sd2x and sdxl; the z_image pipeline "
+                 "has no guidance rescale"),  # the families whose pipelines take it, listed
                 (dict(flux_guidance_value=3.5), "'flux_guidance_value' applies to model_families "
                  "'flux' and 'flux2' only")):
             with self.subTest(option=option), self.assertRaises(ConfigError) as caught:

@@ -10,7 +10,9 @@ when the backward starts, LoRA, every transformer family."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 import unittest
+from unittest import mock
 
 import torch
 
@@ -26,6 +28,22 @@ from simpletuner.training.memory.activations import activation_bytes
 from simpletuner.training.memory.model import meta_network
 
 TOLERANCE = 0.25
+# A mixture of experts' routing depends on the data: the plan counts every token at every
+# routed expert, an upper bound the tiny HiDream (4 routed experts, 2 per token) reaches at
+# experts / per-token. Its estimate must lie between what is measured and that bound.
+ROUTED_BOUND = {"hidream": 4 / 2}
+# Not estimated yet (the issue notes say so): LTX-2's text connectors and audio VAE, which
+# its prompts and sound go through, are loaded with their weights, not built on the meta device.
+NOT_ESTIMATED = {"ltxvideo2"}
+ESTIMATED = tuple(family for family in FLOW_FAMILIES if family not in NOT_ESTIMATED)
+
+
+def assert_estimate_fits(case: unittest.TestCase, family: str, estimate: int, measured: int):
+    bound = ROUTED_BOUND.get(family, 1.0)
+    case.assertGreaterEqual(estimate, measured * (1 - TOLERANCE),
+                            f"estimated {estimate}, measured {measured}")
+    case.assertLessEqual(estimate, measured * bound * (1 + TOLERANCE),
+                         f"estimated {estimate}, measured {measured}")
 HEIGHT, WIDTH = 64, 96  # a landscape bucket
 
 
@@ -73,11 +91,10 @@ class ActivationEstimateTest(TinyModelCase):
                                             meta_network(type(adapter), folder, training),
                                             batch_size=2, height=HEIGHT, width=WIDTH,
                                             frames=frames)
-                self.assertLessEqual(abs(estimate.saved - measured) / measured, TOLERANCE,
-                                     f"estimated {estimate.saved}, measured {measured}")
+                assert_estimate_fits(self, family, estimate.saved, measured)
 
     def test_every_transformer_family(self):
-        for family in FLOW_FAMILIES:
+        for family in ESTIMATED:
             self.check(family)
 
     def test_wan_clips(self):
@@ -132,10 +149,14 @@ class ActivationEstimateTest(TinyModelCase):
 
 
 def profiler_benchmark():
+    """benchmarks/bench_activation_profiler.py as a module (it imports benchlib beside it, as
+    a script run from that folder does)."""
+    folder = REPO / "benchmarks"
     spec = importlib.util.spec_from_file_location(
-        "bench_activation_profiler", REPO / "benchmarks" / "bench_activation_profiler.py")
+        "bench_activation_profiler", folder / "bench_activation_profiler.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with mock.patch.object(sys, "path", [str(folder), *sys.path]):
+        spec.loader.exec_module(module)
     return module
 
 
@@ -144,7 +165,7 @@ class ProfiledActivationTest(TinyModelCase):
         """The profiler sees only what the step allocates: Qwen-Image's RoPE tables, made
         when the model loads and saved for the backward, are added to its figure."""
         bench = profiler_benchmark()
-        for family in FLOW_FAMILIES:
+        for family in ESTIMATED:
             with self.subTest(family=family):
                 row = bench.compare(family, "lora")
                 measured = row["at_backward"]
@@ -152,8 +173,7 @@ class ProfiledActivationTest(TinyModelCase):
                     rope = self.load(family).transformer.pos_embed
                     measured += sum(t.untyped_storage().nbytes()
                                     for t in (rope.pos_freqs, rope.neg_freqs))
-                self.assertLessEqual(abs(row["estimate"] - measured) / measured, TOLERANCE,
-                                     f"estimated {row['estimate']}, profiled {measured}")
+                assert_estimate_fits(self, family, row["estimate"], measured)
                 self.assertGreaterEqual(row["peak"], row["at_backward"])
 
 

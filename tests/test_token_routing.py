@@ -6,6 +6,7 @@ sees every token and the loss is the one without TREAD, for the same weights."""
 from __future__ import annotations
 
 import tempfile
+import unittest
 from pathlib import Path
 
 import torch
@@ -88,3 +89,7 @@ class TokenRoutingTest(TinyModelCase):
         self.assertIn("which compiled blocks would recompile for", text)
         self.assertIn("'routes' is not a list",
                       problems(model_family="flux", tread_config={"route": []}))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -16,12 +16,9 @@ def check_checkpointing_interval(values: dict[str, Any], where: Location,
     interval = values.get("gradient_checkpointing_interval", 1)
     if interval == 1:
         return
-    key = f"key 'gradient_checkpointing_interval' ({interval})"
     if not values.get("gradient_checkpointing", False):
-        problems.append(where.problem(
-            "gradient_checkpointing_interval", f"{key} chooses which blocks gradient "
-            "checkpointing recomputes, but gradient_checkpointing is off: set it true, or the "
-            "interval to 1"))
+        return  # it chooses which blocks checkpointing recomputes: without it, it asks nothing
+    key = f"key 'gradient_checkpointing_interval' ({interval})"
     spec = known_spec(values.get("model_family"))
     if spec is not None and spec.trains_unet:
         problems.append(where.problem(
