@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from diffusers.loaders.lora_base import LoraBaseMixin
 from peft import LoraConfig, inject_adapter_in_model
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import safe_open
@@ -177,6 +176,10 @@ def export_lora(adapter_class, network: torch.nn.Module, output_dir: Path,
                     **{f"{component}_lora_layers": state,
                        f"{component}_lora_adapter_metadata": config})
             else:  # no LoRA loader, a network with peft support (LongCat-Image)
+                # Imported here: diffusers' loaders pull in its models (seconds), which the
+                # processes that only shard or checkpoint a network need not pay for.
+                from diffusers.loaders.lora_base import LoraBaseMixin
+
                 LoraBaseMixin._save_lora_weights(
                     staging, lora_layers={component: state}, lora_metadata={component: config},
                     weight_name=LORA_WEIGHTS, safe_serialization=True)
