@@ -16,7 +16,8 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from launching import run_bounded
-from training_fixtures import environment, make_shapes, read_events, run_training, write_config
+from training_fixtures import (environment, make_shapes, read_events, run_in_process_logged,
+                               run_training, write_config)
 
 LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
 
@@ -36,16 +37,18 @@ class EvalLossTest(unittest.TestCase):
         make_shapes(root / "data", per_size=4)
         make_shapes(root / "eval", per_size=2)
         cls.runs = {}
-        for name in ("full", "again"):
+        # "full" through the trainer's entry point (its console is checked); the runs compared
+        # with it in this process: what a run logs, not how it is launched.
+        for name, launch in (("full", run_training), ("again", run_in_process_logged)):
             config = write_config(root, root / "data", name, datasets=datasets(root), **OPTIONS)
-            cls.runs[name] = run_training(config, cls.tmp)
+            cls.runs[name] = launch(config, cls.tmp)
         if cls.runs["full"].returncode == 0:
             (root / "resumed-out").mkdir()
             shutil.copytree(root / "full-out" / "checkpoint-4",
                             root / "resumed-out" / "checkpoint-4")
             config = write_config(root, root / "data", "resumed", datasets=datasets(root),
                                   resume_from_checkpoint="latest", **OPTIONS)
-            cls.runs["resumed"] = run_training(config, cls.tmp)
+            cls.runs["resumed"] = run_in_process_logged(config, cls.tmp)
             cls.crash_and_resume()
 
     @classmethod
@@ -68,7 +71,7 @@ class EvalLossTest(unittest.TestCase):
         cls.killed_lines = read_events(log.parent, "eval") if log.is_file() else []
         cls.killed_checkpoints = sorted(  # before the resumed run adds its own
             p.name for p in (root / "crashed-out").glob("checkpoint-*"))
-        cls.runs["after-crash"] = run_training(config, cls.tmp)
+        cls.runs["after-crash"] = run_in_process_logged(config, cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
