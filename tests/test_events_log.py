@@ -19,8 +19,8 @@ from launching import run_bounded
 from simpletuner.configuration import load_configuration
 from simpletuner.training.recipe import Trainer
 from simpletuner.training.reporting.events import EventLog
-from training_fixtures import (environment, make_shapes, read_events, read_jsonl, run_training,
-                               write_config)
+from training_fixtures import (environment, make_shapes, read_events, read_jsonl,
+                               run_in_process_logged, write_config)
 
 LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
 PROMPT = "a red circle on a blue background"
@@ -177,7 +177,7 @@ class KilledThenResumedTest(unittest.TestCase):
             tmpdir=cls.tmp, timeout=300, env=environment(cls.tmp))
         events = cls.out / "events.jsonl"
         cls.killed_events = types_and_steps(cls.out) if events.is_file() else []
-        cls.resumed = run_training(config, cls.tmp)
+        cls.resumed = run_in_process_logged(config, cls.tmp)  # what it logs, in this process
 
     def test_the_killed_run_wrote_steps_past_its_last_checkpoint(self):
         self.assertEqual(self.killed.returncode, -signal.SIGKILL, self.killed.stderr[-3000:])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import test_distributed
 from huggingface_fixtures import save_rows, shape_rows
-from training_fixtures import read_jsonl, run_training, write_config
+from training_fixtures import read_jsonl, run_in_process_logged, write_config
 
 ROWS = 8
 
@@ -27,7 +27,7 @@ class HuggingFaceTrainingTest(unittest.TestCase):
                    "caption_column": "text"}
         config = write_config(root, root, "hf", datasets=[dataset], trace_samples=True,
                               num_train_epochs=1, max_train_steps=None)
-        cls.result = run_training(config, cls.tmp)
+        cls.result = run_in_process_logged(config, cls.tmp)
         cls.out = root / "hf-out"
         cls.audit_dir = root / "audit"
         (root / "tmp").mkdir()

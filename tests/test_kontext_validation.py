@@ -27,7 +27,7 @@ from simpletuner.training.reporting.report_data import read_report_data
 from simpletuner.training.reporting.validation_edits import EditPairs, run_edit_validation
 from simpletuner.training.settings import ValidationSettings
 from trained_outputs import LORA_WEIGHTS, TrainedOutputAssertions
-from training_fixtures import copy_checkpoint, run_training, write_config
+from training_fixtures import copy_checkpoint, run_in_process_logged, write_config
 
 EDIT_VALIDATION = dict(
     model_family="flux", model_flavour="kontext", model_type="lora", lora_rank=4,
@@ -58,7 +58,7 @@ class KontextEditValidationTest(TrainedOutputAssertions, unittest.TestCase):
         config = write_config(cls.root, cls.targets, name,
                               datasets=edit_datasets(cls.targets, cls.references),
                               **EDIT_VALIDATION, **options)
-        return run_training(config, cls.tmp)
+        return run_in_process_logged(config, cls.tmp)  # what a run does, in this process
 
     @classmethod
     def tearDownClass(cls):

@@ -26,7 +26,7 @@ from simpletuner.helpers.metadata.split import (DatasetSpec, UndersizedBucketsEr
 from simpletuner.helpers.metadata.startup import report_skipped_files
 from simpletuner.helpers.metadata.subset import limit_samples
 from launching import run_bounded
-from training_fixtures import (environment, make_shapes, read_jsonl, run_training,
+from training_fixtures import (environment, make_shapes, read_jsonl, run_in_process_logged,
                                write_config)
 
 CAFE = "caf\udce9.png"              # what os.scandir gives for b'caf\xe9.png'
@@ -215,7 +215,7 @@ class OddFilesTrainingTest(unittest.TestCase):
         write_strips(root / "data")
         config = write_config(root, root / "data", max_train_steps=3, trace_samples=True,
                               checkpointing_steps=3, allow_dataset_oversubscription=True)
-        cls.result = run_training(config, cls._tmp.name)
+        cls.result = run_in_process_logged(config, cls._tmp.name)
         cls.out = root / "config-out"
 
     @classmethod

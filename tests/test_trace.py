@@ -13,7 +13,8 @@ from pathlib import Path
 from simpletuner.helpers.multiaspect.batch import BatchSample, MicroBatch
 from simpletuner.helpers.multiaspect.trace import TraceWriter, read_trace, trace_path
 from launching import Launch
-from training_fixtures import environment, make_shapes, run_training, write_config
+from training_fixtures import (environment, make_shapes, run_in_process_logged, run_training,
+                               write_config)
 
 
 def batch(epoch: int, step: int) -> MicroBatch:
@@ -94,7 +95,7 @@ class KilledAndResumedTrainingTest(unittest.TestCase):
                                              max_train_steps=6, **cls.OPTIONS), cls.tmp)
         cls.crashed_out = cls.root / "crashed-out"
         cls.lines_at_kill = cls._train_until_killed()
-        cls.resumed = run_training(write_config(
+        cls.resumed = run_in_process_logged(write_config(  # in this process: what it traces
             cls.root, cls.root / "data", "crashed", max_train_steps=6,
             resume_from_checkpoint="latest", **cls.OPTIONS), cls.tmp)
 
