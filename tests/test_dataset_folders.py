@@ -20,8 +20,8 @@ from simpletuner.helpers.data_backend.local import LocalStorage
 from simpletuner.training.run.launch_checks import launch_problems, launch_warnings
 
 from launching import run_bounded
-from training_fixtures import (check_recording_torch, environment, make_shapes, run_training,
-                               write_config)
+from training_fixtures import (check_recording_torch, environment, make_shapes,
+                               run_in_process_logged, write_config)
 
 
 class OutputDirPlaceTest(unittest.TestCase):
@@ -175,7 +175,7 @@ class SharedFolderWarningTest(unittest.TestCase):
     def test_a_run_warns_at_start_up_and_caches_each_image_once_per_dataset(self):
         config = write_config(self.root, self.root / "data", "run", datasets=self.datasets(2),
                               max_train_steps=1)
-        result = run_training(config, str(self.root))
+        result = run_in_process_logged(config, str(self.root))  # what a run does
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertIn("WARNING simpletuner.training.preflight: "
                       f"{self.root / 'run-multidatabackend.json'}: datasets 'copy-0', 'copy-1' "
@@ -191,7 +191,7 @@ class SharedFolderWarningTest(unittest.TestCase):
         config = write_config(self.root, self.root / "data", "shared",
                               datasets=self.datasets(2, cache_dir_vae=str(cache)),
                               max_train_steps=1)
-        result = run_training(config, str(self.root))
+        result = run_in_process_logged(config, str(self.root))  # what a run does
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertNotIn("read the same folder", result.stderr)
         self.assertEqual(len(list(cache.rglob("*.safetensors"))), len(self.images))

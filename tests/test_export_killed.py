@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from launching import run_bounded
 from simpletuner.training.run.leftovers import leftovers
-from training_fixtures import environment, make_shapes, run_training, write_config
+from training_fixtures import environment, make_shapes, run_in_process_logged, write_config
 
 LAUNCHER = Path(__file__).resolve().parent / "fault_launcher.py"
 SAVE = "diffusers.pipelines.pipeline_utils:DiffusionPipeline.save_pretrained"
@@ -40,9 +40,9 @@ class KilledDuringExportTest(unittest.TestCase):
         cls.left_by_kill = leftovers(cls.out)
         cls.staged_weights = [p.name for p in cls.out.glob(".pipeline-*/*/*.safetensors")]
         cls.pipeline_after_kill = (cls.out / "pipeline").exists()
-        cls.rerun = run_training(config, cls.tmp)
+        cls.rerun = run_in_process_logged(config, cls.tmp)  # what a rerun does, in this process
         reference = write_config(root, root / "data", "uninterrupted", **OPTIONS)
-        cls.uninterrupted = run_training(reference, cls.tmp)
+        cls.uninterrupted = run_in_process_logged(reference, cls.tmp)
 
     @classmethod
     def tearDownClass(cls):

@@ -134,6 +134,8 @@ def run_in_process_logged(config: Path, tmpdir: str | None = None) -> subprocess
     (its loggers at INFO, as a run prints them)."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
+    # As simpletuner.train formats them (its configure_logging).
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     trainer_logger = logging.getLogger("simpletuner")
     level = trainer_logger.level
     trainer_logger.addHandler(handler)
