@@ -38,6 +38,22 @@ class Paths:
         return cls(np.frombuffer(b"".join(encoded), np.uint8),
                    np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
 
+    @classmethod
+    def from_arrow(cls, texts) -> "Paths":
+        """Arrow strings or binaries (a chunked array too), their buffers as they are: no str
+        per text."""
+        import pyarrow
+
+        array = texts.cast(pyarrow.large_binary())
+        if isinstance(array, pyarrow.ChunkedArray):
+            array = array.combine_chunks()
+        _, offsets, data = array.buffers()
+        if offsets is None:  # an empty array may have none
+            return cls(np.zeros(0, np.uint8), np.zeros(1, np.int64))
+        offsets = np.frombuffer(offsets, np.int64)[array.offset:array.offset + len(array) + 1]
+        blob = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        return cls(blob[offsets[0]:offsets[-1]], offsets - offsets[0])
+
     def __len__(self) -> int:
         return len(self.starts) - 1
 
@@ -128,30 +144,20 @@ class SkippedFiles(Sequence):
         return named
 
     def sorted(self) -> "SkippedFiles":
-        """Ordered by path, then reason (as a list of them sorts); pyarrow sorts the bytes
-        (UTF-8 orders as code points do, lone surrogates included) where it is installed."""
-        rank = np.argsort(np.argsort(np.array(self.reasons, dtype=object), kind="stable"))
-        ranks = rank.astype(np.int32)[self.codes] if len(self.reasons) else self.codes
+        """Ordered by path, then reason (as a list of them sorts): by pyarrow where it is
+        installed, the paths as bytes (UTF-8 orders as code points do, lone surrogates too)."""
         try:
             import pyarrow
             import pyarrow.compute as pc
         except ImportError:
-            order = np.array(sorted(range(len(self)), key=lambda n: (self.paths.at(n),
-                                                                     int(ranks[n]))), np.int64)
-        else:
-            table = pyarrow.table({"path": self._arrow_paths(), "rank": ranks})
-            order = pc.sort_indices(table, [("path", "ascending"), ("rank", "ascending")])
-            order = order.to_numpy(zero_copy_only=False)
-        return self.taken(order)
-
-    def taken(self, rows: np.ndarray) -> "SkippedFiles":
-        """The skips at ``rows``, in that order."""
-        starts, ends = self.paths.starts[rows], self.paths.starts[rows + 1]
-        lengths = ends - starts
-        new_starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        shift = np.repeat(starts - new_starts[:-1], lengths)
-        blob = self.paths.blob[np.arange(int(new_starts[-1]), dtype=np.int64) + shift]
-        return SkippedFiles(Paths(blob, new_starts), self.reasons, self.codes[rows])
+            return SkippedFiles.of(sorted(self, key=lambda s: (s.path, s.reason)))
+        rank = np.argsort(np.argsort(np.array(self.reasons, dtype=object), kind="stable"))
+        ranks = rank.astype(np.int32)[self.codes] if len(self.reasons) else self.codes
+        paths = self._arrow_paths()
+        order = pc.sort_indices(pyarrow.table({"path": paths, "rank": ranks}),
+                                [("path", "ascending"), ("rank", "ascending")])
+        return SkippedFiles(Paths.from_arrow(paths.take(order)),  # no index per byte
+                            self.reasons, self.codes[order.to_numpy(zero_copy_only=False)])
 
     def _arrow_paths(self):
         import pyarrow

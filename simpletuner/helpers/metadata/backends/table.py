@@ -27,7 +27,7 @@ from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import (
     ArrowTexts, TableColumns, TableFormatError, arrow_strings, escaping_names, positive_whole,
-    read_table, text_buffers,
+    read_table,
 )
 from simpletuner.helpers.metadata.backends.table_lookup import (
     NOT_LISTED, positions_in, positions_in_sorted,
@@ -215,7 +215,7 @@ class TableSource:
                                                           f"(first: row {first_row[at]}); ignored"))
             else:
                 files.errors[files.ids[at]] = f"{where}: {self._row_problem(table, row)}"
-        gone = Paths(*text_buffers(names.filter(pc.invert(escapes))))
+        gone = Paths.from_arrow(names.filter(pc.invert(escapes)))
         return SkippedFiles.one_reason(gone, absent).joined(SkippedFiles.of(skipped))
 
     def _row_problem(self, table: TableColumns, row: int) -> str:

@@ -293,17 +293,3 @@ def escaping_names(names):
 
     return pc.match_substring_regex(names, r"(^|/)\.\.(/|$)")
 
-
-def text_buffers(names) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes, offsets of each start and the end) of Arrow strings (a chunked array too), as
-    skipped.Paths holds them: no str per name."""
-    import pyarrow
-
-    array = names.cast(pyarrow.large_string())
-    if isinstance(array, pyarrow.ChunkedArray):
-        array = array.combine_chunks()
-    _, offsets, data = array.buffers()
-    offsets = np.frombuffer(offsets, np.int64)[array.offset:array.offset + len(array) + 1] \
-        if offsets is not None else np.zeros(1, np.int64)
-    blob = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    return blob[offsets[0]:offsets[-1]], offsets - offsets[0]
