@@ -53,6 +53,12 @@ class SkippedFilesReportTest(unittest.TestCase):
         self.assertNotIn("bad/19.png", message)  # art's one file and photos' first 19 are named
         self.assertIn("... and 6 more", message)
         self.assertIn(f"the full list: {path}", message)
+        # what the report reads: by reason, a count and the first few names (never the list)
+        summary = json.loads((self.output / "skipped_summary.json").read_text())
+        self.assertEqual(summary, {
+            "photos": {"truncated or unreadable header": {
+                "count": 25, "first": [f"bad/{i:02d}.png" for i in range(5)]}},
+            "art": {"smaller than minimum_image_size": {"count": 1, "first": ["tiny.png"]}}})
 
     def test_no_skipped_file_still_replaces_an_earlier_runs_list(self):
         self.output.mkdir()
@@ -61,7 +67,10 @@ class SkippedFilesReportTest(unittest.TestCase):
             path = report_skipped_files({"photos": index("photos", [])}, self.output)
         self.assertEqual(json.loads(path.read_text()), {"photos": []})
         self.assertIn("no file was skipped", logs.records[0].getMessage())
-        self.assertEqual([p.name for p in self.output.iterdir()], ["skipped_files.json"])
+        self.assertEqual(sorted(p.name for p in self.output.iterdir()),
+                         ["skipped_files.json", "skipped_summary.json"])
+        self.assertEqual(json.loads((self.output / "skipped_summary.json").read_text()),
+                         {"photos": {}})
 
 
 

@@ -52,7 +52,7 @@ class Paths:
             return cls(np.zeros(0, np.uint8), np.zeros(1, np.int64))
         offsets = np.frombuffer(offsets, np.int64)[array.offset:array.offset + len(array) + 1]
         blob = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-        return cls(blob[offsets[0]:offsets[-1]], offsets - offsets[0])
+        return cls(blob[offsets[0]:offsets[-1]], offsets - offsets[0] if offsets[0] else offsets)
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -120,7 +120,9 @@ class SkippedFiles(Sequence):
         return self.joined(SkippedFiles.of(other))
 
     def joined(self, other: "SkippedFiles") -> "SkippedFiles":
-        """These skips, then ``other``'s."""
+        """These skips, then ``other``'s (either, when the other has none: no copy)."""
+        if not len(other) or not len(self):
+            return other if not len(self) else self
         reasons = list(dict.fromkeys([*self.reasons, *other.reasons]))
         recode = np.array([reasons.index(r) for r in other.reasons] or [0], np.int32)
         blob = np.concatenate([self.paths.blob, other.paths.blob])
@@ -134,14 +136,19 @@ class SkippedFiles(Sequence):
         counted = np.bincount(self.codes, minlength=len(self.reasons)).tolist()
         return {reason: n for reason, n in zip(self.reasons, counted) if n}
 
-    def first_paths(self, limit: int) -> dict[str, list[str]]:
-        """Reason -> the first ``limit`` paths skipped for it, in order."""
-        named = {}
-        for code, reason in enumerate(self.reasons):
-            rows = np.flatnonzero(self.codes == code)[:limit].tolist()
-            if rows:
-                named[reason] = [self.paths.at(row) for row in rows]
-        return named
+    def summary(self, limit: int) -> dict[str, dict]:
+        """Reason -> {"count": skips giving it, "first": the first ``limit`` paths, in order}
+        (one stable sort of the codes: no pass per reason)."""
+        order = np.argsort(self.codes, kind="stable")
+        ends = np.cumsum(np.bincount(self.codes, minlength=len(self.reasons))).tolist()
+        summary, start = {}, 0
+        for reason, end in zip(self.reasons, ends):
+            if end > start:
+                first = order[start:min(end, start + limit)].tolist()
+                summary[reason] = {"count": end - start,
+                                   "first": [self.paths.at(row) for row in first]}
+            start = end
+        return summary
 
     def sorted(self) -> "SkippedFiles":
         """Ordered by path, then reason (as a list of them sorts): by pyarrow where it is

@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 SKIPPED_FILES = "skipped_files.json"
 SKIPPED_NAMED_IN_LOG = 20
+# reason -> {count, first names} per dataset: what the run report shows, without reading the list
+SKIPPED_SUMMARY = "skipped_summary.json"
+SKIPPED_NAMED_PER_REASON = 5
 
 
 class DataStartupError(RuntimeError):
@@ -165,11 +168,14 @@ def skipped_files(indexes: Mapping[str, DatasetIndex]) -> dict[str, Sequence[dic
 
 def report_skipped_files(indexes: Mapping[str, DatasetIndex], output_dir: Path) -> Path:
     """Write every skipped file with its reason to ``output_dir/skipped_files.json`` (dataset id
-    -> [{path, reason}]), entry by entry (millions of absent files never one list or text), and
-    log the first few; returns the file's path."""
+    -> [{path, reason}]), entry by entry (millions of absent files never one list or text), its
+    summary by reason to SKIPPED_SUMMARY, and log the first few; returns the list's path."""
     path = Path(output_dir) / SKIPPED_FILES
     # rewritten each run: never an old run's list
     atomic_write_json(path, skipped_files(indexes))
+    atomic_write_json(Path(output_dir) / SKIPPED_SUMMARY, {
+        dataset_id: index.skipped.summary(SKIPPED_NAMED_PER_REASON)
+        for dataset_id, index in indexes.items()}, indent=1)
     total = sum(len(index.skipped) for index in indexes.values())
     named = [f"  {dataset_id}: {printable(skip.path)}: {skip.reason}"
              for dataset_id, index in sorted(indexes.items())

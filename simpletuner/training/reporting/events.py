@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 EVENTS_FILE = "events.jsonl"
 SKIPPED_FILES = "skipped_files.json"
+SKIPPED_SUMMARY = "skipped_summary.json"  # by reason: counts, first names (startup.py writes)
 SKIPS_NAMED = 5  # skipped files named in the line (it stays short); skipped_files.json has all
 
 

@@ -178,8 +178,11 @@ class TableSource:
         else:  # stems: with two files of one stem, the first in id order wins
             look_up = positions_in
         found = look_up(names, listed.names, usable_cores())
-        missed = np.flatnonzero(found < 0)
-        if len(missed):  # '/a.png' names 'a.png'; '', '/' and non-text name nothing
+        # '/a.png' names 'a.png'; '', '/' and non-text name nothing: only those looked at again
+        # (not every name of a table written for a bigger folder)
+        again = pc.fill_null(pc.or_(pc.starts_with(names, "/"), pc.equal(names, "")), True)
+        missed = np.flatnonzero((found < 0) & again.to_numpy(zero_copy_only=False))
+        if len(missed):
             stripped = pc.utf8_ltrim(names.take(pyarrow.array(missed)), characters="/")
             empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True)
             found[missed] = np.where(empty.to_numpy(zero_copy_only=False), NO_NAME,
