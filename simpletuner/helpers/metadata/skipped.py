@@ -2,8 +2,8 @@
 
 A table naming millions of files that are not there skips millions of rows, nearly all for one
 reason. ``SkippedFiles`` holds them as the index cache stores them: the paths one after the
-other in one blob with the offsets of their starts and its end (Arrow's layout, as
-index_columns.TextColumn: any character, a name that is not UTF-8 too), the reasons once
+other in one blob with the offsets of their starts and its end (TextColumn, Arrow's layout:
+any character, a name that is not UTF-8 too), the reasons once
 each and an int32 code per skip, so a start-up, ``plan`` and the report count them by reason
 without a Python object per skip. Code that looks at a few reads it as a Sequence of SkippedFile.
 """
@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ENCODING = ("utf-8", "surrogatepass")  # as index_columns.py: any str round-trips exactly
+from simpletuner.helpers.metadata.text_column import ENCODING as _ENCODING
+from simpletuner.helpers.metadata.text_column import TextColumn
+
 _DECODED_AT_ONCE = 1 << 16  # skips decoded per step when iterating
 
 
@@ -25,47 +27,11 @@ class SkippedFile:
     reason: str  # human-readable, e.g. "truncated or unreadable header"
 
 
-class Paths:
-    """Texts one after the other in one blob, and the offsets of their starts and its end."""
-
-    def __init__(self, blob: np.ndarray, starts: np.ndarray):
-        self.blob, self.starts = blob, starts
-
-    @classmethod
-    def encode(cls, texts: Sequence[str]) -> "Paths":
-        encoded = [text.encode(*_ENCODING) for text in texts]
-        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-        return cls(np.frombuffer(b"".join(encoded), np.uint8),
-                   np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
-
-    @classmethod
-    def from_arrow(cls, texts) -> "Paths":
-        """Arrow strings or binaries (a chunked array too), their buffers as they are: no str
-        per text."""
-        import pyarrow
-
-        array = texts.cast(pyarrow.large_binary())
-        if isinstance(array, pyarrow.ChunkedArray):
-            array = array.combine_chunks()
-        _, offsets, data = array.buffers()
-        if offsets is None:  # an empty array may have none
-            return cls(np.zeros(0, np.uint8), np.zeros(1, np.int64))
-        offsets = np.frombuffer(offsets, np.int64)[array.offset:array.offset + len(array) + 1]
-        blob = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-        return cls(blob[offsets[0]:offsets[-1]], offsets - offsets[0] if offsets[0] else offsets)
-
-    def __len__(self) -> int:
-        return len(self.starts) - 1
-
-    def at(self, row: int) -> str:
-        return self.blob[self.starts[row]:self.starts[row + 1]].tobytes().decode(*_ENCODING)
-
-
 class SkippedFiles(Sequence):
     """Skips in order: ``paths``, ``reasons`` (distinct texts) and ``codes`` (the index in
     ``reasons`` of each skip's)."""
 
-    def __init__(self, paths: Paths, reasons: Sequence[str], codes: np.ndarray):
+    def __init__(self, paths: TextColumn, reasons: Sequence[str], codes: np.ndarray):
         if len(codes) != len(paths) or (len(codes) and not 0 <= codes.min() <= codes.max()
                                         < len(reasons)):
             raise ValueError("the skips' reason codes do not match their paths and reasons")
@@ -79,11 +45,11 @@ class SkippedFiles(Sequence):
         skips = list(skips)
         reasons = list(dict.fromkeys(s.reason for s in skips))
         number = {reason: n for n, reason in enumerate(reasons)}
-        return cls(Paths.encode([s.path for s in skips]), reasons,
+        return cls(TextColumn.encode([s.path for s in skips]), reasons,
                    np.array([number[s.reason] for s in skips], np.int32))
 
     @classmethod
-    def one_reason(cls, paths: Paths, reason: str) -> "SkippedFiles":
+    def one_reason(cls, paths: TextColumn, reason: str) -> "SkippedFiles":
         """Every path in ``paths`` skipped for ``reason``."""
         return cls(paths, [reason] if len(paths) else [], np.zeros(len(paths), np.int32))
 
@@ -129,7 +95,7 @@ class SkippedFiles(Sequence):
         starts = np.concatenate([self.paths.starts[:-1],
                                  other.paths.starts + self.paths.starts[-1]])
         codes = np.concatenate([self.codes, recode[other.codes]]).astype(np.int32)
-        return SkippedFiles(Paths(blob, starts), reasons, codes)
+        return SkippedFiles(TextColumn(blob, starts), reasons, codes)
 
     def counts(self) -> dict[str, int]:
         """Reason -> how many skips give it (reasons given by none left out)."""
@@ -163,7 +129,7 @@ class SkippedFiles(Sequence):
         paths = self._arrow_paths()
         order = pc.sort_indices(pyarrow.table({"path": paths, "rank": ranks}),
                                 [("path", "ascending"), ("rank", "ascending")])
-        return SkippedFiles(Paths.from_arrow(paths.take(order)),  # no index per byte
+        return SkippedFiles(TextColumn.from_arrow(paths.take(order)),  # no index per byte
                             self.reasons, self.codes[order.to_numpy(zero_copy_only=False)])
 
     def _arrow_paths(self):
@@ -203,7 +169,7 @@ class SkippedFiles(Sequence):
     @classmethod
     def from_columns(cls, columns: dict[str, np.ndarray], reasons: list[str]) -> "SkippedFiles":
         """The skips of an index cache (ValueError where they do not fit together)."""
-        paths = Paths(columns["skipped_path_bytes"], columns["skipped_path_starts"])
+        paths = TextColumn(columns["skipped_path_bytes"], columns["skipped_path_starts"])
         starts = paths.starts
         if len(starts) < 1 or starts[0] != 0 or starts[-1] != len(paths.blob) or np.any(
                 np.diff(starts) < 0):

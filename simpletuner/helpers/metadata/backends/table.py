@@ -33,7 +33,8 @@ from simpletuner.helpers.metadata.backends.table_lookup import (
     NOT_LISTED, positions_in, positions_in_sorted,
 )
 from simpletuner.helpers.metadata.file_table import FileTable
-from simpletuner.helpers.metadata.skipped import Paths, SkippedFile, SkippedFiles
+from simpletuner.helpers.metadata.skipped import SkippedFile, SkippedFiles
+from simpletuner.helpers.metadata.text_column import TextColumn
 from simpletuner.helpers.metadata.index_cache import (
     LoadedIndex, listing_columns, size_columns, table_caption_rows, table_caption_texts,
 )
@@ -218,7 +219,7 @@ class TableSource:
                                                           f"(first: row {first_row[at]}); ignored"))
             else:
                 files.errors[files.ids[at]] = f"{where}: {self._row_problem(table, row)}"
-        gone = Paths.from_arrow(names.filter(pc.invert(escapes)))
+        gone = TextColumn.from_arrow(names.filter(pc.invert(escapes)))
         return SkippedFiles.one_reason(gone, absent).joined(SkippedFiles.of(skipped))
 
     def _row_problem(self, table: TableColumns, row: int) -> str:
