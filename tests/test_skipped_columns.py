@@ -19,7 +19,7 @@ from simpletuner.helpers.metadata.backends.table import TableSource
 from simpletuner.helpers.metadata.index_cache import DIGEST_KEY, load_cache
 from simpletuner.helpers.metadata.index_file import read_columns, write_columns
 from simpletuner.helpers.metadata.index_history import data_digest
-from simpletuner.helpers.metadata.skipped import SkippedFile
+from simpletuner.helpers.metadata.skipped import SkippedFile, SkippedFiles
 from simpletuner.helpers.metadata.startup import report_skipped_files
 from simpletuner.plan_report import skip_summary
 from test_parquet import ListedOnly
@@ -108,6 +108,19 @@ class AbsentRowsTest(unittest.TestCase):
         listed = json.loads(written.read_text("utf-8"))
         self.assertEqual(listed, {"absent": [{"path": s.path, "reason": s.reason}
                                              for s in self.index.skipped]})
+
+
+class SortedAsAListTest(unittest.TestCase):
+    def test_sorted_by_bytes_is_the_order_a_list_of_them_sorts_in(self):
+        """The index's skips (and so the data digest) keep the order sorting SkippedFile gave:
+        by path in code points (lone surrogates of non-UTF-8 names, characters beyond U+FFFF),
+        then by reason."""
+        paths = ["b", "a", "caf\udce9.png", "caf\u00e9.png", "\U0001f600.png", "\uffff.png",
+                 "\ue000.png", "a", "", "A"]
+        skips = [SkippedFile(path, reason) for path, reason in
+                 zip(paths, ["z", "y", "x", "x", "w", "w", "w", "b", "c", "c"])]
+        self.assertEqual(list(SkippedFiles.of(skips).sorted()),
+                         sorted(skips, key=lambda s: (s.path, s.reason)))
 
 
 if __name__ == "__main__":

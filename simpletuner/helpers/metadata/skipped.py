@@ -3,9 +3,9 @@
 A table naming millions of files that are not there skips millions of rows, nearly all for one
 reason. ``SkippedFiles`` holds them as the index cache stores them: the paths one after the
 other in one blob with the offsets of their starts and its end (TextColumn, Arrow's layout:
-any character, a name that is not UTF-8 too), the reasons once
-each and an int32 code per skip, so a start-up, ``plan`` and the report count them by reason
-without a Python object per skip. Code that looks at a few reads it as a Sequence of SkippedFile.
+any character, a name that is not UTF-8 too), the reasons once each and an int32 code per
+skip, so a start-up, ``plan`` and the report count them by reason without a Python object per
+skip. Code that looks at a few reads it as a Sequence of SkippedFile.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class SkippedFiles(Sequence):
 
     def __eq__(self, other) -> bool:
         if isinstance(other, (SkippedFiles, list, tuple)):
-            return len(self) == len(other) and all(map(SkippedFile.__eq__, self, other))
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented
 
     def path_slice(self, first: int, last: int) -> list[str]:
@@ -87,10 +87,13 @@ class SkippedFiles(Sequence):
 
     def joined(self, other: "SkippedFiles") -> "SkippedFiles":
         """These skips, then ``other``'s (either, when the other has none: no copy)."""
-        if not len(other) or not len(self):
-            return other if not len(self) else self
+        if not len(self):
+            return other
+        if not len(other):
+            return self
         reasons = list(dict.fromkeys([*self.reasons, *other.reasons]))
-        recode = np.array([reasons.index(r) for r in other.reasons] or [0], np.int32)
+        number = {reason: n for n, reason in enumerate(reasons)}
+        recode = np.array([number[reason] for reason in other.reasons], np.int32)
         blob = np.concatenate([self.paths.blob, other.paths.blob])
         starts = np.concatenate([self.paths.starts[:-1],
                                  other.paths.starts + self.paths.starts[-1]])
