@@ -1,6 +1,7 @@
 """Parquet metadata: the project's index build from a table, against pyarrow reading it.
 
     python benchmarks/bench_parquet.py [--rows 1000000] [--buckets 40] [--repeats 5] [--json]
+    python benchmarks/bench_parquet.py --plan-absent [--rows 10000000] [--kept 100000] [--json]
 
 A generated table (kept in $SIMPLETUNER_CACHE/benchmarks) of N rows: file name, width, height
 (40 aspect buckets) and caption. Each side runs in a fresh process, --repeats times, the sides
@@ -23,12 +24,18 @@ The storage is a listing held in memory (built before the clock starts): listing
 million files is the storage's cost, which benchmarks/bench_discovery.py measures. Memory:
 "columns MiB" is pyarrow's table size; "peak MiB" is the peak RSS above the process's RSS before
 the measured call (VmHWM, reset first).
+
+--plan-absent: ``python -m simpletuner plan`` as a process over a table of N rows of which all
+but --kept name files that are not there (a table written for a bigger folder): each absent row
+is a skip. Run twice, cold (no index cache) then warm (the cache in place); for each its time,
+its peak RSS (the child's own, from wait4) and the size of what it printed (stdout, stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -183,6 +190,77 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def absent_setup(rows: int, kept: int) -> Path:
+    """A folder of ``kept`` (near empty) image files, a table of ``rows`` rows naming them and
+    ``rows - kept`` absent ones (evenly spread), and the datasets file; returns the latter."""
+    import numpy as np
+    import pyarrow
+    import pyarrow.parquet
+
+    root = data_folder("parquet") / f"absent-{rows}-{kept}"
+    datasets = root / "multidatabackend.json"
+    if datasets.exists():
+        return datasets
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    for i in np.linspace(0, rows - 1, kept).astype(np.int64).tolist():
+        (images / f"img_{i:08d}.png").write_bytes(b"\x89PNG")  # listed only, never read
+    pyarrow.parquet.write_table(pyarrow.table({
+        "filename": [f"img_{i:08d}.png" for i in range(rows)],
+        "width": np.full(rows, 64, np.int32), "height": np.full(rows, 64, np.int32)}),
+        root / "table.parquet")
+    datasets.write_text(json.dumps([{
+        "id": "absent", "instance_data_dir": str(images), "metadata_backend": "parquet",
+        "caption_strategy": "filename",
+        "parquet": {"path": str(root / "table.parquet")}}]))
+    return datasets
+
+
+def plan_once(config: Path) -> dict:
+    """One ``plan`` process: seconds, its own peak RSS (wait4), bytes printed."""
+    with open(config.parent / "stdout", "wb") as out, \
+            open(config.parent / "stderr", "wb") as err:
+        start = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-m", "simpletuner", "plan", "--config",
+                                  str(config)], stdout=out, stderr=err, cwd=config.parent)
+        _, status, usage = os.wait4(child.pid, 0)
+        seconds = time.perf_counter() - start
+    sizes = {f"{name}_bytes": (config.parent / name).stat().st_size
+             for name in ("stdout", "stderr")}
+    if os.waitstatus_to_exitcode(status) != 0:
+        tail = (config.parent / "stderr").read_bytes()[-2000:].decode("utf-8", "replace")
+        raise RuntimeError(f"plan exited {os.waitstatus_to_exitcode(status)}:\n{tail}")
+    scale = 2**20 if sys.platform == "darwin" else 1024  # ru_maxrss: KiB on Linux
+    return {"seconds": round(seconds, 2), "peak_mb": round(usage.ru_maxrss / scale, 1),
+            **sizes}
+
+
+def plan_absent(rows: int, kept: int) -> dict:
+    datasets = absent_setup(rows, kept)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.json"
+        config.write_text(json.dumps({
+            "model_family": "sd1x", "pretrained_model_name_or_path": "builtin:tiny-sd1x",
+            "output_dir": str(Path(tmp) / "out"), "data_backend_config": str(datasets),
+            "resolution": 64, "aspect_bucket_alignment": 16}))
+        runs = {}
+        for run in ("cold", "warm"):  # warm: the index cache the cold run wrote
+            print(f"plan over {rows:,} rows, {kept:,} present: {run}...", file=sys.stderr)
+            runs[run] = plan_once(config)
+    return {"machine": machine(), "rows": rows, "kept": kept, "runs": runs}
+
+
+def render_absent(result: dict) -> str:
+    rows = [[run, m["seconds"], m["peak_mb"], m["stdout_bytes"], m["stderr_bytes"]]
+            for run, m in result["runs"].items()]
+    m = result["machine"]
+    return "\n".join([
+        f"plan over a table of {result['rows']:,} rows, {result['kept']:,} of them present; "
+        f"{m['cpus']} CPUs, load {m['load_average_1_5_15']}",
+        format_table(["plan", "seconds", "peak RSS MiB", "stdout bytes", "stderr bytes"],
+                     rows)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,11 +268,19 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plan-absent", action="store_true",
+                        help="plan as a process over a table naming mostly absent files")
+    parser.add_argument("--kept", type=int,
+                        help="--plan-absent: rows naming a file that is there (1%% of --rows)")
     parser.add_argument("--one", choices=SIDES,
                         help=argparse.SUPPRESS)
     parser.add_argument("--table", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
-    args = parse_with_smoke(parser, rows=2000, buckets=4, repeats=1)
+    args = parse_with_smoke(parser, rows=2000, buckets=4, repeats=1, kept=20)
+    if args.plan_absent:
+        result = plan_absent(args.rows, args.rows // 100 if args.kept is None else args.kept)
+        emit(result, args.json, render_absent(result))
+        return
     if args.one:  # the child process of measure()
         print(json.dumps(run_one(args.one, Path(args.table), Path(args.cache))))
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from io import BytesIO
 from pathlib import Path
@@ -42,7 +41,7 @@ def bucket_table(index: DatasetIndex) -> str:
 def skip_summary(index: DatasetIndex) -> str:
     if not index.skipped:
         return "skipped: none"
-    counts = Counter(s.reason for s in index.skipped)
+    counts = index.skipped.counts()  # a line per reason, however many files give it
     lines = [f"skipped: {len(index.skipped)}"]
     by_count = sorted(counts.items(), key=lambda rc: (-rc[1], rc[0]))
     lines += [f"  {count:>6}  {reason}" for reason, count in by_count]

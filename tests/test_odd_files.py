@@ -21,6 +21,7 @@ from simpletuner.helpers.metadata.backends.bucketing import MISSING_CAPTION
 from simpletuner.helpers.metadata.buckets import (MAX_BUCKET_AREA_FACTOR, BucketSettings,
                                                   SizeFilters, drawn_aspect, parse_bucket_key)
 from simpletuner.helpers.metadata.index_file import read_columns
+from simpletuner.helpers.metadata.skipped import SkippedFile
 from simpletuner.helpers.metadata.split import (DatasetSpec, UndersizedBucketsError,
                                                 check_bucket_sizes)
 from simpletuner.helpers.metadata.startup import report_skipped_files
@@ -79,10 +80,14 @@ class NonUtf8NameDiscoveryTest(unittest.TestCase):
         main = self.backend()
         index = main.refresh_index(show_progress=False)
         self.assertEqual(list(index.buckets["64x64"]), sorted([CAFE, IN_ODD_FOLDER, "plain.png"]))
-        header = read_columns(main.cache_path)[0]  # its JSON keeps the name's very bytes
-        self.assertEqual(header["skipped"], [["no caption \udce9.png", MISSING_CAPTION]])
+        header, columns = read_columns(main.cache_path)  # the skips as columns, reasons once
+        self.assertEqual(header["skipped_reasons"], [MISSING_CAPTION])
+        self.assertEqual(columns["skipped_path_bytes"].tobytes(),
+                         "no caption \udce9.png".encode("utf-8", "surrogatepass"))
         other_rank = self.backend()
-        loaded = other_rank.load_index()
+        loaded = other_rank.load_index()  # the name's very bytes come back
+        self.assertEqual(list(loaded.skipped), [SkippedFile("no caption \udce9.png",
+                                                            MISSING_CAPTION)])
         self.assertEqual(loaded.buckets, index.buckets)
         self.assertEqual(loaded.digest(), index.digest())
         self.assertEqual(other_rank.caption_for(CAFE), "a red square in a cafe")

@@ -31,7 +31,7 @@ from simpletuner.plan_report import skip_summary
 from simpletuner.helpers.metadata.backends.table_lookup import (
     NOT_LISTED, positions_in, positions_in_sorted,
 )
-from simpletuner.helpers.metadata.index_cache import load_cache
+from simpletuner.helpers.metadata.index_cache import VERSION, load_cache
 from simpletuner.helpers.metadata.index_columns import StringColumn
 from simpletuner.helpers.metadata.index_file import read_columns, write_columns
 
@@ -168,7 +168,7 @@ class TableIndexTest(unittest.TestCase):
         rebuilt = self.backend(table, caption_strategy="parquet")
         rebuilt.refresh_index(False)
         self.assertTrue(rebuilt.last_refresh.cache_written)
-        self.assertEqual(load_cache(main.cache_path).meta["version"], 3)
+        self.assertEqual(load_cache(main.cache_path).meta["version"], VERSION)
 
     def test_identifiers_without_extension(self):
         rows = [{**r, "filename": r["filename"].rsplit(".", 1)[0]} for r in self.rows]

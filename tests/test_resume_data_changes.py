@@ -22,8 +22,10 @@ from simpletuner.helpers.metadata.backends.base import MetadataBackend
 from simpletuner.helpers.metadata.data_changes import describe_file_changes
 from simpletuner.helpers.metadata.file_table import FileTable
 from simpletuner.helpers.metadata.index_cache import DIGEST_KEY, cache_columns, load_cache
+from simpletuner.helpers.metadata import index_history
 from simpletuner.helpers.metadata.index_history import KEPT_VERSIONS, data_digest
 from simpletuner.helpers.metadata.index_columns import StringColumn
+from simpletuner.helpers.metadata.skipped import SkippedFile, SkippedFiles
 from simpletuner.helpers.metadata.startup import DataStartup, build_sampler
 
 SAMPLER_LOG = "simpletuner.helpers.multiaspect.sampler"
@@ -47,7 +49,7 @@ def digest_of_file(path: Path) -> str:
     """The digest of a kept cache file's own content, recomputed from its columns."""
     loaded = load_cache(path)
     return digest_of({**loaded.change_view(), "index": {
-        **loaded.change_view()["index"], "skipped": loaded.meta["skipped"]}})
+        **loaded.change_view()["index"], "skipped": loaded.skipped}})
 
 
 class ChangedDataTest(unittest.TestCase):
@@ -306,6 +308,20 @@ class DigestTest(unittest.TestCase):
                 want.update(json.dumps(key).encode("utf-8") + np.asarray(rows, np.int64).tobytes())
             want.update(json.dumps(index["skipped"]).encode("utf-8"))
             self.assertEqual(digest_of(cache), want.hexdigest())
+
+    def test_skips_as_columns_hash_as_their_pairs_did(self):
+        """An index's skips (SkippedFiles, hashed a slice at a time) give the digest of the same
+        [path, reason] pairs, names that are not UTF-8 included, across slice boundaries."""
+        pairs = [["caf\udce9.png", "too small"], ["t.png", "too small"], ["\u00fc.png", "odd"]]
+        cache = self.base()
+        cache["index"]["skipped"] = pairs
+        skips = SkippedFiles.of(SkippedFile(path, reason) for path, reason in pairs)
+        for at_once in (1, 2, 1 << 16):
+            with self.subTest(at_once=at_once), \
+                    mock.patch.object(index_history, "_HASHED_AT_ONCE", at_once):
+                self.assertEqual(digest_of({**cache, "index": {**cache["index"],
+                                                                "skipped": skips}}),
+                                 digest_of(cache))
 
 
 if __name__ == "__main__":

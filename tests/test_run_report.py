@@ -15,6 +15,8 @@ from pathlib import Path
 from launching import run_bounded
 from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
 from simpletuner.helpers.metadata.startup import report_skipped_files
+from simpletuner.training.reporting.report_data import read_report_data
+from simpletuner.training.reporting.report_sections import skipped_section
 
 LOGGER = "simpletuner.helpers.metadata.startup"
 RUNNER = Path(__file__).resolve().parent / "skipped_files_runner.py"
@@ -53,6 +55,24 @@ class SkippedFilesReportTest(unittest.TestCase):
         self.assertNotIn("bad/19.png", message)  # art's one file and photos' first 19 are named
         self.assertIn("... and 6 more", message)
         self.assertIn(f"the full list: {path}", message)
+        # what the report reads: by reason, a count and the first few names (never the list)
+        summary = json.loads((self.output / "skipped_summary.json").read_text())
+        self.assertEqual(summary, {
+            "photos": {"truncated or unreadable header": {
+                "count": 25, "first": [f"bad/{i:02d}.png" for i in range(5)]}},
+            "art": {"smaller than minimum_image_size": {"count": 1, "first": ["tiny.png"]}}})
+
+    def test_the_report_reads_the_summary_and_an_older_runs_list_alike(self):
+        many = [SkippedFile(f"bad/{i:02d}.png", "truncated or unreadable header")
+                for i in range(25)]
+        report_skipped_files({"photos": index("photos", many)}, self.output)
+        from_summary = read_report_data(self.output, verify_hashes=False).skipped
+        (self.output / "skipped_summary.json").unlink()  # a run from before the summary
+        self.assertEqual(read_report_data(self.output, verify_hashes=False).skipped,
+                         from_summary)
+        first = ", ".join(f"bad/{i:02d}.png" for i in range(5))
+        self.assertIn(f"<td>truncated or unreadable header</td><td>25</td><td>{first}, ...</td>",
+                      skipped_section(from_summary))
 
     def test_no_skipped_file_still_replaces_an_earlier_runs_list(self):
         self.output.mkdir()
@@ -61,7 +81,10 @@ class SkippedFilesReportTest(unittest.TestCase):
             path = report_skipped_files({"photos": index("photos", [])}, self.output)
         self.assertEqual(json.loads(path.read_text()), {"photos": []})
         self.assertIn("no file was skipped", logs.records[0].getMessage())
-        self.assertEqual([p.name for p in self.output.iterdir()], ["skipped_files.json"])
+        self.assertEqual(sorted(p.name for p in self.output.iterdir()),
+                         ["skipped_files.json", "skipped_summary.json"])
+        self.assertEqual(json.loads((self.output / "skipped_summary.json").read_text()),
+                         {"photos": {}})
 
 
 

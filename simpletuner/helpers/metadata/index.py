@@ -9,13 +9,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simpletuner.helpers.metadata.skipped import SkippedFile, SkippedFiles
 from simpletuner.helpers.metadata.split import SortedIds, canonical_ids
 
-
-@dataclass(frozen=True, slots=True)  # slots: a dataset may skip millions of rows
-class SkippedFile:
-    path: str    # sample id (path relative to the dataset root, '/' separators)
-    reason: str  # human-readable, e.g. "truncated or unreadable header"
+__all__ = ["ClipPlan", "DatasetIndex", "SizesView", "SkippedFile", "SkippedFiles"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,8 @@ class DatasetIndex:
     dataset_id: str
     buckets: dict[str, SortedIds]              # "WxH" (clips "WxH@F") -> sorted sample ids
     original_sizes: Mapping[str, tuple[int, int]]  # sample id -> (width, height), EXIF-oriented
-    skipped: list[SkippedFile] = field(default_factory=list)
+    # any iterable of SkippedFile is accepted and held as columns (skipped.py)
+    skipped: SkippedFiles = field(default_factory=list)
     clips: Mapping[str, ClipPlan] = field(default_factory=dict)  # a video dataset's samples
     # edit pairs (pairs.py): sample id -> its reference id in each conditioning dataset
     references: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -85,6 +83,7 @@ class DatasetIndex:
     def __post_init__(self):
         # Any list is accepted and put in canonical order once, here (see SortedIds).
         self.buckets = {key: canonical_ids(ids) for key, ids in self.buckets.items()}
+        self.skipped = SkippedFiles.of(self.skipped)
         # Not a field, so dataclasses.replace() (other content) starts without it.
         self._digest: str | None = None
 

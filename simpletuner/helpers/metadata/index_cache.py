@@ -9,8 +9,9 @@ holds what discovery learnt and what it decided:
   video table's clip columns (clip sets are small). A row is valid while its file's size and
   change key are unchanged, so a change of bucket settings re-buckets without reading an image;
 * the index: each bucket as ascending rows of that table (so its ids come out in canonical
-  order without comparing one), and in the header the skips and ``settings``, everything that
-  affects bucketing;
+  order without comparing one); the skips as columns (their paths, a reason code each) with
+  the distinct reasons in the header (a table naming millions of absent files skips millions);
+  and in the header ``settings``, everything that affects bucketing;
 * the captions the index keeps (a table's, or remote caption files with their change keys);
 * two digests: ``data_digest`` (the listed files and the buckets: what a checkpoint records,
   index_history.py) and ``index_digest`` (DatasetIndex.digest(), what ranks agree on),
@@ -37,7 +38,7 @@ from simpletuner.helpers.metadata.clip_timing import needs_retiming
 from simpletuner.helpers.metadata.file_table import (
     CLIP_COLUMNS, FileTable, FileTableFormatError, ascending_strings,
 )
-from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.index import ClipPlan, DatasetIndex, SkippedFile, SkippedFiles
 from simpletuner.helpers.metadata.index_columns import (
     MappedCaptions, MappedIds, MappedSizes, StringColumn, TextColumn,
 )
@@ -45,9 +46,10 @@ from simpletuner.helpers.metadata.index_file import IndexFileError, read_columns
 from simpletuner.helpers.metadata.video_buckets import bucket_frames
 
 # 1: the index only, beside a JSON cache; 2: the whole cache, file table included; 3: a
-# table's captions may be in the table's order, with the row of each file's (caption_rows)
-VERSION = 3
-READ_VERSIONS = (2, 3)  # a version 2 cache is a version 3 one without caption_rows
+# table's captions may be in the table's order, with the row of each file's (caption_rows);
+# 4: the skips as columns (skipped.py), their reasons in the header, not [path, reason] pairs
+VERSION = 4
+READ_VERSIONS = (2, 3, 4)  # a version 2 cache is a version 3 one without caption_rows
 DIGEST_KEY = "data_digest"
 _COMPARED_AT_ONCE = 1 << 20  # listed files compared with the cache per slice
 
@@ -125,14 +127,15 @@ def cache_columns(files: FileTable, id_column: StringColumn, rows: Mapping[str, 
 
 
 def cache_meta(dataset_id: str, files_key: dict, settings: dict, files: FileTable,
-               rows: Mapping[str, Sequence[int]], skipped: list[list[str]], digests: dict,
+               rows: Mapping[str, Sequence[int]], skipped: Sequence[SkippedFile], digests: dict,
                target_fps: int | None = None) -> dict[str, Any]:
-    """The header: what the cache was built with and for, and what is not a column. ``skipped``:
-    [path, reason] pairs; ``digests``: DIGEST_KEY and ``index_digest``."""
+    """The header: what the cache was built with and for, and what is not a column (of
+    ``skipped``, whose columns go with the others, the reasons); ``digests``: DIGEST_KEY and
+    ``index_digest``."""
     clips = None if files.clips is None else {**files.clips, "target_fps": target_fps}
     return {"version": VERSION, "dataset_id": dataset_id, "files_key": files_key,
             "settings": settings, **digests, "buckets": sorted(rows),
-            "skipped": skipped, "errors": files.errors,
+            "skipped_reasons": SkippedFiles.of(skipped).reasons, "errors": files.errors,
             "clips": clips}
 
 
@@ -151,11 +154,11 @@ class LoadedIndex:
     sizes: MappedSizes
     captions: MappedCaptions | None
     clips: dict[str, ClipPlan]
+    skipped: SkippedFiles
 
     def index(self) -> DatasetIndex:
         """The DatasetIndex, with the digest the main rank recorded (no id is hashed)."""
-        skipped = [SkippedFile(path, reason) for path, reason in self.meta["skipped"]]
-        index = DatasetIndex(self.meta["dataset_id"], self.buckets, self.sizes, skipped,
+        index = DatasetIndex(self.meta["dataset_id"], self.buckets, self.sizes, self.skipped,
                              self.clips)
         index.set_digest(self.meta["index_digest"])
         return index
@@ -244,7 +247,7 @@ def load_cache(path, *, check_crc: bool = True) -> LoadedIndex:
                 raise ValueError(f"the column {name!r} and the ids differ in length")
         buckets = {key: MappedIds(ids.column, rows[starts[n]:starts[n + 1]])
                    for n, key in enumerate(keys)}
-        excluded = frozenset(sample_id for sample_id, _ in meta["skipped"])
+        skipped = _skipped(meta, c)
         captions = None
         if "caption_bytes" in c:
             captions = _mapped_captions(ids, c)
@@ -253,8 +256,19 @@ def load_cache(path, *, check_crc: bool = True) -> LoadedIndex:
             raise TypeError("errors or files_key is not a mapping")
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise IndexFileError(f"{path}: a malformed index ({exc})") from exc
-    return LoadedIndex(meta, c, ids, buckets, MappedSizes(ids, c["width"], c["height"], excluded),
-                       captions, clips)
+    return LoadedIndex(meta, c, ids, buckets, MappedSizes(ids, c["width"], c["height"],
+                                                          skipped.among(ids)), captions, clips,
+                       skipped)
+
+
+def _skipped(meta: dict[str, Any], c: dict[str, np.ndarray]) -> SkippedFiles:
+    """The skips: columns and reasons (version 4; none written: no skip), or [path, reason]
+    pairs in the header (earlier versions)."""
+    if "skipped" in meta:
+        return SkippedFiles.of(SkippedFile(path, reason) for path, reason in meta["skipped"])
+    if "skipped_codes" not in c and meta["skipped_reasons"] == []:
+        return SkippedFiles.of([])
+    return SkippedFiles.from_columns(c, meta["skipped_reasons"])
 
 
 def _mapped_captions(ids: MappedIds, c: dict[str, np.ndarray]) -> MappedCaptions:

@@ -16,8 +16,12 @@ import numpy as np
 
 from simpletuner.helpers.metadata.index import SizesView
 from simpletuner.helpers.metadata.split import SortedIds
+from simpletuner.helpers.metadata.text_column import ENCODING as _ENCODING
+from simpletuner.helpers.metadata.text_column import TextColumn
 
-_ENCODING = ("utf-8", "surrogatepass")  # any str, lone surrogates too, round-trips exactly
+__all__ = ["ListColumn", "MappedCaptions", "MappedIds", "MappedSizes", "StringColumn",
+           "TextColumn"]
+
 _DECODED_AT_ONCE = 1 << 16  # ids decoded per step when iterating
 _JOINED_AT_ONCE = 1 << 16  # ids encoded per step
 _SCANNED_AT_ONCE = 1 << 22  # bytes scanned per step: temporaries that stay small
@@ -104,27 +108,6 @@ class StringColumn:
         shift = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
         gathered = self.blob[np.arange(int(lengths.sum()), dtype=np.int64) + shift]
         return gathered.tobytes().decode(*_ENCODING).split("\0")[:-1]
-
-
-class TextColumn:
-    """Texts one after the other in one blob, any character allowed (Arrow's layout: a table's
-    captions are taken as they are), and the offsets of their starts and of the blob's end."""
-
-    def __init__(self, blob: np.ndarray, starts: np.ndarray):
-        self.blob, self.starts = blob, starts
-
-    @classmethod
-    def encode(cls, texts: Sequence[str]) -> "TextColumn":
-        encoded = [text.encode(*_ENCODING) for text in texts]
-        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-        return cls(np.frombuffer(b"".join(encoded), np.uint8),
-                   np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
-
-    def __len__(self) -> int:
-        return len(self.starts) - 1
-
-    def at(self, row: int) -> str:
-        return self.blob[self.starts[row]:self.starts[row + 1]].tobytes().decode(*_ENCODING)
 
 
 class ListColumn:

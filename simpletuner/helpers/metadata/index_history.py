@@ -27,16 +27,19 @@ from simpletuner.helpers.metadata.index_cache import (
     DIGEST_KEY, LoadedIndex, load_cache, same_content,
 )
 from simpletuner.helpers.metadata.index_file import ColumnFileWriter, IndexFileError
+from simpletuner.helpers.metadata.skipped import SkippedFiles
 
 PREVIOUS_FOLDER = "previous"
 KEPT_VERSIONS = 3  # per dataset; each is as large as the index cache
-LEGACY_SUFFIX = ".json"  # the JSON index cache of versions before the mapped one
+LEGACY_SUFFIX = ".json"
+_HASHED_AT_ONCE = 1 << 16  # skips hashed per step  # the JSON index cache of versions before the mapped one
 
 
 def data_digest(columns: Mapping[str, np.ndarray], files: FileTable,
-                rows: Mapping[str, Sequence[int]], skipped: list) -> str:
+                rows: Mapping[str, Sequence[int]], skipped: SkippedFiles | list) -> str:
     """What decides the sample table: the listed files (ids, sizes, change keys), the buckets and
-    the skips (``[path, reason]`` pairs), hashed from the cache's columns (cache_columns)."""
+    the skips (SkippedFiles, or ``[path, reason]`` pairs), hashed from the cache's columns
+    (cache_columns)."""
     digest = hashlib.sha256(len(files.ids).to_bytes(8, "little"))
     digest.update(memoryview(columns["id_bytes"][:-1]))  # the ids joined by NUL
     digest.update(columns["bytes"].tobytes())
@@ -44,8 +47,23 @@ def data_digest(columns: Mapping[str, np.ndarray], files: FileTable,
                   else json_text(files.change_keys).encode("utf-8"))  # ETags
     for key in sorted(rows):
         digest.update(json_text(key).encode("utf-8") + np.asarray(rows[key], np.int64).tobytes())
-    digest.update(json_text(skipped).encode("utf-8"))
+    if isinstance(skipped, SkippedFiles):
+        _hash_skips(digest, skipped)
+    else:
+        digest.update(json_text(skipped).encode("utf-8"))
     return digest.hexdigest()
+
+
+def _hash_skips(digest, skipped: SkippedFiles) -> None:
+    """Hash json_text of the skips as [path, reason] pairs (the digest a cache of the earlier
+    versions recorded), a slice at a time: no text or list of them all."""
+    digest.update(b"[")
+    for first in range(0, len(skipped), _HASHED_AT_ONCE):
+        last = min(first + _HASHED_AT_ONCE, len(skipped))
+        reasons = [skipped.reasons[code] for code in skipped.codes[first:last].tolist()]
+        pairs = json_text(list(map(list, zip(skipped.path_slice(first, last), reasons))))
+        digest.update(((", " if first else "") + pairs[1:-1]).encode("utf-8"))
+    digest.update(b"]")
 
 
 class IndexHistory:

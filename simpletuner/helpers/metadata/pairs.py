@@ -97,7 +97,8 @@ def pair_datasets(datasets: Sequence, indexes: Mapping[str, DatasetIndex]
 def pair_summary(target: DatasetIndex, references: Sequence[DatasetIndex]) -> str:
     """One line for the log: pairs kept and orphans on each side, counted."""
     def orphans(index: DatasetIndex) -> int:
-        return sum(s.reason.startswith(PAIR) for s in index.skipped)
+        return sum(n for reason, n in index.skipped.counts().items()
+                   if reason.startswith(PAIR))
 
     sides = "; ".join(f"{orphans(ref)} in '{ref.dataset_id}' without a target"
                       for ref in references)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from accelerate.utils import broadcast_object_list
 
@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 SKIPPED_FILES = "skipped_files.json"
 SKIPPED_NAMED_IN_LOG = 20
+# reason -> {count, first names} per dataset: what the run report shows, without reading the list
+SKIPPED_SUMMARY = "skipped_summary.json"
+SKIPPED_NAMED_PER_REASON = 5
 
 
 class DataStartupError(RuntimeError):
@@ -156,27 +159,34 @@ def run_mesh(training: TrainingConfig, processes: int) -> Mesh:
     return Mesh(processes, training.context_parallel_size)
 
 
-def skipped_files(indexes: Mapping[str, DatasetIndex]) -> dict[str, list[dict]]:
-    """Dataset id -> [{path, reason}] of every file skipped, as skipped_files.json holds it."""
-    return {dataset_id: [{"path": s.path, "reason": s.reason} for s in index.skipped]
+def skipped_files(indexes: Mapping[str, DatasetIndex]) -> dict[str, Sequence[dict]]:
+    """Dataset id -> [{path, reason}] of every file skipped, as skipped_files.json holds it
+    (read a slice at a time: a table may name millions of absent files)."""
+    return {dataset_id: index.skipped.entries()
             for dataset_id, index in sorted(indexes.items())}
 
 
 def report_skipped_files(indexes: Mapping[str, DatasetIndex], output_dir: Path) -> Path:
     """Write every skipped file with its reason to ``output_dir/skipped_files.json`` (dataset id
-    -> [{path, reason}]) and log the first few; returns the file's path."""
-    skipped = skipped_files(indexes)
+    -> [{path, reason}]), entry by entry (millions of absent files never one list or text), its
+    summary by reason to SKIPPED_SUMMARY, and log the first few; returns the list's path."""
     path = Path(output_dir) / SKIPPED_FILES
-    atomic_write_json(path, skipped, indent=1)  # rewritten each run: never an old run's list
-    named = [f"  {dataset_id}: {printable(entry['path'])}: {entry['reason']}"
-             for dataset_id, entries in skipped.items() for entry in entries]
-    if not named:
+    # rewritten each run: never an old run's list
+    atomic_write_json(path, skipped_files(indexes))
+    atomic_write_json(Path(output_dir) / SKIPPED_SUMMARY, {
+        dataset_id: index.skipped.summary(SKIPPED_NAMED_PER_REASON)
+        for dataset_id, index in indexes.items()}, indent=1)
+    total = sum(len(index.skipped) for index in indexes.values())
+    named = [f"  {dataset_id}: {printable(skip.path)}: {skip.reason}"
+             for dataset_id, index in sorted(indexes.items())
+             for skip in index.skipped[:SKIPPED_NAMED_IN_LOG]][:SKIPPED_NAMED_IN_LOG]
+    if not total:
         logger.info("no file was skipped (%s)", path)
     else:
-        more = len(named) - SKIPPED_NAMED_IN_LOG
+        more = total - len(named)
         logger.warning("%d files were skipped and are not trained on:\n%s%s\nthe full list: %s",
-                       len(named), "\n".join(named[:SKIPPED_NAMED_IN_LOG]),
-                       f"\n  ... and {more} more" if more > 0 else "", path)
+                       total, "\n".join(named), f"\n  ... and {more} more" if more > 0 else "",
+                       path)
     return path
 
 

@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import time
-from collections import Counter
 from pathlib import Path
 
 from simpletuner.common.jsonl_log import keep_leading_records
@@ -26,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 EVENTS_FILE = "events.jsonl"
 SKIPPED_FILES = "skipped_files.json"
+SKIPPED_SUMMARY = "skipped_summary.json"  # by reason: counts, first names (startup.py writes)
 SKIPS_NAMED = 5  # skipped files named in the line (it stays short); skipped_files.json has all
 
 
@@ -81,11 +81,12 @@ class EventLog:
     def skip(self, step: int, skipped: dict[str, list[dict]]) -> None:
         """``skipped``: dataset id -> [{path, reason}], as skipped_files.json holds it; the
         line holds the counts and the first few only."""
-        entries = [dict(entry, dataset=dataset) for dataset, listed in sorted(skipped.items())
-                   for entry in listed]
-        self._write("skip", step, count=len(entries),
-                    by_dataset=dict(Counter(entry["dataset"] for entry in entries)),
-                    first=entries[:SKIPS_NAMED], file=SKIPPED_FILES)
+        listed = sorted(skipped.items())  # each read only as far as the first few
+        first = [dict(entry, dataset=dataset) for dataset, entries in listed
+                 for entry in entries[:SKIPS_NAMED]][:SKIPS_NAMED]
+        self._write("skip", step, count=sum(len(entries) for _, entries in listed),
+                    by_dataset={dataset: len(entries) for dataset, entries in listed if entries},
+                    first=first, file=SKIPPED_FILES)
 
     def status(self, step: int, status: str, message: str | None = None) -> None:
         self._write("status", step, status=status,

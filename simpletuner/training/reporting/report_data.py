@@ -21,7 +21,8 @@ from simpletuner.helpers.multiaspect.verify import verify
 from simpletuner.training.checkpointing.folders import complete_checkpoints
 from simpletuner.training.checkpointing.manifest import (MANIFEST, CheckpointError,
                                                          verify_checkpoint)
-from simpletuner.training.reporting.events import EVENTS_FILE, SKIPPED_FILES
+from simpletuner.training.reporting.events import (EVENTS_FILE, SKIPPED_FILES, SKIPPED_SUMMARY,
+                                                   SKIPS_NAMED)
 from simpletuner.training.reporting.run_log import PLAN_FILE, STATUS_FILE
 
 # What a run folder written before events.jsonl holds instead: its step and eval logs.
@@ -60,7 +61,7 @@ class ReportData:
     steps: list[dict]
     evals: list[dict]
     validation: dict[int, list[ValidationImage]]   # step -> images, in saved order
-    skipped: dict[str, list[dict]]
+    skipped: dict[str, dict[str, dict]]  # dataset id -> reason -> {count, first names}
     checkpoints: list[CheckpointEntry]
     exactly_once: ExactlyOnce | None
     exactly_once_deferred: bool = False  # a trace to check, left for the run's end
@@ -81,7 +82,7 @@ def read_report_data(output_dir: Path, *, verify_hashes: bool,
     return ReportData(
         output_dir=output_dir, status=status, steps=steps, evals=evals,
         validation=_validation_images(output_dir, notes),
-        skipped=_read_json(output_dir / SKIPPED_FILES, notes) or {},
+        skipped=_skipped_summary(output_dir, notes),
         checkpoints=[_checkpoint_entry(step, folder, verify_hashes)
                      for step, folder in complete_checkpoints(output_dir)],
         exactly_once=_exactly_once(trace, notes) if check_trace else None,
@@ -98,6 +99,24 @@ def _steps_and_evals(output_dir: Path, notes: list[str]) -> tuple[list[dict], li
     events = _read_jsonl(output_dir / EVENTS_FILE, notes)
     return ([e for e in events if e.get("type") == "step"],
             [e for e in events if e.get("type") == "eval"])
+
+
+def _skipped_summary(output_dir: Path, notes: list[str]) -> dict[str, dict[str, dict]]:
+    """The skips by reason the run summarised; a run from before the summary: counted from
+    its full list."""
+    summary = _read_json(output_dir / SKIPPED_SUMMARY, notes)
+    if summary is not None:
+        return summary
+    summary = {}
+    for dataset, entries in (_read_json(output_dir / SKIPPED_FILES, notes) or {}).items():
+        by_reason = summary.setdefault(dataset, {})
+        for entry in entries:
+            named = by_reason.setdefault(str(entry.get("reason", "unknown")),
+                                         {"count": 0, "first": []})
+            named["count"] += 1
+            if len(named["first"]) < SKIPS_NAMED:
+                named["first"].append(str(entry.get("path", "?")))
+    return summary
 
 
 def _read_json(path: Path, notes: list[str]):

@@ -3,7 +3,6 @@ reason, the exactly-once summary and the checkpoint list."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from html import escape
 from urllib.parse import quote
 
@@ -39,19 +38,19 @@ def validation_section(validation: dict[int, list[ValidationImage]]) -> str:
             f'{head}</tr>{"".join(body)}</table>')
 
 
-def skipped_section(skipped: dict[str, list[dict]]) -> str:
-    total = sum(len(entries) for entries in skipped.values())
+def skipped_section(skipped: dict[str, dict[str, dict]]) -> str:
+    """``skipped``: dataset id -> reason -> {count, first names} (report_data.py)."""
+    total = sum(named["count"] for by_reason in skipped.values() for named in by_reason.values())
     if not total:
         return "<h2>Skipped files</h2><p class=\"empty\">No file was skipped.</p>"
     rows = []
-    for dataset, entries in sorted(skipped.items()):
-        by_reason: dict[str, list[str]] = defaultdict(list)
-        for entry in entries:
-            by_reason[str(entry.get("reason", "unknown"))].append(str(entry.get("path", "?")))
-        for reason, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
-            first = ", ".join(names[:FIRST_NAMES]) + (", ..." if len(names) > FIRST_NAMES else "")
+    for dataset, by_reason in sorted(skipped.items()):
+        for reason, named in sorted(by_reason.items(), key=lambda item: -item[1]["count"]):
+            first = named["first"][:FIRST_NAMES]
+            more = ", ..." if named["count"] > len(first) else ""
             rows.append(f'<tr class="skip-reason"><td>{escape(dataset)}</td><td>{escape(reason)}'
-                        f'</td><td>{len(names)}</td><td>{escape(first)}</td></tr>')
+                        f'</td><td>{named["count"]}</td><td>{escape(", ".join(first) + more)}'
+                        '</td></tr>')
     return (f"<h2>Skipped files</h2><p>{total} skipped; every one is in skipped_files.json."
             "</p><table><tr><th>dataset</th><th>reason</th><th>files</th><th>first</th></tr>"
             + "".join(rows) + "</table>")

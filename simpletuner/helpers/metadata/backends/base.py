@@ -175,7 +175,8 @@ class MetadataBackend:
             id_column = found.id_column or StringColumn.encode(found.files.ids)
             index, rows = self._bucket_into(version, found, listing, id_column,
                                             cached if known else None, known)
-            skipped = [[s.path, s.reason] for s in index.skipped]
+            skipped = index.skipped
+            version.add(skipped.columns())
             digests = {DIGEST_KEY: data_digest(version.columns, found.files, rows, skipped),
                        "index_digest": index.digest()}
             meta = cache_meta(self.dataset.id, self._file_entries_key(), self.settings(),

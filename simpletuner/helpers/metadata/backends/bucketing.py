@@ -16,7 +16,7 @@ from simpletuner.helpers.metadata.buckets import (
     BucketSettings, SizeFilters, bucket_for, sample_bucket,
 )
 from simpletuner.helpers.metadata.file_table import FileTable
-from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile
+from simpletuner.helpers.metadata.index import DatasetIndex, SkippedFile, SkippedFiles
 from simpletuner.helpers.metadata.index_columns import ListColumn, MappedIds, StringColumn
 from simpletuner.helpers.metadata.split import SortedIds
 from simpletuner.helpers.metadata.video_buckets import clip_plans, with_frames
@@ -69,7 +69,6 @@ class Bucketing:
         in numpy."""
         files = found.files
         skipped = [SkippedFile(path, reason) for path, reason in listing.unreadable]
-        skipped += found.skipped
         widths, heights = np.asarray(files.widths, np.int64), np.asarray(files.heights, np.int64)
         sized = np.flatnonzero(widths > 0)  # the others' headers could not be used
         skipped += [SkippedFile(files.ids[row], files.errors[files.ids[row]])
@@ -89,9 +88,10 @@ class Bucketing:
         counts = np.bincount(bucket[kept], minlength=len(keys)).tolist()
         ordered = {key: part for key, part in
                    zip(keys, np.split(order, np.cumsum(counts)[:-1])) if len(part)}
-        skipped.sort(key=lambda s: (s.path, s.reason))
+        # a table's skips are columns (millions of absent files): joined as columns, sorted
+        skipped = SkippedFiles.of(found.skipped).joined(SkippedFiles.of(skipped)).sorted()
         buckets = {key: MappedIds(id_column, rows) for key, rows in ordered.items()}
-        sizes = files.image_sizes({s.path for s in skipped})
+        sizes = files.image_sizes(set(skipped.among(files.ids)))
         index = DatasetIndex(self.dataset_id, buckets, sizes, skipped,
                              self.clip_plans(buckets, files))
         return index, ordered

@@ -17,7 +17,7 @@ from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends import probe_pool
 from simpletuner.helpers.metadata.backends.discovery import BAD_HEADER, VANISHED, Probe, probe_head
 from simpletuner.helpers.metadata.file_table import FileTable
-from simpletuner.helpers.metadata.index import SkippedFile
+from simpletuner.helpers.metadata.index import SkippedFile, SkippedFiles
 from simpletuner.helpers.metadata.index_columns import StringColumn
 
 HEAD_READS = (8 * 1024, 128 * 1024)  # a JPEG's EXIF block may push its size past 8 KiB
@@ -31,7 +31,8 @@ class FoundFiles:
     files: FileTable                 # one row per listed image, sizes filled in
     read: int                        # files whose bytes were read
     forgotten: int                   # rows of the old table whose file is gone
-    skipped: list[SkippedFile] = field(default_factory=list)   # beyond the rows' own errors
+    # skips beyond the rows' own errors (a table's: columns)
+    skipped: list[SkippedFile] | SkippedFiles = field(default_factory=list)
     captions: list[str | None] | None = None   # a caption per row of ``files``, if known
     id_column: StringColumn | None = None  # ``files.ids`` encoded, where the source needed that
     # The source added the file table's columns (and its captions') to the index cache version

@@ -23,16 +23,18 @@ from typing import Any
 import numpy as np
 
 from simpletuner.common.cores import usable_cores
-from simpletuner.helpers.data_backend.storage import Listing, Storage, leaves_root
+from simpletuner.helpers.data_backend.storage import Listing, Storage
 from simpletuner.helpers.metadata.backends.headers import FoundFiles
 from simpletuner.helpers.metadata.backends.table_columns import (
-    ArrowTexts, TableColumns, TableFormatError, arrow_strings, positive_whole, read_table,
+    ArrowTexts, TableColumns, TableFormatError, arrow_strings, escaping_names, positive_whole,
+    read_table,
 )
 from simpletuner.helpers.metadata.backends.table_lookup import (
     NOT_LISTED, positions_in, positions_in_sorted,
 )
 from simpletuner.helpers.metadata.file_table import FileTable
-from simpletuner.helpers.metadata.index import SkippedFile
+from simpletuner.helpers.metadata.skipped import SkippedFile, SkippedFiles
+from simpletuner.helpers.metadata.text_column import TextColumn
 from simpletuner.helpers.metadata.index_cache import (
     LoadedIndex, listing_columns, size_columns, table_caption_rows, table_caption_texts,
 )
@@ -119,7 +121,7 @@ class TableSource:
                           if self.wants_captions else [])
 
     def _files(self, listing: Listing, table: TableColumns, position: np.ndarray
-               ) -> tuple[FileTable, np.ndarray, list[SkippedFile]]:
+               ) -> tuple[FileTable, np.ndarray, SkippedFiles]:
         """(the listed files with the sizes of their rows, the usable row of each file (-1:
         none), the skips of rows that name no listed file)."""
         count = len(listing.sample_ids)
@@ -177,8 +179,11 @@ class TableSource:
         else:  # stems: with two files of one stem, the first in id order wins
             look_up = positions_in
         found = look_up(names, listed.names, usable_cores())
-        missed = np.flatnonzero(found < 0)
-        if len(missed):  # '/a.png' names 'a.png'; '', '/' and non-text name nothing
+        # '/a.png' names 'a.png'; '', '/' and non-text name nothing: only those looked at again
+        # (not every name of a table written for a bigger folder)
+        again = pc.fill_null(pc.or_(pc.starts_with(names, "/"), pc.equal(names, "")), True)
+        missed = np.flatnonzero((found < 0) & again.to_numpy(zero_copy_only=False))
+        if len(missed):
             stripped = pc.utf8_ltrim(names.take(pyarrow.array(missed)), characters="/")
             empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True)
             found[missed] = np.where(empty.to_numpy(zero_copy_only=False), NO_NAME,
@@ -186,31 +191,36 @@ class TableSource:
         return found
 
     def _report_rows(self, bad_rows, position, first_row, table: TableColumns,
-                     files: FileTable) -> list[SkippedFile]:
+                     files: FileTable) -> SkippedFiles:
         """What is wrong with each unusable row; a listed file's own problem goes to its
         FileTable row (reported as a skip of that file), the others are skips of their own."""
+        import pyarrow.compute as pc
+
         c = self.config
         location = self.storage.location
         # The reasons of rows without a name or without a file do not repeat their row (the
-        # sample names it), so a table of millions of absent rows is one reason, counted.
+        # sample names it), so a table of millions of absent rows is one reason, counted, and
+        # their names go from the table's column to the skips' without a str per row.
         no_name = f"{self.path}: {c.filename_column!r} is empty, missing or not text"
         absent = f"{self.path}: no such image in {location}"
         escaping = f"{self.path}: a '..' in the name reaches outside {location}; not trained"
-        skipped: list[SkippedFile] = []
-        for row in bad_rows.tolist():
+        unlisted = bad_rows[position[bad_rows] == NOT_LISTED]
+        names = table.names.take(unlisted)
+        escapes = escaping_names(names)
+        skipped: list[SkippedFile] = [SkippedFile(name, escaping) for name in
+                                      names.filter(escapes).to_pylist()]
+        for row in bad_rows[position[bad_rows] != NOT_LISTED].tolist():
             where = f"{self.path} row {row}"
             at = int(position[row])
             if at == NO_NAME:
                 skipped.append(SkippedFile(f"<row {row}>", no_name))
-            elif at == NOT_LISTED:
-                name = table.value_of(c.filename_column, row)
-                skipped.append(SkippedFile(name, escaping if leaves_root(str(name)) else absent))
             elif first_row[at] != row:
                 skipped.append(SkippedFile(files.ids[at], f"{where}: a second row for this file "
                                                           f"(first: row {first_row[at]}); ignored"))
             else:
                 files.errors[files.ids[at]] = f"{where}: {self._row_problem(table, row)}"
-        return skipped
+        gone = TextColumn.from_arrow(names.filter(pc.invert(escapes)))
+        return SkippedFiles.one_reason(gone, absent).joined(SkippedFiles.of(skipped))
 
     def _row_problem(self, table: TableColumns, row: int) -> str:
         c = self.config

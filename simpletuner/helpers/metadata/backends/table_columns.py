@@ -285,3 +285,11 @@ def read_file_names(path: str | Path, column: str) -> list[str]:
     names = names.filter(pc.greater(pc.utf8_length(names), 0))
     # Arrow orders strings by their UTF-8 bytes, which is code point order: Python's order.
     return names.take(pc.sort_indices(names)).to_pylist()
+
+
+def escaping_names(names):
+    """Which of ``names`` (Arrow strings) hold a '..' part, as storage.leaves_root decides."""
+    import pyarrow.compute as pc
+
+    return pc.match_substring_regex(names, r"(^|/)\.\.(/|$)")
+
