@@ -1,12 +1,14 @@
 """`python -m simpletuner slurm-script`: the generic script is examples/slurm/train.sbatch as
 kept in the repository, and a config's script carries that config's nodes x processes, its path
-and GPUs per node; a split that does not divide and a broken config are refused with the reason.
+and GPUs per node; a split that does not divide and a broken config are refused with the reason;
+README's "On a cluster" explains lines the example has.
 (The script itself runs on a real SLURM in test_slurm.py.)"""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shutil
 import tempfile
 import unittest
@@ -47,6 +49,15 @@ class SlurmScriptTest(unittest.TestCase):
         for line in ("#SBATCH --requeue", "#SBATCH --signal=B:TERM@120",
                      "#SBATCH --open-mode=append"):
             self.assertIn(line, sbatch_lines(script))
+
+    def test_the_readme_explains_the_example_s_own_lines(self):
+        readme = (REPO / "README.md").read_text()
+        section = readme[readme.index("## On a cluster"):]
+        section = section[:section.index("\n## ")]
+        explained = re.findall(r"`(#SBATCH [^`]+)`", section)
+        self.assertGreaterEqual(len(explained), 5)
+        example = sbatch_lines((REPO / "examples" / "slurm" / "train.sbatch").read_text())
+        self.assertEqual([line for line in explained if line not in example], [])
 
     def test_a_config_gets_its_nodes_processes_and_gpus(self):
         config = write_config(self.tmp, self.tmp / "data", "run", num_processes=4)
