@@ -109,6 +109,10 @@ class SlurmRequeueTest(unittest.TestCase):
         self.assertRegex(log, r"training stopped \(exit status 75\): preempted by SIGTERM "
                               r"at step \d+", log[-3000:])
         self.assertIn(f"requeueing job {self.job}", log)
+        # The signal reached ./train.sh alone, which forwarded it once; torchrun got none
+        # (it would have killed its workers 30 s later, mid-checkpoint on a big model).
+        self.assertEqual(log.count("train.sh: forwarding SIGTERM"), 1, log[-3000:])
+        self.assertNotIn("death signal", log)
         # Requeued, SLURM holds the job back about two minutes; the test brought it forward.
         held = (datetime.fromisoformat(self.requeued["EligibleTime"])
                 - datetime.fromisoformat(self.requeued["SubmitTime"]))
