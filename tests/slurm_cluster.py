@@ -65,7 +65,7 @@ class SlurmCluster:
         self.env = dict(os.environ, SLURM_CONF=str(self.folder / "slurm.conf"))
 
     def __enter__(self) -> "SlurmCluster":
-        missing = [name for name in (*DAEMONS, "sbatch") if not _installed(name)]
+        missing = [name for name in (*DAEMONS, "sbatch") if _program(name) is None]
         if missing:
             raise ClusterUnavailable(f"{', '.join(missing)} not installed (Debian: apt-get "
                                      "install slurm-wlm munge)")
@@ -99,6 +99,7 @@ class SlurmCluster:
                        "slurmctld and slurmd (node idle)")
 
     def _daemon(self, command: list[str], tmp: Path) -> None:
+        command = [_program(command[0]), *command[1:]]  # /usr/sbin may not be on PATH
         self.daemons.append(Launch(command, tmpdir=tmp, env=self.env, cwd=self.folder))
 
     def _wait_for(self, ready, what: str) -> None:
@@ -158,5 +159,6 @@ class SlurmCluster:
             raise RuntimeError("; ".join(errors))
 
 
-def _installed(name: str) -> bool:
-    return shutil.which(name) is not None or Path("/usr/sbin", name).is_file()
+def _program(name: str) -> str | None:
+    """The path of ``name``: on PATH, else in /usr/sbin (where Debian puts the daemons)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin")
