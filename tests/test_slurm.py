@@ -56,7 +56,12 @@ class SlurmRequeueTest(unittest.TestCase):
             print(f"\ntest_slurm skipped: {reason}", file=sys.stderr)
             raise unittest.SkipTest(str(reason)) from None
         cls.addClassCleanup(cluster.close)
-        cls.run_all()
+        try:
+            cls.run_all()
+        except AssertionError as failure:  # a stall: what the job printed says where
+            log = getattr(cls, "log", None)
+            tail = log.read_text(errors="replace")[-3000:] if log and log.is_file() else ""
+            raise AssertionError(f"{failure}\n--- end of the job's log ---\n{tail}") from None
 
     @classmethod
     def run_all(cls) -> None:
@@ -70,8 +75,7 @@ class SlurmRequeueTest(unittest.TestCase):
         cls.addClassCleanup(reference.close)
         cls.out, cls.full_out = root / "slurm-out", root / "full-out"
         config = write_config(root, root / "data", "slurm", **OPTIONS)
-        cls.log = root / "slurm-%j.out"
-        cls.job = cls.cluster.submit(["--ntasks-per-node=2", f"--output={cls.log}",
+        cls.job = cls.cluster.submit(["--ntasks-per-node=2", f"--output={root}/slurm-%j.out",
                                       "examples/slurm/train.sbatch", str(config)], env, REPO)
         cls.log = root / f"slurm-{cls.job}.out"
         trace = cls.out / "trace" / "rank-0.jsonl"
