@@ -26,6 +26,8 @@ TIMEOUT = 240
 REQUIRE_SLURM = "SIMPLETUNER_TESTS_REQUIRE_SLURM"
 OPTIONS = dict(num_processes=2, max_train_steps=6, trace_samples=True)
 SIGNAL_AT_LINE = 2  # micro-batches in rank 0's trace when the signal is sent
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED"}  # scontrol's JobState of a job that is over
 
 
 def unet(output_dir: Path) -> dict:
@@ -96,13 +98,17 @@ class SlurmRequeueTest(unittest.TestCase):
 
     @classmethod
     def _requeued(cls) -> dict | None:
+        """The job once back in the queue; AssertionError when it ended instead."""
         job = cls.cluster.job(cls.job)
+        if job.get("JobState") in ENDED:
+            raise AssertionError(f"the job ended {job['JobState']} (exit {job['ExitCode']}) "
+                                 "instead of requeueing itself")
         return job if job.get("Restarts") == "1" and job.get("JobState") == "PENDING" else None
 
     @classmethod
     def _ended(cls) -> dict | None:
         job = cls.cluster.job(cls.job)
-        return job if job.get("JobState") not in ("PENDING", "RUNNING", "COMPLETING") else None
+        return job if job.get("JobState") in ENDED else None
 
     def job_log(self) -> str:
         return self.log.read_text(errors="replace") if self.log.is_file() else "(no log)"
