@@ -30,8 +30,9 @@ if [ "$nodes" -gt 1 ]; then
     extra="--num_machines $nodes --main_process_ip $main_host \
 --main_process_port $((29500 + SLURM_JOB_ID % 1000)) $extra"
 fi
-# Each node's ./train.sh leaves its pid here, so the warning signal reaches it alone:
-# signalling the step would reach torchrun too, which gives its workers only 30 s.
+# Each node's ./train.sh leaves its pid here, so the warning signal reaches it alone: srun
+# given SIGTERM ends the step, and a signal to the step reaches torchrun, which gives its
+# workers only 30 s.
 pid_file="${TMPDIR:-/tmp}/simpletuner-slurm-$SLURM_JOB_ID.pid"
 export TRAIN_SBATCH_PID_FILE="$pid_file" TRAIN_SBATCH_EXTRA="$extra"
 
