@@ -1,6 +1,6 @@
 """`python -m simpletuner <command>`: plan a dataset split, build a built-in tiny model, list
 the options, check a config (what ./train.sh runs before launching), render a run's report
-again, or serve the web UI."""
+again, print an sbatch script, or serve the web UI."""
 
 from __future__ import annotations
 
@@ -53,6 +53,15 @@ def _parser() -> argparse.ArgumentParser:
         "report", help="write OUTPUT_DIR/training_report.html again from the run's files "
         "(checkpoints verified by SHA-256)")
     report.add_argument("output_dir")
+
+    slurm = commands.add_parser(
+        "slurm-script", help="print an sbatch script that trains CONFIG under SLURM (without "
+        "CONFIG: the generic examples/slurm/train.sbatch)")
+    slurm.add_argument("config", nargs="?", default=None)
+    slurm.add_argument("--nodes", type=int, default=1,
+                       help="nodes to spread the config's num_processes over")
+    slurm.add_argument("--cpu", action="store_true",
+                       help="no --gpus-per-node line (a cluster of CPU nodes)")
 
     add_serve_arguments(commands.add_parser(
         "serve", help="the web UI: queue, start, watch and stop runs (docs/API.md)"))
@@ -145,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         from simpletuner.training.reporting.report_command import run_report_command
 
         return run_report_command(args.output_dir)
+    if args.command == "slurm-script":
+        from simpletuner.slurm_script import run_slurm_script
+
+        return run_slurm_script(args.config, args.nodes, gpus=not args.cpu)
     raise AssertionError(args.command)
 
 
