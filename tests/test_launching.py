@@ -103,7 +103,12 @@ class LaunchingTest(unittest.TestCase):
                   "[sys.executable, '-c', 'import time; time.sleep(600)']).pid)")
         result = run_bounded([sys.executable, "-c", script], tmpdir=self.tmp, timeout=30)
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertFalse(running(int(result.stdout)))
+        # SIGKILL was sent; the kernel tears the process down after the call returns (its
+        # environment already unreadable, its state not yet a zombie's): give that a moment.
+        orphan, deadline = int(result.stdout), time.monotonic() + 10
+        while running(orphan) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(running(orphan))
 
     def test_the_shared_temporary_folder_is_refused(self):
         with self.assertRaises(ValueError):
